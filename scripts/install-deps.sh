@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs parapilot's build and test dependencies from Debian 12 packages (run as root).
+# CUDA and NCCL are optional and not installed here; they are used when found under /usr/local/cuda.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtorch-dev libboost-dev libcereal-dev libcli11-dev doctest-dev libtomlplusplus-dev
+  libspdlog-dev libzmq3-dev cppzmq-dev gnuplot-nox python3
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all packages present"
+fi
