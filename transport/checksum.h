@@ -1,0 +1,17 @@
+// CRC32C (Castagnoli), the frame checksum of the parapilot wire format.
+//
+// Purpose: detects corrupted frames. Not a security measure (authentication is HMAC-SHA256 in
+// auth.h). Parameters: reflected polynomial 0x82F63B78, initial value 0xFFFFFFFF, final XOR
+// 0xFFFFFFFF; crc32c("123456789") == 0xE3069283. Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace parapilot::transport {
+
+/// Continues a CRC32C: crc32c(b, crc32c(a)) == crc32c(a || b). Start with crc = 0.
+std::uint32_t crc32c(std::span<const std::uint8_t> data, std::uint32_t crc = 0);
+
+}  // namespace parapilot::transport

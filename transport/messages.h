@@ -1,0 +1,213 @@
+// Messages of the parapilot bus: what workers and the agent say to each other.
+//
+// Purpose: plain structs for every message (handshake, heartbeat, telemetry, the layout-switch
+// protocol PlanPrepare -> PlanReady -> PlanCommit / PlanAbort, Ack, Shutdown), the variant
+// Message that carries any of them, value-range validation, and the payload codec (cereal
+// PortableBinaryArchive, little-endian; the exact byte layout is in docs/wire-format.md).
+// decode_payload() is safe on arbitrary bytes: it never throws, never crashes and never
+// allocates more than the input could describe; it rejects anything that validate() rejects.
+//
+// Thread-safety: all functions are pure (no shared state) and may be called from any thread.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "transport/result.h"
+
+namespace parapilot::transport {
+
+/// Wire message type ids (frame header byte 5). Values are part of the wire format.
+enum class MessageType : std::uint8_t {
+  hello = 1,
+  challenge = 2,
+  auth = 3,
+  welcome = 4,
+  heartbeat = 5,
+  telemetry = 6,
+  plan_prepare = 7,
+  plan_ready = 8,
+  plan_commit = 9,
+  plan_abort = 10,
+  ack = 11,
+  shutdown = 12,
+};
+inline constexpr std::uint8_t kMinMessageType = 1;
+inline constexpr std::uint8_t kMaxMessageType = 12;
+
+/// Which kind of adapter a client is. Values are part of the wire format.
+enum class PeerRole : std::uint8_t { worker = 1, trace_replay = 2, simulator = 3, tool = 4 };
+
+// Value limits enforced by validate() and by the decoder (before any allocation).
+inline constexpr std::size_t kMaxNameBytes = 128;     ///< Hello::name.
+inline constexpr std::size_t kMaxTextBytes = 1024;    ///< free-text reasons and details.
+inline constexpr std::size_t kMaxCollectives = 256;   ///< Telemetry::collectives entries.
+inline constexpr std::size_t kMaxLayers = 16384;      ///< Telemetry::layers entries.
+inline constexpr std::uint32_t kMaxRanks = 1u << 20;  ///< ranks are < kMaxRanks.
+inline constexpr std::uint32_t kNoRank = 0xFFFFFFFFu;  ///< Hello::rank of a non-rank peer.
+inline constexpr double kMaxDurationMs = 1e9;         ///< ~11.6 days; durations are in [0, this].
+inline constexpr std::size_t kNonceBytes = 32;
+inline constexpr std::size_t kProofBytes = 32;  ///< HMAC-SHA256 output.
+
+using Nonce = std::array<std::uint8_t, kNonceBytes>;
+using Proof = std::array<std::uint8_t, kProofBytes>;
+
+/// Client -> server, first frame of a connection.
+struct Hello {
+  PeerRole role = PeerRole::worker;
+  std::uint32_t rank = kNoRank;  ///< < kMaxRanks, or kNoRank.
+  std::string name;              ///< 1..kMaxNameBytes bytes, e.g. "worker-17".
+  Nonce client_nonce{};          ///< fresh random bytes.
+  bool operator==(const Hello&) const = default;
+};
+
+/// Server -> client, answer to Hello. server_proof lets the client check the server knows the
+/// secret: HMAC-SHA256(secret, "parapilot/1 server" || client_nonce || server_nonce).
+struct Challenge {
+  Nonce server_nonce{};
+  Proof server_proof{};
+  bool operator==(const Challenge&) const = default;
+};
+
+/// Client -> server: HMAC-SHA256(secret, "parapilot/1 client" || server_nonce || client_nonce).
+struct Auth {
+  Proof client_proof{};
+  bool operator==(const Auth&) const = default;
+};
+
+/// Server -> client: authentication succeeded; the connection is now usable.
+struct Welcome {
+  std::uint64_t peer_id = 0;                ///< id the server uses for this connection, >= 1.
+  std::uint32_t heartbeat_interval_ms = 0;  ///< the server's heartbeat period, informational.
+  std::uint32_t max_frame_bytes = 0;        ///< largest frame the server accepts.
+  bool operator==(const Welcome&) const = default;
+};
+
+/// Either direction, every heartbeat interval. Consumed by the transport, never delivered.
+struct Heartbeat {
+  std::uint64_t seq = 0;
+  std::uint64_t send_time_ns = 0;  ///< sender's steady clock, for RTT estimates only.
+  bool operator==(const Heartbeat&) const = default;
+};
+
+/// Time and volume of one collective during a step.
+struct CollectiveStat {
+  double ms = 0;             ///< total time in [0, kMaxDurationMs], finite.
+  std::uint64_t bytes = 0;   ///< total bytes moved.
+  std::uint32_t calls = 0;   ///< number of calls.
+  bool operator==(const CollectiveStat&) const = default;
+};
+
+/// Gradient statistics of one layer during a step.
+struct LayerGradStat {
+  std::uint32_t layer = 0;
+  float norm = 0;                    ///< L2 norm, finite, >= 0.
+  float max_abs = 0;                 ///< max |g|, finite, >= 0.
+  std::uint32_t nonfinite_count = 0; ///< NaN/Inf elements seen (the stats above exclude them).
+  bool operator==(const LayerGradStat&) const = default;
+};
+
+/// Worker -> agent, once per step per rank (high rate; may be dropped when buffers overflow).
+struct Telemetry {
+  std::uint32_t rank = 0;            ///< < kMaxRanks.
+  std::uint64_t step = 0;
+  std::uint64_t step_start_ns = 0;   ///< worker wall clock, ns since the Unix epoch.
+  std::uint64_t step_end_ns = 0;     ///< >= step_start_ns.
+  std::uint64_t send_time_ns = 0;    ///< sender clock when handed to the bus (latency probes).
+  double compute_ms = 0;             ///< finite, in [0, kMaxDurationMs].
+  std::uint32_t queue_depth = 0;     ///< pending work items in the data/comm queues.
+  std::map<std::string, CollectiveStat> collectives;  ///< key: e.g. "all_reduce/dp"; <= 256.
+  std::vector<LayerGradStat> layers;                   ///< <= kMaxLayers.
+  bool operator==(const Telemetry&) const = default;
+};
+
+/// Degrees of one hybrid-parallel layout.
+struct Layout {
+  std::uint32_t dp = 1;  ///< each >= 1; dp*tp*pp <= kMaxRanks.
+  std::uint32_t tp = 1;
+  std::uint32_t pp = 1;
+  std::uint32_t micro_batches = 1;  ///< in [1, 65536].
+  bool operator==(const Layout&) const = default;
+};
+
+/// Agent -> workers: get ready to switch to `layout`.
+struct PlanPrepare {
+  std::uint64_t plan_id = 0;
+  Layout layout;
+  std::string layout_name;       ///< <= kMaxNameBytes.
+  std::uint32_t deadline_ms = 0; ///< time allowed to answer PlanReady.
+  bool operator==(const PlanPrepare&) const = default;
+};
+
+/// Worker -> agent: this rank is (or cannot be) ready for plan_id.
+struct PlanReady {
+  std::uint64_t plan_id = 0;
+  std::uint32_t rank = 0;  ///< < kMaxRanks.
+  bool ok = true;
+  std::string detail;      ///< <= kMaxTextBytes.
+  bool operator==(const PlanReady&) const = default;
+};
+
+/// Agent -> workers: switch at the start of step `switch_at_step`.
+struct PlanCommit {
+  std::uint64_t plan_id = 0;
+  std::uint64_t switch_at_step = 0;
+  bool operator==(const PlanCommit&) const = default;
+};
+
+/// Agent -> workers: forget plan_id, keep the current layout.
+struct PlanAbort {
+  std::uint64_t plan_id = 0;
+  std::string reason;  ///< <= kMaxTextBytes.
+  bool operator==(const PlanAbort&) const = default;
+};
+
+/// Either direction: acknowledges the message of type `acked` with id `id` (plan id or seq).
+struct Ack {
+  MessageType acked = MessageType::plan_commit;  ///< a valid MessageType.
+  std::uint64_t id = 0;
+  std::uint32_t rank = kNoRank;  ///< < kMaxRanks, or kNoRank.
+  bool operator==(const Ack&) const = default;
+};
+
+/// Either direction: the sender is going away (agent: stop the job; worker: leaving).
+struct Shutdown {
+  std::string reason;  ///< <= kMaxTextBytes.
+  bool operator==(const Shutdown&) const = default;
+};
+
+/// Any message. The variant index + 1 equals the MessageType value.
+using Message = std::variant<Hello, Challenge, Auth, Welcome, Heartbeat, Telemetry, PlanPrepare,
+                             PlanReady, PlanCommit, PlanAbort, Ack, Shutdown>;
+
+/// Type id of a message.
+MessageType type_of(const Message& m);
+
+/// "hello", "telemetry", ...; "unknown" for ids outside the enum.
+std::string_view type_name(MessageType t);
+
+/// True when `t` is a type id this version knows.
+constexpr bool is_known_type(std::uint8_t t) {
+  return t >= kMinMessageType && t <= kMaxMessageType;
+}
+
+/// Checks value ranges (see field comments). Returns an empty string when valid, otherwise the
+/// first violation, e.g. "telemetry.compute_ms is NaN".
+std::string validate(const Message& m);
+
+/// Appends the cereal PortableBinary payload of `m` to `out`. Does not validate.
+void encode_payload(const Message& m, std::string& out);
+
+/// Parses a payload of the given type. Never throws; fails on truncated input, trailing bytes,
+/// lengths beyond kMax* limits or the remaining input, non-0/1 booleans, a first byte other than
+/// 0x01 (little-endian marker), unknown types, and anything validate() rejects.
+Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload);
+
+}  // namespace parapilot::transport

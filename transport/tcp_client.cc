@@ -1,0 +1,478 @@
+// TCP client: reconnects with exponential backoff, buffers while disconnected, heartbeats.
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+
+#include "transport/bus.h"
+#include "transport/io_runtime.h"
+
+namespace parapilot::transport {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using boost::system::error_code;
+using std::chrono::milliseconds;
+
+constexpr std::size_t kReadChunkBytes = 64u << 10;
+
+class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
+ public:
+  TcpClientImpl(ClientOptions options, ClientHandlers handlers, asio::io_context& ctx)
+      : opt_(std::move(options)),
+        handlers_(std::move(handlers)),
+        strand_(asio::make_strand(ctx)),
+        resolver_(strand_),
+        tick_timer_(strand_),
+        retry_timer_(strand_),
+        backoff_ms_(std::max<std::uint32_t>(1, opt_.reconnect_initial_ms)),
+        rng_(std::random_device{}()) {
+    if (!opt_.logger) opt_.logger = stderr_logger();
+  }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] {
+      self->arm_tick();
+      self->connect_now();
+    });
+  }
+
+  bool send(const Message& m) {
+    if (stopped_.load(std::memory_order_acquire)) return false;
+    auto frame = encode_frame(m, opt_.max_frame_bytes);
+    if (!frame) {
+      log(LogLevel::warn, "not sending: " + frame.error());
+      return false;
+    }
+    const bool telemetry = std::holds_alternative<Telemetry>(m);
+    bool post = false;
+    {
+      std::lock_guard lk(mu_);
+      if (telemetry) {
+        if (telemetry_queued_ >= opt_.telemetry_buffer_capacity) {
+          evict_oldest_telemetry();
+        }
+        if (opt_.telemetry_buffer_capacity == 0) return true;  // dropped at once
+        ++telemetry_queued_;
+      }
+      queue_.push_back(Entry{std::move(*frame), telemetry});
+      if (ready_ && !flush_posted_) {
+        flush_posted_ = true;
+        post = true;
+      }
+    }
+    if (post) {
+      asio::post(strand_, [self = shared_from_this()] {
+        {
+          std::lock_guard lk(self->mu_);
+          self->flush_posted_ = false;
+        }
+        self->start_write();
+      });
+    }
+    return true;
+  }
+
+  bool connected() const { return connected_.load(std::memory_order_acquire); }
+
+  bool flush(milliseconds timeout) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return queue_.empty() && !write_in_flight_; });
+  }
+
+  ClientStats stats() const {
+    ClientStats s;
+    s.connects = connects_.load();
+    s.messages_sent = messages_sent_.load();
+    s.messages_received = messages_received_.load();
+    std::lock_guard lk(mu_);
+    s.telemetry_dropped = telemetry_dropped_;
+    s.queued = queue_.size();
+    return s;
+  }
+
+  void stop() {
+    if (stopped_.exchange(true)) return;
+    auto shut = [self = shared_from_this()] {
+      self->state_ = State::stopped;
+      self->connected_.store(false);
+      error_code ec;
+      self->tick_timer_.cancel();
+      self->retry_timer_.cancel();
+      self->resolver_.cancel();
+      if (self->conn_) self->conn_->sock.close(ec);
+      self->conn_.reset();
+    };
+    if (strand_.running_in_this_thread()) {
+      shut();
+    } else {
+      std::promise<void> done;
+      auto fut = done.get_future();
+      asio::post(strand_, [&shut, &done] {
+        shut();
+        done.set_value();
+      });
+      fut.wait();
+    }
+    std::lock_guard lk(mu_);
+    ready_ = false;
+    write_in_flight_ = false;
+    cv_.notify_all();
+  }
+
+ private:
+  enum class State { idle, connecting, handshaking, ready, stopped };
+  struct Conn {
+    explicit Conn(asio::strand<asio::io_context::executor_type>& s, std::uint32_t max_frame)
+        : sock(s), decoder(max_frame) {}
+    tcp::socket sock;
+    FrameDecoder decoder;
+  };
+  struct Entry {
+    std::string frame;
+    bool telemetry;
+  };
+
+  void log(LogLevel level, const std::string& line) const {
+    opt_.logger(level, "client '" + opt_.name + "': " + line);
+  }
+
+  // mu_ held.
+  void evict_oldest_telemetry() {
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->telemetry) {
+        queue_.erase(it);
+        --telemetry_queued_;
+        ++telemetry_dropped_;
+        return;
+      }
+    }
+  }
+
+  void connect_now() {
+    if (state_ == State::stopped) return;
+    state_ = State::connecting;
+    phase_start_ = Clock::now();
+    auto conn = std::make_shared<Conn>(strand_, opt_.max_frame_bytes);
+    conn_ = conn;
+    resolver_.async_resolve(
+        opt_.server_address, std::to_string(opt_.port),
+        [self = shared_from_this(), conn](const error_code& ec, tcp::resolver::results_type results) {
+          if (conn != self->conn_) return;
+          if (ec) {
+            self->fail("cannot resolve " + self->opt_.server_address + ": " + ec.message());
+            return;
+          }
+          asio::async_connect(conn->sock, results,
+                              [self, conn](const error_code& ec2, const tcp::endpoint&) {
+                                if (conn != self->conn_) return;
+                                if (ec2) {
+                                  self->fail("connect failed: " + ec2.message());
+                                  return;
+                                }
+                                self->on_connected();
+                              });
+        });
+  }
+
+  void on_connected() {
+    error_code ec;
+    conn_->sock.set_option(tcp::no_delay(true), ec);
+    state_ = State::handshaking;
+    last_rx_ = last_tx_ = Clock::now();
+    Hello hello;
+    hello.role = opt_.role;
+    hello.rank = opt_.rank;
+    hello.name = opt_.name;
+    client_nonce_ = random_nonce();
+    hello.client_nonce = client_nonce_;
+    send_priority(hello);
+    read();
+  }
+
+  void read() {
+    auto conn = conn_;
+    auto space = conn->decoder.prepare(kReadChunkBytes);
+    conn->sock.async_read_some(asio::buffer(space.data(), space.size()),
+                               [self = shared_from_this(), conn](const error_code& ec, std::size_t n) {
+                                 if (conn != self->conn_) return;
+                                 self->on_read(ec, n);
+                               });
+  }
+
+  void on_read(const error_code& ec, std::size_t n) {
+    if (ec) {
+      if (state_ == State::handshaking) {
+        fail("connection closed during the handshake (wrong secret?): " + ec.message());
+      } else {
+        fail(ec == asio::error::eof ? "server closed the connection" : "read error: " + ec.message());
+      }
+      return;
+    }
+    auto conn = conn_;
+    conn->decoder.commit(n);
+    last_rx_ = Clock::now();
+    Message m;
+    for (;;) {
+      const auto st = conn->decoder.next(m);
+      if (st == FrameDecoder::Status::need_more) break;
+      if (st == FrameDecoder::Status::error) {
+        fail("bad frame from server: " + conn->decoder.error());
+        return;
+      }
+      handle(std::move(m));
+      if (conn != conn_) return;  // closed while handling
+    }
+    read();
+  }
+
+  void handle(Message&& m) {
+    if (state_ == State::handshaking) {
+      if (auto* ch = std::get_if<Challenge>(&m)) {
+        if (got_challenge_) {
+          fail("second challenge from server");
+          return;
+        }
+        const Proof expected = server_proof(opt_.secret, client_nonce_, ch->server_nonce);
+        if (!constant_time_equal(expected, ch->server_proof)) {
+          fail("server failed authentication");
+          return;
+        }
+        got_challenge_ = true;
+        send_priority(Auth{client_proof(opt_.secret, ch->server_nonce, client_nonce_)});
+        return;
+      }
+      if (auto* w = std::get_if<Welcome>(&m); w != nullptr && got_challenge_) {
+        state_ = State::ready;
+        peer_id_ = w->peer_id;
+        backoff_ms_ = std::max<std::uint32_t>(1, opt_.reconnect_initial_ms);
+        connects_.fetch_add(1);
+        {
+          std::lock_guard lk(mu_);
+          ready_ = true;
+        }
+        connected_.store(true, std::memory_order_release);
+        log(LogLevel::info, "connected to " + opt_.server_address + ":" + std::to_string(opt_.port) +
+                                " as peer " + std::to_string(peer_id_));
+        if (handlers_.on_connect) handlers_.on_connect(peer_id_);
+        start_write();
+        return;
+      }
+      fail("unexpected " + std::string(type_name(type_of(m))) + " during the handshake");
+      return;
+    }
+    switch (type_of(m)) {
+      case MessageType::heartbeat:
+        return;
+      case MessageType::hello:
+      case MessageType::challenge:
+      case MessageType::auth:
+      case MessageType::welcome:
+        fail("unexpected " + std::string(type_name(type_of(m))) + " after the handshake");
+        return;
+      default:
+        messages_received_.fetch_add(1, std::memory_order_relaxed);
+        if (handlers_.on_message) handlers_.on_message(std::move(m));
+        return;
+    }
+  }
+
+  // Handshake frames and heartbeats: written before anything queued by users.
+  void send_priority(const Message& m) {
+    auto frame = encode_frame(m, opt_.max_frame_bytes);
+    if (!frame) return;
+    priority_out_ += *frame;
+    start_write();
+  }
+
+  void start_write() {
+    if (!conn_ || state_ == State::connecting || state_ == State::stopped) return;
+    auto batch = std::make_shared<std::string>();
+    std::size_t count = 0;
+    {
+      std::lock_guard lk(mu_);
+      if (write_in_flight_) return;
+      batch->swap(priority_out_);
+      if (state_ == State::ready) {
+        while (!queue_.empty() && batch->size() < opt_.max_batch_bytes) {
+          Entry& e = queue_.front();
+          batch->append(e.frame);
+          if (e.telemetry) --telemetry_queued_;
+          queue_.pop_front();
+          ++count;
+        }
+      }
+      if (batch->empty()) {
+        cv_.notify_all();
+        return;
+      }
+      write_in_flight_ = true;
+    }
+    last_tx_ = Clock::now();
+    auto conn = conn_;
+    asio::async_write(conn->sock, asio::buffer(*batch),
+                      [self = shared_from_this(), conn, batch, count](const error_code& ec, std::size_t) {
+                        if (conn != self->conn_) return;
+                        {
+                          std::lock_guard lk(self->mu_);
+                          self->write_in_flight_ = false;
+                        }
+                        if (ec) {
+                          self->fail("write error: " + ec.message());
+                          return;
+                        }
+                        self->messages_sent_.fetch_add(count, std::memory_order_relaxed);
+                        self->start_write();
+                      });
+  }
+
+  void arm_tick() {
+    const std::uint32_t tick_ms = std::clamp<std::uint32_t>(
+        std::min({opt_.heartbeat_interval_ms, opt_.heartbeat_timeout_ms / 4, opt_.connect_timeout_ms / 4}),
+        5, 1000);
+    tick_timer_.expires_after(milliseconds(tick_ms));
+    tick_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+      if (ec || self->state_ == State::stopped) return;
+      self->on_tick();
+      self->arm_tick();
+    });
+  }
+
+  void on_tick() {
+    const auto now = Clock::now();
+    if (state_ == State::connecting || state_ == State::handshaking) {
+      if (now - phase_start_ > milliseconds(opt_.connect_timeout_ms)) {
+        fail("connect/handshake timeout (" + std::to_string(opt_.connect_timeout_ms) + " ms)");
+      }
+    } else if (state_ == State::ready) {
+      if (now - last_rx_ > milliseconds(opt_.heartbeat_timeout_ms)) {
+        fail("heartbeat timeout (" + std::to_string(opt_.heartbeat_timeout_ms) + " ms)");
+        return;
+      }
+      if (now - last_tx_ >= milliseconds(opt_.heartbeat_interval_ms)) {
+        last_tx_ = now;
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
+        send_priority(Heartbeat{++heartbeat_seq_, static_cast<std::uint64_t>(ns.count())});
+      }
+    }
+  }
+
+  // Drops the current connection and schedules a reconnect.
+  void fail(const std::string& reason) {
+    if (state_ == State::stopped || !conn_) return;
+    const bool was_ready = state_ == State::ready;
+    error_code ec;
+    conn_->sock.close(ec);
+    conn_.reset();
+    resolver_.cancel();
+    state_ = State::idle;
+    got_challenge_ = false;
+    priority_out_.clear();
+    connected_.store(false, std::memory_order_release);
+    {
+      std::lock_guard lk(mu_);
+      ready_ = false;
+      write_in_flight_ = false;
+    }
+    const std::uint32_t base = backoff_ms_;
+    backoff_ms_ = std::min<std::uint32_t>(std::max(opt_.reconnect_max_ms, 1u),
+                                          base > 0x7FFFFFFFu ? base : base * 2);
+    std::uniform_int_distribution<std::uint32_t> jitter(base / 2, base);
+    const std::uint32_t delay = jitter(rng_);
+    if (was_ready) {
+      log(LogLevel::warn, "disconnected: " + reason);
+      if (handlers_.on_disconnect) handlers_.on_disconnect(reason);
+    } else {
+      log(LogLevel::info, reason + "; retrying in " + std::to_string(delay) + " ms");
+    }
+    retry_timer_.expires_after(milliseconds(delay));
+    retry_timer_.async_wait([self = shared_from_this()](const error_code& e) {
+      if (e || self->state_ == State::stopped) return;
+      self->connect_now();
+    });
+  }
+
+  ClientOptions opt_;
+  ClientHandlers handlers_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  tcp::resolver resolver_;
+  asio::steady_timer tick_timer_;
+  asio::steady_timer retry_timer_;
+
+  // Strand only.
+  State state_ = State::idle;
+  std::shared_ptr<Conn> conn_;
+  Nonce client_nonce_{};
+  bool got_challenge_ = false;
+  PeerId peer_id_ = 0;
+  std::uint32_t backoff_ms_;
+  std::mt19937 rng_;
+  Clock::time_point phase_start_{}, last_rx_{}, last_tx_{};
+  std::uint64_t heartbeat_seq_ = 0;
+
+  std::atomic<bool> stopped_{false};
+  std::atomic<bool> connected_{false};
+  std::atomic<std::uint64_t> connects_{0}, messages_sent_{0}, messages_received_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> queue_;             // guarded by mu_
+  std::string priority_out_;            // guarded by mu_ when swapped; strand writes
+  std::size_t telemetry_queued_ = 0;    // guarded by mu_
+  std::uint64_t telemetry_dropped_ = 0; // guarded by mu_
+  bool ready_ = false;                  // guarded by mu_
+  bool flush_posted_ = false;           // guarded by mu_
+  bool write_in_flight_ = false;        // guarded by mu_
+};
+
+class TcpClient final : public Client {
+ public:
+  TcpClient(std::shared_ptr<IoRuntime> runtime, std::shared_ptr<TcpClientImpl> impl)
+      : runtime_(std::move(runtime)), impl_(std::move(impl)) {}
+  ~TcpClient() override { stop(); }
+  bool send(const Message& m) override { return impl_->send(m); }
+  bool connected() const override { return impl_->connected(); }
+  bool flush(std::chrono::milliseconds timeout) override { return impl_->flush(timeout); }
+  ClientStats stats() const override { return impl_->stats(); }
+  void stop() override { impl_->stop(); }
+
+ private:
+  std::shared_ptr<IoRuntime> runtime_;  // destroyed after impl_ is stopped
+  std::shared_ptr<TcpClientImpl> impl_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHandlers handlers,
+                                                std::shared_ptr<IoRuntime> runtime) {
+  if (options.secret.size() < kMinSecretBytes) {
+    return Error{"client needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
+                 " bytes"};
+  }
+  if (options.port == 0) return Error{"client needs the server port"};
+  if (options.name.empty() || options.name.size() > kMaxNameBytes) {
+    return Error{"client name must have 1.." + std::to_string(kMaxNameBytes) + " bytes"};
+  }
+  if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
+    return Error{"heartbeat_timeout_ms must exceed heartbeat_interval_ms"};
+  }
+  if (!runtime) runtime = std::make_shared<IoRuntime>(1);
+  auto impl = std::make_shared<TcpClientImpl>(std::move(options), std::move(handlers),
+                                              runtime->impl().ctx);
+  impl->start();
+  return std::unique_ptr<Client>(std::make_unique<TcpClient>(std::move(runtime), std::move(impl)));
+}
+
+}  // namespace parapilot::transport

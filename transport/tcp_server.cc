@@ -1,0 +1,558 @@
+// TCP server: one acceptor, N io_contexts (one thread each), connections spread round-robin.
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "transport/bus.h"
+
+namespace parapilot::transport {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using boost::system::error_code;
+
+constexpr std::size_t kReadChunkBytes = 64u << 10;
+
+class TcpServer;
+
+class ServerConn : public std::enable_shared_from_this<ServerConn> {
+ public:
+  ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket sock, PeerId id,
+             std::string remote);
+  void start();
+  /// Any thread. Appends an encoded frame to the send queue.
+  bool enqueue(std::string_view frame);
+  /// Any thread.
+  void close_async(std::string reason, bool protocol_error);
+
+  PeerId id() const { return id_; }
+  bool authenticated() const { return authenticated_.load(std::memory_order_acquire); }
+  const PeerInfo& info() const { return info_; }  // stable once authenticated()
+
+ private:
+  enum class State { hello, auth, ready, closed };
+  void read();
+  void on_read(const error_code& ec, std::size_t n);
+  void handle(Message&& m);
+  void send_internal(const Message& m);
+  void start_write();
+  void arm_timer();
+  void on_tick();
+  void close(std::string reason, bool protocol_error);
+
+  TcpServer& server_;
+  asio::io_context& ctx_;
+  tcp::socket sock_;
+  asio::steady_timer timer_;
+  FrameDecoder decoder_;
+  PeerId id_;
+  State state_ = State::hello;
+  std::atomic<bool> authenticated_{false};
+  PeerInfo info_;
+  Nonce client_nonce_{};
+  Nonce server_nonce_{};
+  Clock::time_point opened_{}, last_rx_{}, last_tx_{};
+  std::uint64_t heartbeat_seq_ = 0;
+
+  std::mutex out_mu_;
+  bool out_closed_ = false;       // guarded by out_mu_
+  bool write_scheduled_ = false;  // guarded by out_mu_: a write is posted or in flight
+  std::string out_pending_;       // guarded by out_mu_
+  std::string out_writing_;       // I/O thread only
+};
+
+class TcpServer final : public Server {
+ public:
+  TcpServer(ServerOptions options, ServerHandlers handlers)
+      : opt_(std::move(options)), handlers_(std::move(handlers)) {
+    if (!opt_.logger) opt_.logger = stderr_logger();
+    std::size_t n = opt_.io_threads;
+    if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
+    for (std::size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>());
+    acceptor_.emplace(workers_[0]->ctx);
+    accept_retry_.emplace(workers_[0]->ctx);
+  }
+  ~TcpServer() override { stop(); }
+
+  Result<bool> listen() {
+    error_code ec;
+    const auto addr = asio::ip::make_address(opt_.listen_address, ec);
+    if (ec) return Error{"bad listen address '" + opt_.listen_address + "': " + ec.message()};
+    const tcp::endpoint ep(addr, opt_.port);
+    acceptor_->open(ep.protocol(), ec);
+    if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_->bind(ep, ec);
+    if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Error{"cannot listen on " + opt_.listen_address + ":" + std::to_string(opt_.port) +
+                   ": " + ec.message()};
+    }
+    port_ = acceptor_->local_endpoint().port();
+    for (auto& w : workers_) {
+      w->guard.emplace(w->ctx.get_executor());
+      w->thread = std::thread([ctx = &w->ctx] { ctx->run(); });
+    }
+    asio::post(workers_[0]->ctx, [this] { accept(); });
+    log(LogLevel::info, "listening on " + opt_.listen_address + ":" + std::to_string(port_) +
+                            " with " + std::to_string(workers_.size()) + " I/O threads");
+    return true;
+  }
+
+  std::uint16_t port() const override { return port_; }
+
+  bool send(PeerId peer, const Message& m) override {
+    auto frame = encode_frame(m, opt_.max_frame_bytes);
+    if (!frame) {
+      log(LogLevel::warn, "not sending to peer " + std::to_string(peer) + ": " + frame.error());
+      return false;
+    }
+    std::shared_ptr<ServerConn> c;
+    {
+      std::lock_guard lk(mu_);
+      auto it = conns_.find(peer);
+      if (it == conns_.end() || !it->second->authenticated()) return false;
+      c = it->second;
+    }
+    if (!c->enqueue(*frame)) return false;
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  std::size_t broadcast(const Message& m) override {
+    auto frame = encode_frame(m, opt_.max_frame_bytes);
+    if (!frame) {
+      log(LogLevel::warn, "not broadcasting: " + frame.error());
+      return 0;
+    }
+    std::vector<std::shared_ptr<ServerConn>> targets;
+    {
+      std::lock_guard lk(mu_);
+      for (auto& [id, c] : conns_) {
+        if (c->authenticated()) targets.push_back(c);
+      }
+    }
+    std::size_t n = 0;
+    for (auto& c : targets) n += c->enqueue(*frame) ? 1 : 0;
+    messages_sent_.fetch_add(n, std::memory_order_relaxed);
+    return n;
+  }
+
+  void disconnect(PeerId peer, std::string_view reason) override {
+    std::shared_ptr<ServerConn> c;
+    {
+      std::lock_guard lk(mu_);
+      auto it = conns_.find(peer);
+      if (it == conns_.end()) return;
+      c = it->second;
+    }
+    c->close_async(std::string(reason), false);
+  }
+
+  std::vector<PeerInfo> peers() const override {
+    std::vector<PeerInfo> out;
+    std::lock_guard lk(mu_);
+    for (const auto& [id, c] : conns_) {
+      if (c->authenticated()) out.push_back(c->info());
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    return out;
+  }
+
+  ServerStats stats() const override {
+    ServerStats s;
+    s.accepted = accepted_.load();
+    s.authenticated = authenticated_.load();
+    s.rejected = rejected_.load();
+    s.messages_received = messages_received_.load();
+    s.messages_sent = messages_sent_.load();
+    std::lock_guard lk(mu_);
+    s.connections = conns_.size();
+    return s;
+  }
+
+  void stop() override {
+    std::vector<std::shared_ptr<ServerConn>> all;
+    {
+      std::lock_guard lk(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      for (auto& [id, c] : conns_) all.push_back(c);
+    }
+    if (workers_.empty() || !workers_[0]->thread.joinable()) return;  // never started
+    asio::post(workers_[0]->ctx, [this] {
+      error_code ec;
+      acceptor_->close(ec);
+      accept_retry_->cancel();
+    });
+    for (auto& c : all) c->close_async("server stopping", false);
+    for (auto& w : workers_) w->guard.reset();
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
+    }
+    std::lock_guard lk(mu_);
+    conns_.clear();
+  }
+
+  // ---- used by connections (on their I/O thread) ----
+
+  const ServerOptions& options() const { return opt_; }
+  const ServerHandlers& handlers() const { return handlers_; }
+  void log(LogLevel level, const std::string& line) const { opt_.logger(level, line); }
+  void count_message() { messages_received_.fetch_add(1, std::memory_order_relaxed); }
+
+  void on_authenticated(const std::shared_ptr<ServerConn>& c) {
+    {
+      std::lock_guard lk(mu_);
+      --unauthenticated_;
+    }
+    authenticated_.fetch_add(1);
+    log(LogLevel::info, "peer " + std::to_string(c->id()) + " '" + c->info().name + "' (" +
+                            c->info().remote_address + ") authenticated");
+  }
+
+  void on_closed(const std::shared_ptr<ServerConn>& c, bool was_authenticated,
+                 const std::string& reason, bool protocol_error) {
+    {
+      std::lock_guard lk(mu_);
+      conns_.erase(c->id());
+      if (!was_authenticated) --unauthenticated_;
+    }
+    if (protocol_error) rejected_.fetch_add(1);
+    const std::string who = "peer " + std::to_string(c->id()) +
+                            (was_authenticated ? " '" + c->info().name + "'" : std::string()) +
+                            " (" + c->info().remote_address + ")";
+    log(protocol_error ? LogLevel::warn : LogLevel::info, who + " closed: " + reason);
+    if (was_authenticated && handlers_.on_disconnect) handlers_.on_disconnect(c->id(), reason);
+  }
+
+ private:
+  struct Worker {
+    asio::io_context ctx{1};
+    std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+    std::thread thread;
+  };
+
+  void accept() {
+    auto& target = workers_[next_worker_++ % workers_.size()]->ctx;
+    acceptor_->async_accept(target, [this, &target](const error_code& ec, tcp::socket sock) {
+      if (ec == asio::error::operation_aborted) return;
+      if (ec) {
+        // e.g. out of file descriptors: back off briefly instead of spinning.
+        log(LogLevel::warn, "accept failed: " + ec.message());
+        accept_retry_->expires_after(std::chrono::milliseconds(50));
+        accept_retry_->async_wait([this](const error_code& e) {
+          if (!e) accept();
+        });
+        return;
+      }
+      on_accept(target, std::move(sock));
+      accept();
+    });
+  }
+
+  void on_accept(asio::io_context& ctx, tcp::socket sock) {
+    accepted_.fetch_add(1);
+    error_code ec;
+    const auto remote_ep = sock.remote_endpoint(ec);
+    const std::string remote =
+        ec ? std::string("?") : remote_ep.address().to_string() + ":" + std::to_string(remote_ep.port());
+    std::shared_ptr<ServerConn> c;
+    std::string refuse;
+    {
+      std::lock_guard lk(mu_);
+      if (stopped_) {
+        refuse = "server stopping";
+      } else if (conns_.size() >= opt_.max_connections) {
+        refuse = "connection limit (" + std::to_string(opt_.max_connections) + ") reached";
+      } else if (unauthenticated_ >= opt_.max_unauthenticated) {
+        refuse = "unauthenticated connection limit (" + std::to_string(opt_.max_unauthenticated) +
+                 ") reached";
+      } else {
+        const PeerId id = next_id_++;
+        c = std::make_shared<ServerConn>(*this, ctx, std::move(sock), id, remote);
+        conns_.emplace(id, c);
+        ++unauthenticated_;
+      }
+    }
+    if (!c) {
+      rejected_.fetch_add(1);
+      log(LogLevel::warn, "refused connection from " + remote + ": " + refuse);
+      sock.close(ec);
+      return;
+    }
+    asio::post(ctx, [c] { c->start(); });
+  }
+
+  ServerOptions opt_;
+  ServerHandlers handlers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::optional<asio::steady_timer> accept_retry_;
+  std::size_t next_worker_ = 0;  // acceptor thread only
+  std::uint16_t port_ = 0;
+
+  mutable std::mutex mu_;
+  bool stopped_ = false;                                         // guarded by mu_
+  PeerId next_id_ = 1;                                           // guarded by mu_
+  std::size_t unauthenticated_ = 0;                              // guarded by mu_
+  std::unordered_map<PeerId, std::shared_ptr<ServerConn>> conns_;  // guarded by mu_
+
+  std::atomic<std::uint64_t> accepted_{0}, authenticated_{0}, rejected_{0};
+  std::atomic<std::uint64_t> messages_received_{0}, messages_sent_{0};
+};
+
+// ---- ServerConn ----
+
+ServerConn::ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket sock, PeerId id,
+                       std::string remote)
+    : server_(server),
+      ctx_(ctx),
+      sock_(std::move(sock)),
+      timer_(ctx),
+      decoder_(server.options().max_frame_bytes),
+      id_(id) {
+  info_.id = id;
+  info_.remote_address = std::move(remote);
+}
+
+void ServerConn::start() {
+  error_code ec;
+  sock_.set_option(tcp::no_delay(true), ec);
+  opened_ = last_rx_ = last_tx_ = Clock::now();
+  read();
+  arm_timer();
+}
+
+void ServerConn::read() {
+  auto space = decoder_.prepare(kReadChunkBytes);
+  sock_.async_read_some(asio::buffer(space.data(), space.size()),
+                        [self = shared_from_this()](const error_code& ec, std::size_t n) {
+                          self->on_read(ec, n);
+                        });
+}
+
+void ServerConn::on_read(const error_code& ec, std::size_t n) {
+  if (state_ == State::closed) return;
+  if (ec) {
+    close(ec == asio::error::eof ? "peer closed the connection" : "read error: " + ec.message(),
+          false);
+    return;
+  }
+  decoder_.commit(n);
+  last_rx_ = Clock::now();
+  Message m;
+  for (;;) {
+    const auto st = decoder_.next(m);
+    if (st == FrameDecoder::Status::need_more) break;
+    if (st == FrameDecoder::Status::error) {
+      close("bad frame: " + decoder_.error(), true);
+      return;
+    }
+    handle(std::move(m));
+    if (state_ == State::closed) return;
+  }
+  read();
+}
+
+void ServerConn::handle(Message&& m) {
+  const ServerOptions& opt = server_.options();
+  switch (state_) {
+    case State::hello: {
+      auto* hello = std::get_if<Hello>(&m);
+      if (hello == nullptr) {
+        close("expected hello, got " + std::string(type_name(type_of(m))), true);
+        return;
+      }
+      info_.name = hello->name;
+      info_.role = hello->role;
+      info_.rank = hello->rank;
+      client_nonce_ = hello->client_nonce;
+      server_nonce_ = random_nonce();
+      send_internal(Challenge{server_nonce_, server_proof(opt.secret, client_nonce_, server_nonce_)});
+      state_ = State::auth;
+      return;
+    }
+    case State::auth: {
+      auto* auth = std::get_if<Auth>(&m);
+      if (auth == nullptr) {
+        close("expected auth, got " + std::string(type_name(type_of(m))), true);
+        return;
+      }
+      const Proof expected = client_proof(opt.secret, server_nonce_, client_nonce_);
+      if (!constant_time_equal(expected, auth->client_proof)) {
+        close("authentication failed", true);
+        return;
+      }
+      state_ = State::ready;
+      authenticated_.store(true, std::memory_order_release);
+      auto self = shared_from_this();
+      server_.on_authenticated(self);
+      send_internal(Welcome{id_, opt.heartbeat_interval_ms, opt.max_frame_bytes});
+      if (server_.handlers().on_connect) server_.handlers().on_connect(info_);
+      return;
+    }
+    case State::ready:
+      switch (type_of(m)) {
+        case MessageType::heartbeat:
+          return;  // liveness only; last_rx_ is already updated
+        case MessageType::hello:
+        case MessageType::challenge:
+        case MessageType::auth:
+        case MessageType::welcome:
+          close("unexpected " + std::string(type_name(type_of(m))) + " after authentication", true);
+          return;
+        default:
+          server_.count_message();
+          if (server_.handlers().on_message) server_.handlers().on_message(id_, std::move(m));
+          return;
+      }
+    case State::closed:
+      return;
+  }
+}
+
+void ServerConn::send_internal(const Message& m) {
+  auto frame = encode_frame(m, server_.options().max_frame_bytes);
+  if (frame) enqueue(*frame);
+}
+
+bool ServerConn::enqueue(std::string_view frame) {
+  bool post_write = false;
+  {
+    std::lock_guard lk(out_mu_);
+    if (out_closed_) return false;
+    if (out_pending_.size() + frame.size() > server_.options().max_send_queue_bytes) {
+      out_closed_ = true;
+      out_pending_.clear();
+      post_write = false;
+    } else {
+      out_pending_.append(frame);
+      if (!write_scheduled_) {
+        write_scheduled_ = true;
+        post_write = true;
+      }
+      if (post_write) {
+        asio::post(ctx_, [self = shared_from_this()] { self->start_write(); });
+      }
+      return true;
+    }
+  }
+  close_async("send queue over " + std::to_string(server_.options().max_send_queue_bytes) +
+                  " bytes (peer too slow)",
+              true);
+  return false;
+}
+
+void ServerConn::start_write() {
+  if (state_ == State::closed) return;
+  {
+    std::lock_guard lk(out_mu_);
+    if (out_pending_.empty()) {
+      write_scheduled_ = false;
+      return;
+    }
+    out_writing_.clear();
+    std::swap(out_pending_, out_writing_);
+  }
+  last_tx_ = Clock::now();
+  asio::async_write(sock_, asio::buffer(out_writing_),
+                    [self = shared_from_this()](const error_code& ec, std::size_t) {
+                      if (self->state_ == State::closed) return;
+                      if (ec) {
+                        self->close("write error: " + ec.message(), false);
+                        return;
+                      }
+                      self->start_write();
+                    });
+}
+
+void ServerConn::arm_timer() {
+  const ServerOptions& o = server_.options();
+  const std::uint32_t tick_ms = std::clamp<std::uint32_t>(
+      std::min({o.heartbeat_interval_ms, o.heartbeat_timeout_ms / 4, o.unauthenticated_timeout_ms / 4}),
+      5, 1000);
+  timer_.expires_after(std::chrono::milliseconds(tick_ms));
+  timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (ec || self->state_ == State::closed) return;
+    self->on_tick();
+  });
+}
+
+void ServerConn::on_tick() {
+  const ServerOptions& o = server_.options();
+  const auto now = Clock::now();
+  using std::chrono::milliseconds;
+  if (state_ != State::ready) {
+    if (now - opened_ > milliseconds(o.unauthenticated_timeout_ms)) {
+      close("unauthenticated for more than " + std::to_string(o.unauthenticated_timeout_ms) + " ms",
+            true);
+      return;
+    }
+  } else {
+    if (now - last_rx_ > milliseconds(o.heartbeat_timeout_ms)) {
+      close("heartbeat timeout (" + std::to_string(o.heartbeat_timeout_ms) + " ms)", false);
+      return;
+    }
+    if (now - last_tx_ >= milliseconds(o.heartbeat_interval_ms)) {
+      last_tx_ = now;  // one heartbeat per interval even if the write is still queued
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
+      send_internal(Heartbeat{++heartbeat_seq_, static_cast<std::uint64_t>(ns.count())});
+    }
+  }
+  arm_timer();
+}
+
+void ServerConn::close_async(std::string reason, bool protocol_error) {
+  asio::post(ctx_, [self = shared_from_this(), reason = std::move(reason), protocol_error]() mutable {
+    self->close(std::move(reason), protocol_error);
+  });
+}
+
+void ServerConn::close(std::string reason, bool protocol_error) {
+  if (state_ == State::closed) return;
+  const bool was_ready = state_ == State::ready;
+  state_ = State::closed;
+  authenticated_.store(false, std::memory_order_release);
+  {
+    std::lock_guard lk(out_mu_);
+    out_closed_ = true;
+    out_pending_.clear();
+  }
+  error_code ec;
+  sock_.shutdown(tcp::socket::shutdown_both, ec);
+  sock_.close(ec);
+  timer_.cancel();
+  server_.on_closed(shared_from_this(), was_ready, reason, protocol_error);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHandlers handlers) {
+  if (options.secret.size() < kMinSecretBytes) {
+    return Error{"server needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
+                 " bytes"};
+  }
+  if (options.max_frame_bytes < 1024) return Error{"max_frame_bytes must be >= 1024"};
+  if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
+    return Error{"heartbeat_timeout_ms must exceed heartbeat_interval_ms"};
+  }
+  auto server = std::make_unique<TcpServer>(std::move(options), std::move(handlers));
+  auto ok = server->listen();
+  if (!ok) return Error{ok.error()};
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace parapilot::transport
