@@ -1,0 +1,2 @@
+// Planner benchmark (placeholder until the planner lands).
+int main() { return 0; }

@@ -1,0 +1,115 @@
+#include "experiments/cli_common.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "strategy/error.h"
+
+namespace parapilot::cli {
+
+void write_file_atomically(const std::string& path,
+                           const std::function<void(std::ostream&)>& write) {
+  std::ostringstream content;
+  write(content);
+  const std::string data = content.str();
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw InputError(path + ": cannot write: " + std::strerror(errno));
+  size_t written = 0;
+  while (written < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw InputError(path + ": cannot write: " + reason);
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw InputError(path + ": cannot write: " + reason);
+  }
+}
+
+nlohmann::json to_json(const Strategy& s) {
+  nlohmann::json j;
+  j["dp"] = s.dp;
+  j["tp"] = s.tp;
+  j["pp"] = s.pp;
+  j["sp"] = s.sp;
+  j["microbatch_size"] = s.microbatch_size;
+  j["global_batch"] = s.global_batch;
+  j["schedule"] = to_string(s.schedule);
+  j["virtual_stages"] = s.virtual_stages;
+  j["recompute"] = to_string(s.recompute);
+  j["zero"] = s.zero;
+  j["overlap_grad_reduce"] = s.overlap_grad_reduce;
+  if (s.stage_layers.empty()) j["stages"] = "balanced";
+  else j["stages"] = s.stage_layers;
+  if (s.gpus.empty()) j["placement"] = to_string(s.placement);
+  else j["placement"] = s.gpus;
+  j["dp_shares"] = s.shares();
+  nlohmann::json compression;
+  compression["default"] = to_string(s.compression);
+  compression["overrides"] = nlohmann::json::array();
+  for (const auto& o : s.compression_overrides) {
+    compression["overrides"].push_back(
+        {{"layers", {o.first_layer, o.last_layer}}, {"method", to_string(o.compression)}});
+  }
+  j["compression"] = compression;
+  return j;
+}
+
+nlohmann::json to_json(const CostBreakdown& b) {
+  nlohmann::json j;
+  j["feasible"] = b.feasible;
+  if (!b.reason.empty()) j["reason"] = b.reason;
+  if (!b.feasible) return j;
+  j["iteration_time_s"] = b.iteration_time_s;
+  j["tflops_per_gpu"] = b.tflops_per_gpu;
+  j["mfu"] = b.mfu;
+  j["tokens_per_s"] = b.tokens_per_s;
+  j["memory_gb_per_gpu"] = b.memory_gib;
+  j["memory_capacity_gb"] = b.memory_capacity_gib;
+  j["fits_in_memory"] = b.fits_in_memory;
+  j["breakdown"] = {{"compute_s", b.compute_s},   {"recompute_s", b.recompute_s},
+                    {"tp_comm_s", b.tp_comm_s},   {"pp_comm_s", b.pp_comm_s},
+                    {"bubble_s", b.bubble_s},     {"dp_comm_s", b.dp_comm_s},
+                    {"optimizer_s", b.optimizer_s}};
+  return j;
+}
+
+std::string describe(const Strategy& s) {
+  std::ostringstream out;
+  out << "dp=" << s.dp << " tp=" << s.tp << " pp=" << s.pp << (s.sp ? " sp" : "")
+      << " mb=" << s.microbatch_size << " gb=" << s.global_batch << " " << to_string(s.schedule);
+  if (s.virtual_stages > 1) out << "(v=" << s.virtual_stages << ")";
+  out << " recompute=" << to_string(s.recompute) << " zero=" << s.zero;
+  if (!s.stage_layers.empty()) {
+    out << " stages=[";
+    for (size_t i = 0; i < s.stage_layers.size(); ++i) out << (i ? "," : "") << s.stage_layers[i];
+    out << "]";
+  }
+  if (!s.dp_shares.empty()) {
+    out << " shares=[";
+    for (size_t i = 0; i < s.dp_shares.size() && i < 16; ++i) out << (i ? "," : "") << s.dp_shares[i];
+    if (s.dp_shares.size() > 16) out << ",...";
+    out << "]";
+  }
+  if (s.compression.kind != Compression::Kind::kNone || !s.compression_overrides.empty()) {
+    out << " compression=" << to_string(s.compression);
+    if (!s.compression_overrides.empty()) out << "+" << s.compression_overrides.size() << " overrides";
+  }
+  return out.str();
+}
+
+}  // namespace parapilot::cli

@@ -1,0 +1,25 @@
+// Shared pieces of the parapilot CLI: output helpers, atomic file writes, JSON of specs.
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "strategy/cost_model.h"
+#include "strategy/strategy.h"
+
+namespace parapilot::cli {
+
+// Writes a file via a temporary in the same directory, fsync and rename, so a reader never
+// sees it half-written. `write` fills the stream. Throws InputError when the path is unusable.
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write);
+
+nlohmann::json to_json(const Strategy& s);
+nlohmann::json to_json(const CostBreakdown& b);  // the metrics of `simulate --json`
+
+// "dp=2 tp=8 pp=1 sp mb=1 gb=256 1f1b recompute=selective zero=1 ..."
+std::string describe(const Strategy& s);
+
+}  // namespace parapilot::cli

@@ -1,0 +1,33 @@
+// parapilot: keeps large-model training on the fastest hybrid-parallel layout.
+#include <cstdio>
+#include <exception>
+
+#include "experiments/commands.h"
+#include "strategy/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"parapilot: plan, simulate and adapt hybrid-parallel training layouts"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "parapilot 0.1.0");
+  parapilot::cli::add_simulate_command(app);
+  parapilot::cli::add_plan_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\nRun with --help for usage.\n", e.what());
+    return 2;
+  } catch (const parapilot::InputError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

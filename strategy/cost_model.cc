@@ -1,0 +1,559 @@
+#include "strategy/cost_model.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+namespace parapilot {
+
+namespace {
+
+// Physical constants shared by every GPU type (docs/cost-model.md gives their sources).
+constexpr double kHbmEfficiency = 0.85;      // achievable fraction of HBM bandwidth (STREAM-like)
+constexpr double kKernelOverheadS = 2e-6;    // fixed cost per kernel: launch, tail, sync
+constexpr double kReservedGiB = 1.0;         // CUDA context, allocator slack, NCCL buffers
+constexpr double kBucketParams = 40e6;       // gradient bucket (Megatron's default size)
+constexpr double kAdamBytesPerParam = 30.0;  // fp32 master, m, v read+write; grad read; param write
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double ring_allreduce_s(int n, double bytes, double bw_Bps, double latency_s) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * bytes / bw_Bps;
+}
+
+// All-gather or reduce-scatter where bytes is the full (gathered) size.
+double ring_gather_s(int n, double bytes, double bw_Bps, double latency_s) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return (n - 1) * latency_s + static_cast<double>(n - 1) / n * bytes / bw_Bps;
+}
+
+// Bytes per parameter held on each GPU (Megatron-LM's accounting): 16-bit weights, a gradient
+// buffer in fp32 for bf16 models (accumulated and reduced in fp32) or fp16 for fp16 models,
+// and fp32 master weights with Adam's two moments.
+constexpr double kWeightBytes = 2.0;
+constexpr double kOptimizerBytes = 12.0;
+double grad_bytes(const ModelSpec& model) { return model.dtype == DType::kBF16 ? 4.0 : 2.0; }
+
+}  // namespace
+
+struct CostModel::BlockTimes {
+  double fwd = 0;        // one block, one microbatch, forward
+  double bwd = 0;        // backward, without recompute
+  double recompute = 0;  // extra forward work recomputed during backward
+  double first_fwd = 0, first_bwd = 0;  // embedding (first chunk only)
+  double last_fwd = 0, last_bwd = 0;    // final norm, logits and loss (last chunk only)
+  double hbm_Bps = 0;
+};
+
+CostModel::CostModel(ModelSpec model, ClusterSpec cluster)
+    : model_(std::move(model)), cluster_(std::move(cluster)), topo_(cluster_) {}
+
+CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const {
+  const GpuType& gpu = topo_.types[type];
+  const double flops_Bps = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency;
+  const double hbm_Bps = gpu.hbm_GBps * 1e9 * kHbmEfficiency;
+  // Roofline per GEMM: compute-bound at the achievable peak, memory-bound on 2-byte operands.
+  auto gemm = [&](double m, double n, double k, double batch = 1) {
+    const double compute = 2.0 * m * n * k / flops_Bps;
+    const double memory = 2.0 * (m * k + k * n + m * n) / hbm_Bps;
+    return batch * std::max(compute, memory) + kKernelOverheadS;
+  };
+  auto streaming = [&](double bytes) { return bytes / hbm_Bps + kKernelOverheadS; };
+
+  const double t = s.tp;
+  const double b = s.microbatch_size;
+  const double seq = model_.seq_len;
+  const double h = model_.hidden;
+  const double f = model_.ffn_hidden;
+  const double d = model_.head_dim();
+  const double tokens = b * seq;
+  const double norm_tokens = s.sp ? tokens / t : tokens;  // sequence-parallel regions
+  const double heads_per_rank = model_.heads / t;
+  const double kv_per_rank =
+      model_.kv_heads >= s.tp ? static_cast<double>(model_.kv_width()) / t : 2.0 * d;
+  const bool gated = model_.activation == Activation::kSwiGLU;
+
+  const double qkv = gemm(tokens, h / t + kv_per_rank, h);
+  const double scores = gemm(seq, seq, d, b * heads_per_rank);
+  const double context = gemm(seq, d, seq, b * heads_per_rank);
+  const double projection = gemm(tokens, h, h / t);
+  const double fc1 = gemm(tokens, (gated ? 2 : 1) * f / t, h);
+  const double fc2 = gemm(tokens, h, f / t);
+  const double matmuls = qkv + scores + context + projection + fc1 + fc2;
+
+  // Element-wise kernels (2-byte elements): two norms (read + write), two fused
+  // bias-dropout-residual adds (2 reads, 1 write, 1-byte mask), fused scale-mask-softmax with
+  // attention dropout (9 bytes per score), and the MLP activation.
+  const double softmax = streaming(9.0 * b * heads_per_rank * seq * seq);
+  const double elementwise = streaming(8.0 * norm_tokens * h) + streaming(14.0 * norm_tokens * h) +
+                             softmax + streaming((gated ? 6.0 : 4.0) * tokens * f / t);
+
+  BlockTimes out;
+  out.hbm_Bps = hbm_Bps;
+  out.fwd = matmuls + elementwise;
+  out.bwd = 2.0 * out.fwd;  // data and weight gradients: two GEMMs per forward GEMM
+  switch (s.recompute) {
+    case Recompute::kNone: break;
+    case Recompute::kSelective: out.recompute = scores + context + softmax; break;
+    case Recompute::kFull: out.recompute = out.fwd; break;
+  }
+
+  const double vocab_per_rank = model_.vocab / t;
+  out.first_fwd = streaming(2.0 * norm_tokens * h);
+  out.first_bwd = streaming(4.0 * norm_tokens * h);
+  const double logits = gemm(tokens, vocab_per_rank, h);
+  // Loss: read bf16 logits, write fp32 softmax, read it back (10 bytes per logit).
+  out.last_fwd = streaming(4.0 * norm_tokens * h) + logits + streaming(10.0 * tokens * vocab_per_rank);
+  out.last_bwd = streaming(8.0 * norm_tokens * h) + 2.0 * logits +
+                 streaming(6.0 * tokens * vocab_per_rank);
+  return out;
+}
+
+// Scratch and results of one evaluation.
+struct CostModel::Work {
+  CostBreakdown result;
+  PipelineTimings* timings = nullptr;  // filled when non-null
+};
+
+namespace {
+
+struct ChunkLayout {
+  // Balanced or explicit layer counts, without allocating for the balanced case.
+  const std::vector<int>* explicit_counts;
+  int layers;
+  int chunks;
+  int count(int chunk) const {
+    if (explicit_counts) return (*explicit_counts)[chunk];
+    const int base = layers / chunks;
+    const int remainder = layers % chunks;
+    const int first_extra = (chunks - remainder) / 2;
+    return base + (chunk >= first_extra && chunk < first_extra + remainder ? 1 : 0);
+  }
+  int first_layer(int chunk) const {
+    int sum = 0;
+    for (int c = 0; c < chunk; ++c) sum += count(c);
+    return sum;
+  }
+};
+
+}  // namespace
+
+MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) const {
+  const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
+                           s.num_chunks()};
+  const int v = s.virtual_stages;
+  int layers = 0;
+  for (int c = 0; c < v; ++c) layers += chunks.count(c * s.pp + pp_rank);
+  const bool first = pp_rank == 0;
+  const bool last = pp_rank == s.pp - 1;
+  const double t = s.tp;
+
+  double params = layers * static_cast<double>(model_.params_per_layer()) / t;
+  if (first) params += static_cast<double>(model_.embedding_params()) / t;
+  if (last) {
+    // Untied models own an output layer; tied ones keep a copy of the embedding when pp > 1.
+    if (!model_.tied_embeddings) params += static_cast<double>(model_.output_params()) / t;
+    else if (!first) params += static_cast<double>(model_.vocab) * model_.hidden / t;
+  }
+
+  MemoryBreakdown m;
+  const double dp = s.dp;
+  m.weights_gib = params * kWeightBytes / (s.zero >= 3 ? dp : 1.0) / kGiB;
+  m.gradients_gib = params * grad_bytes(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
+  m.optimizer_gib = params * kOptimizerBytes / (s.zero >= 1 ? dp : 1.0) / kGiB;
+  m.reserved_gib = kReservedGiB;
+
+  // Activations per block per microbatch (Korthikanti et al. 2022, generalised to GQA and
+  // gated MLPs): bytes = sbh * (replicated + split / t) + attention scores.
+  const double b = s.microbatch_size;
+  const double seq = model_.seq_len;
+  const double h = model_.hidden;
+  const double f = model_.ffn_hidden;
+  const double sbh = seq * b * h;
+  const double kv_fraction = static_cast<double>(model_.kv_width()) / (2.0 * h);
+  const bool gated = model_.activation == Activation::kSwiGLU;
+  // Kept whole on every tp rank unless sequence parallel: norm inputs (4), QKV input (2),
+  // two dropout masks (2), MLP input (2).
+  const double replicated = 10.0 * sbh;
+  // Split across tp ranks: Q (2), K and V (4 * kv_fraction), projection input (2), MLP
+  // activation input and fc2 input (4 * f/h, 6 * f/h when gated).
+  const double split =
+      sbh * (2.0 + 4.0 * kv_fraction + 2.0 + (gated ? 6.0 : 4.0) * f / h);
+  const double scores = 5.0 * model_.heads * seq * seq * b;  // softmax out, mask, dropout out
+  double per_block = 0;
+  const double rep = s.sp ? replicated / t : replicated;
+  switch (s.recompute) {
+    case Recompute::kNone: per_block = rep + split / t + scores / t; break;
+    case Recompute::kSelective: per_block = rep + split / t; break;
+    case Recompute::kFull: per_block = 2.0 * sbh / (s.sp ? t : 1.0); break;
+  }
+
+  // Microbatches in flight on this pipeline rank (the schedule decides).
+  const int microbatches = s.shares()[replica] / s.microbatch_size;
+  const double layers_per_chunk = static_cast<double>(layers) / v;
+  double stored_layer_passes = 0;
+  switch (s.schedule) {
+    case Schedule::kGPipe: stored_layer_passes = layers * static_cast<double>(microbatches); break;
+    case Schedule::k1F1B:
+      stored_layer_passes = layers * static_cast<double>(std::min(s.pp - pp_rank, microbatches));
+      break;
+    case Schedule::kInterleaved: {
+      const int warmup = (s.pp - pp_rank - 1) * 2 + (v - 1) * s.pp + 1;
+      stored_layer_passes = layers_per_chunk * std::min(warmup, microbatches * v);
+      break;
+    }
+  }
+  double activations = stored_layer_passes * per_block;
+  if (s.recompute == Recompute::kFull) {
+    // The block being recomputed holds its full activations during its backward.
+    activations += rep + split / t + scores / t;
+  }
+  const double in_flight = std::min(static_cast<double>(microbatches),
+                                    static_cast<double>(s.schedule == Schedule::kGPipe ? microbatches : s.pp - pp_rank));
+  if (first) activations += in_flight * 3.0 * sbh / (s.sp ? t : 1.0);  // embedding out + mask
+  if (last) activations += 6.0 * seq * b * model_.vocab / t;           // logits + fp32 softmax
+  m.activations_gib = activations / kGiB;
+  return m;
+}
+
+void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
+  CostBreakdown& out = work.result;
+  const int pp = s.pp;
+  const int v = s.virtual_stages;
+  const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
+                           s.num_chunks()};
+
+  // Block timings per GPU type present (few types; computed once per evaluation).
+  constexpr int kMaxTypes = 8;
+  assert(topo_.types.size() <= kMaxTypes);
+  BlockTimes blocks[kMaxTypes];
+  for (size_t i = 0; i < topo_.types.size(); ++i) blocks[i] = block_times(static_cast<int>(i), s);
+
+  const double tokens = static_cast<double>(s.microbatch_size) * model_.seq_len;
+  const double tp_bytes = tokens * model_.hidden * 2.0;  // one TP collective's buffer
+  const int tp_collectives =
+      s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
+  const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
+
+  auto link_s = [&](int gpu_a, int gpu_b, double bytes) {
+    const int na = topo_.node_of_gpu[gpu_a];
+    const int nb = topo_.node_of_gpu[gpu_b];
+    if (na == nb) {
+      const double bw = topo_.nodes[na].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(na);
+      return topo_.intra_latency_s + bytes / bw;
+    }
+    const double bw = std::min(topo_.nodes[na].inter_GBps * c.inter(na),
+                               topo_.nodes[nb].inter_GBps * c.inter(nb)) *
+                      1e9 * topo_.inter_efficiency;
+    return topo_.inter_latency_s + bytes / bw;
+  };
+
+  // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
+  // collectives and p2p on the slowest GPU of its tensor-parallel group.
+  struct RankTime {
+    double fwd, bwd, recompute, tp, p2p, slow;
+    int type;
+    bool failed;
+    double total() const { return fwd + bwd + tp + p2p; }
+  };
+  auto rank_time = [&](int r, int p) {
+    RankTime rt{};
+    const int gpu0 = s.gpu_of_rank(r, p, 0);
+    rt.type = topo_.type_of_gpu[gpu0];
+    double slow = 0;
+    for (int i = 0; i < s.tp; ++i) {
+      const int g = s.gpu_of_rank(r, p, i);
+      if (c.failed(g)) rt.failed = true;
+      slow = std::max(slow, 1.0 / c.speed(g));
+    }
+    rt.slow = slow;
+    const BlockTimes& bt = blocks[rt.type];
+    const int node = topo_.node_of_gpu[gpu0];
+    const double tp_bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
+    const double one_collective = ring_allreduce_s(s.tp, tp_bytes, tp_bw, topo_.intra_latency_s);
+    int layers = 0;
+    for (int k = 0; k < v; ++k) {
+      const int chunk = k * pp + p;
+      layers += chunks.count(chunk);
+      // Activations go to the next chunk; input gradients go back to the previous one.
+      if (chunk + 1 < s.num_chunks()) {
+        rt.p2p += link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0), p2p_bytes);
+      }
+      if (chunk > 0) rt.p2p += link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0), p2p_bytes);
+    }
+    rt.fwd = layers * bt.fwd;
+    rt.bwd = layers * bt.bwd;
+    rt.recompute = layers * bt.recompute;
+    if (p == 0) {
+      rt.fwd += bt.first_fwd;
+      rt.bwd += bt.first_bwd;
+    }
+    if (p == pp - 1) {
+      rt.fwd += bt.last_fwd;
+      rt.bwd += bt.last_bwd;
+    }
+    rt.fwd *= slow;
+    rt.recompute *= slow;
+    rt.bwd = rt.bwd * slow + rt.recompute;
+    rt.tp = layers * tp_collectives * one_collective;
+    return rt;
+  };
+
+  // Pass over replicas: pipeline time of each, memory of each rank, the critical replica.
+  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
+  const int uniform_share = s.global_batch / s.dp;
+  double worst_pipeline = -1;
+  int critical = 0;
+  double optimizer = 0;
+  double worst_memory_ratio = -1;
+  for (int r = 0; r < s.dp; ++r) {
+    const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+    const int m = share / s.microbatch_size;
+    double sum = 0, max = 0;
+    for (int p = 0; p < pp; ++p) {
+      const RankTime rt = rank_time(r, p);
+      if (rt.failed) {
+        out.feasible = false;
+        out.reason = "uses failed GPU(s) in replica " + std::to_string(r) + ", stage " +
+                     std::to_string(p);
+        out.iteration_time_s = kInf;
+        return;
+      }
+      sum += rt.total();
+      max = std::max(max, rt.total());
+      // Memory differs between replicas only through microbatch counts and GPU types; the
+      // uniform case needs replica 0 only.
+      if (r == 0 || explicit_shares || topo_.types.size() > 1) {
+        const MemoryBreakdown mem = memory(s, r, p);
+        const double capacity = topo_.types[rt.type].memory_gib;
+        const double ratio = mem.total_gib() / capacity;
+        if (ratio > worst_memory_ratio) {
+          worst_memory_ratio = ratio;
+          out.memory_capacity_gib = capacity;
+        }
+        out.memory_gib = std::max(out.memory_gib, mem.total_gib());
+      }
+    }
+    const double pipeline = m * max + (sum - max) / v;
+    if (pipeline > worst_pipeline) {
+      worst_pipeline = pipeline;
+      critical = r;
+    }
+  }
+
+  // The critical replica's bottleneck rank gives the breakdown.
+  const int critical_share = explicit_shares ? (*explicit_shares)[critical] : uniform_share;
+  const int m = critical_share / s.microbatch_size;
+  RankTime bottleneck{};
+  double bwd_before = 0;  // backward time of the ranks before p (slack for the DP reduction)
+
+  // Data-parallel reduction per pipeline rank, exposed beyond the backward it can hide under.
+  double dp_exposed = 0;
+  const double h = model_.hidden;
+  const double f = model_.ffn_hidden;
+  const double t = s.tp;
+  const double kv_per_rank = model_.kv_heads >= s.tp ? static_cast<double>(model_.kv_width()) / t
+                                                     : 2.0 * model_.head_dim();
+  const bool gated = model_.activation == Activation::kSwiGLU;
+  const double block_params = static_cast<double>(model_.params_per_layer()) / t;
+  const double grad_reduce = grad_bytes(model_);
+  // Weight matrices of one block on one tp rank (rows x cols), for PowerSGD.
+  const double mat_rows[4] = {h, h / t, h, f / t};
+  const double mat_cols[4] = {h / t + kv_per_rank, h, (gated ? 2.0 : 1.0) * f / t, h};
+  double matrix_params = 0;
+  for (int i = 0; i < 4; ++i) matrix_params += mat_rows[i] * mat_cols[i];
+
+  thread_local std::vector<int> per_node;
+  per_node.assign(topo_.nodes.size(), 0);
+  for (int p = 0; p < pp; ++p) {
+    const RankTime rt = rank_time(critical, p);
+    if (rt.total() > bottleneck.total()) bottleneck = rt;
+
+    // Parameters and gradient traffic of this rank.
+    int layers = 0;
+    double ar_bytes = 0, topk_bytes = 0, powersgd_flops = 0;
+    for (int k = 0; k < v; ++k) {
+      const int chunk = k * pp + p;
+      const int n = chunks.count(chunk);
+      layers += n;
+      if (s.compression_overrides.empty()) {
+        const Compression& comp = s.compression;
+        switch (comp.kind) {
+          case Compression::Kind::kNone: ar_bytes += n * block_params * grad_reduce; break;
+          case Compression::Kind::kFP16: ar_bytes += n * block_params * 2.0; break;
+          case Compression::Kind::kTopK: topk_bytes += n * block_params * comp.topk_ratio * 6.0; break;
+          case Compression::Kind::kPowerSGD: {
+            double low_rank = 0;
+            for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+            ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
+            powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
+            break;
+          }
+        }
+      } else {
+        const int first_layer = chunks.first_layer(chunk);
+        for (int l = first_layer; l < first_layer + n; ++l) {
+          const Compression& comp = s.compression_of_layer(l);
+          switch (comp.kind) {
+            case Compression::Kind::kNone: ar_bytes += block_params * grad_reduce; break;
+            case Compression::Kind::kFP16: ar_bytes += block_params * 2.0; break;
+            case Compression::Kind::kTopK: topk_bytes += block_params * comp.topk_ratio * 6.0; break;
+            case Compression::Kind::kPowerSGD: {
+              double low_rank = 0;
+              for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+              ar_bytes += (low_rank + block_params - matrix_params) * grad_reduce;
+              powersgd_flops += 6.0 * matrix_params * comp.powersgd_rank;
+              break;
+            }
+          }
+        }
+      }
+    }
+    double params = layers * block_params;
+    double extra = 0;
+    if (p == 0) extra += static_cast<double>(model_.embedding_params()) / t;
+    if (p == pp - 1) {
+      if (!model_.tied_embeddings) extra += static_cast<double>(model_.output_params()) / t;
+      else if (p != 0) extra += static_cast<double>(model_.vocab) * h / t;
+    }
+    params += extra;
+    ar_bytes += extra * grad_reduce;
+
+    // Optimizer step on the parameters this rank owns.
+    const double owned = s.zero >= 1 ? params / s.dp : params;
+    optimizer = std::max(optimizer, owned * kAdamBytesPerParam / blocks[rt.type].hbm_Bps * rt.slow);
+
+    if (s.dp > 1) {
+      // The DP group of this pipeline rank: how it spreads over nodes sets its bandwidth.
+      int nodes_spanned = 0, min_members = s.dp;
+      double inter_bw = kInf, intra_bw = kInf;
+      for (int r = 0; r < s.dp; ++r) {
+        const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
+        if (per_node[node]++ == 0) {
+          ++nodes_spanned;
+          inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
+          intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+        }
+      }
+      for (int r = 0; r < s.dp; ++r) {
+        int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)]];
+        if (count > 0) min_members = std::min(min_members, count);
+        count = 0;
+      }
+      double bw, latency;
+      if (nodes_spanned == 1) {
+        bw = intra_bw * 1e9 * topo_.intra_efficiency;
+        latency = topo_.intra_latency_s;
+      } else {
+        // Each member drives its own NIC; members sharing a node pool their NICs over NVLink.
+        bw = min_members * inter_bw * 1e9 * topo_.inter_efficiency;
+        if (min_members > 1) bw = std::min(bw, intra_bw * 1e9 * topo_.intra_efficiency);
+        latency = topo_.inter_latency_s;
+      }
+      const int n = s.dp;
+      double grads;
+      double after_backward = 0;  // cannot overlap: ZeRO parameter all-gather
+      if (s.zero >= 1) {
+        grads = ring_gather_s(n, ar_bytes, bw, latency);  // reduce-scatter
+        after_backward = ring_gather_s(n, params * kWeightBytes, bw, latency);
+      } else {
+        grads = ring_allreduce_s(n, ar_bytes, bw, latency);
+      }
+      grads += ring_gather_s(n, topk_bytes * n, bw, latency);  // sparse top-k: all-gather
+      const double flops_Bps =
+          topo_.types[rt.type].peak_tflops * 1e12 * topo_.types[rt.type].gemm_efficiency;
+      grads += powersgd_flops / flops_Bps * rt.slow;
+      double exposed = grads;
+      if (s.overlap_grad_reduce) {
+        const double last_bucket =
+            grads * std::min(1.0, kBucketParams / std::max(params, 1.0));
+        exposed = std::max(grads - rt.bwd / v, last_bucket);
+      }
+      exposed += after_backward;
+      if (s.zero >= 3) {
+        // Parameters gathered before each forward and backward, prefetched under compute.
+        const double gather = ring_gather_s(n, params * kWeightBytes, bw, latency);
+        exposed += m * std::max(0.0, 2.0 * gather - (rt.fwd + rt.bwd));
+      }
+      if (work.timings) work.timings->dp_exposed_s.push_back(exposed);
+      dp_exposed = std::max(dp_exposed, exposed - bwd_before);
+    } else if (work.timings) {
+      work.timings->dp_exposed_s.push_back(0);
+    }
+    bwd_before += rt.bwd / v + rt.p2p / (2.0 * v);
+  }
+
+  // Assemble the breakdown from the critical replica.
+  out.feasible = true;
+  out.compute_s = m * (bottleneck.fwd + bottleneck.bwd - bottleneck.recompute);
+  out.recompute_s = m * bottleneck.recompute;
+  out.tp_comm_s = m * bottleneck.tp;
+  out.pp_comm_s = m * bottleneck.p2p;
+  out.bubble_s = std::max(0.0, worst_pipeline - m * bottleneck.total());
+  out.dp_comm_s = dp_exposed;
+  out.optimizer_s = optimizer;
+  out.iteration_time_s = worst_pipeline + dp_exposed + optimizer;
+  out.fits_in_memory = worst_memory_ratio <= 1.0;
+  if (!out.fits_in_memory) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, more than the %.0f GiB available",
+                  out.memory_gib, out.memory_capacity_gib);
+    out.reason = buf;
+  }
+
+  const int gpus = s.num_gpus();
+  double peak_sum = 0;
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      peak_sum += s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0)]].peak_tflops * 1e12;
+    }
+  }
+  out.model_flops = iteration_model_flops(model_, s.global_batch, s.recompute == Recompute::kFull);
+  out.tflops_per_gpu = out.model_flops / (gpus * out.iteration_time_s) / 1e12;
+  out.mfu = iteration_model_flops(model_, s.global_batch, false) /
+            (peak_sum * out.iteration_time_s);
+  out.tokens_per_s = static_cast<double>(s.global_batch) * model_.seq_len / out.iteration_time_s;
+
+  if (work.timings) {
+    PipelineTimings& tl = *work.timings;
+    tl.replica = critical;
+    tl.microbatches = m;
+    tl.optimizer_s = optimizer;
+    const int chunk_count = s.num_chunks();
+    tl.forward_s.assign(chunk_count, 0);
+    tl.backward_s.assign(chunk_count, 0);
+    tl.p2p_s.assign(chunk_count, 0);
+    for (int p = 0; p < pp; ++p) {
+      const RankTime rt = rank_time(critical, p);
+      int layers = 0;
+      for (int k = 0; k < v; ++k) layers += chunks.count(k * pp + p);
+      for (int k = 0; k < v; ++k) {
+        const int chunk = k * pp + p;
+        const double share = layers ? static_cast<double>(chunks.count(chunk)) / layers : 1.0;
+        // TP collectives run inside each pass, in proportion to its work.
+        const double tp_fwd = rt.tp * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
+        tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
+        tl.backward_s[chunk] = (rt.bwd + rt.tp - tp_fwd) * share;
+        if (chunk + 1 < chunk_count) tl.p2p_s[chunk] = link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0), p2p_bytes);
+      }
+    }
+  }
+}
+
+CostBreakdown CostModel::evaluate(const Strategy& s, const Conditions& c) const {
+  Work work;
+  run(s, c, work);
+  return std::move(work.result);
+}
+
+PipelineTimings CostModel::pipeline_timings(const Strategy& s, const Conditions& c) const {
+  PipelineTimings timings;
+  Work work;
+  work.timings = &timings;
+  run(s, c, work);
+  return timings;
+}
+
+}  // namespace parapilot

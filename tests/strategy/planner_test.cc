@@ -1,0 +1,1 @@
+// Planner tests (placeholder until the planner lands).
