@@ -191,7 +191,8 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   }
 
   // Microbatches in flight on this pipeline rank (the schedule decides).
-  const int microbatches = s.shares()[replica] / s.microbatch_size;
+  const int share = s.dp_shares.empty() ? s.global_batch / s.dp : s.dp_shares[replica];
+  const int microbatches = share / s.microbatch_size;
   const double layers_per_chunk = static_cast<double>(layers) / v;
   double stored_layer_passes = 0;
   switch (s.schedule) {
@@ -258,30 +259,37 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     bool failed;
     double total() const { return fwd + bwd + tp + p2p; }
   };
+  // Transformer blocks held by each pipeline rank (all its chunks).
+  thread_local std::vector<int> rank_layers;
+  rank_layers.assign(pp, 0);
+  for (int chunk = 0; chunk < s.num_chunks(); ++chunk) rank_layers[chunk % pp] += chunks.count(chunk);
+
   auto rank_time = [&](int r, int p) {
     RankTime rt{};
     const int gpu0 = s.gpu_of_rank(r, p, 0);
     rt.type = topo_.type_of_gpu[gpu0];
-    double slow = 0;
-    for (int i = 0; i < s.tp; ++i) {
-      const int g = s.gpu_of_rank(r, p, i);
-      if (c.failed(g)) rt.failed = true;
-      slow = std::max(slow, 1.0 / c.speed(g));
+    double slow = 1.0;
+    if (!c.gpu_speed.empty() || !c.gpu_failed.empty()) {
+      double speed = kInf;
+      for (int i = 0; i < s.tp; ++i) {
+        const int g = s.gpu_of_rank(r, p, i);
+        if (c.failed(g)) rt.failed = true;
+        speed = std::min(speed, c.speed(g));
+      }
+      slow = 1.0 / speed;
     }
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
     const int node = topo_.node_of_gpu[gpu0];
     const double tp_bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
     const double one_collective = ring_allreduce_s(s.tp, tp_bytes, tp_bw, topo_.intra_latency_s);
-    int layers = 0;
-    for (int k = 0; k < v; ++k) {
-      const int chunk = k * pp + p;
-      layers += chunks.count(chunk);
-      // Activations go to the next chunk; input gradients go back to the previous one.
-      if (chunk + 1 < s.num_chunks()) {
-        rt.p2p += link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0), p2p_bytes);
-      }
-      if (chunk > 0) rt.p2p += link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0), p2p_bytes);
+    const int layers = rank_layers[p];
+    if (pp > 1) {
+      // Activations go to the next chunk, input gradients back to the previous one: every
+      // chunk but the last sends forward, every chunk but the first sends backward.
+      const double to_next = link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0), p2p_bytes);
+      const double to_prev = link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0), p2p_bytes);
+      rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
     }
     rt.fwd = layers * bt.fwd;
     rt.bwd = layers * bt.bwd;
@@ -308,7 +316,12 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   int critical = 0;
   double optimizer = 0;
   double worst_memory_ratio = -1;
-  for (int r = 0; r < s.dp; ++r) {
+  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
+  // conditions and uniform shares. Then replica 0 stands for all of them.
+  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
+                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
+  const int replicas_to_time = symmetric ? 1 : s.dp;
+  for (int r = 0; r < replicas_to_time; ++r) {
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
     const int m = share / s.microbatch_size;
     double sum = 0, max = 0;
@@ -504,10 +517,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   }
 
   const int gpus = s.num_gpus();
-  double peak_sum = 0;
-  for (int r = 0; r < s.dp; ++r) {
-    for (int p = 0; p < pp; ++p) {
-      peak_sum += s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0)]].peak_tflops * 1e12;
+  double peak_sum = gpus * topo_.types[0].peak_tflops * 1e12;
+  if (topo_.types.size() > 1) {
+    peak_sum = 0;
+    for (int r = 0; r < s.dp; ++r) {
+      for (int p = 0; p < pp; ++p) {
+        peak_sum +=
+            s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0)]].peak_tflops * 1e12;
+      }
     }
   }
   out.model_flops = iteration_model_flops(model_, s.global_batch, s.recompute == Recompute::kFull);

@@ -22,12 +22,6 @@ std::vector<int> Strategy::shares() const {
   return std::vector<int>(dp, global_batch / dp);
 }
 
-int Strategy::gpu_of_rank(int dp_index, int pp_index, int tp_index) const {
-  if (!gpus.empty()) return gpus[(dp_index * pp + pp_index) * tp + tp_index];
-  if (placement == PlacementOrder::kTpPpDp) return (dp_index * pp + pp_index) * tp + tp_index;
-  return (pp_index * dp + dp_index) * tp + tp_index;
-}
-
 const Compression& Strategy::compression_of_layer(int layer) const {
   // Later overrides win over earlier ones.
   for (auto it = compression_overrides.rbegin(); it != compression_overrides.rend(); ++it) {

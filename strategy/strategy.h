@@ -66,7 +66,11 @@ struct Strategy {
   // Derived views (valid once find_problem() returned nullopt).
   std::vector<int> layers_per_chunk(int layers) const;   // resolves "balanced"
   std::vector<int> shares() const;                       // resolves uniform shares
-  int gpu_of_rank(int dp_index, int pp_index, int tp_index) const;
+  int gpu_of_rank(int dp_index, int pp_index, int tp_index) const {
+    if (!gpus.empty()) return gpus[(dp_index * pp + pp_index) * tp + tp_index];
+    if (placement == PlacementOrder::kTpPpDp) return (dp_index * pp + pp_index) * tp + tp_index;
+    return (pp_index * dp + dp_index) * tp + tp_index;
+  }
   const Compression& compression_of_layer(int layer) const;
 
   bool operator==(const Strategy&) const = default;

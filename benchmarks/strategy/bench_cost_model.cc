@@ -1,1 +1,77 @@
-int main() { return 0; }
+// Strategy evaluations per second of the cost model, one core: gpt3-175b (96 layers) on
+// 1024 a100-80g GPUs, cycling through a set of legal layouts (nominal and slowed conditions).
+// Prints figures; not a test. Usage: bench_cost_model [seconds_per_case]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "strategy/cost_model.h"
+
+using namespace parapilot;
+
+namespace {
+
+double run(const CostModel& cost, const std::vector<Strategy>& layouts, const Conditions& c,
+           double seconds, double& sink) {
+  using clock = std::chrono::steady_clock;
+  long evaluations = 0;
+  const auto start = clock::now();
+  auto now = start;
+  do {
+    for (const Strategy& s : layouts) sink += cost.evaluate(s, c).iteration_time_s;
+    evaluations += static_cast<long>(layouts.size());
+    now = clock::now();
+  } while (std::chrono::duration<double>(now - start).count() < seconds);
+  return static_cast<double>(evaluations) / std::chrono::duration<double>(now - start).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  const ModelSpec model = *model_preset("gpt3-175b");
+  const ClusterSpec cluster = *cluster_preset("128x8xa100-80g");
+  const CostModel cost(model, cluster);
+
+  std::vector<Strategy> layouts;
+  for (int tp : {4, 8}) {
+    for (int pp : {4, 8, 16, 32}) {
+      for (int mb : {1, 2}) {
+        Strategy s;
+        s.tp = tp;
+        s.pp = pp;
+        s.dp = 1024 / (tp * pp);
+        s.sp = true;
+        s.microbatch_size = mb;
+        s.global_batch = 2048;
+        s.recompute = Recompute::kSelective;
+        s.zero = 1;
+        if (find_problem(s, model, cluster)) continue;
+        layouts.push_back(s);
+      }
+    }
+  }
+  Conditions slowed;
+  slowed.gpu_speed.assign(cluster.num_gpus(), 1.0);
+  slowed.gpu_speed[17] = 0.4;
+  slowed.gpu_speed[900] = 0.7;
+  slowed.node_inter_bw.assign(cluster.num_nodes(), 1.0);
+  slowed.node_inter_bw[3] = 0.25;
+
+  double sink = 0;
+  std::printf("cost model: gpt3-175b (96 layers) on 1024 a100-80g, %zu layouts, one thread\n",
+              layouts.size());
+  for (const char* name : {"nominal", "slowed"}) {
+    const Conditions& c = name[0] == 'n' ? Conditions{} : slowed;
+    std::vector<double> rates;
+    for (int rep = 0; rep < 5; ++rep) rates.push_back(run(cost, layouts, c, seconds / 5, sink));
+    std::sort(rates.begin(), rates.end());
+    std::printf("  %-8s conditions: median %10.0f evaluations/s  (min %.0f, max %.0f; target >= "
+                "200000)\n",
+                name, rates[2], rates[0], rates[4]);
+  }
+  std::printf("(checksum %.3g)\n", sink);
+  return 0;
+}
