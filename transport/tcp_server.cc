@@ -347,8 +347,14 @@ void ServerConn::read() {
 void ServerConn::on_read(const error_code& ec, std::size_t n) {
   if (state_ == State::closed) return;
   if (ec) {
-    close(ec == asio::error::eof ? "peer closed the connection" : "read error: " + ec.message(),
-          false);
+    if (decoder_.buffered_bytes() > 0) {
+      close("truncated frame (connection ended inside a frame, " +
+                std::to_string(decoder_.buffered_bytes()) + " bytes pending)",
+            true);
+    } else {
+      close(ec == asio::error::eof ? "peer closed the connection" : "read error: " + ec.message(),
+            false);
+    }
     return;
   }
   decoder_.commit(n);
