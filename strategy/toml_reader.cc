@@ -11,7 +11,9 @@ namespace parapilot {
 namespace {
 
 std::string where(const std::string& source, const toml::node* node) {
-  if (node && node->source().begin.line > 0) {
+  // Flags ("--strategy") hold generated text whose line numbers mean nothing to the user.
+  const bool from_flag = source.rfind("--", 0) == 0;
+  if (!from_flag && node && node->source().begin.line > 0) {
     return source + ":" + std::to_string(node->source().begin.line);
   }
   return source;
