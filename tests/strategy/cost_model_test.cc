@@ -1,1 +1,274 @@
-// placeholder
+// Cost and memory model: properties that must hold for any sane model, and hand-computed
+// memory examples.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "strategy/cost_model.h"
+
+using namespace parapilot;
+
+namespace {
+
+ModelSpec small_gpt() {
+  ModelSpec m;
+  m.name = "gpt-small";
+  m.layers = 4;
+  m.hidden = 1024;
+  m.heads = 16;
+  m.kv_heads = 16;
+  m.ffn_hidden = 4096;
+  m.seq_len = 1024;
+  m.vocab = 32000;
+  return m;
+}
+
+Strategy layout(int dp, int tp, int pp, int mb, int gb) {
+  Strategy s;
+  s.dp = dp;
+  s.tp = tp;
+  s.pp = pp;
+  s.microbatch_size = mb;
+  s.global_batch = gb;
+  return s;
+}
+
+double iteration(const ModelSpec& m, const ClusterSpec& c, const Strategy& s,
+                 const Conditions& cond = {}) {
+  REQUIRE_FALSE(find_problem(s, m, c));
+  return CostModel(m, c).evaluate(s, cond).iteration_time_s;
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+TEST_CASE("breakdown parts add up to the iteration time") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec c = *cluster_preset("4x8xa100-80g");
+  for (Strategy s : {layout(4, 8, 1, 1, 64), layout(2, 4, 4, 1, 64), layout(32, 1, 1, 1, 64)}) {
+    s.recompute = Recompute::kSelective;
+    const CostBreakdown b = CostModel(m, c).evaluate(s);
+    REQUIRE(b.feasible);
+    const double sum = b.compute_s + b.recompute_s + b.tp_comm_s + b.pp_comm_s + b.bubble_s +
+                       b.dp_comm_s + b.optimizer_s;
+    CHECK(sum == doctest::Approx(b.iteration_time_s).epsilon(1e-9));
+    CHECK(b.tokens_per_s == doctest::Approx(64.0 * m.seq_len / b.iteration_time_s));
+    CHECK(b.mfu > 0.1);
+    CHECK(b.mfu < 0.8);
+  }
+}
+
+TEST_CASE("more bandwidth or faster GPUs is never slower") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec base = *cluster_preset("4x8xa100-80g");
+  const Strategy layouts[] = {layout(4, 8, 1, 1, 64), layout(2, 4, 4, 1, 64),
+                              layout(32, 1, 1, 2, 64), layout(1, 8, 4, 1, 32)};
+  for (const Strategy& s : layouts) {
+    const double t0 = iteration(m, base, s);
+    for (double factor : {1.5, 2.0, 8.0}) {
+      ClusterSpec faster_net = base;
+      for (auto& g : faster_net.groups) g.inter_node_Gbps *= factor;
+      CHECK(iteration(m, faster_net, s) <= t0);
+      ClusterSpec faster_nvlink = base;
+      for (auto& g : faster_nvlink.groups) g.intra_node_GBps *= factor;
+      CHECK(iteration(m, faster_nvlink, s) <= t0);
+      Conditions quicker;
+      quicker.gpu_speed.assign(base.num_gpus(), 1.0);
+      for (int g = 0; g < base.num_gpus(); g += 3) quicker.gpu_speed[g] = factor;
+      CHECK(iteration(m, base, s, quicker) <= t0);
+      Conditions congested;
+      congested.node_inter_bw.assign(base.num_nodes(), 1.0);
+      congested.node_inter_bw[1] = 1.0 / factor;
+      CHECK(iteration(m, base, s, congested) >= t0);
+    }
+    ClusterSpec hopper = base;
+    for (auto& g : hopper.groups) g.gpu = *gpu_type("h100");
+    CHECK(iteration(m, hopper, s) < t0);
+  }
+}
+
+TEST_CASE("a slowed GPU slows its replica, and elastic shares win part of it back") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec c = *cluster_preset("4x8xa100-80g");
+  Strategy s = layout(4, 8, 1, 1, 64);
+  Conditions slow;
+  slow.gpu_speed.assign(32, 1.0);
+  slow.gpu_speed[9] = 0.5;  // replica 1
+  const double nominal = iteration(m, c, s);
+  const double slowed = iteration(m, c, s, slow);
+  CHECK(slowed > 1.5 * nominal);
+  s.dp_shares = {18, 10, 18, 18};
+  const double elastic = iteration(m, c, s, slow);
+  CHECK(elastic < slowed);
+  CHECK(elastic > nominal);
+}
+
+TEST_CASE("failed GPUs make a layout infeasible unless the placement avoids them") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec c = *cluster_preset("2x8xa100-80g");
+  Conditions failed;
+  failed.gpu_failed.assign(16, false);
+  failed.gpu_failed[5] = true;
+  const CostModel cost(m, c);
+  const CostBreakdown b = cost.evaluate(layout(16, 1, 1, 1, 64), failed);
+  CHECK_FALSE(b.feasible);
+  CHECK(std::isinf(b.iteration_time_s));
+  CHECK(b.reason.find("failed") != std::string::npos);
+  Strategy shrunk = layout(1, 8, 1, 1, 64);
+  shrunk.gpus = {8, 9, 10, 11, 12, 13, 14, 15};
+  REQUIRE_FALSE(find_problem(shrunk, m, c));
+  CHECK(cost.evaluate(shrunk, failed).feasible);
+}
+
+TEST_CASE("more microbatches never increase the bubble fraction") {
+  const ModelSpec m = *model_preset("gpt3-175b");
+  const ClusterSpec c = *cluster_preset("8x8xa100-80g");
+  for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
+    double previous = 1.0;
+    for (int microbatches = 8; microbatches <= 256; microbatches *= 2) {
+      Strategy s = layout(1, 8, 8, 1, microbatches);
+      s.recompute = Recompute::kFull;
+      s.schedule = schedule;
+      if (schedule == Schedule::kInterleaved) s.virtual_stages = 2;
+      REQUIRE_FALSE(find_problem(s, m, c));
+      const CostBreakdown b = CostModel(m, c).evaluate(s);
+      const double fraction = b.bubble_s / b.iteration_time_s;
+      CHECK(fraction <= previous);
+      CHECK(fraction > 0);
+      previous = fraction;
+    }
+  }
+  // Interleaving shrinks the bubble.
+  Strategy plain = layout(1, 8, 8, 1, 64);
+  plain.recompute = Recompute::kFull;
+  Strategy interleaved = plain;
+  interleaved.schedule = Schedule::kInterleaved;
+  interleaved.virtual_stages = 4;
+  CHECK(CostModel(m, c).evaluate(interleaved).bubble_s < CostModel(m, c).evaluate(plain).bubble_s);
+}
+
+TEST_CASE("memory grows with microbatch size and shrinks with recompute, sp and ZeRO") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec c = *cluster_preset("2x8xa100-80g");
+  const CostModel cost(m, c);
+  double previous = 0;
+  for (int mb : {1, 2, 4, 8}) {
+    const double gib = cost.evaluate(layout(2, 8, 1, mb, 64)).memory_gib;
+    CHECK(gib > previous);
+    previous = gib;
+  }
+  Strategy s = layout(2, 8, 1, 4, 64);
+  const double none = cost.evaluate(s).memory_gib;
+  s.recompute = Recompute::kSelective;
+  const double selective = cost.evaluate(s).memory_gib;
+  s.recompute = Recompute::kFull;
+  const double full = cost.evaluate(s).memory_gib;
+  CHECK(selective < none);
+  CHECK(full < selective);
+  s.recompute = Recompute::kSelective;
+  s.sp = true;
+  CHECK(cost.evaluate(s).memory_gib < selective);
+  Strategy z = layout(16, 1, 1, 1, 64);
+  double previous_zero = 1e30;
+  for (int zero = 0; zero <= 3; ++zero) {
+    z.zero = zero;
+    const double gib = cost.evaluate(z).memory_gib;
+    CHECK(gib < previous_zero);
+    previous_zero = gib;
+  }
+  // Recompute costs time.
+  Strategy r = layout(2, 8, 1, 1, 64);
+  const double t_none = cost.evaluate(r).iteration_time_s;
+  r.recompute = Recompute::kSelective;
+  const double t_selective = cost.evaluate(r).iteration_time_s;
+  r.recompute = Recompute::kFull;
+  const double t_full = cost.evaluate(r).iteration_time_s;
+  CHECK(t_none < t_selective);
+  CHECK(t_selective < t_full);
+}
+
+TEST_CASE("memory matches a hand computation (GPT block, tp=2, pp=2, 1F1B, no recompute)") {
+  // 4 blocks of hidden h=1024, 16 heads, seq s=1024, vocab 32000, microbatch b=2, global 8.
+  const ModelSpec m = small_gpt();
+  const ClusterSpec c = *cluster_preset("1x8xa100-80g");
+  const Strategy s = layout(2, 2, 2, 2, 8);
+  REQUIRE_FALSE(find_problem(s, m, c));
+  const CostModel cost(m, c);
+
+  const double h = 1024, seq = 1024, b = 2, a = 16, t = 2, V = 32000;
+  // Parameters: a GPT block has 12h^2 + 13h; the embedding V*h + positions s*h.
+  const double block = 12 * h * h + 13 * h;
+  const double embedding = V * h + seq * h;
+  const double first_params = (2 * block + embedding) / t;   // stage 0: 2 blocks + embedding
+  const double last_params = (2 * block + V * h) / t;        // stage 1: 2 blocks + tied copy
+  // Korthikanti et al. 2022: per block sbh(10 + 24/t + 5as/(ht)) bytes without recompute.
+  const double per_block = seq * b * h * (10 + 24 / t + 5 * a * seq / (h * t));
+  // 1F1B: stage 0 holds pp = 2 microbatches of its 2 blocks, stage 1 holds 1.
+  const double first_act = 2 * 2 * per_block + 2 * 3 * seq * b * h;  // + embedding output
+  const double last_act = 1 * 2 * per_block + 6 * seq * b * V / t;   // + logits and softmax
+
+  const MemoryBreakdown m0 = cost.memory(s, 0, 0);
+  CHECK(m0.weights_gib * kGiB == doctest::Approx(2 * first_params));
+  CHECK(m0.gradients_gib * kGiB == doctest::Approx(4 * first_params));  // fp32 grads (bf16)
+  CHECK(m0.optimizer_gib * kGiB == doctest::Approx(12 * first_params));
+  CHECK(m0.activations_gib * kGiB == doctest::Approx(first_act));
+  CHECK(m0.reserved_gib == 1.0);
+  const MemoryBreakdown m1 = cost.memory(s, 0, 1);
+  CHECK(m1.weights_gib * kGiB == doctest::Approx(2 * last_params));
+  CHECK(m1.activations_gib * kGiB == doctest::Approx(last_act));
+
+  // ZeRO-1 divides optimizer states by dp; full recompute keeps one 2sbh input per block.
+  Strategy z = s;
+  z.zero = 1;
+  z.recompute = Recompute::kFull;
+  const MemoryBreakdown mz = cost.memory(z, 0, 0);
+  CHECK(mz.optimizer_gib * kGiB == doctest::Approx(12 * first_params / 2));
+  const double full_act = 2 * 2 * (2 * seq * b * h) + per_block + 2 * 3 * seq * b * h;
+  CHECK(mz.activations_gib * kGiB == doctest::Approx(full_act));
+}
+
+TEST_CASE("model FLOPs follow the SC'21 formula") {
+  ModelSpec m = small_gpt();
+  m.vocab = 51200;
+  const double B = 16, s = m.seq_len, l = m.layers, h = m.hidden, V = m.vocab;
+  const double expected = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  CHECK(iteration_model_flops(m, 16, true) == doctest::Approx(expected));
+  const double without = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+  CHECK(iteration_model_flops(m, 16, false) == doctest::Approx(without));
+}
+
+TEST_CASE("mixed GPUs: a stage runs at its slowest member's pace, shares follow speed") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec mixed = *cluster_preset("1x8xa100-80g+1x8xh800");
+  const CostModel cost(m, mixed);
+  Strategy uniform = layout(2, 8, 1, 1, 64);  // replica 0 on A100s, replica 1 on H800s
+  Strategy elastic = uniform;
+  elastic.dp_shares = {16, 48};
+  CHECK(cost.evaluate(elastic).iteration_time_s < cost.evaluate(uniform).iteration_time_s);
+  // A pipeline stage spanning both node types: the A100 stage sets the pace.
+  Strategy pipeline = layout(1, 8, 2, 1, 64);
+  const ClusterSpec a100 = *cluster_preset("2x8xa100-80g");
+  const ClusterSpec h800 = *cluster_preset("2x8xh800");
+  const double t_mixed = cost.evaluate(pipeline).iteration_time_s;
+  CHECK(t_mixed <= CostModel(m, a100).evaluate(pipeline).iteration_time_s * 1.0001);
+  CHECK(t_mixed > CostModel(m, h800).evaluate(pipeline).iteration_time_s);
+}
+
+TEST_CASE("compression reduces exposed data-parallel time on a slow network") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  ClusterSpec c = *cluster_preset("4x8xa100-80g");
+  for (auto& g : c.groups) g.inter_node_Gbps = 25;  // a congested fabric
+  Strategy s = layout(32, 1, 1, 1, 32);
+  s.zero = 1;
+  const CostModel cost(m, c);
+  const double none = cost.evaluate(s).dp_comm_s;
+  s.compression = *parse_compression("fp16");
+  const double fp16 = cost.evaluate(s).dp_comm_s;
+  s.compression = *parse_compression("powersgd:4");
+  const double powersgd = cost.evaluate(s).dp_comm_s;
+  CHECK(none > 0);
+  CHECK(fp16 < none);
+  CHECK(powersgd < fp16);
+}
