@@ -53,10 +53,14 @@ nlohmann::json to_json(const Strategy& s) {
   j["recompute"] = to_string(s.recompute);
   j["zero"] = s.zero;
   j["overlap_grad_reduce"] = s.overlap_grad_reduce;
-  if (s.stage_layers.empty()) j["stages"] = "balanced";
-  else j["stages"] = s.stage_layers;
-  if (s.gpus.empty()) j["placement"] = to_string(s.placement);
-  else j["placement"] = s.gpus;
+  if (s.stage_layers.empty())
+    j["stages"] = "balanced";
+  else
+    j["stages"] = s.stage_layers;
+  if (s.gpus.empty())
+    j["placement"] = to_string(s.placement);
+  else
+    j["placement"] = s.gpus;
   j["dp_shares"] = s.shares();
   nlohmann::json compression;
   compression["default"] = to_string(s.compression);
@@ -81,9 +85,9 @@ nlohmann::json to_json(const CostBreakdown& b) {
   j["memory_gb_per_gpu"] = b.memory_gib;
   j["memory_capacity_gb"] = b.memory_capacity_gib;
   j["fits_in_memory"] = b.fits_in_memory;
-  j["breakdown"] = {{"compute_s", b.compute_s},   {"recompute_s", b.recompute_s},
-                    {"tp_comm_s", b.tp_comm_s},   {"pp_comm_s", b.pp_comm_s},
-                    {"bubble_s", b.bubble_s},     {"dp_comm_s", b.dp_comm_s},
+  j["breakdown"] = {{"compute_s", b.compute_s},    {"recompute_s", b.recompute_s},
+                    {"tp_comm_s", b.tp_comm_s},    {"pp_comm_s", b.pp_comm_s},
+                    {"bubble_s", b.bubble_s},      {"dp_comm_s", b.dp_comm_s},
                     {"optimizer_s", b.optimizer_s}};
   return j;
 }
@@ -101,13 +105,15 @@ std::string describe(const Strategy& s) {
   }
   if (!s.dp_shares.empty()) {
     out << " shares=[";
-    for (size_t i = 0; i < s.dp_shares.size() && i < 16; ++i) out << (i ? "," : "") << s.dp_shares[i];
+    for (size_t i = 0; i < s.dp_shares.size() && i < 16; ++i)
+      out << (i ? "," : "") << s.dp_shares[i];
     if (s.dp_shares.size() > 16) out << ",...";
     out << "]";
   }
   if (s.compression.kind != Compression::Kind::kNone || !s.compression_overrides.empty()) {
     out << " compression=" << to_string(s.compression);
-    if (!s.compression_overrides.empty()) out << "+" << s.compression_overrides.size() << " overrides";
+    if (!s.compression_overrides.empty())
+      out << "+" << s.compression_overrides.size() << " overrides";
   }
   return out.str();
 }

@@ -14,7 +14,8 @@ namespace parapilot::cli {
 
 // Writes a file via a temporary in the same directory, fsync and rename, so a reader never
 // sees it half-written. `write` fills the stream. Throws InputError when the path is unusable.
-void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write);
+void write_file_atomically(const std::string& path,
+                           const std::function<void(std::ostream&)>& write);
 
 nlohmann::json to_json(const Strategy& s);
 nlohmann::json to_json(const CostBreakdown& b);  // the metrics of `simulate --json`

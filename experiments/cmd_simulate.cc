@@ -41,18 +41,19 @@ void print_table(const ModelSpec& model, const ClusterSpec& cluster, const Strat
               b.memory_capacity_gib, b.fits_in_memory ? "(fits)" : "(DOES NOT FIT)");
   std::printf("%-22s %10s %8s\n", "time breakdown", "seconds", "share");
   const std::pair<const char*, double> rows[] = {
-      {"compute", b.compute_s},     {"recompute", b.recompute_s},
+      {"compute", b.compute_s},           {"recompute", b.recompute_s},
       {"tp/sp collectives", b.tp_comm_s}, {"pipeline p2p", b.pp_comm_s},
-      {"pipeline bubble", b.bubble_s}, {"dp reduction (exposed)", b.dp_comm_s},
+      {"pipeline bubble", b.bubble_s},    {"dp reduction (exposed)", b.dp_comm_s},
       {"optimizer", b.optimizer_s}};
   for (const auto& [name, value] : rows) {
     std::printf("  %-20s %10.4f %7.1f%%\n", name, value, 100 * value / b.iteration_time_s);
   }
   std::printf("\n%-22s %10s\n", "memory (worst GPU)", "GiB");
-  const std::pair<const char*, double> mrows[] = {
-      {"weights", mem.weights_gib},       {"gradients", mem.gradients_gib},
-      {"optimizer states", mem.optimizer_gib}, {"activations", mem.activations_gib},
-      {"runtime reserve", mem.reserved_gib}};
+  const std::pair<const char*, double> mrows[] = {{"weights", mem.weights_gib},
+                                                  {"gradients", mem.gradients_gib},
+                                                  {"optimizer states", mem.optimizer_gib},
+                                                  {"activations", mem.activations_gib},
+                                                  {"runtime reserve", mem.reserved_gib}};
   for (const auto& [name, value] : mrows) std::printf("  %-20s %10.2f\n", name, value);
 }
 
@@ -88,7 +89,8 @@ void run_simulate(const SimulateOptions& o) {
     std::cout << j.dump(2) << "\n";
   } else {
     print_table(model, cluster, s, b, worst);
-    if (!o.trace.empty()) std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
+    if (!o.trace.empty())
+      std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
 }
 
@@ -96,8 +98,8 @@ void run_simulate(const SimulateOptions& o) {
 
 void add_simulate_command(CLI::App& app) {
   auto options = std::make_shared<SimulateOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "simulate", "Predict one layout's iteration time, throughput and memory");
+  CLI::App* cmd =
+      app.add_subcommand("simulate", "Predict one layout's iteration time, throughput and memory");
   cmd->add_option("--model", options->model, "Model preset or TOML file with [model]")
       ->capture_default_str();
   cmd->add_option("--cluster", options->cluster,

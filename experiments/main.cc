@@ -1,6 +1,7 @@
 // parapilot: keeps large-model training on the fastest hybrid-parallel layout.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "experiments/commands.h"
 #include "strategy/error.h"
@@ -11,6 +12,18 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "parapilot 0.1.0");
   parapilot::cli::add_simulate_command(app);
   parapilot::cli::add_plan_command(app);
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], known.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

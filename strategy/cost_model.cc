@@ -39,9 +39,9 @@ double grad_bytes(const ModelSpec& model) { return model.dtype == DType::kBF16 ?
 }  // namespace
 
 struct CostModel::BlockTimes {
-  double fwd = 0;        // one block, one microbatch, forward
-  double bwd = 0;        // backward, without recompute
-  double recompute = 0;  // extra forward work recomputed during backward
+  double fwd = 0;                       // one block, one microbatch, forward
+  double bwd = 0;                       // backward, without recompute
+  double recompute = 0;                 // extra forward work recomputed during backward
   double first_fwd = 0, first_bwd = 0;  // embedding (first chunk only)
   double last_fwd = 0, last_bwd = 0;    // final norm, logits and loss (last chunk only)
   double hbm_Bps = 0;
@@ -95,9 +95,14 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
   out.fwd = matmuls + elementwise;
   out.bwd = 2.0 * out.fwd;  // data and weight gradients: two GEMMs per forward GEMM
   switch (s.recompute) {
-    case Recompute::kNone: break;
-    case Recompute::kSelective: out.recompute = scores + context + softmax; break;
-    case Recompute::kFull: out.recompute = out.fwd; break;
+    case Recompute::kNone:
+      break;
+    case Recompute::kSelective:
+      out.recompute = scores + context + softmax;
+      break;
+    case Recompute::kFull:
+      out.recompute = out.fwd;
+      break;
   }
 
   const double vocab_per_rank = model_.vocab / t;
@@ -105,9 +110,10 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
   out.first_bwd = streaming(4.0 * norm_tokens * h);
   const double logits = gemm(tokens, vocab_per_rank, h);
   // Loss: read bf16 logits, write fp32 softmax, read it back (10 bytes per logit).
-  out.last_fwd = streaming(4.0 * norm_tokens * h) + logits + streaming(10.0 * tokens * vocab_per_rank);
-  out.last_bwd = streaming(8.0 * norm_tokens * h) + 2.0 * logits +
-                 streaming(6.0 * tokens * vocab_per_rank);
+  out.last_fwd =
+      streaming(4.0 * norm_tokens * h) + logits + streaming(10.0 * tokens * vocab_per_rank);
+  out.last_bwd =
+      streaming(8.0 * norm_tokens * h) + 2.0 * logits + streaming(6.0 * tokens * vocab_per_rank);
   return out;
 }
 
@@ -154,8 +160,10 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   if (first) params += static_cast<double>(model_.embedding_params()) / t;
   if (last) {
     // Untied models own an output layer; tied ones keep a copy of the embedding when pp > 1.
-    if (!model_.tied_embeddings) params += static_cast<double>(model_.output_params()) / t;
-    else if (!first) params += static_cast<double>(model_.vocab) * model_.hidden / t;
+    if (!model_.tied_embeddings)
+      params += static_cast<double>(model_.output_params()) / t;
+    else if (!first)
+      params += static_cast<double>(model_.vocab) * model_.hidden / t;
   }
 
   MemoryBreakdown m;
@@ -179,15 +187,20 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   const double replicated = 10.0 * sbh;
   // Split across tp ranks: Q (2), K and V (4 * kv_fraction), projection input (2), MLP
   // activation input and fc2 input (4 * f/h, 6 * f/h when gated).
-  const double split =
-      sbh * (2.0 + 4.0 * kv_fraction + 2.0 + (gated ? 6.0 : 4.0) * f / h);
+  const double split = sbh * (2.0 + 4.0 * kv_fraction + 2.0 + (gated ? 6.0 : 4.0) * f / h);
   const double scores = 5.0 * model_.heads * seq * seq * b;  // softmax out, mask, dropout out
   double per_block = 0;
   const double rep = s.sp ? replicated / t : replicated;
   switch (s.recompute) {
-    case Recompute::kNone: per_block = rep + split / t + scores / t; break;
-    case Recompute::kSelective: per_block = rep + split / t; break;
-    case Recompute::kFull: per_block = 2.0 * sbh / (s.sp ? t : 1.0); break;
+    case Recompute::kNone:
+      per_block = rep + split / t + scores / t;
+      break;
+    case Recompute::kSelective:
+      per_block = rep + split / t;
+      break;
+    case Recompute::kFull:
+      per_block = 2.0 * sbh / (s.sp ? t : 1.0);
+      break;
   }
 
   // Microbatches in flight on this pipeline rank (the schedule decides).
@@ -196,7 +209,9 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   const double layers_per_chunk = static_cast<double>(layers) / v;
   double stored_layer_passes = 0;
   switch (s.schedule) {
-    case Schedule::kGPipe: stored_layer_passes = layers * static_cast<double>(microbatches); break;
+    case Schedule::kGPipe:
+      stored_layer_passes = layers * static_cast<double>(microbatches);
+      break;
     case Schedule::k1F1B:
       stored_layer_passes = layers * static_cast<double>(std::min(s.pp - pp_rank, microbatches));
       break;
@@ -211,8 +226,9 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
     // The block being recomputed holds its full activations during its backward.
     activations += rep + split / t + scores / t;
   }
-  const double in_flight = std::min(static_cast<double>(microbatches),
-                                    static_cast<double>(s.schedule == Schedule::kGPipe ? microbatches : s.pp - pp_rank));
+  const double in_flight =
+      std::min(static_cast<double>(microbatches),
+               static_cast<double>(s.schedule == Schedule::kGPipe ? microbatches : s.pp - pp_rank));
   if (first) activations += in_flight * 3.0 * sbh / (s.sp ? t : 1.0);  // embedding out + mask
   if (last) activations += 6.0 * seq * b * model_.vocab / t;           // logits + fp32 softmax
   m.activations_gib = activations / kGiB;
@@ -262,7 +278,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // Transformer blocks held by each pipeline rank (all its chunks).
   thread_local std::vector<int> rank_layers;
   rank_layers.assign(pp, 0);
-  for (int chunk = 0; chunk < s.num_chunks(); ++chunk) rank_layers[chunk % pp] += chunks.count(chunk);
+  for (int chunk = 0; chunk < s.num_chunks(); ++chunk)
+    rank_layers[chunk % pp] += chunks.count(chunk);
 
   auto rank_time = [&](int r, int p) {
     RankTime rt{};
@@ -281,7 +298,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
     const int node = topo_.node_of_gpu[gpu0];
-    const double tp_bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
+    const double tp_bw =
+        topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
     const double one_collective = ring_allreduce_s(s.tp, tp_bytes, tp_bw, topo_.intra_latency_s);
     const int layers = rank_layers[p];
     if (pp > 1) {
@@ -329,8 +347,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       const RankTime rt = rank_time(r, p);
       if (rt.failed) {
         out.feasible = false;
-        out.reason = "uses failed GPU(s) in replica " + std::to_string(r) + ", stage " +
-                     std::to_string(p);
+        out.reason =
+            "uses failed GPU(s) in replica " + std::to_string(r) + ", stage " + std::to_string(p);
         out.iteration_time_s = kInf;
         return;
       }
@@ -394,12 +412,19 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       if (s.compression_overrides.empty()) {
         const Compression& comp = s.compression;
         switch (comp.kind) {
-          case Compression::Kind::kNone: ar_bytes += n * block_params * grad_reduce; break;
-          case Compression::Kind::kFP16: ar_bytes += n * block_params * 2.0; break;
-          case Compression::Kind::kTopK: topk_bytes += n * block_params * comp.topk_ratio * 6.0; break;
+          case Compression::Kind::kNone:
+            ar_bytes += n * block_params * grad_reduce;
+            break;
+          case Compression::Kind::kFP16:
+            ar_bytes += n * block_params * 2.0;
+            break;
+          case Compression::Kind::kTopK:
+            topk_bytes += n * block_params * comp.topk_ratio * 6.0;
+            break;
           case Compression::Kind::kPowerSGD: {
             double low_rank = 0;
-            for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+            for (int i = 0; i < 4; ++i)
+              low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
             ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
             powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
             break;
@@ -410,12 +435,19 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         for (int l = first_layer; l < first_layer + n; ++l) {
           const Compression& comp = s.compression_of_layer(l);
           switch (comp.kind) {
-            case Compression::Kind::kNone: ar_bytes += block_params * grad_reduce; break;
-            case Compression::Kind::kFP16: ar_bytes += block_params * 2.0; break;
-            case Compression::Kind::kTopK: topk_bytes += block_params * comp.topk_ratio * 6.0; break;
+            case Compression::Kind::kNone:
+              ar_bytes += block_params * grad_reduce;
+              break;
+            case Compression::Kind::kFP16:
+              ar_bytes += block_params * 2.0;
+              break;
+            case Compression::Kind::kTopK:
+              topk_bytes += block_params * comp.topk_ratio * 6.0;
+              break;
             case Compression::Kind::kPowerSGD: {
               double low_rank = 0;
-              for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+              for (int i = 0; i < 4; ++i)
+                low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
               ar_bytes += (low_rank + block_params - matrix_params) * grad_reduce;
               powersgd_flops += 6.0 * matrix_params * comp.powersgd_rank;
               break;
@@ -428,8 +460,10 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     double extra = 0;
     if (p == 0) extra += static_cast<double>(model_.embedding_params()) / t;
     if (p == pp - 1) {
-      if (!model_.tied_embeddings) extra += static_cast<double>(model_.output_params()) / t;
-      else if (p != 0) extra += static_cast<double>(model_.vocab) * h / t;
+      if (!model_.tied_embeddings)
+        extra += static_cast<double>(model_.output_params()) / t;
+      else if (p != 0)
+        extra += static_cast<double>(model_.vocab) * h / t;
     }
     params += extra;
     ar_bytes += extra * grad_reduce;
@@ -480,8 +514,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       grads += powersgd_flops / flops_Bps * rt.slow;
       double exposed = grads;
       if (s.overlap_grad_reduce) {
-        const double last_bucket =
-            grads * std::min(1.0, kBucketParams / std::max(params, 1.0));
+        const double last_bucket = grads * std::min(1.0, kBucketParams / std::max(params, 1.0));
         exposed = std::max(grads - rt.bwd / v, last_bucket);
       }
       exposed += after_backward;
@@ -529,8 +562,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   }
   out.model_flops = iteration_model_flops(model_, s.global_batch, s.recompute == Recompute::kFull);
   out.tflops_per_gpu = out.model_flops / (gpus * out.iteration_time_s) / 1e12;
-  out.mfu = iteration_model_flops(model_, s.global_batch, false) /
-            (peak_sum * out.iteration_time_s);
+  out.mfu =
+      iteration_model_flops(model_, s.global_batch, false) / (peak_sum * out.iteration_time_s);
   out.tokens_per_s = static_cast<double>(s.global_batch) * model_.seq_len / out.iteration_time_s;
 
   if (work.timings) {
@@ -553,7 +586,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         const double tp_fwd = rt.tp * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
         tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
         tl.backward_s[chunk] = (rt.bwd + rt.tp - tp_fwd) * share;
-        if (chunk + 1 < chunk_count) tl.p2p_s[chunk] = link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0), p2p_bytes);
+        if (chunk + 1 < chunk_count)
+          tl.p2p_s[chunk] = link_s(s.gpu_of_rank(critical, p, 0),
+                                   s.gpu_of_rank(critical, (p + 1) % pp, 0), p2p_bytes);
       }
     }
   }

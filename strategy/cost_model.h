@@ -17,10 +17,10 @@ namespace parapilot {
 
 // What the monitor currently believes about the cluster. Empty vectors mean nominal.
 struct Conditions {
-  std::vector<double> gpu_speed;        // per GPU: 1 = nominal, 0.5 = computes at half speed
-  std::vector<double> node_inter_bw;    // per node: factor on its network bandwidth
-  std::vector<double> node_intra_bw;    // per node: factor on its NVLink bandwidth
-  std::vector<bool> gpu_failed;         // per GPU: true = lost, no layout may use it
+  std::vector<double> gpu_speed;      // per GPU: 1 = nominal, 0.5 = computes at half speed
+  std::vector<double> node_inter_bw;  // per node: factor on its network bandwidth
+  std::vector<double> node_intra_bw;  // per node: factor on its NVLink bandwidth
+  std::vector<bool> gpu_failed;       // per GPU: true = lost, no layout may use it
 
   double speed(int gpu) const { return gpu_speed.empty() ? 1.0 : gpu_speed[gpu]; }
   double inter(int node) const { return node_inter_bw.empty() ? 1.0 : node_inter_bw[node]; }
@@ -33,22 +33,22 @@ struct Conditions {
 // collectives, pipeline p2p), the pipeline fill/drain adds the bubble, then the exposed part
 // of the data-parallel reduction and the optimizer step.
 struct CostBreakdown {
-  bool feasible = false;         // false: the layout uses a failed GPU (see reason)
-  std::string reason;            // why infeasible or why it does not fit; empty otherwise
+  bool feasible = false;  // false: the layout uses a failed GPU (see reason)
+  std::string reason;     // why infeasible or why it does not fit; empty otherwise
   double iteration_time_s = 0;
-  double compute_s = 0;          // forward + backward matmuls and element-wise work
-  double recompute_s = 0;        // activation recomputation
-  double tp_comm_s = 0;          // tensor/sequence-parallel collectives
-  double pp_comm_s = 0;          // pipeline point-to-point transfers on the critical path
-  double bubble_s = 0;           // pipeline fill and drain (and waiting on slower stages)
-  double dp_comm_s = 0;          // exposed data-parallel gradient reduction / ZeRO gathers
-  double optimizer_s = 0;        // optimizer step
-  double memory_gib = 0;         // the largest per-GPU footprint
+  double compute_s = 0;            // forward + backward matmuls and element-wise work
+  double recompute_s = 0;          // activation recomputation
+  double tp_comm_s = 0;            // tensor/sequence-parallel collectives
+  double pp_comm_s = 0;            // pipeline point-to-point transfers on the critical path
+  double bubble_s = 0;             // pipeline fill and drain (and waiting on slower stages)
+  double dp_comm_s = 0;            // exposed data-parallel gradient reduction / ZeRO gathers
+  double optimizer_s = 0;          // optimizer step
+  double memory_gib = 0;           // the largest per-GPU footprint
   double memory_capacity_gib = 0;  // capacity of the GPU with the least headroom
   bool fits_in_memory = false;
-  double model_flops = 0;        // per iteration (SC'21 convention, see docs/cost-model.md)
+  double model_flops = 0;  // per iteration (SC'21 convention, see docs/cost-model.md)
   double tflops_per_gpu = 0;
-  double mfu = 0;                // model FLOPs without recompute / (time * sum of peaks)
+  double mfu = 0;  // model FLOPs without recompute / (time * sum of peaks)
   double tokens_per_s = 0;
 };
 
@@ -66,11 +66,11 @@ struct MemoryBreakdown {
 
 // The timeline pieces of the critical replica, for traces and tests.
 struct PipelineTimings {
-  int replica = 0;              // the slowest data-parallel replica
-  int microbatches = 0;         // of that replica
-  std::vector<double> forward_s;   // per chunk (pp * virtual_stages), one microbatch
-  std::vector<double> backward_s;  // per chunk, one microbatch, recompute included
-  std::vector<double> p2p_s;       // per chunk: sending its output to the next chunk
+  int replica = 0;                   // the slowest data-parallel replica
+  int microbatches = 0;              // of that replica
+  std::vector<double> forward_s;     // per chunk (pp * virtual_stages), one microbatch
+  std::vector<double> backward_s;    // per chunk, one microbatch, recompute included
+  std::vector<double> p2p_s;         // per chunk: sending its output to the next chunk
   std::vector<double> dp_exposed_s;  // per pipeline rank
   double optimizer_s = 0;
 };

@@ -19,9 +19,7 @@ int64_t ModelSpec::embedding_params() const {
   return int64_t{vocab} * hidden + positions;
 }
 
-int64_t ModelSpec::output_params() const {
-  return tied_embeddings ? 0 : int64_t{vocab} * hidden;
-}
+int64_t ModelSpec::output_params() const { return tied_embeddings ? 0 : int64_t{vocab} * hidden; }
 
 int64_t ModelSpec::total_params() const {
   return int64_t{layers} * params_per_layer() + embedding_params() + output_params();
@@ -44,8 +42,9 @@ double ModelSpec::logits_forward_flops_per_token() const {
 double iteration_model_flops(const ModelSpec& model, int global_batch, bool recompute_full) {
   const double tokens = static_cast<double>(global_batch) * model.seq_len;
   const double block_passes = recompute_full ? 4.0 : 3.0;
-  return tokens * (block_passes * model.layers * model.block_forward_flops_per_token(model.seq_len) +
-                   3.0 * model.logits_forward_flops_per_token());
+  return tokens *
+         (block_passes * model.layers * model.block_forward_flops_per_token(model.seq_len) +
+          3.0 * model.logits_forward_flops_per_token());
 }
 
 namespace {
@@ -66,8 +65,8 @@ ModelSpec gpt(std::string name, int layers, int hidden, int heads) {
   return m;
 }
 
-ModelSpec llama(std::string name, int layers, int hidden, int heads, int kv_heads, int ffn,
-                int seq, int vocab) {
+ModelSpec llama(std::string name, int layers, int hidden, int heads, int kv_heads, int ffn, int seq,
+                int vocab) {
   ModelSpec m;
   m.name = std::move(name);
   m.layers = layers;

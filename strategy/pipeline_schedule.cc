@@ -30,8 +30,8 @@ std::vector<PassRef> schedule_order(const Strategy& s, int rank, int microbatche
     const int mb = (k / (pp * v)) * pp + k % pp;
     return PassRef{chunk_in_rank * pp + rank, mb, false};
   };
-  const int warmup = v == 1 ? std::min(pp - rank - 1, m)
-                            : std::min((pp - rank - 1) * 2 + (v - 1) * pp, units);
+  const int warmup =
+      v == 1 ? std::min(pp - rank - 1, m) : std::min((pp - rank - 1) * 2 + (v - 1) * pp, units);
   int f = 0, b = 0;
   for (; f < warmup; ++f) order.push_back(forward_unit(f));
   while (f < units) {
@@ -100,8 +100,8 @@ std::vector<ScheduledOp> simulate_schedule(const Strategy& s, const PipelineTimi
 
 namespace {
 
-void event(std::ostream& out, bool& first, const char* name, const char* category, int pid,
-           int tid, double start_s, double duration_s, const std::string& args = "") {
+void event(std::ostream& out, bool& first, const char* name, const char* category, int pid, int tid,
+           double start_s, double duration_s, const std::string& args = "") {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "%s\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
@@ -138,8 +138,8 @@ double write_chrome_trace(const CostModel& cost, const Strategy& s, const Condit
     }
     if (s.tp > 8) gpus += ",...";
     metadata(out, first, "process_name", p, 0,
-             "stage " + std::to_string(p) + " (replica " + std::to_string(t.replica) +
-                 ", GPUs " + gpus + ")");
+             "stage " + std::to_string(p) + " (replica " + std::to_string(t.replica) + ", GPUs " +
+                 gpus + ")");
     metadata(out, first, "thread_name", p, 0, "compute");
     metadata(out, first, "thread_name", p, 1, "communication");
   }

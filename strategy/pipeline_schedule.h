@@ -13,8 +13,8 @@
 namespace parapilot {
 
 struct ScheduledOp {
-  int rank = 0;        // pipeline rank
-  int chunk = 0;       // global chunk index (virtual stage k of rank p is k * pp + p)
+  int rank = 0;   // pipeline rank
+  int chunk = 0;  // global chunk index (virtual stage k of rank p is k * pp + p)
   int microbatch = 0;
   bool forward = true;
   double start_s = 0;

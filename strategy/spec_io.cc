@@ -1,8 +1,8 @@
 #include "strategy/spec_io.h"
 
-#include <filesystem>
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -45,14 +45,17 @@ ModelSpec read_model(TableReader& r, const std::string& default_name) {
   bool from_preset = false;
   if (auto preset = r.get_string("preset")) {
     auto p = model_preset(*preset);
-    if (!p) r.fail("preset", "unknown model preset \"" + *preset + "\" (presets: " +
-                                 join(model_preset_names()) + ")");
+    if (!p)
+      r.fail("preset", "unknown model preset \"" + *preset +
+                           "\" (presets: " + join(model_preset_names()) + ")");
     m = *p;
     from_preset = true;
   }
   auto required = [&](const std::string& key, int& field) {
-    if (auto v = r.get_int(key, 1, kMaxDim)) field = to_int(*v);
-    else if (!from_preset) r.fail(key, "missing (required)");
+    if (auto v = r.get_int(key, 1, kMaxDim))
+      field = to_int(*v);
+    else if (!from_preset)
+      r.fail(key, "missing (required)");
   };
   m.name = r.get_string("name").value_or(from_preset ? m.name : default_name);
   required("layers", m.layers);
@@ -60,10 +63,14 @@ ModelSpec read_model(TableReader& r, const std::string& default_name) {
   required("heads", m.heads);
   required("seq_len", m.seq_len);
   required("vocab", m.vocab);
-  if (auto v = r.get_int("ffn_hidden", 1, kMaxDim)) m.ffn_hidden = to_int(*v);
-  else if (!from_preset) m.ffn_hidden = 4 * m.hidden;
-  if (auto v = r.get_int("kv_heads", 1, kMaxDim)) m.kv_heads = to_int(*v);
-  else if (!from_preset) m.kv_heads = m.heads;
+  if (auto v = r.get_int("ffn_hidden", 1, kMaxDim))
+    m.ffn_hidden = to_int(*v);
+  else if (!from_preset)
+    m.ffn_hidden = 4 * m.hidden;
+  if (auto v = r.get_int("kv_heads", 1, kMaxDim))
+    m.kv_heads = to_int(*v);
+  else if (!from_preset)
+    m.kv_heads = m.heads;
   if (auto v = r.get_choice("dtype", {"bf16", "fp16"})) {
     m.dtype = *v == "bf16" ? DType::kBF16 : DType::kFP16;
   }
@@ -73,12 +80,12 @@ ModelSpec read_model(TableReader& r, const std::string& default_name) {
   if (auto v = r.get_bool("tied_embeddings")) m.tied_embeddings = *v;
   r.reject_unknown();
   if (m.hidden % m.heads != 0) {
-    r.fail("heads", "heads = " + std::to_string(m.heads) + " must divide hidden = " +
-                        std::to_string(m.hidden));
+    r.fail("heads", "heads = " + std::to_string(m.heads) +
+                        " must divide hidden = " + std::to_string(m.hidden));
   }
   if (m.kv_heads > m.heads || m.heads % m.kv_heads != 0) {
-    r.fail("kv_heads", "kv_heads = " + std::to_string(m.kv_heads) + " must divide heads = " +
-                           std::to_string(m.heads));
+    r.fail("kv_heads", "kv_heads = " + std::to_string(m.kv_heads) +
+                           " must divide heads = " + std::to_string(m.heads));
   }
   return m;
 }
@@ -131,8 +138,9 @@ ClusterSpec read_cluster(TableReader& r, const std::string& default_name) {
   if (auto preset = r.get_string("preset")) {
     base = cluster_preset(*preset);
     if (!base) {
-      r.fail("preset", "\"" + *preset + "\" is not a cluster preset (form NxGxTYPE, e.g. "
-                       "4x8xa100-80g, groups joined with '+'; GPU types: " +
+      r.fail("preset", "\"" + *preset +
+                           "\" is not a cluster preset (form NxGxTYPE, e.g. "
+                           "4x8xa100-80g, groups joined with '+'; GPU types: " +
                            join(gpu_type_names()) + ")");
     }
     c.groups = base->groups;
@@ -160,8 +168,8 @@ ClusterSpec read_cluster(TableReader& r, const std::string& default_name) {
       }
       if (!type) type = gpu_type(*gpu);
       if (!type) {
-        nr.fail("gpu", "unknown GPU type \"" + *gpu + "\" (catalogue: " +
-                           join(gpu_type_names()) + "; or define it in [[cluster.gpu_types]])");
+        nr.fail("gpu", "unknown GPU type \"" + *gpu + "\" (catalogue: " + join(gpu_type_names()) +
+                           "; or define it in [[cluster.gpu_types]])");
       }
       g.gpu = *type;
       g.intra_node_GBps = nr.get_double("intra_node_GBps", 1e-3, 1e7)
@@ -192,10 +200,12 @@ std::vector<int> read_int_array(TableReader& r, const std::string& key, const to
   std::vector<int> out;
   for (const auto& item : *array) {
     const auto* v = item.as_integer();
-    if (!v) r.fail_at(item, key, std::string("entries must be integers, got ") + toml_type_name(item));
+    if (!v)
+      r.fail_at(item, key, std::string("entries must be integers, got ") + toml_type_name(item));
     if (v->get() < min || v->get() > max) {
-      r.fail_at(item, key, "entry " + std::to_string(v->get()) + " is outside [" +
-                               std::to_string(min) + ", " + std::to_string(max) + "]");
+      r.fail_at(item, key,
+                "entry " + std::to_string(v->get()) + " is outside [" + std::to_string(min) + ", " +
+                    std::to_string(max) + "]");
     }
     out.push_back(to_int(v->get()));
   }
@@ -207,8 +217,8 @@ Compression read_compression_text(TableReader& r, const std::string& key, const 
   if (!text) r.fail_at(node, key, std::string("must be a string, got ") + toml_type_name(node));
   auto c = parse_compression(text->get());
   if (!c) {
-    r.fail_at(node, key, "\"" + text->get() +
-                             "\" is not one of none | fp16 | topk:RATIO | powersgd:RANK");
+    r.fail_at(node, key,
+              "\"" + text->get() + "\" is not one of none | fp16 | topk:RATIO | powersgd:RANK");
   }
   return *c;
 }
@@ -222,16 +232,18 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   s.pp = to_int(pp.value_or(1));
   if (auto v = r.get_bool("sp")) s.sp = *v;
   if (auto v = r.get_int("microbatch_size", 1, kMaxDim)) s.microbatch_size = to_int(*v);
-  if (auto v = r.get_int("global_batch", 1, kMaxDim)) s.global_batch = to_int(*v);
-  else r.fail("global_batch", "missing (required)");
+  if (auto v = r.get_int("global_batch", 1, kMaxDim))
+    s.global_batch = to_int(*v);
+  else
+    r.fail("global_batch", "missing (required)");
   if (auto v = r.get_choice("schedule", {"gpipe", "1f1b", "interleaved"})) {
-    s.schedule = *v == "gpipe" ? Schedule::kGPipe
+    s.schedule = *v == "gpipe"  ? Schedule::kGPipe
                  : *v == "1f1b" ? Schedule::k1F1B
                                 : Schedule::kInterleaved;
   }
   if (auto v = r.get_int("virtual_stages", 1, kMaxDim)) s.virtual_stages = to_int(*v);
   if (auto v = r.get_choice("recompute", {"none", "selective", "full"})) {
-    s.recompute = *v == "none" ? Recompute::kNone
+    s.recompute = *v == "none"        ? Recompute::kNone
                   : *v == "selective" ? Recompute::kSelective
                                       : Recompute::kFull;
   }
@@ -240,8 +252,8 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   if (const toml::node* n = r.get_node("stages")) {
     if (const auto* text = n->as_string()) {
       if (text->get() != "balanced") {
-        r.fail("stages", "must be \"balanced\" or an array of layer counts, got \"" + text->get() +
-                             "\"");
+        r.fail("stages",
+               "must be \"balanced\" or an array of layer counts, got \"" + text->get() + "\"");
       }
     } else {
       s.stage_layers = read_int_array(r, "stages", *n, 1, kMaxDim);
@@ -249,10 +261,13 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   }
   if (const toml::node* n = r.get_node("placement")) {
     if (const auto* text = n->as_string()) {
-      if (text->get() == "tp-pp-dp") s.placement = PlacementOrder::kTpPpDp;
-      else if (text->get() == "tp-dp-pp") s.placement = PlacementOrder::kTpDpPp;
-      else r.fail("placement", "must be \"tp-pp-dp\", \"tp-dp-pp\" or an array of GPU ids, got \"" +
-                               text->get() + "\"");
+      if (text->get() == "tp-pp-dp")
+        s.placement = PlacementOrder::kTpPpDp;
+      else if (text->get() == "tp-dp-pp")
+        s.placement = PlacementOrder::kTpDpPp;
+      else
+        r.fail("placement", "must be \"tp-pp-dp\", \"tp-dp-pp\" or an array of GPU ids, got \"" +
+                                text->get() + "\"");
     } else {
       s.gpus = read_int_array(r, "placement", *n, 0, kMaxDim);
     }
@@ -268,7 +283,8 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
       }
       if (const toml::node* o = cr.get_node("overrides")) {
         const toml::array* array = o->as_array();
-        if (!array) cr.fail("overrides", "must be an array of {layers = [first, last], method = \"...\"}");
+        if (!array)
+          cr.fail("overrides", "must be an array of {layers = [first, last], method = \"...\"}");
         for (const auto& item : *array) {
           const toml::table* ot = item.as_table();
           if (!ot) cr.fail_at(item, "overrides", "each entry must be a table");
@@ -325,7 +341,10 @@ std::map<std::string, std::string> strategy_preset(const std::string& name, cons
   const int gpus = cluster.num_gpus();
   std::map<std::string, std::string> keys;
   if (name == "dp") {
-    keys = {{"tp", "1"}, {"pp", "1"}, {"zero", "1"}, {"microbatch_size", "1"},
+    keys = {{"tp", "1"},
+            {"pp", "1"},
+            {"zero", "1"},
+            {"microbatch_size", "1"},
             {"global_batch", std::to_string(round_up(256, gpus))}};
     return keys;
   }
@@ -352,12 +371,17 @@ std::map<std::string, std::string> strategy_preset(const std::string& name, cons
       if (cost.evaluate(s).fits_in_memory) break;
     }
     const int dp = gpus / (tp * best_pp);
-    keys = {{"tp", std::to_string(tp)}, {"pp", std::to_string(best_pp)},
-            {"sp", tp > 1 ? "true" : "false"}, {"recompute", "\"selective\""}, {"zero", "1"},
-            {"microbatch_size", "1"}, {"global_batch", std::to_string(round_up(256, dp))}};
+    keys = {{"tp", std::to_string(tp)},
+            {"pp", std::to_string(best_pp)},
+            {"sp", tp > 1 ? "true" : "false"},
+            {"recompute", "\"selective\""},
+            {"zero", "1"},
+            {"microbatch_size", "1"},
+            {"global_batch", std::to_string(round_up(256, dp))}};
     return keys;
   }
-  throw InputError("--strategy: unknown preset \"" + name + "\" (presets: dp, megatron; or a "
+  throw InputError("--strategy: unknown preset \"" + name +
+                   "\" (presets: dp, megatron; or a "
                    ".toml file; or inline keys such as \"tp=8,pp=2,global_batch=512\")");
 }
 
@@ -418,8 +442,8 @@ bool looks_like_path(const std::string& arg) {
 ModelSpec load_model(const std::string& arg) {
   if (!looks_like_path(arg)) {
     if (auto m = model_preset(arg)) return *m;
-    throw InputError("--model: unknown preset \"" + arg + "\" (presets: " +
-                     join(model_preset_names()) + "; or a path to a .toml file)");
+    throw InputError("--model: unknown preset \"" + arg +
+                     "\" (presets: " + join(model_preset_names()) + "; or a path to a .toml file)");
   }
   const toml::table root = parse_toml_file(arg);
   TableReader r(table_in_file(root, arg, "model"), arg, "model");
@@ -429,7 +453,8 @@ ModelSpec load_model(const std::string& arg) {
 ClusterSpec load_cluster(const std::string& arg) {
   if (!looks_like_path(arg)) {
     if (auto c = cluster_preset(arg)) return *c;
-    throw InputError("--cluster: \"" + arg + "\" is not a cluster preset (form NxGxTYPE, e.g. "
+    throw InputError("--cluster: \"" + arg +
+                     "\" is not a cluster preset (form NxGxTYPE, e.g. "
                      "4x8xa100-80g or 8xh100, groups joined with '+'; GPU types: " +
                      join(gpu_type_names()) + "; or a path to a .toml file)");
   }
@@ -454,11 +479,15 @@ std::vector<double> read_factors(TableReader& r, const std::string& key, int cou
   std::vector<double> out(count, 1.0);
   auto value_of = [&](const toml::node& n) {
     double v = 0;
-    if (const auto* f = n.as_floating_point()) v = f->get();
-    else if (const auto* i = n.as_integer()) v = static_cast<double>(i->get());
-    else r.fail_at(n, key, std::string("factors must be numbers, got ") + toml_type_name(n));
+    if (const auto* f = n.as_floating_point())
+      v = f->get();
+    else if (const auto* i = n.as_integer())
+      v = static_cast<double>(i->get());
+    else
+      r.fail_at(n, key, std::string("factors must be numbers, got ") + toml_type_name(n));
     if (!(v > 0 && v <= max)) {
-      r.fail_at(n, key, "factor " + std::to_string(v) + " is outside (0, " + std::to_string(max) + "]");
+      r.fail_at(n, key,
+                "factor " + std::to_string(v) + " is outside (0, " + std::to_string(max) + "]");
     }
     return v;
   };
@@ -474,7 +503,8 @@ std::vector<double> read_factors(TableReader& r, const std::string& key, int cou
       const std::string name(k.str());
       auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), index);
       if (ec != std::errc() || ptr != name.data() + name.size() || index < 0 || index >= count) {
-        r.fail_at(v, key, "\"" + name + "\" is not an index in [0, " + std::to_string(count - 1) + "]");
+        r.fail_at(v, key,
+                  "\"" + name + "\" is not an index in [0, " + std::to_string(count - 1) + "]");
       }
       out[index] = value_of(v);
     }
@@ -519,11 +549,15 @@ std::string strategy_to_toml(const Strategy& s) {
   out << "recompute = \"" << to_string(s.recompute) << "\"\nzero = " << s.zero << "\n";
   out << "overlap_grad_reduce = " << (s.overlap_grad_reduce ? "true" : "false") << "\n";
   out << "stages = ";
-  if (s.stage_layers.empty()) out << "\"balanced\"";
-  else list(s.stage_layers);
+  if (s.stage_layers.empty())
+    out << "\"balanced\"";
+  else
+    list(s.stage_layers);
   out << "\nplacement = ";
-  if (s.gpus.empty()) out << "\"" << to_string(s.placement) << "\"";
-  else list(s.gpus);
+  if (s.gpus.empty())
+    out << "\"" << to_string(s.placement) << "\"";
+  else
+    list(s.gpus);
   out << "\n";
   if (!s.dp_shares.empty()) {
     out << "dp_shares = ";

@@ -63,16 +63,16 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
     std::set<int> seen;
     for (int g : s.gpus) {
       if (g < 0 || g >= gpus) {
-        return problem("placement", "GPU " + str(g) + " does not exist (cluster has " +
-                                        str(gpus) + " GPUs)");
+        return problem("placement",
+                       "GPU " + str(g) + " does not exist (cluster has " + str(gpus) + " GPUs)");
       }
       if (!seen.insert(g).second) return problem("placement", "GPU " + str(g) + " listed twice");
     }
   }
 
   if (model.heads % s.tp != 0) {
-    return problem("tp", "tp = " + str(s.tp) + " does not divide the model's " +
-                             str(model.heads) + " attention heads");
+    return problem("tp", "tp = " + str(s.tp) + " does not divide the model's " + str(model.heads) +
+                             " attention heads");
   }
   if (model.kv_heads % s.tp != 0 && s.tp % model.kv_heads != 0) {
     return problem("tp", "tp = " + str(s.tp) + " and the model's " + str(model.kv_heads) +
@@ -127,8 +127,8 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
       sum += n;
     }
     if (sum != model.layers) {
-      return problem("stages", "covers " + str(sum) + " layers but the model has " +
-                                   str(model.layers));
+      return problem("stages",
+                     "covers " + str(sum) + " layers but the model has " + str(model.layers));
     }
   }
 
@@ -160,9 +160,11 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
   if (s.schedule == Schedule::kInterleaved) {
     for (int share : s.shares()) {
       if ((share / s.microbatch_size) % s.pp != 0) {
-        return problem("schedule", "the interleaved schedule needs each replica's microbatch "
-                                   "count (" + str(share / s.microbatch_size) +
-                                   ") to be a multiple of pp = " + str(s.pp));
+        return problem("schedule",
+                       "the interleaved schedule needs each replica's microbatch "
+                       "count (" +
+                           str(share / s.microbatch_size) +
+                           ") to be a multiple of pp = " + str(s.pp));
       }
     }
   }
@@ -190,18 +192,24 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
 
 const char* to_string(Schedule schedule) {
   switch (schedule) {
-    case Schedule::kGPipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
+    case Schedule::kGPipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
   }
   return "?";
 }
 
 const char* to_string(Recompute recompute) {
   switch (recompute) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
@@ -212,14 +220,17 @@ const char* to_string(PlacementOrder order) {
 
 std::string to_string(const Compression& c) {
   switch (c.kind) {
-    case Compression::Kind::kNone: return "none";
-    case Compression::Kind::kFP16: return "fp16";
+    case Compression::Kind::kNone:
+      return "none";
+    case Compression::Kind::kFP16:
+      return "fp16";
     case Compression::Kind::kTopK: {
       char buf[64];
       std::snprintf(buf, sizeof buf, "topk:%g", c.topk_ratio);
       return buf;
     }
-    case Compression::Kind::kPowerSGD: return "powersgd:" + std::to_string(c.powersgd_rank);
+    case Compression::Kind::kPowerSGD:
+      return "powersgd:" + std::to_string(c.powersgd_rank);
   }
   return "?";
 }

@@ -46,8 +46,8 @@ struct Strategy {
   Schedule schedule = Schedule::k1F1B;
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule only)
   Recompute recompute = Recompute::kNone;
-  int zero = 0;                      // ZeRO stage 0-3; 1 is Megatron's distributed optimizer
-  bool overlap_grad_reduce = true;   // bucketed DP reduction overlapped with backward
+  int zero = 0;                     // ZeRO stage 0-3; 1 is Megatron's distributed optimizer
+  bool overlap_grad_reduce = true;  // bucketed DP reduction overlapped with backward
   // Transformer blocks per (virtual) stage in pipeline order; chunk c of pipeline rank p is
   // entry c * pp + p. Empty means balanced (as even as possible, remainder to the middle).
   std::vector<int> stage_layers;
@@ -64,8 +64,8 @@ struct Strategy {
   int num_chunks() const { return pp * virtual_stages; }
 
   // Derived views (valid once find_problem() returned nullopt).
-  std::vector<int> layers_per_chunk(int layers) const;   // resolves "balanced"
-  std::vector<int> shares() const;                       // resolves uniform shares
+  std::vector<int> layers_per_chunk(int layers) const;  // resolves "balanced"
+  std::vector<int> shares() const;                      // resolves uniform shares
   int gpu_of_rank(int dp_index, int pp_index, int tp_index) const {
     if (!gpus.empty()) return gpus[(dp_index * pp + pp_index) * tp + tp_index];
     if (placement == PlacementOrder::kTpPpDp) return (dp_index * pp + pp_index) * tp + tp_index;

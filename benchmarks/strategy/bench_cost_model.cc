@@ -68,9 +68,10 @@ int main(int argc, char** argv) {
     std::vector<double> rates;
     for (int rep = 0; rep < 5; ++rep) rates.push_back(run(cost, layouts, c, seconds / 5, sink));
     std::sort(rates.begin(), rates.end());
-    std::printf("  %-8s conditions: median %10.0f evaluations/s  (min %.0f, max %.0f; target >= "
-                "200000)\n",
-                name, rates[2], rates[0], rates[4]);
+    std::printf(
+        "  %-8s conditions: median %10.0f evaluations/s  (min %.0f, max %.0f; target >= "
+        "200000)\n",
+        name, rates[2], rates[0], rates[4]);
   }
   std::printf("(checksum %.3g)\n", sink);
   return 0;

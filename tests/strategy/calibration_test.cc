@@ -90,12 +90,13 @@ TEST_CASE("cost model reproduces Megatron-LM SC'21 Table 1 within 15%") {
     CostModel cost(model, cluster);
     const CostBreakdown b = cost.evaluate(s);
     const double error = b.tflops_per_gpu / row.tflops_per_gpu - 1.0;
-    std::printf("calibration %-11s measured %6.1f predicted %6.1f TFLOP/s  error %+5.1f%%  "
-                "(iter %.2fs: compute %.2f recompute %.2f tp %.2f pp %.2f bubble %.2f dp %.2f "
-                "opt %.2f; mem %.1f GiB)\n",
-                row.name.c_str(), row.tflops_per_gpu, b.tflops_per_gpu, 100 * error,
-                b.iteration_time_s, b.compute_s, b.recompute_s, b.tp_comm_s, b.pp_comm_s,
-                b.bubble_s, b.dp_comm_s, b.optimizer_s, b.memory_gib);
+    std::printf(
+        "calibration %-11s measured %6.1f predicted %6.1f TFLOP/s  error %+5.1f%%  "
+        "(iter %.2fs: compute %.2f recompute %.2f tp %.2f pp %.2f bubble %.2f dp %.2f "
+        "opt %.2f; mem %.1f GiB)\n",
+        row.name.c_str(), row.tflops_per_gpu, b.tflops_per_gpu, 100 * error, b.iteration_time_s,
+        b.compute_s, b.recompute_s, b.tp_comm_s, b.pp_comm_s, b.bubble_s, b.dp_comm_s,
+        b.optimizer_s, b.memory_gib);
     CHECK(b.fits_in_memory);
     CHECK(std::abs(error) <= 0.15);
   }

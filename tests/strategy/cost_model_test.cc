@@ -201,8 +201,8 @@ TEST_CASE("memory matches a hand computation (GPT block, tp=2, pp=2, 1F1B, no re
   // Parameters: a GPT block has 12h^2 + 13h; the embedding V*h + positions s*h.
   const double block = 12 * h * h + 13 * h;
   const double embedding = V * h + seq * h;
-  const double first_params = (2 * block + embedding) / t;   // stage 0: 2 blocks + embedding
-  const double last_params = (2 * block + V * h) / t;        // stage 1: 2 blocks + tied copy
+  const double first_params = (2 * block + embedding) / t;  // stage 0: 2 blocks + embedding
+  const double last_params = (2 * block + V * h) / t;       // stage 1: 2 blocks + tied copy
   // Korthikanti et al. 2022: per block sbh(10 + 24/t + 5as/(ht)) bytes without recompute.
   const double per_block = seq * b * h * (10 + 24 / t + 5 * a * seq / (h * t));
   // 1F1B: stage 0 holds pp = 2 microbatches of its 2 blocks, stage 1 holds 1.

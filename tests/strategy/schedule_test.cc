@@ -62,12 +62,14 @@ TEST_CASE("every schedule runs each pass exactly once and respects dependencies"
     for (const auto& op : ops) by_rank[op.rank].push_back({op.start_s, op.end_s});
     for (auto& [rank, spans] : by_rank) {
       std::sort(spans.begin(), spans.end());
-      for (size_t i = 1; i < spans.size(); ++i) CHECK(spans[i].first >= spans[i - 1].second - 1e-12);
+      for (size_t i = 1; i < spans.size(); ++i)
+        CHECK(spans[i].first >= spans[i - 1].second - 1e-12);
     }
   }
 }
 
-TEST_CASE("uniform stages: GPipe and 1F1B take (m + pp - 1)(f + b); interleaving divides the bubble") {
+TEST_CASE(
+    "uniform stages: GPipe and 1F1B take (m + pp - 1)(f + b); interleaving divides the bubble") {
   for (int pp : {2, 4, 8}) {
     for (int m : {pp, 2 * pp, 8 * pp}) {
       Strategy s;

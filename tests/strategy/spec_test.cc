@@ -37,7 +37,8 @@ TEST_CASE("model presets are all loadable and consistent") {
     CHECK(m.hidden % m.heads == 0);
     CHECK(m.heads % m.kv_heads == 0);
   }
-  for (const char* name : {"gpt3-1.3b", "gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b"}) {
+  for (const char* name :
+       {"gpt3-1.3b", "gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b"}) {
     CHECK(model_preset(name).has_value());
   }
   // Published parameter counts, within 3%.
@@ -87,7 +88,8 @@ vocab = 32000
     const char* expected;
   };
   const std::vector<Case> cases = {
-      {"[model]\nlayers = 4\nhidden = 512\nheads = 8\nseq_len = 1024\n", ":1: [model] vocab: missing"},
+      {"[model]\nlayers = 4\nhidden = 512\nheads = 8\nseq_len = 1024\n",
+       ":1: [model] vocab: missing"},
       {"[model]\nlayers = \"4\"\nhidden = 512\nheads = 8\nseq_len = 1024\nvocab = 10\n",
        ":2: [model] layers: must be an integer, got string"},
       {"[model]\nlayers = 4\nhidden = 512\nheads = 8\nseq_len = 1024\nvocab = 10\nlayer = 3\n",
@@ -98,7 +100,8 @@ vocab = 32000
        ":5: [model] kv_heads"},
       {"[model]\nlayers = 0\nhidden = 512\nheads = 8\nseq_len = 1024\nvocab = 10\n",
        ":2: [model] layers: must be in [1,"},
-      {"[model]\npreset = \"llama2-7b\"\ndtype = \"fp8\"\n", ":3: [model] dtype: must be one of bf16 | fp16"},
+      {"[model]\npreset = \"llama2-7b\"\ndtype = \"fp8\"\n",
+       ":3: [model] dtype: must be one of bf16 | fp16"},
       {"[model]\nlayers = 4\nhidden = ", "invalid TOML"},
       {"[cluster]\n", "no [model] table"},
   };
@@ -109,7 +112,8 @@ vocab = 32000
     CHECK(message.find(f.path()) == 0);
     CHECK(message.find(c.expected) != std::string::npos);
   }
-  CHECK(error_of([] { load_model("/nonexistent/m.toml"); }).find("no such file") != std::string::npos);
+  CHECK(error_of([] { load_model("/nonexistent/m.toml"); }).find("no such file") !=
+        std::string::npos);
 }
 
 TEST_CASE("cluster TOML: groups, link overrides, custom GPU types, errors") {
@@ -148,11 +152,15 @@ intra_node_GBps = 400
     const char* expected;
   };
   const std::vector<Case> cases = {
-      {"[cluster]\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = \"b200\"\n", ":4: [cluster.nodes] gpu: unknown GPU type \"b200\""},
+      {"[cluster]\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = \"b200\"\n",
+       ":4: [cluster.nodes] gpu: unknown GPU type \"b200\""},
       {"[cluster]\n[[cluster.nodes]]\ngpu = \"h100\"\n", "[cluster.nodes] gpus_per_node: missing"},
       {"[cluster]\nname = \"x\"\n", "[cluster] nodes: missing"},
-      {"[cluster]\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = \"h100\"\nspeed = 2\n", ":5: [cluster.nodes] unknown key 'speed'"},
-      {"[cluster]\ninter_node_efficiency = 1.5\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = \"h100\"\n", ":2: [cluster] inter_node_efficiency: must be in"},
+      {"[cluster]\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = \"h100\"\nspeed = 2\n",
+       ":5: [cluster.nodes] unknown key 'speed'"},
+      {"[cluster]\ninter_node_efficiency = 1.5\n[[cluster.nodes]]\ngpus_per_node = 8\ngpu = "
+       "\"h100\"\n",
+       ":2: [cluster] inter_node_efficiency: must be in"},
   };
   for (const auto& k : cases) {
     TempFile t(k.toml);
@@ -174,30 +182,55 @@ TEST_CASE("strategy TOML: every validation error names file, line, key and reaso
       {"zero = 4\nglobal_batch = 16\n", ":2: [strategy] zero: must be in [0, 3], got 4"},
       {"sp = 1\nglobal_batch = 16\n", ":2: [strategy] sp: must be true or false"},
       {"tp = 2\n", "[strategy] global_batch: missing"},
-      {"dp = 3\nglobal_batch = 12\n", ":2: [strategy] dp: dp*tp*pp = 3*1*1 = 3 but the cluster has 16 GPUs"},
+      {"dp = 3\nglobal_batch = 12\n",
+       ":2: [strategy] dp: dp*tp*pp = 3*1*1 = 3 but the cluster has 16 GPUs"},
       {"tp = 3\nglobal_batch = 12\n", ":2: [strategy] tp: tp*pp = 3 does not divide the 16 GPUs"},
-      {"tp = 16\nglobal_batch = 16\n", ":2: [strategy] tp: the tensor-parallel group of replica 0, stage 0 spans nodes"},
-      {"tp = 8\nglobal_batch = 7\n", ":3: [strategy] global_batch: global_batch = 7 is not divisible by microbatch_size*dp = 2"},
-      {"tp = 8\npp = 2\nstages = [10, 10]\nglobal_batch = 8\n", ":4: [strategy] stages: covers 20 layers but the model has 32"},
-      {"tp = 8\npp = 2\nstages = [32]\nglobal_batch = 8\n", ":4: [strategy] stages: has 1 entries but pp*virtual_stages = 2"},
-      {"tp = 8\npp = 2\nstages = \"even\"\nglobal_batch = 8\n", ":4: [strategy] stages: must be \"balanced\""},
-      {"tp = 8\ndp_shares = [3, 4]\nglobal_batch = 8\n", ":3: [strategy] dp_shares: shares sum to 7 but global_batch = 8"},
-      {"tp = 8\ndp_shares = [8]\nglobal_batch = 8\n", ":3: [strategy] dp_shares: has 1 entries but dp = 2"},
-      {"tp = 8\nmicrobatch_size = 2\ndp_shares = [3, 5]\nglobal_batch = 8\n", "dp_shares: share 3 is not a positive multiple of microbatch_size = 2"},
-      {"tp = 8\npp = 2\nschedule = \"interleaved\"\nglobal_batch = 8\n", ":1: [strategy] virtual_stages: the interleaved schedule needs virtual_stages >= 2"},
-      {"tp = 8\npp = 2\nvirtual_stages = 2\nglobal_batch = 8\n", ":4: [strategy] virtual_stages: virtual_stages > 1 needs schedule = \"interleaved\""},
-      {"tp = 8\npp = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\nglobal_batch = 3\n", ":4: [strategy] schedule: the interleaved schedule needs each replica's microbatch count (3) to be a multiple of pp = 2"},
-      {"tp = 8\nschedule = \"zigzag\"\nglobal_batch = 8\n", ":3: [strategy] schedule: must be one of gpipe | 1f1b | interleaved, got \"zigzag\""},
-      {"tp = 8\npp = 2\nzero = 2\nglobal_batch = 8\n", ":4: [strategy] zero: ZeRO stage 2 partitions gradients"},
-      {"tp = 8\ncompression = \"gzip\"\nglobal_batch = 8\n", ":3: [strategy] compression: \"gzip\" is not one of none | fp16 | topk:RATIO | powersgd:RANK"},
-      {"tp = 8\ncompression = \"topk:1.5\"\nglobal_batch = 8\n", "[strategy] compression: topk ratio must be in (0, 1)"},
-      {"tp = 8\nglobal_batch = 8\n[strategy.compression]\ndefault = \"fp16\"\noverrides = [{ layers = [30, 40], method = \"fp16\" }]\n",
+      {"tp = 16\nglobal_batch = 16\n",
+       ":2: [strategy] tp: the tensor-parallel group of replica 0, stage 0 spans nodes"},
+      {"tp = 8\nglobal_batch = 7\n",
+       ":3: [strategy] global_batch: global_batch = 7 is not divisible by microbatch_size*dp = 2"},
+      {"tp = 8\npp = 2\nstages = [10, 10]\nglobal_batch = 8\n",
+       ":4: [strategy] stages: covers 20 layers but the model has 32"},
+      {"tp = 8\npp = 2\nstages = [32]\nglobal_batch = 8\n",
+       ":4: [strategy] stages: has 1 entries but pp*virtual_stages = 2"},
+      {"tp = 8\npp = 2\nstages = \"even\"\nglobal_batch = 8\n",
+       ":4: [strategy] stages: must be \"balanced\""},
+      {"tp = 8\ndp_shares = [3, 4]\nglobal_batch = 8\n",
+       ":3: [strategy] dp_shares: shares sum to 7 but global_batch = 8"},
+      {"tp = 8\ndp_shares = [8]\nglobal_batch = 8\n",
+       ":3: [strategy] dp_shares: has 1 entries but dp = 2"},
+      {"tp = 8\nmicrobatch_size = 2\ndp_shares = [3, 5]\nglobal_batch = 8\n",
+       "dp_shares: share 3 is not a positive multiple of microbatch_size = 2"},
+      {"tp = 8\npp = 2\nschedule = \"interleaved\"\nglobal_batch = 8\n",
+       ":1: [strategy] virtual_stages: the interleaved schedule needs virtual_stages >= 2"},
+      {"tp = 8\npp = 2\nvirtual_stages = 2\nglobal_batch = 8\n",
+       ":4: [strategy] virtual_stages: virtual_stages > 1 needs schedule = \"interleaved\""},
+      {"tp = 8\npp = 2\nschedule = \"interleaved\"\nvirtual_stages = 2\nglobal_batch = 3\n",
+       ":4: [strategy] schedule: the interleaved schedule needs each replica's microbatch count "
+       "(3) to be a multiple of pp = 2"},
+      {"tp = 8\nschedule = \"zigzag\"\nglobal_batch = 8\n",
+       ":3: [strategy] schedule: must be one of gpipe | 1f1b | interleaved, got \"zigzag\""},
+      {"tp = 8\npp = 2\nzero = 2\nglobal_batch = 8\n",
+       ":4: [strategy] zero: ZeRO stage 2 partitions gradients"},
+      {"tp = 8\ncompression = \"gzip\"\nglobal_batch = 8\n",
+       ":3: [strategy] compression: \"gzip\" is not one of none | fp16 | topk:RATIO | "
+       "powersgd:RANK"},
+      {"tp = 8\ncompression = \"topk:1.5\"\nglobal_batch = 8\n",
+       "[strategy] compression: topk ratio must be in (0, 1)"},
+      {"tp = 8\nglobal_batch = 8\n[strategy.compression]\ndefault = \"fp16\"\noverrides = [{ "
+       "layers = [30, 40], method = \"fp16\" }]\n",
        "[strategy] compression: layer range [30, 40] is not inside [0, 31]"},
-      {"tp = 8\nglobal_batch = 8\n[strategy.compression]\nmethod = \"fp16\"\n", ":5: [strategy.compression] unknown key 'method'"},
-      {"tp = 8\nplacement = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 14]\nglobal_batch = 8\n", ":3: [strategy] placement: GPU 14 listed twice"},
-      {"tp = 8\nplacement = \"random\"\nglobal_batch = 8\n", ":3: [strategy] placement: must be \"tp-pp-dp\""},
-      {"tp = 8\npp = 64\nglobal_batch = 8\n", "[strategy] tp: tp*pp = 512 does not divide the 16 GPUs"},
-      {"tp = 5\ndp = 2\nplacement = [0, 1, 2, 3, 4, 8, 9, 10, 11, 12]\nglobal_batch = 8\n", "tp: tp = 5 does not divide the model's 32 attention heads"},
+      {"tp = 8\nglobal_batch = 8\n[strategy.compression]\nmethod = \"fp16\"\n",
+       ":5: [strategy.compression] unknown key 'method'"},
+      {"tp = 8\nplacement = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 14]\nglobal_batch = "
+       "8\n",
+       ":3: [strategy] placement: GPU 14 listed twice"},
+      {"tp = 8\nplacement = \"random\"\nglobal_batch = 8\n",
+       ":3: [strategy] placement: must be \"tp-pp-dp\""},
+      {"tp = 8\npp = 64\nglobal_batch = 8\n",
+       "[strategy] tp: tp*pp = 512 does not divide the 16 GPUs"},
+      {"tp = 5\ndp = 2\nplacement = [0, 1, 2, 3, 4, 8, 9, 10, 11, 12]\nglobal_batch = 8\n",
+       "tp: tp = 5 does not divide the model's 32 attention heads"},
   };
   for (const auto& c : cases) {
     INFO(std::string(c.body));
@@ -257,14 +290,18 @@ TEST_CASE("inline strategies and presets") {
   const Strategy m = load_strategy("megatron,global_batch=1024", kLlama7b, kTwoNodes);
   CHECK(m.tp == 8);
   CHECK(m.global_batch == 1024);
-  CHECK(error_of([] { load_strategy("zigzag", kLlama7b, kTwoNodes); }).find("unknown preset") != std::string::npos);
-  CHECK(error_of([] { load_strategy("tp=8,global_batch=8,bogus=1", kLlama7b, kTwoNodes); })
-            .find("--strategy: [strategy] unknown key 'bogus'") != std::string::npos);
-  CHECK(error_of([] { load_strategy("tp=8,8", kLlama7b, kTwoNodes); }).find("not key=value") != std::string::npos);
+  CHECK(error_of([] { load_strategy("zigzag", kLlama7b, kTwoNodes); }).find("unknown preset") !=
+        std::string::npos);
+  CHECK(error_of([] {
+          load_strategy("tp=8,global_batch=8,bogus=1", kLlama7b, kTwoNodes);
+        }).find("--strategy: [strategy] unknown key 'bogus'") != std::string::npos);
+  CHECK(error_of([] { load_strategy("tp=8,8", kLlama7b, kTwoNodes); }).find("not key=value") !=
+        std::string::npos);
 }
 
 TEST_CASE("conditions TOML: tables of exceptions or full arrays, checked against the cluster") {
-  TempFile f("[conditions]\ngpu_speed = { 3 = 0.5 }\nnode_inter_bw = [1.0, 0.25]\nfailed_gpus = [7]\n");
+  TempFile f(
+      "[conditions]\ngpu_speed = { 3 = 0.5 }\nnode_inter_bw = [1.0, 0.25]\nfailed_gpus = [7]\n");
   const Conditions c = load_conditions(f.path(), kTwoNodes);
   CHECK(c.speed(3) == 0.5);
   CHECK(c.speed(4) == 1.0);
@@ -276,7 +313,8 @@ TEST_CASE("conditions TOML: tables of exceptions or full arrays, checked against
     const char* expected;
   };
   const std::vector<Case> cases = {
-      {"[conditions]\ngpu_speed = { 16 = 0.5 }\n", ":2: [conditions] gpu_speed: \"16\" is not an index in [0, 15]"},
+      {"[conditions]\ngpu_speed = { 16 = 0.5 }\n",
+       ":2: [conditions] gpu_speed: \"16\" is not an index in [0, 15]"},
       {"[conditions]\ngpu_speed = { 1 = -1 }\n", "factor -1"},
       {"[conditions]\nnode_inter_bw = [1.0]\n", "has 1 entries but the cluster has 2"},
       {"[conditions]\nfailed_gpus = [99]\n", "entry 99 is outside [0, 15]"},
