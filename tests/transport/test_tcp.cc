@@ -323,8 +323,6 @@ TEST_CASE("tcp: limits on unauthenticated time and on connections") {
   ServerLog sl;
   auto o = server_options(log);
   o.unauthenticated_timeout_ms = 200;
-  o.max_connections = 3;
-  o.max_unauthenticated = 2;
   auto server = start_server(o, sl);
 
   RawPeer silent;
@@ -338,11 +336,16 @@ TEST_CASE("tcp: limits on unauthenticated time and on connections") {
   CHECK(slow.closed_by_peer());
 
   // Two connections in the handshake fill max_unauthenticated; a third is refused at once.
+  auto o2 = server_options(log);
+  o2.unauthenticated_timeout_ms = 60'000;
+  o2.max_unauthenticated = 2;
+  ServerLog sl2;
+  auto server2 = start_server(o2, sl2);
   RawPeer a, b, c;
-  REQUIRE(a.connect(server->port()));
-  REQUIRE(b.connect(server->port()));
-  REQUIRE(wait_until([&] { return server->stats().connections == 2; }));
-  REQUIRE(c.connect(server->port()));
+  REQUIRE(a.connect(server2->port()));
+  REQUIRE(b.connect(server2->port()));
+  REQUIRE(wait_until([&] { return server2->stats().connections == 2; }));
+  REQUIRE(c.connect(server2->port()));
   CHECK(c.closed_by_peer(2s));
   CHECK(wait_until([&] { return log.contains("unauthenticated connection limit"); }));
 }
@@ -367,7 +370,7 @@ TEST_CASE("tcp: connection limit") {
 
 TEST_CASE("tcp: reconnect delivers buffered telemetry in order") {
   LogCapture log;
-  ServerLog sl1;
+  ServerLog sl1, sl2;  // outlive the servers that call into them
   auto server = start_server(server_options(log), sl1);
   const std::uint16_t port = server->port();
   ClientLog cl;
@@ -387,7 +390,6 @@ TEST_CASE("tcp: reconnect delivers buffered telemetry in order") {
 
   auto o = server_options(log);
   o.port = port;
-  ServerLog sl2;
   server = start_server(o, sl2);
   REQUIRE(wait_until([&] { return sl2.message_count() == 151; }));
   const auto got = sl2.from(server->peers().at(0).id);
