@@ -264,6 +264,9 @@ std::string validate_one(const Hello& m) {
   if (role < 1 || role > 4) return "hello.role " + std::to_string(role) + " is unknown";
   if (m.name.empty()) return "hello.name is empty";
   if (auto e = check_len(m.name, kMaxNameBytes, "hello.name"); !e.empty()) return e;
+  for (char ch : m.name) {
+    if (ch < 0x21 || ch > 0x7E) return "hello.name has a byte outside printable ASCII";
+  }
   return check_rank(m.rank, "hello.rank", true);
 }
 std::string validate_one(const Challenge&) { return {}; }

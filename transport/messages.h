@@ -63,7 +63,7 @@ using Proof = std::array<std::uint8_t, kProofBytes>;
 struct Hello {
   PeerRole role = PeerRole::worker;
   std::uint32_t rank = kNoRank;  ///< < kMaxRanks, or kNoRank.
-  std::string name;              ///< 1..kMaxNameBytes bytes, e.g. "worker-17".
+  std::string name;              ///< 1..kMaxNameBytes printable ASCII bytes (0x21-0x7E).
   Nonce client_nonce{};          ///< fresh random bytes.
   bool operator==(const Hello&) const = default;
 };

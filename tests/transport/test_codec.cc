@@ -263,6 +263,8 @@ TEST_CASE("validate rejects out-of-range values") {
   Hello h;
   h.name = "";
   CHECK(!validate(h).empty());
+  h.name = "bad\nname";
+  CHECK(!validate(h).empty());
   h.name = "w";
   h.role = static_cast<PeerRole>(9);
   CHECK(!validate(h).empty());

@@ -591,3 +591,39 @@ TEST_CASE("tcp: a peer that stops reading is dropped without affecting others") 
   CHECK(wait_until([&] { return cl.message_count() == sent; }, 30s));
   CHECK(client->connected());
 }
+
+TEST_CASE("tcp: hundreds of clients on one shared I/O thread") {
+  LogCapture log;
+  ServerLog sl;
+  auto server = start_server(server_options(log), sl);
+  constexpr std::size_t kClients = 500;  // 1000 descriptors in this one process
+  auto runtime = std::make_shared<IoRuntime>(1);
+  std::vector<std::unique_ptr<Client>> clients;
+  ClientLog cl;  // shared by all clients
+  for (std::size_t i = 0; i < kClients; ++i) {
+    std::string name = "w";
+    name += std::to_string(i);  // (operator+ on a literal trips GCC 12's -Wrestrict)
+    auto o = client_options(server->port(), log, name);
+    o.rank = static_cast<std::uint32_t>(i);
+    auto c = make_tcp_client(o, cl.handlers(), runtime);
+    REQUIRE(c.ok());
+    clients.push_back(std::move(*c));
+  }
+  REQUIRE(wait_until([&] { return sl.connect_count() == kClients; }, std::chrono::seconds(60)));
+  for (std::uint64_t s = 0; s < 10; ++s) {
+    for (std::size_t i = 0; i < kClients; ++i) REQUIRE(clients[i]->send(make_telemetry(static_cast<std::uint32_t>(i), s)));
+  }
+  REQUIRE(wait_until([&] { return sl.message_count() == 10 * kClients; }, std::chrono::seconds(60)));
+  CHECK(server->broadcast(PlanCommit{1, 2}) == kClients);
+  REQUIRE(wait_until([&] { return cl.message_count() == kClients; }, std::chrono::seconds(60)));
+  for (const PeerInfo& p : server->peers()) {
+    const auto got = sl.from(p.id);
+    REQUIRE(got.size() == 10);
+    for (std::uint64_t s = 0; s < 10; ++s) {
+      CHECK(std::get<Telemetry>(got[s]).step == s);
+      CHECK(std::get<Telemetry>(got[s]).rank == p.rank);
+    }
+  }
+  clients.clear();
+  CHECK(wait_until([&] { return server->stats().connections == 0; }));
+}
