@@ -46,12 +46,12 @@ Logger stderr_logger(LogLevel min_level = LogLevel::warn);
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1";  ///< loopback only unless an address is given.
-  std::uint16_t port = 0;                     ///< 0 picks a free port; see Server::port().
-  Secret secret;                              ///< required, >= kMinSecretBytes.
-  std::size_t io_threads = 0;                 ///< io_contexts (one thread each); 0 = cores.
+  std::uint16_t port = 0;                    ///< 0 picks a free port; see Server::port().
+  Secret secret;                             ///< required, >= kMinSecretBytes.
+  std::size_t io_threads = 0;                ///< io_contexts (one thread each); 0 = cores.
   std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  ///< header + payload, 1 MiB.
-  std::size_t max_connections = 4096;         ///< open connections, authenticated or not.
-  std::size_t max_unauthenticated = 256;      ///< connections still in the handshake.
+  std::size_t max_connections = 4096;               ///< open connections, authenticated or not.
+  std::size_t max_unauthenticated = 256;            ///< connections still in the handshake.
   std::uint32_t unauthenticated_timeout_ms = 5000;  ///< handshake must finish within this.
   std::uint32_t heartbeat_interval_ms = 1000;       ///< heartbeat sent when idle this long.
   std::uint32_t heartbeat_timeout_ms = 5000;        ///< silence after which a peer is dead.
@@ -78,12 +78,12 @@ struct ServerHandlers {
 };
 
 struct ServerStats {
-  std::uint64_t accepted = 0;            ///< connections accepted.
-  std::uint64_t authenticated = 0;       ///< handshakes completed.
-  std::uint64_t rejected = 0;            ///< closed for a protocol error, auth or a limit.
-  std::uint64_t messages_received = 0;   ///< delivered to on_message.
+  std::uint64_t accepted = 0;           ///< connections accepted.
+  std::uint64_t authenticated = 0;      ///< handshakes completed.
+  std::uint64_t rejected = 0;           ///< closed for a protocol error, auth or a limit.
+  std::uint64_t messages_received = 0;  ///< delivered to on_message.
   std::uint64_t messages_sent = 0;
-  std::size_t connections = 0;           ///< currently open.
+  std::size_t connections = 0;  ///< currently open.
 };
 
 /// The agent side.
@@ -112,20 +112,20 @@ Result<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHan
 
 struct ClientOptions {
   std::string server_address = "127.0.0.1";  ///< IP address or host name.
-  std::uint16_t port = 0;                     ///< server port, required.
-  Secret secret;                              ///< required, >= kMinSecretBytes.
-  std::string name = "worker";                ///< sent in Hello, 1..kMaxNameBytes.
+  std::uint16_t port = 0;                    ///< server port, required.
+  Secret secret;                             ///< required, >= kMinSecretBytes.
+  std::string name = "worker";               ///< sent in Hello, 1..kMaxNameBytes.
   PeerRole role = PeerRole::worker;
   std::uint32_t rank = kNoRank;
   std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
-  std::uint32_t reconnect_initial_ms = 50;    ///< first retry delay; doubles per failure...
-  std::uint32_t reconnect_max_ms = 5000;      ///< ...up to this (with up to 50% jitter off).
-  std::uint32_t connect_timeout_ms = 5000;    ///< TCP connect + handshake must finish within.
-  std::uint32_t heartbeat_interval_ms = 1000; ///< heartbeat sent when idle this long.
-  std::uint32_t heartbeat_timeout_ms = 5000;  ///< silence after which the server is dead.
+  std::uint32_t reconnect_initial_ms = 50;       ///< first retry delay; doubles per failure...
+  std::uint32_t reconnect_max_ms = 5000;         ///< ...up to this (with up to 50% jitter off).
+  std::uint32_t connect_timeout_ms = 5000;       ///< TCP connect + handshake must finish within.
+  std::uint32_t heartbeat_interval_ms = 1000;    ///< heartbeat sent when idle this long.
+  std::uint32_t heartbeat_timeout_ms = 5000;     ///< silence after which the server is dead.
   std::size_t telemetry_buffer_capacity = 8192;  ///< telemetry messages held while backed up.
-  std::size_t max_batch_bytes = 256u << 10;   ///< frames coalesced into one socket write.
-  Logger logger;                              ///< empty: stderr_logger().
+  std::size_t max_batch_bytes = 256u << 10;      ///< frames coalesced into one socket write.
+  Logger logger;                                 ///< empty: stderr_logger().
 };
 
 struct ClientHandlers {
@@ -138,11 +138,11 @@ struct ClientHandlers {
 };
 
 struct ClientStats {
-  std::uint64_t connects = 0;             ///< successful handshakes.
-  std::uint64_t messages_sent = 0;        ///< frames handed to the socket (or the hub).
+  std::uint64_t connects = 0;       ///< successful handshakes.
+  std::uint64_t messages_sent = 0;  ///< frames handed to the socket (or the hub).
   std::uint64_t messages_received = 0;
-  std::uint64_t telemetry_dropped = 0;    ///< oldest telemetry evicted from a full buffer.
-  std::size_t queued = 0;                 ///< messages waiting to be written now.
+  std::uint64_t telemetry_dropped = 0;  ///< oldest telemetry evicted from a full buffer.
+  std::size_t queued = 0;               ///< messages waiting to be written now.
 };
 
 /// The worker side.

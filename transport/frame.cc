@@ -63,7 +63,8 @@ std::string check_header(const FrameHeader& h, std::uint32_t max_frame_bytes) {
   return {};
 }
 
-Result<std::size_t> append_frame(const Message& m, std::string& out, std::uint32_t max_frame_bytes) {
+Result<std::size_t> append_frame(const Message& m, std::string& out,
+                                 std::uint32_t max_frame_bytes) {
   if (std::string why = validate(m); !why.empty()) return Error{"invalid message: " + why};
   const std::size_t at = out.size();
   out.resize(at + kFrameHeaderBytes);
@@ -148,9 +149,11 @@ FrameDecoder::Status FrameDecoder::next(Message& out) {
     error_ = "bad checksum (got " + hex32(h.checksum) + ", computed " + hex32(c) + ")";
     return Status::error;
   }
-  auto m = decode_payload(static_cast<MessageType>(h.type), std::span(p + kFrameHeaderBytes, h.length));
+  auto m =
+      decode_payload(static_cast<MessageType>(h.type), std::span(p + kFrameHeaderBytes, h.length));
   if (!m) {
-    error_ = "bad " + std::string(type_name(static_cast<MessageType>(h.type))) + " payload: " + m.error();
+    error_ = "bad " + std::string(type_name(static_cast<MessageType>(h.type))) +
+             " payload: " + m.error();
     return Status::error;
   }
   begin_ += kFrameHeaderBytes + h.length;

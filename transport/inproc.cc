@@ -24,10 +24,10 @@ struct InProcHub::State : std::enable_shared_from_this<InProcHub::State> {
   std::thread::id dispatch_id;
   std::thread dispatcher;
 
-  std::shared_ptr<InProcServerImpl> server;                      // guarded by mu
-  std::map<PeerId, std::shared_ptr<InProcClientImpl>> clients;   // connected, guarded by mu
-  std::vector<std::shared_ptr<InProcClientImpl>> waiting;        // no server yet, guarded by mu
-  PeerId next_id = 1;                                            // guarded by mu
+  std::shared_ptr<InProcServerImpl> server;                     // guarded by mu
+  std::map<PeerId, std::shared_ptr<InProcClientImpl>> clients;  // connected, guarded by mu
+  std::vector<std::shared_ptr<InProcClientImpl>> waiting;       // no server yet, guarded by mu
+  PeerId next_id = 1;                                           // guarded by mu
 
   void post(std::function<void()> f) {  // mu held by the caller
     tasks.push_back(std::move(f));
@@ -66,7 +66,8 @@ namespace {
 Result<Message> through_wire(const Message& m) {
   auto frame = encode_frame(m);
   if (!frame) return Error{frame.error()};
-  return decode_frame(std::span(reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()));
+  return decode_frame(
+      std::span(reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()));
 }
 
 bool is_handshake(const Message& m) {
@@ -309,7 +310,8 @@ class InProcClient final : public Client {
         impl_->connected = false;
         if (auto srv = hub_->server) {
           hub_->post([srv, id = impl_->id] {
-            if (!srv->stopped && srv->handlers.on_disconnect) srv->handlers.on_disconnect(id, "client stopped");
+            if (!srv->stopped && srv->handlers.on_disconnect)
+              srv->handlers.on_disconnect(id, "client stopped");
           });
         }
       }
@@ -352,7 +354,8 @@ Result<std::unique_ptr<Server>> InProcHub::make_server(ServerHandlers handlers) 
   return std::unique_ptr<Server>(std::make_unique<InProcServer>(state_, impl));
 }
 
-std::unique_ptr<Client> InProcHub::make_client(const ClientOptions& options, ClientHandlers handlers) {
+std::unique_ptr<Client> InProcHub::make_client(const ClientOptions& options,
+                                               ClientHandlers handlers) {
   auto impl = std::make_shared<InProcClientImpl>(options, std::move(handlers));
   {
     std::lock_guard lk(state_->mu);

@@ -23,7 +23,8 @@ class StringSink final : public std::streambuf {
     return n;
   }
   int_type overflow(int_type ch) override {
-    if (!traits_type::eq_int_type(ch, traits_type::eof())) out_.push_back(traits_type::to_char_type(ch));
+    if (!traits_type::eq_int_type(ch, traits_type::eof()))
+      out_.push_back(traits_type::to_char_type(ch));
     return traits_type::not_eof(ch);
   }
 
@@ -49,14 +50,14 @@ struct DecodeFailure {
 
 // Field lists. `M` is const-qualified for writing, mutable for reading.
 template <class V, class M>
-  requires std::is_same_v<std::remove_const_t<M>, CollectiveStat>
+requires std::is_same_v<std::remove_const_t<M>, CollectiveStat>
 void visit_fields(V& v, M& m, const char*) {
   v(m.ms, "collective.ms");
   v(m.bytes, "collective.bytes");
   v(m.calls, "collective.calls");
 }
 template <class V, class M>
-  requires std::is_same_v<std::remove_const_t<M>, LayerGradStat>
+requires std::is_same_v<std::remove_const_t<M>, LayerGradStat>
 void visit_fields(V& v, M& m, const char*) {
   v(m.layer, "layer.layer");
   v(m.norm, "layer.norm");
@@ -68,12 +69,11 @@ void visit_fields(V& v, M& m, const char*) {
 constexpr std::size_t min_encoded_bytes(const CollectiveStat*) { return 8 + 8 + 4; }
 constexpr std::size_t min_encoded_bytes(const LayerGradStat*) { return 4 + 4 + 4 + 4; }
 
-
 struct Writer {
   cereal::PortableBinaryOutputArchive& ar;
 
   template <class T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void operator()(const T& v, const char* /*name*/) {
     if constexpr (std::is_same_v<T, bool>) {
       ar(static_cast<std::uint8_t>(v ? 1 : 0));
@@ -82,7 +82,7 @@ struct Writer {
     }
   }
   template <class E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void operator()(const E& v, const char* /*name*/) {
     ar(static_cast<std::underlying_type_t<E>>(v));
   }
@@ -118,7 +118,9 @@ struct Reader {
   std::size_t read_count(const char* name, std::size_t max, std::size_t min_elem_bytes) {
     cereal::size_type n = 0;
     ar(cereal::make_size_tag(n));
-    if (n > max) fail(std::string(name) + " length " + std::to_string(n) + " exceeds limit " + std::to_string(max));
+    if (n > max)
+      fail(std::string(name) + " length " + std::to_string(n) + " exceeds limit " +
+           std::to_string(max));
     if (n * min_elem_bytes > src.remaining()) {
       fail(std::string(name) + " length " + std::to_string(n) + " exceeds the remaining payload");
     }
@@ -126,7 +128,7 @@ struct Reader {
   }
 
   template <class T>
-    requires std::is_arithmetic_v<T>
+  requires std::is_arithmetic_v<T>
   void operator()(T& v, const char* name) {
     if constexpr (std::is_same_v<T, bool>) {
       std::uint8_t b = 0;
@@ -138,7 +140,7 @@ struct Reader {
     }
   }
   template <class E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void operator()(E& v, const char* /*name*/) {
     std::underlying_type_t<E> raw{};
     ar(raw);
@@ -161,7 +163,8 @@ struct Reader {
   }
   template <class T>
   void operator()(std::map<std::string, T>& m, const char* name, std::size_t max) {
-    const std::size_t n = read_count(name, max, 8 + min_encoded_bytes(static_cast<const T*>(nullptr)));
+    const std::size_t n =
+        read_count(name, max, 8 + min_encoded_bytes(static_cast<const T*>(nullptr)));
     m.clear();
     for (std::size_t i = 0; i < n; ++i) {
       std::string key;
@@ -255,7 +258,8 @@ std::string check_rank(std::uint32_t rank, const char* name, bool allow_none) {
   return {};
 }
 std::string check_len(const std::string& s, std::size_t max, const char* name) {
-  if (s.size() > max) return std::string(name) + " is longer than " + std::to_string(max) + " bytes";
+  if (s.size() > max)
+    return std::string(name) + " is longer than " + std::to_string(max) + " bytes";
   return {};
 }
 
@@ -335,18 +339,30 @@ MessageType type_of(const Message& m) { return static_cast<MessageType>(m.index(
 
 std::string_view type_name(MessageType t) {
   switch (t) {
-    case MessageType::hello: return "hello";
-    case MessageType::challenge: return "challenge";
-    case MessageType::auth: return "auth";
-    case MessageType::welcome: return "welcome";
-    case MessageType::heartbeat: return "heartbeat";
-    case MessageType::telemetry: return "telemetry";
-    case MessageType::plan_prepare: return "plan_prepare";
-    case MessageType::plan_ready: return "plan_ready";
-    case MessageType::plan_commit: return "plan_commit";
-    case MessageType::plan_abort: return "plan_abort";
-    case MessageType::ack: return "ack";
-    case MessageType::shutdown: return "shutdown";
+    case MessageType::hello:
+      return "hello";
+    case MessageType::challenge:
+      return "challenge";
+    case MessageType::auth:
+      return "auth";
+    case MessageType::welcome:
+      return "welcome";
+    case MessageType::heartbeat:
+      return "heartbeat";
+    case MessageType::telemetry:
+      return "telemetry";
+    case MessageType::plan_prepare:
+      return "plan_prepare";
+    case MessageType::plan_ready:
+      return "plan_ready";
+    case MessageType::plan_commit:
+      return "plan_commit";
+    case MessageType::plan_abort:
+      return "plan_abort";
+    case MessageType::ack:
+      return "ack";
+    case MessageType::shutdown:
+      return "shutdown";
   }
   return "unknown";
 }
@@ -358,7 +374,8 @@ std::string validate(const Message& m) {
 void encode_payload(const Message& m, std::string& out) {
   StringSink sink(out);
   std::ostream os(&sink);
-  cereal::PortableBinaryOutputArchive ar(os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
+  cereal::PortableBinaryOutputArchive ar(
+      os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
   Writer w{ar};
   std::visit([&](const auto& x) { visit_message(w, x); }, m);
 }
@@ -371,13 +388,14 @@ Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> p
   try {
     SpanSource src(payload);
     std::istream is(&src);
-    cereal::PortableBinaryInputArchive ar(is, cereal::PortableBinaryInputArchive::Options::LittleEndian());
+    cereal::PortableBinaryInputArchive ar(
+        is, cereal::PortableBinaryInputArchive::Options::LittleEndian());
     Reader r{ar, src};
     Message m = make_default(raw - 1u);
     std::visit([&](auto& x) { visit_message(r, x); }, m);
     if (src.remaining() != 0) {
-      return Error{std::string(type_name(type)) + " payload has " + std::to_string(src.remaining()) +
-                   " trailing bytes"};
+      return Error{std::string(type_name(type)) + " payload has " +
+                   std::to_string(src.remaining()) + " trailing bytes"};
     }
     if (std::string why = validate(m); !why.empty()) return Error{std::move(why)};
     return m;

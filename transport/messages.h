@@ -46,13 +46,13 @@ inline constexpr std::uint8_t kMaxMessageType = 12;
 enum class PeerRole : std::uint8_t { worker = 1, trace_replay = 2, simulator = 3, tool = 4 };
 
 // Value limits enforced by validate() and by the decoder (before any allocation).
-inline constexpr std::size_t kMaxNameBytes = 128;     ///< Hello::name.
-inline constexpr std::size_t kMaxTextBytes = 1024;    ///< free-text reasons and details.
-inline constexpr std::size_t kMaxCollectives = 256;   ///< Telemetry::collectives entries.
-inline constexpr std::size_t kMaxLayers = 16384;      ///< Telemetry::layers entries.
-inline constexpr std::uint32_t kMaxRanks = 1u << 20;  ///< ranks are < kMaxRanks.
+inline constexpr std::size_t kMaxNameBytes = 128;      ///< Hello::name.
+inline constexpr std::size_t kMaxTextBytes = 1024;     ///< free-text reasons and details.
+inline constexpr std::size_t kMaxCollectives = 256;    ///< Telemetry::collectives entries.
+inline constexpr std::size_t kMaxLayers = 16384;       ///< Telemetry::layers entries.
+inline constexpr std::uint32_t kMaxRanks = 1u << 20;   ///< ranks are < kMaxRanks.
 inline constexpr std::uint32_t kNoRank = 0xFFFFFFFFu;  ///< Hello::rank of a non-rank peer.
-inline constexpr double kMaxDurationMs = 1e9;         ///< ~11.6 days; durations are in [0, this].
+inline constexpr double kMaxDurationMs = 1e9;          ///< ~11.6 days; durations are in [0, this].
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kProofBytes = 32;  ///< HMAC-SHA256 output.
 
@@ -99,32 +99,32 @@ struct Heartbeat {
 
 /// Time and volume of one collective during a step.
 struct CollectiveStat {
-  double ms = 0;             ///< total time in [0, kMaxDurationMs], finite.
-  std::uint64_t bytes = 0;   ///< total bytes moved.
-  std::uint32_t calls = 0;   ///< number of calls.
+  double ms = 0;            ///< total time in [0, kMaxDurationMs], finite.
+  std::uint64_t bytes = 0;  ///< total bytes moved.
+  std::uint32_t calls = 0;  ///< number of calls.
   bool operator==(const CollectiveStat&) const = default;
 };
 
 /// Gradient statistics of one layer during a step.
 struct LayerGradStat {
   std::uint32_t layer = 0;
-  float norm = 0;                    ///< L2 norm, finite, >= 0.
-  float max_abs = 0;                 ///< max |g|, finite, >= 0.
-  std::uint32_t nonfinite_count = 0; ///< NaN/Inf elements seen (the stats above exclude them).
+  float norm = 0;                     ///< L2 norm, finite, >= 0.
+  float max_abs = 0;                  ///< max |g|, finite, >= 0.
+  std::uint32_t nonfinite_count = 0;  ///< NaN/Inf elements seen (the stats above exclude them).
   bool operator==(const LayerGradStat&) const = default;
 };
 
 /// Worker -> agent, once per step per rank (high rate; may be dropped when buffers overflow).
 struct Telemetry {
-  std::uint32_t rank = 0;            ///< < kMaxRanks.
+  std::uint32_t rank = 0;  ///< < kMaxRanks.
   std::uint64_t step = 0;
-  std::uint64_t step_start_ns = 0;   ///< worker wall clock, ns since the Unix epoch.
-  std::uint64_t step_end_ns = 0;     ///< >= step_start_ns.
-  std::uint64_t send_time_ns = 0;    ///< sender clock when handed to the bus (latency probes).
-  double compute_ms = 0;             ///< finite, in [0, kMaxDurationMs].
-  std::uint32_t queue_depth = 0;     ///< pending work items in the data/comm queues.
+  std::uint64_t step_start_ns = 0;  ///< worker wall clock, ns since the Unix epoch.
+  std::uint64_t step_end_ns = 0;    ///< >= step_start_ns.
+  std::uint64_t send_time_ns = 0;   ///< sender clock when handed to the bus (latency probes).
+  double compute_ms = 0;            ///< finite, in [0, kMaxDurationMs].
+  std::uint32_t queue_depth = 0;    ///< pending work items in the data/comm queues.
   std::map<std::string, CollectiveStat> collectives;  ///< key: e.g. "all_reduce/dp"; <= 256.
-  std::vector<LayerGradStat> layers;                   ///< <= kMaxLayers.
+  std::vector<LayerGradStat> layers;                  ///< <= kMaxLayers.
   bool operator==(const Telemetry&) const = default;
 };
 
@@ -141,8 +141,8 @@ struct Layout {
 struct PlanPrepare {
   std::uint64_t plan_id = 0;
   Layout layout;
-  std::string layout_name;       ///< <= kMaxNameBytes.
-  std::uint32_t deadline_ms = 0; ///< time allowed to answer PlanReady.
+  std::string layout_name;        ///< <= kMaxNameBytes.
+  std::uint32_t deadline_ms = 0;  ///< time allowed to answer PlanReady.
   bool operator==(const PlanPrepare&) const = default;
 };
 
@@ -151,7 +151,7 @@ struct PlanReady {
   std::uint64_t plan_id = 0;
   std::uint32_t rank = 0;  ///< < kMaxRanks.
   bool ok = true;
-  std::string detail;      ///< <= kMaxTextBytes.
+  std::string detail;  ///< <= kMaxTextBytes.
   bool operator==(const PlanReady&) const = default;
 };
 

@@ -20,7 +20,7 @@ struct Error {
 template <class T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}             // NOLINT(google-explicit-constructor)
   Result(Error error) : error_(std::move(error.reason)) {}  // NOLINT(google-explicit-constructor)
 
   /// True when a value is held.

@@ -169,7 +169,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     conn_ = conn;
     resolver_.async_resolve(
         opt_.server_address, std::to_string(opt_.port),
-        [self = shared_from_this(), conn](const error_code& ec, tcp::resolver::results_type results) {
+        [self = shared_from_this(), conn](const error_code& ec,
+                                          tcp::resolver::results_type results) {
           if (conn != self->conn_) return;
           if (ec) {
             self->fail("cannot resolve " + self->opt_.server_address + ": " + ec.message());
@@ -205,11 +206,12 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   void read() {
     auto conn = conn_;
     auto space = conn->decoder.prepare(kReadChunkBytes);
-    conn->sock.async_read_some(asio::buffer(space.data(), space.size()),
-                               [self = shared_from_this(), conn](const error_code& ec, std::size_t n) {
-                                 if (conn != self->conn_) return;
-                                 self->on_read(ec, n);
-                               });
+    conn->sock.async_read_some(
+        asio::buffer(space.data(), space.size()),
+        [self = shared_from_this(), conn](const error_code& ec, std::size_t n) {
+          if (conn != self->conn_) return;
+          self->on_read(ec, n);
+        });
   }
 
   void on_read(const error_code& ec, std::size_t n) {
@@ -217,7 +219,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       if (state_ == State::handshaking) {
         fail("connection closed during the handshake (wrong secret?): " + ec.message());
       } else {
-        fail(ec == asio::error::eof ? "server closed the connection" : "read error: " + ec.message());
+        fail(ec == asio::error::eof ? "server closed the connection"
+                                    : "read error: " + ec.message());
       }
       return;
     }
@@ -264,8 +267,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
           ready_ = true;
         }
         connected_.store(true, std::memory_order_release);
-        log(LogLevel::info, "connected to " + opt_.server_address + ":" + std::to_string(opt_.port) +
-                                " as peer " + std::to_string(peer_id_));
+        log(LogLevel::info, "connected to " + opt_.server_address + ":" +
+                                std::to_string(opt_.port) + " as peer " + std::to_string(peer_id_));
         if (handlers_.on_connect) handlers_.on_connect(peer_id_);
         start_write();
         return;
@@ -322,25 +325,27 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     }
     last_tx_ = Clock::now();
     auto conn = conn_;
-    asio::async_write(conn->sock, asio::buffer(*batch),
-                      [self = shared_from_this(), conn, batch, count](const error_code& ec, std::size_t) {
-                        if (conn != self->conn_) return;
-                        {
-                          std::lock_guard lk(self->mu_);
-                          self->write_in_flight_ = false;
-                        }
-                        if (ec) {
-                          self->fail("write error: " + ec.message());
-                          return;
-                        }
-                        self->messages_sent_.fetch_add(count, std::memory_order_relaxed);
-                        self->start_write();
-                      });
+    asio::async_write(
+        conn->sock, asio::buffer(*batch),
+        [self = shared_from_this(), conn, batch, count](const error_code& ec, std::size_t) {
+          if (conn != self->conn_) return;
+          {
+            std::lock_guard lk(self->mu_);
+            self->write_in_flight_ = false;
+          }
+          if (ec) {
+            self->fail("write error: " + ec.message());
+            return;
+          }
+          self->messages_sent_.fetch_add(count, std::memory_order_relaxed);
+          self->start_write();
+        });
   }
 
   void arm_tick() {
     const std::uint32_t tick_ms = std::clamp<std::uint32_t>(
-        std::min({opt_.heartbeat_interval_ms, opt_.heartbeat_timeout_ms / 4, opt_.connect_timeout_ms / 4}),
+        std::min({opt_.heartbeat_interval_ms, opt_.heartbeat_timeout_ms / 4,
+                  opt_.connect_timeout_ms / 4}),
         5, 1000);
     tick_timer_.expires_after(milliseconds(tick_ms));
     tick_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
@@ -363,7 +368,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       }
       if (now - last_tx_ >= milliseconds(opt_.heartbeat_interval_ms)) {
         last_tx_ = now;
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
+        const auto ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
         send_priority(Heartbeat{++heartbeat_seq_, static_cast<std::uint64_t>(ns.count())});
       }
     }
@@ -428,13 +434,13 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Entry> queue_;             // guarded by mu_
-  std::string priority_out_;            // guarded by mu_ when swapped; strand writes
-  std::size_t telemetry_queued_ = 0;    // guarded by mu_
-  std::uint64_t telemetry_dropped_ = 0; // guarded by mu_
-  bool ready_ = false;                  // guarded by mu_
-  bool flush_posted_ = false;           // guarded by mu_
-  bool write_in_flight_ = false;        // guarded by mu_
+  std::deque<Entry> queue_;              // guarded by mu_
+  std::string priority_out_;             // guarded by mu_ when swapped; strand writes
+  std::size_t telemetry_queued_ = 0;     // guarded by mu_
+  std::uint64_t telemetry_dropped_ = 0;  // guarded by mu_
+  bool ready_ = false;                   // guarded by mu_
+  bool flush_posted_ = false;            // guarded by mu_
+  bool write_in_flight_ = false;         // guarded by mu_
 };
 
 class TcpClient final : public Client {
@@ -469,8 +475,8 @@ Result<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHan
     return Error{"heartbeat_timeout_ms must exceed heartbeat_interval_ms"};
   }
   if (!runtime) runtime = std::make_shared<IoRuntime>(1);
-  auto impl = std::make_shared<TcpClientImpl>(std::move(options), std::move(handlers),
-                                              runtime->impl().ctx);
+  auto impl =
+      std::make_shared<TcpClientImpl>(std::move(options), std::move(handlers), runtime->impl().ctx);
   impl->start();
   return std::unique_ptr<Client>(std::make_unique<TcpClient>(std::move(runtime), std::move(impl)));
 }

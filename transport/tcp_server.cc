@@ -268,7 +268,8 @@ class TcpServer final : public Server {
     error_code ec;
     const auto remote_ep = sock.remote_endpoint(ec);
     const std::string remote =
-        ec ? std::string("?") : remote_ep.address().to_string() + ":" + std::to_string(remote_ep.port());
+        ec ? std::string("?")
+           : remote_ep.address().to_string() + ":" + std::to_string(remote_ep.port());
     std::shared_ptr<ServerConn> c;
     std::string refuse;
     {
@@ -305,9 +306,9 @@ class TcpServer final : public Server {
   std::uint16_t port_ = 0;
 
   mutable std::mutex mu_;
-  bool stopped_ = false;                                         // guarded by mu_
-  PeerId next_id_ = 1;                                           // guarded by mu_
-  std::size_t unauthenticated_ = 0;                              // guarded by mu_
+  bool stopped_ = false;                                           // guarded by mu_
+  PeerId next_id_ = 1;                                             // guarded by mu_
+  std::size_t unauthenticated_ = 0;                                // guarded by mu_
   std::unordered_map<PeerId, std::shared_ptr<ServerConn>> conns_;  // guarded by mu_
 
   std::atomic<std::uint64_t> accepted_{0}, authenticated_{0}, rejected_{0};
@@ -338,10 +339,9 @@ void ServerConn::start() {
 
 void ServerConn::read() {
   auto space = decoder_.prepare(kReadChunkBytes);
-  sock_.async_read_some(asio::buffer(space.data(), space.size()),
-                        [self = shared_from_this()](const error_code& ec, std::size_t n) {
-                          self->on_read(ec, n);
-                        });
+  sock_.async_read_some(
+      asio::buffer(space.data(), space.size()),
+      [self = shared_from_this()](const error_code& ec, std::size_t n) { self->on_read(ec, n); });
 }
 
 void ServerConn::on_read(const error_code& ec, std::size_t n) {
@@ -387,7 +387,8 @@ void ServerConn::handle(Message&& m) {
       info_.rank = hello->rank;
       client_nonce_ = hello->client_nonce;
       server_nonce_ = random_nonce();
-      send_internal(Challenge{server_nonce_, server_proof(opt.secret, client_nonce_, server_nonce_)});
+      send_internal(
+          Challenge{server_nonce_, server_proof(opt.secret, client_nonce_, server_nonce_)});
       state_ = State::auth;
       return;
     }
@@ -487,9 +488,10 @@ void ServerConn::start_write() {
 
 void ServerConn::arm_timer() {
   const ServerOptions& o = server_.options();
-  const std::uint32_t tick_ms = std::clamp<std::uint32_t>(
-      std::min({o.heartbeat_interval_ms, o.heartbeat_timeout_ms / 4, o.unauthenticated_timeout_ms / 4}),
-      5, 1000);
+  const std::uint32_t tick_ms =
+      std::clamp<std::uint32_t>(std::min({o.heartbeat_interval_ms, o.heartbeat_timeout_ms / 4,
+                                          o.unauthenticated_timeout_ms / 4}),
+                                5, 1000);
   timer_.expires_after(std::chrono::milliseconds(tick_ms));
   timer_.async_wait([self = shared_from_this()](const error_code& ec) {
     if (ec || self->state_ == State::closed) return;
@@ -522,9 +524,8 @@ void ServerConn::on_tick() {
 }
 
 void ServerConn::close_async(std::string reason, bool protocol_error) {
-  asio::post(ctx_, [self = shared_from_this(), reason = std::move(reason), protocol_error]() mutable {
-    self->close(std::move(reason), protocol_error);
-  });
+  asio::post(ctx_, [self = shared_from_this(), reason = std::move(reason),
+                    protocol_error]() mutable { self->close(std::move(reason), protocol_error); });
 }
 
 void ServerConn::close(std::string reason, bool protocol_error) {

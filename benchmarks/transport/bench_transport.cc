@@ -54,7 +54,8 @@ struct Row {
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
 }
 
 Telemetry sample(std::uint32_t rank, std::uint64_t step) {
@@ -95,7 +96,8 @@ std::uint64_t drive(SendFn&& send, std::size_t publishers, Sink& sink, double se
   while (Clock::now() < end) {
     std::uint64_t due;
     if (rate > 0) {
-      due = static_cast<std::uint64_t>(std::chrono::duration<double>(Clock::now() - start).count() * rate);
+      due = static_cast<std::uint64_t>(std::chrono::duration<double>(Clock::now() - start).count() *
+                                       rate);
     } else {
       due = sink.received.load(std::memory_order_acquire) + window;
     }
@@ -133,7 +135,8 @@ void fill_latency(Row& row, std::vector<std::uint64_t> v, double seconds, std::u
   if (v.empty()) return;
   std::sort(v.begin(), v.end());
   auto pct = [&](double p) {
-    const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
+    const std::size_t i =
+        std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
     return static_cast<double>(v[i]) / 1000.0;
   };
   row.p50_us = pct(0.50);
@@ -288,17 +291,20 @@ int main(int argc, char** argv) {
   Telemetry probe = sample(1, 1);
   probe.send_time_ns = now_ns();
   const std::size_t frame_bytes = encode_frame(probe)->size();
-  std::printf("telemetry bus benchmark: %zu-byte frames on loopback, %u cores; throughput with <= %llu "
-              "in flight, latency at %.0f msgs/s offered, %.1f s per phase\n",
-              frame_bytes, std::thread::hardware_concurrency(),
-              static_cast<unsigned long long>(cfg.window), cfg.rate, cfg.seconds);
+  std::printf(
+      "telemetry bus benchmark: %zu-byte frames on loopback, %u cores; throughput with <= %llu "
+      "in flight, latency at %.0f msgs/s offered, %.1f s per phase\n",
+      frame_bytes, std::thread::hardware_concurrency(), static_cast<unsigned long long>(cfg.window),
+      cfg.rate, cfg.seconds);
 #ifndef PARAPILOT_HAVE_ZMQ
   std::printf("ZeroMQ (cppzmq/libzmq) not found at build time: its rows are skipped\n");
 #endif
-  std::printf("\n| publishers | bus       | throughput msgs/s | p50 us | p99 us | p99.9 us | max us | "
-              "achieved msgs/s | dropped |\n");
-  std::printf("|-----------:|-----------|------------------:|-------:|-------:|---------:|-------:|"
-              "----------------:|--------:|\n");
+  std::printf(
+      "\n| publishers | bus       | throughput msgs/s | p50 us | p99 us | p99.9 us | max us | "
+      "achieved msgs/s | dropped |\n");
+  std::printf(
+      "|-----------:|-----------|------------------:|-------:|-------:|---------:|-------:|"
+      "----------------:|--------:|\n");
   for (std::size_t n : cfg.publishers) {
     std::vector<Row> rows;
     rows.push_back(run_parapilot(n, cfg));

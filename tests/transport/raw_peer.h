@@ -53,10 +53,11 @@ class RawPeer {
     std::string buf(n, '\0');
     bool done = false;
     boost::system::error_code result;
-    boost::asio::async_read(sock_, boost::asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t) {
-      done = true;
-      result = ec;
-    });
+    boost::asio::async_read(sock_, boost::asio::buffer(buf),
+                            [&](const boost::system::error_code& ec, std::size_t) {
+                              done = true;
+                              result = ec;
+                            });
     io_.restart();
     io_.run_for(timeout);
     if (!done) {
@@ -71,16 +72,19 @@ class RawPeer {
   }
 
   /// Reads the next message other than a heartbeat.
-  std::optional<Message> read_message(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  std::optional<Message> read_message(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     for (;;) {
       auto header = read_exact(kFrameHeaderBytes, timeout);
       if (!header) return std::nullopt;
-      const FrameHeader h = parse_header(std::span(reinterpret_cast<const std::uint8_t*>(header->data()), header->size()));
+      const FrameHeader h = parse_header(
+          std::span(reinterpret_cast<const std::uint8_t*>(header->data()), header->size()));
       if (h.length > (64u << 20)) return std::nullopt;
       auto payload = read_exact(h.length, timeout);
       if (!payload) return std::nullopt;
       const std::string frame = *header + *payload;
-      auto m = decode_frame(std::span(reinterpret_cast<const std::uint8_t*>(frame.data()), frame.size()), 64u << 20);
+      auto m = decode_frame(
+          std::span(reinterpret_cast<const std::uint8_t*>(frame.data()), frame.size()), 64u << 20);
       if (!m) return std::nullopt;
       if (!std::holds_alternative<Heartbeat>(*m)) return std::move(*m);
     }
@@ -90,15 +94,17 @@ class RawPeer {
   bool closed_by_peer(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       std::array<char, 4096> buf{};
       bool done = false;
       boost::system::error_code result;
-      sock_.async_read_some(boost::asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t) {
-        done = true;
-        result = ec;
-      });
+      sock_.async_read_some(boost::asio::buffer(buf),
+                            [&](const boost::system::error_code& ec, std::size_t) {
+                              done = true;
+                              result = ec;
+                            });
       io_.restart();
       io_.run_for(left);
       if (!done) {

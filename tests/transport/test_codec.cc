@@ -40,7 +40,9 @@ std::string hex(std::span<const std::uint8_t> b) {
   }
   return s;
 }
-std::string hex(std::string_view s) { return hex(std::span(reinterpret_cast<const std::uint8_t*>(s.data()), s.size())); }
+std::string hex(std::string_view s) {
+  return hex(std::span(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
+}
 
 std::span<const std::uint8_t> span_of(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
@@ -51,7 +53,8 @@ std::vector<Message> one_of_each() {
   h.role = PeerRole::trace_replay;
   h.rank = 12;
   h.name = "replay-12";
-  for (std::size_t i = 0; i < h.client_nonce.size(); ++i) h.client_nonce[i] = static_cast<std::uint8_t>(i);
+  for (std::size_t i = 0; i < h.client_nonce.size(); ++i)
+    h.client_nonce[i] = static_cast<std::uint8_t>(i);
   Challenge c;
   c.server_nonce.fill(0xAB);
   c.server_proof.fill(0xCD);
@@ -95,8 +98,10 @@ TEST_CASE("crc32c matches known vectors") {
 }
 
 TEST_CASE("sha256 matches FIPS 180-4 examples") {
-  CHECK(hex(sha256(bytes_of(""))) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(hex(sha256(bytes_of("abc"))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(sha256(bytes_of(""))) ==
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(hex(sha256(bytes_of("abc"))) ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   CHECK(hex(sha256(bytes_of("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))) ==
         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   Sha256 s;
@@ -203,7 +208,8 @@ TEST_CASE("payload layout equals cereal's own PortableBinary encoding of the sam
   const Telemetry t = make_telemetry(3, 77);
   std::ostringstream os;
   {
-    cereal::PortableBinaryOutputArchive ar(os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
+    cereal::PortableBinaryOutputArchive ar(
+        os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
     ar(t.rank, t.step, t.step_start_ns, t.step_end_ns, t.send_time_ns, t.compute_ms, t.queue_depth);
     std::map<std::string, std::tuple<double, std::uint64_t, std::uint32_t>> tmp;
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(t.collectives.size())));
@@ -218,7 +224,8 @@ TEST_CASE("payload layout equals cereal's own PortableBinary encoding of the sam
   // Strings, vectors and maps use cereal's std::string/std::vector/std::map layouts.
   std::ostringstream os2;
   {
-    cereal::PortableBinaryOutputArchive ar(os2, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
+    cereal::PortableBinaryOutputArchive ar(
+        os2, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
     ar(std::uint64_t{9}, std::string("because"));
   }
   std::string ours2;
@@ -231,11 +238,11 @@ TEST_CASE("the worked example of docs/wire-format.md") {
   auto f = encode_frame(m);
   REQUIRE(f.ok());
   CHECK(hex(*f) ==
-        "50504c54010a00002100000016aa3fe0"          // header
-        "01"                                        // little-endian marker
-        "0700000000000000"                          // plan_id = 7
-        "1000000000000000"                          // reason length = 16
-        "72616e6b2033206e6f74207265616479");        // "rank 3 not ready"
+        "50504c54010a00002100000016aa3fe0"    // header
+        "01"                                  // little-endian marker
+        "0700000000000000"                    // plan_id = 7
+        "1000000000000000"                    // reason length = 16
+        "72616e6b2033206e6f74207265616479");  // "rank 3 not ready"
 }
 
 TEST_CASE("validate rejects out-of-range values") {
@@ -244,9 +251,12 @@ TEST_CASE("validate rejects out-of-range values") {
     mutate(t);
     return validate(t);
   };
-  CHECK(bad_telemetry([](Telemetry& t) { t.compute_ms = std::nan(""); }).find("NaN") != std::string::npos);
+  CHECK(bad_telemetry([](Telemetry& t) { t.compute_ms = std::nan(""); }).find("NaN") !=
+        std::string::npos);
   CHECK(!bad_telemetry([](Telemetry& t) { t.compute_ms = -1; }).empty());
-  CHECK(!bad_telemetry([](Telemetry& t) { t.compute_ms = std::numeric_limits<double>::infinity(); }).empty());
+  CHECK(!bad_telemetry([](Telemetry& t) {
+           t.compute_ms = std::numeric_limits<double>::infinity();
+         }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.rank = kMaxRanks; }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.step_end_ns = t.step_start_ns - 1; }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.collectives.begin()->second.ms = -0.5; }).empty());
@@ -314,18 +324,14 @@ TEST_CASE("decoder rejects huge length prefixes before allocating") {
 TEST_CASE("secrets load from a file or the environment and are checked") {
   const auto dir = std::filesystem::temp_directory_path();
   const auto path = dir / ("parapilot-secret-" + std::to_string(::getpid()));
-  {
-    std::ofstream(path) << kTestSecret << "\n";
-  }
+  { std::ofstream(path) << kTestSecret << "\n"; }
   auto s = load_secret_from_file(path.string());
   REQUIRE(s.ok());
   CHECK(s->size() == std::string_view(kTestSecret).size());
-  {
-    std::ofstream(path) << "tiny-pw\n";
-  }
+  { std::ofstream(path) << "tiny-pw\n"; }
   auto bad = load_secret_from_file(path.string());
   CHECK_FALSE(bad.ok());
-  CHECK(bad.error().find("tiny-pw") == std::string::npos);  // never echoes content...
+  CHECK(bad.error().find("tiny-pw") == std::string::npos);       // never echoes content...
   CHECK(bad.error().find("shorter than") != std::string::npos);  // ...only the rule
   std::filesystem::remove(path);
   CHECK_FALSE(load_secret_from_file(path.string()).ok());
@@ -339,7 +345,8 @@ TEST_CASE("secrets load from a file or the environment and are checked") {
 }
 
 TEST_CASE("fuzz regression inputs replay without crashing") {
-  const std::filesystem::path dir = std::filesystem::path(PARAPILOT_TEST_DATA_DIR) / "fuzz-transport";
+  const std::filesystem::path dir =
+      std::filesystem::path(PARAPILOT_TEST_DATA_DIR) / "fuzz-transport";
   REQUIRE(std::filesystem::is_directory(dir));
   std::size_t n = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

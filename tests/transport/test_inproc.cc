@@ -79,7 +79,8 @@ TEST_CASE("inproc: messages flow both ways, in order") {
   REQUIRE(client->flush(std::chrono::seconds(10)));
   REQUIRE(wait_until([&] { return in.server_count() == 1001 && in.client_count() == 2; }));
   std::lock_guard lk(in.mu);
-  for (std::uint64_t s = 0; s < 1000; ++s) CHECK(std::get<Telemetry>(in.server_got[s].second).step == s);
+  for (std::uint64_t s = 0; s < 1000; ++s)
+    CHECK(std::get<Telemetry>(in.server_got[s].second).step == s);
   CHECK(std::holds_alternative<PlanReady>(in.server_got[1000].second));
   CHECK(in.client_got[0] == Message(PlanCommit{1, 10}));
   // Invalid messages are refused as on TCP.
@@ -105,7 +106,8 @@ TEST_CASE("inproc: clients buffer until a server exists; the oldest telemetry is
   REQUIRE(wait_until([&] { return in.server_count() == 11; }));
   std::lock_guard lk(in.mu);
   CHECK(std::holds_alternative<PlanReady>(in.server_got[0].second));
-  for (std::size_t i = 1; i < 11; ++i) CHECK(std::get<Telemetry>(in.server_got[i].second).step == 14 + i);
+  for (std::size_t i = 1; i < 11; ++i)
+    CHECK(std::get<Telemetry>(in.server_got[i].second).step == 14 + i);
 }
 
 TEST_CASE("inproc: server stop disconnects clients, which reconnect to the next server") {

@@ -60,7 +60,8 @@ struct ServerLog {
   bool has_telemetry_step(PeerId from, std::uint64_t step) const {
     std::lock_guard lk(mu);
     for (const auto& [p, m] : messages) {
-      if (p == from && std::holds_alternative<Telemetry>(m) && std::get<Telemetry>(m).step == step) return true;
+      if (p == from && std::holds_alternative<Telemetry>(m) && std::get<Telemetry>(m).step == step)
+        return true;
     }
     return false;
   }
@@ -178,8 +179,10 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
   const std::vector<Message> upstream = {make_telemetry(0, 1), PlanReady{4, 0, true, "ready"},
                                          Ack{MessageType::plan_commit, 4, 0}, Shutdown{"leaving"}};
   const std::vector<Message> downstream = {PlanPrepare{4, Layout{2, 2, 1, 8}, "dp2-tp2", 1000},
-                                           PlanCommit{4, 100}, PlanAbort{5, "superseded"},
-                                           Ack{MessageType::plan_ready, 4, kNoRank}, Shutdown{"stop"},
+                                           PlanCommit{4, 100},
+                                           PlanAbort{5, "superseded"},
+                                           Ack{MessageType::plan_ready, 4, kNoRank},
+                                           Shutdown{"stop"},
                                            make_telemetry(3, 9)};
   for (const auto& m : upstream) CHECK(client->send(m));
   for (const auto& m : downstream) CHECK(server->send(peer.id, m));
@@ -226,7 +229,8 @@ TEST_CASE("tcp: each malformed frame closes only its own connection") {
   Hello again;
   again.name = "again";
   cases.push_back({"hello after authentication", *encode_frame(again), "unexpected hello"});
-  cases.push_back({"welcome from a client", *encode_frame(Welcome{1, 1, 4096}), "unexpected welcome"});
+  cases.push_back(
+      {"welcome from a client", *encode_frame(Welcome{1, 1, 4096}), "unexpected welcome"});
 
   for (const MalformedCase& c : cases) {
     CAPTURE(c.name);
@@ -238,7 +242,8 @@ TEST_CASE("tcp: each malformed frame closes only its own connection") {
     if (c.closes_stream) bad.shutdown_send();
     CHECK(bad.closed_by_peer());
     REQUIRE(wait_until([&] { return sl.disconnect_reason(id).has_value(); }));
-    CHECK_MESSAGE(sl.disconnect_reason(id)->find(c.reason) != std::string::npos, *sl.disconnect_reason(id));
+    CHECK_MESSAGE(sl.disconnect_reason(id)->find(c.reason) != std::string::npos,
+                  *sl.disconnect_reason(id));
     good_peer_still_works();
   }
 
@@ -246,7 +251,8 @@ TEST_CASE("tcp: each malformed frame closes only its own connection") {
   const std::vector<std::pair<std::string, std::string>> pre_auth = {
       {malformed_cases()[0].bytes, "bad magic"},
       {*encode_frame(make_telemetry(0, 1)), "expected hello"},
-      {framed(MessageType::hello, payload_of(Hello{PeerRole::worker, 0, "", {}})), "hello.name is empty"},
+      {framed(MessageType::hello, payload_of(Hello{PeerRole::worker, 0, "", {}})),
+       "hello.name is empty"},
   };
   for (const auto& [bytes, reason] : pre_auth) {
     CAPTURE(reason);
@@ -291,7 +297,8 @@ TEST_CASE("tcp: authentication failures") {
     REQUIRE(ch.has_value());
     REQUIRE(std::holds_alternative<Challenge>(*ch));
     const Secret wrong("not-the-secret-not-the-secret");
-    REQUIRE(bad.send(Auth{client_proof(wrong, std::get<Challenge>(*ch).server_nonce, hello.client_nonce)}));
+    REQUIRE(bad.send(
+        Auth{client_proof(wrong, std::get<Challenge>(*ch).server_nonce, hello.client_nonce)}));
     CHECK(bad.closed_by_peer());
     CHECK(wait_until([&] { return log.contains("authentication failed"); }));
     CHECK(sl.connect_count() == 0);
@@ -306,7 +313,8 @@ TEST_CASE("tcp: authentication failures") {
     REQUIRE(first.send(hello));
     auto ch = first.read_message();
     REQUIRE(ch.has_value());
-    const Auth recorded{client_proof(Secret(kTestSecret), std::get<Challenge>(*ch).server_nonce, hello.client_nonce)};
+    const Auth recorded{client_proof(Secret(kTestSecret), std::get<Challenge>(*ch).server_nonce,
+                                     hello.client_nonce)};
     RawPeer second;
     REQUIRE(second.connect(server->port()));
     REQUIRE(second.send(hello));
@@ -537,10 +545,12 @@ TEST_CASE("tcp: backpressure from a slow consumer bounds the client's memory") {
   gate_cv.notify_all();
   REQUIRE(client->flush(30s));
   const std::uint64_t expected = kTelemetry - dropped + controls;
-  REQUIRE(wait_until([&] {
-    std::lock_guard lk(got_mu);
-    return got.size() == expected;
-  }, 60s));
+  REQUIRE(wait_until(
+      [&] {
+        std::lock_guard lk(got_mu);
+        return got.size() == expected;
+      },
+      60s));
   std::lock_guard lk(got_mu);
   std::uint64_t last_step = 0, plan_ready = 0, telemetry = 0;
   bool ordered = true;
@@ -611,9 +621,11 @@ TEST_CASE("tcp: hundreds of clients on one shared I/O thread") {
   }
   REQUIRE(wait_until([&] { return sl.connect_count() == kClients; }, std::chrono::seconds(60)));
   for (std::uint64_t s = 0; s < 10; ++s) {
-    for (std::size_t i = 0; i < kClients; ++i) REQUIRE(clients[i]->send(make_telemetry(static_cast<std::uint32_t>(i), s)));
+    for (std::size_t i = 0; i < kClients; ++i)
+      REQUIRE(clients[i]->send(make_telemetry(static_cast<std::uint32_t>(i), s)));
   }
-  REQUIRE(wait_until([&] { return sl.message_count() == 10 * kClients; }, std::chrono::seconds(60)));
+  REQUIRE(
+      wait_until([&] { return sl.message_count() == 10 * kClients; }, std::chrono::seconds(60)));
   CHECK(server->broadcast(PlanCommit{1, 2}) == kClients);
   REQUIRE(wait_until([&] { return cl.message_count() == kClients; }, std::chrono::seconds(60)));
   for (const PeerInfo& p : server->peers()) {

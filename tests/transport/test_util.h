@@ -88,8 +88,9 @@ inline std::string payload_of(const Message& m) {
   return p;
 }
 inline std::string framed(MessageType type, const std::string& payload) {
-  return frame_raw(static_cast<std::uint8_t>(type),
-                   std::span(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()));
+  return frame_raw(
+      static_cast<std::uint8_t>(type),
+      std::span(reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()));
 }
 
 inline std::vector<MalformedCase> malformed_cases() {
@@ -115,7 +116,8 @@ inline std::vector<MalformedCase> malformed_cases() {
     for (int i = 0; i < 4; ++i) s[8 + i] = 0;
     v.push_back({"zero length", s, "empty payload"});
   }
-  v.push_back({"bad checksum", with(good.size() - 1, static_cast<char>(good.back() ^ 0x40)), "bad checksum"});
+  v.push_back({"bad checksum", with(good.size() - 1, static_cast<char>(good.back() ^ 0x40)),
+               "bad checksum"});
   {
     std::string s;
     std::uint32_t x = 12345;
@@ -127,9 +129,10 @@ inline std::vector<MalformedCase> malformed_cases() {
   }
   {
     const std::string p = payload_of(make_telemetry(1, 1));
-    v.push_back({"undecodable payload (truncated telemetry)", framed(MessageType::telemetry, p.substr(0, 20)),
-                 "truncated"});
-    v.push_back({"trailing bytes in payload", framed(MessageType::telemetry, p + "zz"), "trailing bytes"});
+    v.push_back({"undecodable payload (truncated telemetry)",
+                 framed(MessageType::telemetry, p.substr(0, 20)), "truncated"});
+    v.push_back(
+        {"trailing bytes in payload", framed(MessageType::telemetry, p + "zz"), "trailing bytes"});
     std::string e = p;
     e[0] = 0;
     v.push_back({"big-endian marker", framed(MessageType::telemetry, e), "endianness"});
@@ -137,12 +140,14 @@ inline std::vector<MalformedCase> malformed_cases() {
   {
     Telemetry t = make_telemetry(1, 1);
     t.compute_ms = std::numeric_limits<double>::quiet_NaN();
-    v.push_back({"NaN compute_ms", framed(MessageType::telemetry, payload_of(t)), "compute_ms is NaN"});
+    v.push_back(
+        {"NaN compute_ms", framed(MessageType::telemetry, payload_of(t)), "compute_ms is NaN"});
     t = make_telemetry(1, 1);
     t.compute_ms = -3;
     v.push_back({"negative compute_ms", framed(MessageType::telemetry, payload_of(t)), "negative"});
     t = make_telemetry(kMaxRanks + 5, 1);
-    v.push_back({"rank out of range", framed(MessageType::telemetry, payload_of(t)), "out of range"});
+    v.push_back(
+        {"rank out of range", framed(MessageType::telemetry, payload_of(t)), "out of range"});
   }
   {
     std::string p = payload_of(PlanReady{1, 2, true, ""});
