@@ -8,5 +8,6 @@ namespace parapilot::cli {
 
 void add_simulate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_trace_command(CLI::App& app);
 
 }  // namespace parapilot::cli

@@ -1,0 +1,1 @@
+#include "env/trace/trace_analysis.h"

@@ -1,0 +1,2 @@
+// Recorded-trace import and analysis (placeholder until it lands).
+#pragma once

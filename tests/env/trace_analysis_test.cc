@@ -1,0 +1,1 @@
+// Trace analysis tests (placeholder until they land).
