@@ -1,1 +1,974 @@
 #include "strategy/planner.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "strategy/error.h"
+#include "strategy/partitioner.h"
+
+namespace parapilot {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr int kDefaultMaxVirtualStages = 8;
+
+double ring_allreduce_s(int n, double bytes, double bw_Bps, double latency_s) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * bytes / bw_Bps;
+}
+
+// Gradient bytes per parameter as the cost model accounts them (fp32 buffer for bf16 models).
+double grad_bytes_per_param(const ModelSpec& model) {
+  return model.dtype == DType::kBF16 ? 4.0 : 2.0;
+}
+
+// Per-microbatch times on one tensor-parallel group of a GPU type at nominal speed, read off
+// the cost model: one transformer block (forward + backward + recompute), the embedding on the
+// first rank, the final norm + logits + loss on the last rank.
+struct BlockCosts {
+  double block_s = 0;
+  double embedding_s = 0;
+  double logits_s = 0;
+};
+
+// A tensor-parallel group: tp usable GPUs inside one node.
+struct Group {
+  int first = 0;  // index into the flat GPU list
+  int node = 0;
+  int type = 0;
+  double slow = 1;  // 1 / speed of its slowest member
+  double speed_proxy = 0;
+};
+
+// Which group runs (replica, pipeline rank): group[r * pp + p].
+struct Placement {
+  int dp = 0, pp = 0;
+  std::vector<int> group;  // index into the groups of its tp (valid while they are current)
+  // Per slot r * pp + p: the group's node, GPU type, slowness and first GPU.
+  std::vector<int> node, type, gpu0;
+  std::vector<double> slow;
+  std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
+};
+
+struct Family {
+  int tp, pp, dp;
+  bool sp;
+  Schedule schedule;
+  int v;
+  Recompute recompute;
+  auto key() const { return std::tie(tp, pp, dp, sp, schedule, v, recompute); }
+  bool operator<(const Family& o) const { return key() < o.key(); }
+};
+
+// One layout to evaluate before its boundaries and shares are chosen.
+struct Shape {
+  double upper_tokens_per_s;  // bound on its throughput (branch and bound)
+  int placement;              // index into the search's placements
+  int tp;
+  bool sp;
+  Schedule schedule;
+  int v;
+  Recompute recompute;
+  int zero;
+  int mb;
+  int global_batch;
+};
+
+bool tp_legal(int tp, const ModelSpec& model) {
+  return model.heads % tp == 0 && (model.kv_heads % tp == 0 || tp % model.kv_heads == 0);
+}
+
+}  // namespace
+
+Planner::Planner(ModelSpec model, ClusterSpec cluster)
+    : model_(std::move(model)), cluster_(std::move(cluster)), cost_(model_, cluster_) {
+  const ClusterTopology& topo = cost_.topology();
+  int max_node = 1;
+  for (const auto& n : topo.nodes) max_node = std::max(max_node, n.gpus);
+  ModelSpec probe_model = model_;
+  probe_model.layers = 3;
+  for (size_t k = 0; k < topo.types.size(); ++k) {
+    const ClusterTopology::Node* node = nullptr;
+    for (const auto& n : topo.nodes) {
+      if (n.type == static_cast<int>(k)) {
+        node = &n;
+        break;
+      }
+    }
+    ClusterSpec probe;
+    probe.name = "probe";
+    NodeGroup g;
+    g.count = 1;
+    g.gpus_per_node = 2 * max_node;
+    g.gpu = topo.types[k];
+    g.intra_node_GBps = node->intra_GBps;
+    g.inter_node_Gbps = node->inter_GBps * 8.0;
+    probe.groups.push_back(g);
+    probe.intra_node_latency_us = cluster_.intra_node_latency_us;
+    probe.inter_node_latency_us = cluster_.inter_node_latency_us;
+    probe.intra_node_efficiency = cluster_.intra_node_efficiency;
+    probe.inter_node_efficiency = cluster_.inter_node_efficiency;
+    probes_.emplace_back(probe_model, probe);
+  }
+}
+
+namespace {
+
+// Everything one plan() call computes and reuses.
+class Search {
+ public:
+  Search(const ModelSpec& model, const CostModel& cost, const std::vector<CostModel>& probes,
+         const PlanRequest& request)
+      : model_(model),
+        cost_(cost),
+        probes_(probes),
+        topo_(cost.topology()),
+        req_(request),
+        c_(request.conditions),
+        space_(request.space) {}
+
+  PlanResult run();
+
+ private:
+  const BlockCosts& block_costs(int type, int tp, int mb, bool sp, Recompute rc);
+  double tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const;
+  double link_s(int gpu_a, int gpu_b, double bytes) const;
+  std::vector<int> global_batches(int dp, int mb, int unit) const;
+  void make_groups(int tp);
+  void add_placements(int tp, int pp, int dp);
+  void add_shapes(int placement_index, int tp);
+  void evaluate_shape(const Shape& shape);
+  void consider(const Strategy& s, const CostBreakdown& b);
+  double kth_best() const;
+  void choose_compression(Candidate& c);
+
+  const ModelSpec& model_;
+  const CostModel& cost_;
+  const std::vector<CostModel>& probes_;
+  const ClusterTopology& topo_;
+  const PlanRequest& req_;
+  const Conditions& c_;
+  const SearchSpace& space_;
+
+  std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> block_cache_;
+  std::vector<int> flat_gpus_;  // GPUs of the current tp's groups, group after group
+  std::vector<Group> groups_;
+  std::vector<Placement> placements_;
+  std::vector<Shape> shapes_;
+  std::map<Family, Candidate> best_;  // best layout per family
+  std::vector<double> top_;           // best throughput per family, for the K-th best
+  std::map<std::tuple<int, int, bool, Schedule, int, Recompute, int>, int> no_fit_mb_;
+  double kth_ = 0;  // K-th best family throughput so far (0 until K families are known)
+  long evaluated_ = 0;
+  long pruned_ = 0;
+};
+
+const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompute rc) {
+  auto key = std::make_tuple(type, tp, mb, sp, rc);
+  auto it = block_cache_.find(key);
+  if (it != block_cache_.end()) return it->second;
+  const CostModel& probe = probes_[type];
+  Strategy s;
+  s.dp = 1;
+  s.tp = tp;
+  s.pp = 1;
+  s.sp = sp;
+  s.microbatch_size = mb;
+  s.global_batch = mb;
+  s.recompute = rc;
+  s.zero = 0;
+  for (int g = 0; g < tp; ++g) s.gpus.push_back(g);
+  const CostBreakdown whole = probe.evaluate(s);
+  const double all_compute = whole.compute_s + whole.recompute_s;  // 3 blocks + ends
+  const double tpc = whole.tp_comm_s / 3.0;
+  s.pp = 2;
+  for (int g = tp; g < 2 * tp; ++g) s.gpus.push_back(g);
+  s.stage_layers = {1, 2};
+  const PipelineTimings one = probe.pipeline_timings(s);
+  s.stage_layers = {2, 1};
+  const PipelineTimings two = probe.pipeline_timings(s);
+  const double first1 = one.forward_s[0] + one.backward_s[0];  // block + embedding + tp
+  const double first2 = two.forward_s[0] + two.backward_s[0];  // 2 blocks + embedding + 2 tp
+  BlockCosts out;
+  out.block_s = first2 - first1 - tpc;
+  out.embedding_s = std::max(0.0, first1 - out.block_s - tpc);
+  out.logits_s = std::max(0.0, all_compute - 3.0 * out.block_s - out.embedding_s);
+  return block_cache_.emplace(key, out).first->second;
+}
+
+// Mirrors the cost model: 4 collectives per block (6 with full recompute) over NVLink.
+double Search::tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const {
+  if (tp <= 1) return 0;
+  const double bytes = static_cast<double>(mb) * model_.seq_len * model_.hidden * 2.0;
+  const double bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(node);
+  const int collectives = 4 + (rc == Recompute::kFull ? 2 : 0);
+  return collectives * ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s);
+}
+
+double Search::link_s(int gpu_a, int gpu_b, double bytes) const {
+  const int na = topo_.node_of_gpu[gpu_a];
+  const int nb = topo_.node_of_gpu[gpu_b];
+  if (na == nb) {
+    const double bw = topo_.nodes[na].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(na);
+    return topo_.intra_latency_s + bytes / bw;
+  }
+  const double bw = std::min(topo_.nodes[na].inter_GBps * c_.inter(na),
+                             topo_.nodes[nb].inter_GBps * c_.inter(nb)) *
+                    1e9 * topo_.inter_efficiency;
+  return topo_.inter_latency_s + bytes / bw;
+}
+
+// Global batches to try for dp replicas of microbatch mb whose microbatch counts are multiples
+// of unit (elastic shares need only a multiple of mb * unit, with at least one unit each).
+std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
+  const int step = mb * unit;
+  if (space_.global_batch > 0) {
+    const int b = space_.global_batch;
+    if (b % step == 0 && b >= dp * step) return {b};
+    return {};
+  }
+  const int hi = space_.global_batch_max / step * step;
+  if (hi >= space_.global_batch_min && hi >= dp * step) {
+    // Prefer a batch that splits evenly, when the range has one close to the top.
+    const int even = space_.global_batch_max / (step * dp) * (step * dp);
+    if (even >= space_.global_batch_min && even > 0 && even != hi) return {hi, even};
+    return {hi};
+  }
+  return {};
+}
+
+void Search::make_groups(int tp) {
+  groups_.clear();
+  flat_gpus_.clear();
+  std::vector<int> usable;
+  for (int n = 0; n < topo_.num_nodes(); ++n) {
+    const auto& node = topo_.nodes[n];
+    usable.clear();
+    for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
+      if (!c_.failed(gpu)) usable.push_back(gpu);
+    }
+    for (size_t i = 0; i + tp <= usable.size(); i += tp) {
+      Group g;
+      g.first = static_cast<int>(flat_gpus_.size());
+      g.node = n;
+      g.type = node.type;
+      g.slow = 0;
+      for (int t = 0; t < tp; ++t) {
+        flat_gpus_.push_back(usable[i + t]);
+        g.slow = std::max(g.slow, 1.0 / c_.speed(usable[i + t]));
+      }
+      groups_.push_back(g);
+    }
+  }
+  for (auto& g : groups_) {
+    g.speed_proxy = 1.0 / (block_costs(g.type, tp, 1, false, Recompute::kNone).block_s * g.slow);
+  }
+}
+
+void Search::add_placements(int tp, int pp, int dp) {
+  const int used = dp * pp;
+  std::vector<int> order(groups_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return groups_[a].speed_proxy > groups_[b].speed_proxy * (1 + 1e-12);
+  });
+
+  auto finish = [&](Placement& pl) {
+    pl.dp = dp;
+    pl.pp = pp;
+    pl.gpus.resize(static_cast<size_t>(used) * tp);
+    for (int slot = 0; slot < used; ++slot) {
+      const Group& g = groups_[pl.group[slot]];
+      pl.node.push_back(g.node);
+      pl.type.push_back(g.type);
+      pl.slow.push_back(g.slow);
+      pl.gpu0.push_back(flat_gpus_[g.first]);
+    }
+    bool identity = used * tp == topo_.num_gpus();
+    for (int r = 0; r < dp; ++r) {
+      for (int p = 0; p < pp; ++p) {
+        const Group& g = groups_[pl.group[r * pp + p]];
+        for (int t = 0; t < tp; ++t) {
+          const int rank = (r * pp + p) * tp + t;
+          pl.gpus[rank] = flat_gpus_[g.first + t];
+          identity = identity && pl.gpus[rank] == rank;
+        }
+      }
+    }
+    if (identity) pl.gpus.clear();
+    placements_.push_back(std::move(pl));
+  };
+
+  // Packed: replicas of similar speed (slow groups together; elastic shares absorb the rest).
+  std::vector<int> chosen;
+  if (space_.mixed_types_in_pipeline) {
+    chosen.assign(order.begin(), order.begin() + used);
+  } else {
+    // Whole replicas per GPU type, fastest groups of each type first.
+    std::vector<std::vector<int>> by_type(topo_.types.size());
+    for (int g : order) by_type[groups_[g].type].push_back(g);
+    std::vector<int> replicas(by_type.size());
+    int total = 0;
+    for (size_t k = 0; k < by_type.size(); ++k) {
+      replicas[k] = static_cast<int>(by_type[k].size()) / pp;
+      total += replicas[k];
+    }
+    if (total < dp) return;
+    // Drop whole replicas of the slowest groups until dp remain.
+    for (int excess = total - dp; excess > 0; --excess) {
+      int worst = -1;
+      double worst_speed = kInf;
+      for (size_t k = 0; k < by_type.size(); ++k) {
+        if (replicas[k] == 0) continue;
+        const double speed = groups_[by_type[k][replicas[k] * pp - 1]].speed_proxy;
+        if (speed < worst_speed) {
+          worst_speed = speed;
+          worst = static_cast<int>(k);
+        }
+      }
+      --replicas[worst];
+    }
+    for (size_t k = 0; k < by_type.size(); ++k) {
+      chosen.insert(chosen.end(), by_type[k].begin(), by_type[k].begin() + replicas[k] * pp);
+    }
+  }
+  {
+    Placement pl;
+    pl.group.resize(used);
+    for (int r = 0; r < dp; ++r) {
+      std::vector<int> members(chosen.begin() + r * pp, chosen.begin() + (r + 1) * pp);
+      std::sort(members.begin(), members.end());  // node order inside a replica
+      for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = members[p];
+    }
+    finish(pl);
+  }
+  // Spread: every replica gets the same mix, stage p from the p-th speed tier.
+  bool uniform = true;
+  for (int i = 1; i < used; ++i) {
+    uniform = uniform && std::abs(groups_[chosen[i]].speed_proxy / groups_[chosen[0]].speed_proxy -
+                                  1.0) < 1e-9;
+  }
+  if (!uniform && dp > 1 && pp > 1 && space_.mixed_types_in_pipeline) {
+    Placement pl;
+    pl.group.resize(used);
+    for (int r = 0; r < dp; ++r) {
+      for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = chosen[p * dp + r];
+    }
+    finish(pl);
+  }
+}
+
+void Search::add_shapes(int placement_index, int tp) {
+  const Placement& pl = placements_[placement_index];
+  const int dp = pl.dp, pp = pl.pp;
+  const int layers = model_.layers;
+
+  std::vector<bool> sps = space_.sp;
+  if (sps.empty()) sps = {false, true};
+  std::vector<Recompute> rcs = space_.recompute;
+  if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  std::vector<int> zeros = space_.zero;
+  if (zeros.empty()) zeros = {0, 1, 2, 3};
+  std::vector<Schedule> schedules = space_.schedule;
+  if (schedules.empty()) schedules = {Schedule::k1F1B, Schedule::kInterleaved};
+  // GPipe runs as fast as 1F1B in the cost model and never needs less memory.
+  const bool has_1f1b =
+      std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
+
+  // GPU types present, and distinct NVLink speeds (tp collectives differ only by those).
+  bool type_used[8] = {};
+  std::vector<double> link_speed;
+  std::vector<int> link_node, slot_link(static_cast<size_t>(dp) * pp);
+  for (int slot = 0; slot < dp * pp; ++slot) {
+    type_used[pl.type[slot]] = true;
+    const int node = pl.node[slot];
+    const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
+    size_t i = 0;
+    while (i < link_speed.size() && link_speed[i] != speed) ++i;
+    if (i == link_speed.size()) {
+      link_speed.push_back(speed);
+      link_node.push_back(node);
+    }
+    slot_link[slot] = static_cast<int>(i);
+  }
+  std::vector<double> link_tp_s(link_speed.size());
+
+  for (bool sp : sps) {
+    if (sp && (tp == 1 || model_.seq_len % tp != 0)) continue;
+    if (!sp && tp > 1 && space_.sp.empty() && model_.seq_len % tp == 0) {
+      continue;  // sequence parallelism: less memory and less element-wise time, same traffic
+    }
+    for (Schedule sched : schedules) {
+      if (sched == Schedule::kGPipe && has_1f1b) continue;
+      std::vector<int> vs = {1};
+      if (sched == Schedule::kInterleaved) {
+        if (pp < 2) continue;
+        vs.clear();
+        if (!space_.virtual_stages.empty()) {
+          for (int v : space_.virtual_stages) {
+            if (v >= 2 && pp * v <= layers) vs.push_back(v);
+          }
+        } else {
+          for (int v = 2; v <= kDefaultMaxVirtualStages && pp * v <= layers; ++v) vs.push_back(v);
+        }
+      }
+      for (int v : vs) {
+        const int unit = sched == Schedule::kInterleaved ? pp : 1;
+        for (int zero : zeros) {
+          if (zero >= 2 && pp > 1) continue;
+          if (zero > 0 && dp == 1 && space_.zero.empty()) continue;  // nothing to shard
+          for (Recompute rc : rcs) {
+            // Microbatch sizes: listed, or every divisor of the largest batch in play.
+            std::vector<int> mbs = space_.microbatch_size;
+            if (mbs.empty()) {
+              const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
+              for (int mb = 1; mb * dp * unit <= b; ++mb) {
+                if (space_.global_batch_max > 0 || b % mb == 0) mbs.push_back(mb);
+                if (space_.global_batch_max > 0 && mb >= 64) break;
+              }
+            }
+            for (int mb : mbs) {
+              for (int batch : global_batches(dp, mb, unit)) {
+                // Bound: no stage can beat L / sum(1/beta) per microbatch and replica; the
+                // pipeline adds at least (sum - max) / v (see docs/planner.md).
+                const int total = batch / mb;
+                double block_s[8];
+                for (size_t k = 0; k < topo_.types.size() && k < 8; ++k) {
+                  block_s[k] =
+                      type_used[k] ? block_costs(static_cast<int>(k), tp, mb, sp, rc).block_s : 0;
+                }
+                for (size_t n = 0; n < link_speed.size(); ++n) {
+                  link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, mb, rc);
+                }
+                double sum_rate = 0, weighted = 0;
+                for (int r = 0; r < dp; ++r) {
+                  double rate = 0, beta_min = kInf;
+                  for (int p = 0; p < pp; ++p) {
+                    const int slot = r * pp + p;
+                    const double beta =
+                        block_s[pl.type[slot]] * pl.slow[slot] + link_tp_s[slot_link[slot]];
+                    rate += 1.0 / beta;
+                    beta_min = std::min(beta_min, beta);
+                  }
+                  sum_rate += rate;
+                  weighted += layers * beta_min / v * rate;
+                }
+                const double bound_s =
+                    (layers * (total - static_cast<double>(dp) / v) + weighted) / sum_rate;
+                Shape shape;
+                shape.upper_tokens_per_s = static_cast<double>(batch) * model_.seq_len / bound_s;
+                shape.placement = placement_index;
+                shape.tp = tp;
+                shape.sp = sp;
+                shape.schedule = sched;
+                shape.v = v;
+                shape.recompute = rc;
+                shape.zero = zero;
+                shape.mb = mb;
+                shape.global_batch = batch;
+                shapes_.push_back(shape);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+double Search::kth_best() const { return kth_; }
+
+void Search::consider(const Strategy& s, const CostBreakdown& b) {
+  if (!b.feasible || !b.fits_in_memory) return;
+  const Family f{s.tp, s.pp, s.dp, s.sp, s.schedule, s.virtual_stages, s.recompute};
+  auto it = best_.find(f);
+  if (it == best_.end()) {
+    best_.emplace(f, Candidate{s, b, 0, 0});
+  } else if (b.tokens_per_s > it->second.cost.tokens_per_s) {
+    it->second = Candidate{s, b, 0, 0};
+  } else {
+    return;
+  }
+  top_.clear();
+  for (const auto& [key, cand] : best_) top_.push_back(cand.cost.tokens_per_s);
+  if (static_cast<int>(top_.size()) >= req_.top_k) {
+    std::nth_element(top_.begin(), top_.begin() + (req_.top_k - 1), top_.end(),
+                     std::greater<double>());
+    kth_ = top_[req_.top_k - 1];
+  }
+}
+
+void Search::evaluate_shape(const Shape& shape) {
+  const Placement& pl = placements_[shape.placement];
+  const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
+  const int layers = model_.layers;
+  const auto fit_key = std::make_tuple(shape.placement, tp, shape.sp, shape.schedule, v,
+                                       shape.recompute, shape.zero);
+  if (auto it = no_fit_mb_.find(fit_key); it != no_fit_mb_.end() && mb >= it->second) return;
+
+  Strategy s;
+  s.dp = dp;
+  s.tp = tp;
+  s.pp = pp;
+  s.sp = shape.sp;
+  s.microbatch_size = mb;
+  s.global_batch = shape.global_batch;
+  s.schedule = shape.schedule;
+  s.virtual_stages = v;
+  s.recompute = shape.recompute;
+  s.zero = shape.zero;
+  s.gpus = pl.gpus;
+  const int total = shape.global_batch / mb;
+  const int unit = shape.schedule == Schedule::kInterleaved ? pp : 1;
+  const bool even = total % (dp * unit) == 0;
+  if (!even) {
+    // Provisional shares (memory bound below uses the largest).
+    s.dp_shares.assign(dp, 0);
+    int left = total / unit;
+    for (int r = 0; r < dp; ++r) {
+      const int n = left / (dp - r);
+      s.dp_shares[r] = n * unit * mb;
+      left -= n;
+    }
+    std::sort(s.dp_shares.begin(), s.dp_shares.end(), std::greater<int>());
+  }
+
+  // Memory: per-GPU footprint is affine in the blocks a rank holds; find each rank's limit.
+  thread_local std::vector<RankCost> costs;
+  thread_local std::vector<int> counts;
+  costs.assign(static_cast<size_t>(dp) * pp, RankCost{});
+  counts.assign(pp, 0);
+  std::vector<int> max_blocks(pp, layers);
+  {
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 1);
+    std::vector<double> m1(pp), m2(pp);
+    for (int p = 0; p < pp; ++p) m1[p] = cost_.memory(s, 0, p).total_gib();
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
+    for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
+    for (int p = 0; p < pp; ++p) {
+      double capacity = kInf;
+      for (int r = 0; r < dp; ++r) {
+        capacity = std::min(capacity, topo_.types[pl.type[r * pp + p]].memory_gib);
+      }
+      const double per_block = (m2[p] - m1[p]) / v;
+      const double base = m1[p] - per_block * v;
+      const double room = per_block > 0 ? (capacity - base) / per_block : layers;
+      max_blocks[p] = room >= layers ? layers : static_cast<int>(std::floor(room + 1e-9));
+      if (max_blocks[p] < v) {
+        no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
+        return;
+      }
+    }
+  }
+
+  // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
+  const double p2p_bytes = static_cast<double>(mb) * model_.seq_len * model_.hidden * 2.0 / tp;
+  for (int r = 0; r < dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      const int slot = r * pp + p;
+      const double slow = pl.slow[slot];
+      const BlockCosts& bc = block_costs(pl.type[slot], tp, mb, shape.sp, shape.recompute);
+      RankCost& rc = costs[slot];
+      rc.per_block_s =
+          bc.block_s * slow + tp_comm_per_block_s(pl.node[slot], tp, mb, shape.recompute);
+      double fixed = 0;
+      if (p == 0) fixed += bc.embedding_s * slow;
+      if (p == pp - 1) fixed += bc.logits_s * slow;
+      const int gpu0 = pl.gpu0[slot];
+      for (int k = 0; k < v; ++k) {
+        const int chunk = k * pp + p;
+        if (chunk + 1 < pp * v) fixed += link_s(gpu0, pl.gpu0[r * pp + (p + 1) % pp], p2p_bytes);
+        if (chunk > 0) fixed += link_s(gpu0, pl.gpu0[r * pp + (p + pp - 1) % pp], p2p_bytes);
+      }
+      rc.fixed_s = fixed;
+      rc.max_blocks = max_blocks[p];
+    }
+  }
+
+  // Distinct replicas (identical rank costs), weighted by their microbatch counts.
+  std::vector<int> micro(dp, total / dp);
+  std::vector<RankCost> rows;
+  auto build_rows = [&]() {
+    rows.clear();
+    std::vector<std::pair<double, int>> seen;  // (weight, replica) kept
+    for (int r = 0; r < dp; ++r) {
+      bool duplicate = false;
+      for (const auto& [w, q] : seen) {
+        if (w != micro[r]) continue;
+        bool same = true;
+        for (int p = 0; p < pp && same; ++p) {
+          same = costs[r * pp + p].fixed_s == costs[q * pp + p].fixed_s &&
+                 costs[r * pp + p].per_block_s == costs[q * pp + p].per_block_s;
+        }
+        if (same) {
+          duplicate = true;
+          break;
+        }
+      }
+      if (duplicate) continue;
+      seen.emplace_back(micro[r], r);
+      for (int p = 0; p < pp; ++p) {
+        RankCost w = costs[r * pp + p];
+        w.fixed_s *= micro[r];
+        w.per_block_s *= micro[r];
+        rows.push_back(w);
+      }
+    }
+    return static_cast<int>(seen.size());
+  };
+  auto shares_from_partition = [&]() {
+    std::vector<double> per_mb(dp), fixed(dp);
+    for (int r = 0; r < dp; ++r) {
+      double max = 0, sum = 0;
+      for (int p = 0; p < pp; ++p) {
+        const RankCost& c = costs[r * pp + p];
+        const double t = c.fixed_s + c.per_block_s * counts[p];
+        max = std::max(max, t);
+        sum += t;
+      }
+      per_mb[r] = max;
+      fixed[r] = (sum - max) / v;
+    }
+    allocate_microbatches(per_mb.data(), fixed.data(), dp, total, unit, micro.data());
+  };
+
+  double bottleneck = 0;
+  for (int round = 0; round < 2; ++round) {
+    const int row_count = build_rows();
+    if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
+      no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
+      return;
+    }
+    const std::vector<int> before = micro;
+    shares_from_partition();
+    if (micro == before) break;
+  }
+
+  std::vector<int> per_rank(counts.begin(), counts.end());
+  s.stage_layers = chunk_layers(per_rank, v);
+  s.dp_shares.clear();
+  if (s.stage_layers == s.layers_per_chunk(layers)) s.stage_layers.clear();
+  bool uniform = true;
+  for (int r = 1; r < dp; ++r) uniform = uniform && micro[r] == micro[0];
+  if (!uniform) {
+    s.dp_shares.resize(dp);
+    for (int r = 0; r < dp; ++r) s.dp_shares[r] = micro[r] * mb;
+  }
+  if (uniform && !even) return;  // cannot happen: an uneven total has no uniform split
+  ++evaluated_;
+  const CostBreakdown b = cost_.evaluate(s, c_);
+  if (b.feasible && !b.fits_in_memory) {
+    no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
+  }
+  consider(s, b);
+}
+
+// Per-layer compression: among the methods whose error stays within the budget, the one that
+// sends the fewest bytes; then only as many layers (largest savings first) as make the
+// iteration faster. Lossless when compression does not pay.
+void Search::choose_compression(Candidate& cand) {
+  const GradientStats& g = req_.gradients;
+  if (!space_.compression || g.empty() || cand.strategy.dp <= 1) return;
+  const int layers = model_.layers;
+  const double grad_bytes = grad_bytes_per_param(model_);
+  const double params = static_cast<double>(model_.params_per_layer());
+  struct Choice {
+    Compression method;
+    double saved_bytes;
+    int layer;
+  };
+  std::vector<Choice> choices;
+  for (int l = 0; l < layers; ++l) {
+    Choice best{Compression{}, 0, l};
+    auto offer = [&](const Compression& m, double error, double bytes) {
+      if (error > g.error_budget) return;
+      const double saved = params * grad_bytes - bytes;
+      if (saved > best.saved_bytes) best = Choice{m, saved, l};
+    };
+    Compression fp16;
+    fp16.kind = Compression::Kind::kFP16;
+    offer(fp16, g.fp16_error, params * 2.0);
+    if (!g.topk_energy.empty()) {
+      Compression topk;
+      topk.kind = Compression::Kind::kTopK;
+      topk.topk_ratio = g.topk_ratio;
+      // All-gathered values and indices grow with dp: count what one rank receives.
+      offer(topk, 1.0 - g.topk_energy[l], params * g.topk_ratio * 6.0 * cand.strategy.dp / 2.0);
+    }
+    if (!g.lowrank_residual.empty()) {
+      Compression psgd;
+      psgd.kind = Compression::Kind::kPowerSGD;
+      psgd.powersgd_rank = g.powersgd_rank;
+      const double h = model_.hidden;
+      const double f = model_.ffn_hidden;
+      const double low_rank = 4.0 * (h + h) * g.powersgd_rank + 2.0 * (h + f) * g.powersgd_rank;
+      offer(psgd, g.lowrank_residual[l], std::min(params, low_rank) * grad_bytes);
+    }
+    if (best.saved_bytes > 0) choices.push_back(best);
+  }
+  if (choices.empty()) return;
+  std::stable_sort(choices.begin(), choices.end(),
+                   [](const Choice& a, const Choice& b) { return a.saved_bytes > b.saved_bytes; });
+
+  auto with_first = [&](size_t n) {
+    Strategy s = cand.strategy;
+    std::vector<Compression> per_layer(layers);
+    for (size_t i = 0; i < n; ++i) per_layer[choices[i].layer] = choices[i].method;
+    s.compression = Compression{};
+    s.compression_overrides.clear();
+    for (int l = 0; l < layers;) {
+      int e = l;
+      while (e + 1 < layers && per_layer[e + 1] == per_layer[l]) ++e;
+      if (per_layer[l].kind != Compression::Kind::kNone) {
+        s.compression_overrides.push_back(CompressionOverride{l, e, per_layer[l]});
+      }
+      l = e + 1;
+    }
+    // A single override covering every layer reads better as the default.
+    if (s.compression_overrides.size() == 1 && s.compression_overrides[0].first_layer == 0 &&
+        s.compression_overrides[0].last_layer == layers - 1) {
+      s.compression = s.compression_overrides[0].compression;
+      s.compression_overrides.clear();
+    }
+    return s;
+  };
+  const double base = cand.cost.iteration_time_s;
+  if (cand.cost.dp_comm_s <= 1e-3 * base) return;  // nothing exposed to save
+  Candidate best = cand;
+  const size_t n = choices.size();
+  for (size_t k : {n / 4, n / 2, (3 * n) / 4, n}) {
+    if (k == 0) continue;
+    Strategy s = with_first(k);
+    ++evaluated_;
+    const CostBreakdown b = cost_.evaluate(s, c_);
+    // Lossy only when it pays by more than 0.5%.
+    if (b.feasible && b.fits_in_memory &&
+        b.iteration_time_s < best.cost.iteration_time_s - 0.005 * base) {
+      best = Candidate{s, b, 0, 0};
+    }
+  }
+  cand = best;
+}
+
+PlanResult Search::run() {
+  const auto start = std::chrono::steady_clock::now();
+  const int gpus = topo_.num_gpus();
+  if (req_.top_k < 1) throw InputError("--top: must be >= 1, got " + std::to_string(req_.top_k));
+  auto check_size = [&](size_t size, int expected, const char* what) {
+    if (size != 0 && static_cast<int>(size) != expected) {
+      throw InputError(std::string("conditions: ") + what + " has " + std::to_string(size) +
+                       " entries but the cluster has " + std::to_string(expected));
+    }
+  };
+  check_size(c_.gpu_speed.size(), gpus, "gpu_speed");
+  check_size(c_.gpu_failed.size(), gpus, "failed_gpus");
+  check_size(c_.node_inter_bw.size(), topo_.num_nodes(), "node_inter_bw");
+  check_size(c_.node_intra_bw.size(), topo_.num_nodes(), "node_intra_bw");
+  for (double s : c_.gpu_speed) {
+    if (!(s > 0)) throw InputError("conditions: gpu_speed factors must be > 0");
+  }
+
+  PlanResult result;
+  if (req_.current) {
+    Candidate cur{*req_.current, cost_.evaluate(*req_.current, c_), 0, 0};
+    ++evaluated_;
+    result.current = cur;
+  }
+
+  int usable = 0;
+  for (int g = 0; g < gpus; ++g) usable += c_.failed(g) ? 0 : 1;
+  if (usable == 0) throw InputError("conditions: every GPU is marked failed");
+
+  int max_node = 1;
+  for (const auto& n : topo_.nodes) max_node = std::max(max_node, n.gpus);
+  std::vector<int> tps = space_.tp;
+  if (tps.empty()) {
+    for (int t = 1; t <= max_node; ++t) tps.push_back(t);
+  }
+  const int max_pp = space_.max_pp > 0 ? std::min(space_.max_pp, model_.layers) : model_.layers;
+
+  for (int tp : tps) {
+    if (!tp_legal(tp, model_)) continue;
+    make_groups(tp);
+    const int groups = static_cast<int>(groups_.size());
+    if (groups == 0) continue;
+    // Healthy group count: pipeline depths that divide it are the defaults.
+    int healthy = 0;
+    for (const auto& n : topo_.nodes) healthy += n.gpus / tp;
+    std::vector<int> pps = space_.pp;
+    if (pps.empty()) {
+      for (int pp = 1; pp <= max_pp; ++pp) {
+        if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
+      }
+    }
+    for (int pp : pps) {
+      if (pp > max_pp || pp > groups || pp > model_.layers) continue;
+      std::vector<int> dps = space_.dp;
+      if (dps.empty()) dps.push_back(groups / pp);
+      for (int dp : dps) {
+        if (dp < 1 || dp * pp > groups) continue;
+        const size_t first = placements_.size();
+        add_placements(tp, pp, dp);
+        for (size_t i = first; i < placements_.size(); ++i) add_shapes(static_cast<int>(i), tp);
+      }
+    }
+  }
+
+  // Best bound first; stop once no remaining layout can enter the top K.
+  std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {
+    return a.upper_tokens_per_s > b.upper_tokens_per_s;
+  });
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    if (shapes_[i].upper_tokens_per_s <= kth_best()) {
+      pruned_ += static_cast<long>(shapes_.size() - i);
+      break;
+    }
+    evaluate_shape(shapes_[i]);
+  }
+
+  std::vector<Candidate> ranked;
+  for (auto& [family, cand] : best_) ranked.push_back(cand);
+  auto by_throughput = [](const Candidate& a, const Candidate& b) {
+    return a.cost.tokens_per_s > b.cost.tokens_per_s;
+  };
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  // Compression can reorder the leaders: apply it to twice as many as returned.
+  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * req_.top_k));
+  ranked.resize(keep);
+  for (auto& cand : ranked) choose_compression(cand);
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  if (static_cast<int>(ranked.size()) > req_.top_k) ranked.resize(req_.top_k);
+  result.candidates = std::move(ranked);
+
+  result.evaluated = evaluated_;
+  result.pruned = pruned_;
+  result.search_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+// State of one GPU: per layer slot (embedding = -1, blocks 0..L-1, output = L), the fraction of
+// the layer's tensor-parallel width it holds, and the fraction of that shard's optimizer state.
+struct Holding {
+  int first_layer, last_layer;  // inclusive, in [-1, L]
+  double tp_lo, tp_hi;          // slice of the layer's parameters, in [0, 1)
+  double opt_lo, opt_hi;        // slice of the optimizer state it owns (ZeRO), in [0, 1)
+};
+
+void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count,
+                 std::vector<std::vector<Holding>>& out) {
+  out.assign(gpu_count, {});
+  const std::vector<int> chunks = s.layers_per_chunk(model.layers);
+  std::vector<int> first(chunks.size());
+  for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < s.pp; ++p) {
+      for (int t = 0; t < s.tp; ++t) {
+        const int gpu = s.gpu_of_rank(r, p, t);
+        const double lo = static_cast<double>(t) / s.tp, hi = static_cast<double>(t + 1) / s.tp;
+        const double olo = s.zero >= 1 ? static_cast<double>(r) / s.dp : 0.0;
+        const double ohi = s.zero >= 1 ? static_cast<double>(r + 1) / s.dp : 1.0;
+        for (int k = 0; k < s.virtual_stages; ++k) {
+          const int c = k * s.pp + p;
+          int a = first[c], b = first[c] + chunks[c] - 1;
+          if (c == 0) a = -1;
+          if (c == s.num_chunks() - 1) b = model.layers;
+          out[gpu].push_back(Holding{a, b, lo, hi, olo, ohi});
+        }
+      }
+    }
+  }
+}
+
+double overlap(double a0, double a1, double b0, double b1) {
+  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+}
+
+}  // namespace
+
+PlanResult Planner::plan(const PlanRequest& request) const {
+  PlanRequest resolved = request;
+  SearchSpace& space = resolved.space;
+  if (space.global_batch == 0 && space.global_batch_max == 0) {
+    space.global_batch =
+        request.current ? request.current->global_batch : default_global_batch(cluster_.num_gpus());
+  }
+  Search search(model_, cost_, probes_, resolved);
+  PlanResult result = search.run();
+  if (request.current) {
+    for (auto& cand : result.candidates) {
+      const Migration m = migration(*request.current, cand.strategy, request.conditions);
+      cand.migration_bytes = m.max_bytes;
+      cand.migration_s = m.time_s;
+    }
+  }
+  return result;
+}
+
+Migration Planner::migration(const Strategy& from, const Strategy& to, const Conditions& c) const {
+  const ClusterTopology& topo = cost_.topology();
+  const int gpus = topo.num_gpus();
+  std::vector<std::vector<Holding>> before, after;
+  holdings_of(from, model_, gpus, before);
+  holdings_of(to, model_, gpus, after);
+  const double weight_bytes = 2.0;
+  const double grad_bytes = grad_bytes_per_param(model_);
+  const double optimizer_bytes = 12.0;
+  auto layer_params = [&](int layer) {
+    if (layer < 0) return static_cast<double>(model_.embedding_params());
+    if (layer >= model_.layers) {
+      return model_.tied_embeddings ? static_cast<double>(model_.vocab) * model_.hidden
+                                    : static_cast<double>(model_.output_params());
+    }
+    return static_cast<double>(model_.params_per_layer());
+  };
+  // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
+  // of its ZeRO slice), optionally intersected with another holding.
+  auto bytes_of = [&](const Holding& h, const Holding* other) {
+    const int a = other ? std::max(h.first_layer, other->first_layer) : h.first_layer;
+    const int b = other ? std::min(h.last_layer, other->last_layer) : h.last_layer;
+    if (a > b) return 0.0;
+    double params = 0;
+    if (a < 0) params += layer_params(-1);
+    const int blocks = std::min(b, model_.layers - 1) - std::max(a, 0) + 1;
+    if (blocks > 0) params += blocks * static_cast<double>(model_.params_per_layer());
+    // A tied output layer on the embedding's own GPU is the same tensor.
+    if (b >= model_.layers && !(a < 0 && model_.tied_embeddings)) {
+      params += layer_params(model_.layers);
+    }
+    const double width =
+        other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
+    auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };
+    auto opt_hi = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_hi; };
+    const double opt_width = other ? overlap(opt_lo(h), opt_hi(h), opt_lo(*other), opt_hi(*other))
+                                   : opt_hi(h) - opt_lo(h);
+    return params * (width * (weight_bytes + grad_bytes) + opt_width * optimizer_bytes);
+  };
+  Migration m;
+  double slowest = 0;
+  for (int g = 0; g < gpus; ++g) {
+    double need = 0;
+    for (const Holding& h : after[g]) {
+      need += bytes_of(h, nullptr);
+      for (const Holding& old : before[g]) need -= bytes_of(h, &old);
+    }
+    need = std::max(0.0, need);
+    if (need <= 0) continue;
+    m.total_bytes += need;
+    m.max_bytes = std::max(m.max_bytes, need);
+    const int node = topo.node_of_gpu[g];
+    const double bw = topo.nodes[node].inter_GBps * c.inter(node) * 1e9 * topo.inter_efficiency;
+    slowest = std::max(slowest, need / bw);
+  }
+  if (m.total_bytes > 0 || !(from == to)) m.time_s = slowest + kSwitchPauseS;
+  return m;
+}
+
+}  // namespace parapilot

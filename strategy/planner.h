@@ -1,2 +1,82 @@
-// Planner: searches hybrid-parallel layouts (placeholder; see issue "Adaptive strategy generator").
+// Planner: given a model, a cluster and what the monitor currently believes about it (GPU
+// speeds, link bandwidths, failed GPUs, gradient statistics), returns a short, diverse list of
+// the fastest feasible hybrid-parallel layouts, each with its predicted cost and the cost of
+// migrating to it from the current layout. Algorithm and formats: docs/planner.md.
+//
+// A Planner is built once per (model, cluster) and is immutable afterwards: plan() is const,
+// keeps its scratch on the stack or in the call, and is safe to call concurrently from many
+// threads (the RL loop does). It is meant to run online, in milliseconds.
 #pragma once
+
+#include <optional>
+#include <vector>
+
+#include "strategy/cluster.h"
+#include "strategy/cost_model.h"
+#include "strategy/model.h"
+#include "strategy/space.h"
+#include "strategy/strategy.h"
+
+namespace parapilot {
+
+struct PlanRequest {
+  Conditions conditions;            // default: nominal cluster
+  GradientStats gradients;          // default: unknown (no compression chosen)
+  SearchSpace space;                // default: every legal layout
+  std::optional<Strategy> current;  // the running layout, when there is one (must be legal)
+  int top_k = 5;                    // how many diverse candidates to return (>= 1)
+};
+
+struct Candidate {
+  Strategy strategy;
+  CostBreakdown cost;
+  double migration_bytes = 0;  // largest amount of state one GPU must receive to switch
+  double migration_s = 0;      // estimated switch time (transfers + a fixed pause); 0 if same
+};
+
+struct PlanResult {
+  // Best first by predicted throughput (tokens/s); all feasible and fitting in memory; no two
+  // differ only in microbatch size, stage boundaries, shares or compression.
+  std::vector<Candidate> candidates;
+  std::optional<Candidate> current;  // the current layout under these conditions, when given
+  double search_ms = 0;              // wall time of the search
+  long evaluated = 0;                // layouts evaluated through the cost model
+  long pruned = 0;                   // layout families skipped by bounds before evaluation
+};
+
+// Per-GPU migration cost from one layout to another (see docs/planner.md): bytes of weights,
+// gradients and optimizer state each GPU must receive, over its real links, plus a fixed
+// pause for rebuilding communicators. Zero when the layouts hold the same state per GPU.
+struct Migration {
+  double max_bytes = 0;    // the most any one GPU receives
+  double total_bytes = 0;  // summed over GPUs
+  double time_s = 0;
+};
+
+class Planner {
+ public:
+  Planner(ModelSpec model, ClusterSpec cluster);
+
+  const CostModel& cost_model() const { return cost_; }
+
+  // Searches the space under request.conditions. Throws InputError when the request cannot be
+  // planned at all (e.g. top_k < 1, a failed GPU count leaving no usable GPU). An empty
+  // candidate list means no layout in the space fits in memory.
+  PlanResult plan(const PlanRequest& request) const;
+
+  // Migration cost between two legal layouts under conditions c.
+  Migration migration(const Strategy& from, const Strategy& to, const Conditions& c = {}) const;
+
+ private:
+  ModelSpec model_;
+  ClusterSpec cluster_;
+  CostModel cost_;
+  // One per GPU type present: a three-block copy of the model on a single node of that type,
+  // used to read per-block, embedding and logits times off the cost model.
+  std::vector<CostModel> probes_;
+};
+
+// Constant pause of a layout switch (communicator rebuild, barrier), in seconds.
+inline constexpr double kSwitchPauseS = 2.0;
+
+}  // namespace parapilot

@@ -1,0 +1,238 @@
+#include "strategy/partitioner.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+namespace parapilot {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int kBisectionSteps = 200;
+
+// Most blocks rank p can hold with its time <= t (over every row), capped at `limit`.
+int capacity(const RankCost* costs, int rows, int pp, int p, double t, int limit) {
+  int cap = limit;
+  for (int j = 0; j < rows; ++j) {
+    const RankCost& c = costs[j * pp + p];
+    cap = std::min(cap, c.max_blocks);
+    if (c.per_block_s <= 0) {
+      if (c.fixed_s > t) return -1;
+      continue;
+    }
+    const double room = (t - c.fixed_s) / c.per_block_s;
+    if (room < 0) return -1;
+    int n = room >= limit ? limit : static_cast<int>(std::floor(room));
+    // Floating-point guard: accept n + 1 when its time is exactly representable as <= t.
+    if (n < limit && c.fixed_s + c.per_block_s * (n + 1) <= t) ++n;
+    while (n >= 0 && c.fixed_s + c.per_block_s * n > t) --n;
+    cap = std::min(cap, n);
+  }
+  return cap;
+}
+
+double rank_time(const RankCost* costs, int rows, int pp, int p, int blocks) {
+  double t = 0;
+  for (int j = 0; j < rows; ++j) {
+    const RankCost& c = costs[j * pp + p];
+    t = std::max(t, c.fixed_s + c.per_block_s * blocks);
+  }
+  return t;
+}
+
+bool feasible(const RankCost* costs, int rows, int pp, int blocks, int min_blocks, double t) {
+  long total = 0;
+  for (int p = 0; p < pp; ++p) {
+    const int cap = capacity(costs, rows, pp, p, t, blocks);
+    if (cap < min_blocks) return false;
+    total += cap;
+  }
+  return total >= blocks;
+}
+
+}  // namespace
+
+bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int min_blocks, int* out,
+                      double* bottleneck_s) {
+  assert(rows >= 1 && pp >= 1 && min_blocks >= 1);
+  if (static_cast<long>(pp) * min_blocks > blocks) return false;
+  // Memory limits alone: every rank needs min_blocks and together they must hold all blocks.
+  long room = 0;
+  double lo = 0, hi = 0;
+  for (int p = 0; p < pp; ++p) {
+    int limit = blocks - (pp - 1) * min_blocks;
+    for (int j = 0; j < rows; ++j) limit = std::min(limit, costs[j * pp + p].max_blocks);
+    if (limit < min_blocks) return false;
+    room += limit;
+    lo = std::max(lo, rank_time(costs, rows, pp, p, min_blocks));
+    hi = std::max(hi, rank_time(costs, rows, pp, p, limit));
+  }
+  if (room < blocks) return false;
+
+  if (!feasible(costs, rows, pp, blocks, min_blocks, lo)) {
+    // Invariant: lo infeasible, hi feasible.
+    for (int step = 0; step < kBisectionSteps && hi - lo > 1e-15 * hi; ++step) {
+      const double mid = lo + (hi - lo) / 2;
+      if (mid <= lo || mid >= hi) break;
+      if (feasible(costs, rows, pp, blocks, min_blocks, mid))
+        hi = mid;
+      else
+        lo = mid;
+    }
+  } else {
+    hi = lo;
+  }
+
+  // Counts at hi, then give back the surplus from the slowest ranks first.
+  long total = 0;
+  for (int p = 0; p < pp; ++p) {
+    out[p] = capacity(costs, rows, pp, p, hi, blocks);
+    total += out[p];
+  }
+  for (long surplus = total - blocks; surplus > 0; --surplus) {
+    int worst = -1;
+    double worst_t = -kInf;
+    for (int p = 0; p < pp; ++p) {
+      if (out[p] <= min_blocks) continue;
+      const double t = rank_time(costs, rows, pp, p, out[p]);
+      if (t > worst_t) {
+        worst_t = t;
+        worst = p;
+      }
+    }
+    assert(worst >= 0);
+    --out[worst];
+  }
+  double bottleneck = 0;
+  for (int p = 0; p < pp; ++p) {
+    bottleneck = std::max(bottleneck, rank_time(costs, rows, pp, p, out[p]));
+  }
+  *bottleneck_s = bottleneck;
+  return true;
+}
+
+std::vector<int> chunk_layers(const std::vector<int>& blocks_per_rank, int virtual_stages) {
+  const int pp = static_cast<int>(blocks_per_rank.size());
+  std::vector<int> out(static_cast<size_t>(pp) * virtual_stages);
+  for (int p = 0; p < pp; ++p) {
+    const int base = blocks_per_rank[p] / virtual_stages;
+    const int extra = blocks_per_rank[p] % virtual_stages;
+    for (int k = 0; k < virtual_stages; ++k) out[k * pp + p] = base + (k < extra ? 1 : 0);
+  }
+  return out;
+}
+
+namespace {
+
+// Reachable prefix ends after each stage when every stage's time must be <= t. reach is
+// (stages + 1) x (layers + 1); returns whether `layers` is reachable after the last stage.
+bool chain_reach(const std::vector<double>& prefix, const std::vector<double>& factor,
+                 const std::vector<double>& fixed, const std::vector<int>& max_layers, double t,
+                 std::vector<char>& reach, std::vector<int>& diff) {
+  const int layers = static_cast<int>(prefix.size()) - 1;
+  const int stages = static_cast<int>(factor.size());
+  const int width = layers + 1;
+  std::fill(reach.begin(), reach.end(), 0);
+  reach[0] = 1;  // before stage 0, prefix 0
+  for (int s = 0; s < stages; ++s) {
+    std::fill(diff.begin(), diff.end(), 0);
+    const char* prev = &reach[static_cast<size_t>(s) * width];
+    int end = 0;  // furthest end reachable from start a (non-decreasing in a)
+    for (int a = 0; a < layers; ++a) {
+      if (!prev[a]) continue;
+      end = std::max(end, a);
+      while (end < layers && end + 1 - a <= max_layers[s] &&
+             fixed[s] + factor[s] * (prefix[end + 1] - prefix[a]) <= t) {
+        ++end;
+      }
+      if (end > a) {
+        diff[a + 1] += 1;
+        diff[end + 1] -= 1;
+      }
+    }
+    char* next = &reach[static_cast<size_t>(s + 1) * width];
+    int running = 0;
+    for (int e = 0; e <= layers; ++e) {
+      running += diff[e];
+      next[e] = running > 0;
+    }
+  }
+  return reach[static_cast<size_t>(stages) * width + layers] != 0;
+}
+
+}  // namespace
+
+bool partition_chain(const std::vector<double>& layer_cost_s,
+                     const std::vector<double>& stage_factor,
+                     const std::vector<double>& stage_fixed_s, const std::vector<int>& max_layers,
+                     std::vector<int>& layers_per_stage, double* bottleneck_s) {
+  const int layers = static_cast<int>(layer_cost_s.size());
+  const int stages = static_cast<int>(stage_factor.size());
+  assert(stage_fixed_s.size() == stage_factor.size() && max_layers.size() == stage_factor.size());
+  if (stages < 1 || stages > layers) return false;
+  std::vector<double> prefix(layers + 1, 0.0);
+  for (int l = 0; l < layers; ++l) prefix[l + 1] = prefix[l] + layer_cost_s[l];
+  std::vector<char> reach(static_cast<size_t>(stages + 1) * (layers + 1));
+  std::vector<int> diff(layers + 2);
+
+  double lo = 0, hi = 0;
+  for (int s = 0; s < stages; ++s) {
+    hi = std::max(hi, stage_fixed_s[s] + stage_factor[s] * prefix[layers]);
+  }
+  if (!chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, hi, reach, diff)) return false;
+  for (int step = 0; step < kBisectionSteps && hi - lo > 1e-15 * hi; ++step) {
+    const double mid = lo + (hi - lo) / 2;
+    if (mid <= lo || mid >= hi) break;
+    if (chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, mid, reach, diff))
+      hi = mid;
+    else
+      lo = mid;
+  }
+  chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, hi, reach, diff);
+
+  // Walk back from the last stage, choosing any reachable start that keeps the stage <= hi.
+  layers_per_stage.assign(stages, 0);
+  const int width = layers + 1;
+  int end = layers;
+  double bottleneck = 0;
+  for (int s = stages - 1; s >= 0; --s) {
+    const char* prev = &reach[static_cast<size_t>(s) * width];
+    int start = -1;
+    for (int a = end - 1; a >= 0 && end - a <= max_layers[s]; --a) {
+      const double t = stage_fixed_s[s] + stage_factor[s] * (prefix[end] - prefix[a]);
+      if (t > hi) break;
+      if (prev[a]) {
+        start = a;
+        break;
+      }
+    }
+    assert(start >= 0);
+    layers_per_stage[s] = end - start;
+    bottleneck =
+        std::max(bottleneck, stage_fixed_s[s] + stage_factor[s] * (prefix[end] - prefix[start]));
+    end = start;
+  }
+  *bottleneck_s = bottleneck;
+  return true;
+}
+
+void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
+                           int total, int unit, int* out) {
+  assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
+  thread_local std::vector<RankCost> costs;
+  costs.resize(replicas);
+  for (int r = 0; r < replicas; ++r) {
+    costs[r].fixed_s = fixed_s ? fixed_s[r] : 0.0;
+    costs[r].per_block_s = per_microbatch_s[r] * unit;
+    costs[r].max_blocks = INT_MAX;
+  }
+  double bottleneck = 0;
+  const bool ok = partition_blocks(costs.data(), 1, replicas, total / unit, 1, out, &bottleneck);
+  assert(ok);
+  (void)ok;
+  for (int r = 0; r < replicas; ++r) out[r] *= unit;
+}
+
+}  // namespace parapilot
