@@ -92,7 +92,8 @@ class Server {
   virtual ~Server() = default;
   /// Listening port (TCP); 0 for in-process servers.
   virtual std::uint16_t port() const = 0;
-  /// Queues `m` to one peer. False if the peer is unknown/gone or `m` is invalid.
+  /// Queues `m` to one peer. False if the peer is unknown/gone, `m` is invalid, or `m` is a
+  /// handshake message or heartbeat (is_internal_type()).
   virtual bool send(PeerId peer, const Message& m) = 0;
   /// Queues `m` to every authenticated peer; returns how many.
   virtual std::size_t broadcast(const Message& m) = 0;
@@ -149,7 +150,8 @@ struct ClientStats {
 class Client {
  public:
   virtual ~Client() = default;
-  /// Queues `m` for the server. False if `m` is invalid (see validate()) or the client stopped.
+  /// Queues `m` for the server. False if `m` is invalid (see validate()), internal
+  /// (is_internal_type()) or the client stopped.
   /// Never blocks on the network; telemetry may later be evicted by newer telemetry.
   virtual bool send(const Message& m) = 0;
   /// True between on_connect and on_disconnect.

@@ -70,11 +70,7 @@ Result<Message> through_wire(const Message& m) {
       std::span(reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()));
 }
 
-bool is_handshake(const Message& m) {
-  const auto t = type_of(m);
-  return t == MessageType::hello || t == MessageType::challenge || t == MessageType::auth ||
-         t == MessageType::welcome || t == MessageType::heartbeat;
-}
+bool is_handshake(const Message& m) { return is_internal_type(type_of(m)); }
 
 }  // namespace
 

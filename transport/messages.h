@@ -198,6 +198,13 @@ constexpr bool is_known_type(std::uint8_t t) {
   return t >= kMinMessageType && t <= kMaxMessageType;
 }
 
+/// True for the messages the transport sends on its own (handshake and heartbeat); Server and
+/// Client refuse to send them on behalf of users.
+constexpr bool is_internal_type(MessageType t) {
+  return t == MessageType::hello || t == MessageType::challenge || t == MessageType::auth ||
+         t == MessageType::welcome || t == MessageType::heartbeat;
+}
+
 /// Checks value ranges (see field comments). Returns an empty string when valid, otherwise the
 /// first violation, e.g. "telemetry.compute_ms is NaN".
 std::string validate(const Message& m);

@@ -50,7 +50,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   }
 
   bool send(const Message& m) {
-    if (stopped_.load(std::memory_order_acquire)) return false;
+    if (stopped_.load(std::memory_order_acquire) || is_internal_type(type_of(m))) return false;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
       log(LogLevel::warn, "not sending: " + frame.error());

@@ -114,6 +114,7 @@ class TcpServer final : public Server {
   std::uint16_t port() const override { return port_; }
 
   bool send(PeerId peer, const Message& m) override {
+    if (is_internal_type(type_of(m))) return false;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
       log(LogLevel::warn, "not sending to peer " + std::to_string(peer) + ": " + frame.error());
@@ -132,6 +133,7 @@ class TcpServer final : public Server {
   }
 
   std::size_t broadcast(const Message& m) override {
+    if (is_internal_type(type_of(m))) return 0;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
       log(LogLevel::warn, "not broadcasting: " + frame.error());

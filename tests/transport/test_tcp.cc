@@ -201,6 +201,9 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
   CHECK_FALSE(client->send(bad));
   CHECK_FALSE(server->send(peer.id, bad));
   CHECK_FALSE(server->send(peer.id + 1000, PlanCommit{1, 1}));
+  CHECK_FALSE(client->send(Heartbeat{1, 1}));  // internal messages are the transport's own
+  CHECK_FALSE(server->send(peer.id, Welcome{1, 1, 4096}));
+  CHECK(server->broadcast(Auth{}) == 0);
   client->stop();
   REQUIRE(wait_until([&] { return sl.disconnect_reason(peer.id).has_value(); }));
   CHECK_FALSE(log.contains(kTestSecret));
