@@ -81,6 +81,20 @@ struct Shape {
   int global_batch;
 };
 
+// Blocks per chunk of the balanced layout, as the cost model resolves an empty stage list:
+// as even as possible, the remainder on the middle chunks (the ends carry embedding and logits).
+std::vector<int> balanced_chunks(int layers, int chunks) {
+  std::vector<int> out(chunks, layers / chunks);
+  const int remainder = layers % chunks;
+  const int first_extra = (chunks - remainder) / 2;
+  for (int c = first_extra; c < first_extra + remainder; ++c) out[c] += 1;
+  return out;
+}
+
+std::vector<int> resolved_chunks(const Strategy& s, int layers) {
+  return s.stage_layers.empty() ? balanced_chunks(layers, s.num_chunks()) : s.stage_layers;
+}
+
 bool tp_legal(int tp, const ModelSpec& model) {
   return model.heads % tp == 0 && (model.kv_heads % tp == 0 || tp % model.kv_heads == 0);
 }
@@ -652,9 +666,9 @@ void Search::evaluate_shape(const Shape& shape) {
   }
 
   std::vector<int> per_rank(counts.begin(), counts.end());
-  s.stage_layers = chunk_layers(per_rank, v);
   s.dp_shares.clear();
-  if (s.stage_layers == s.layers_per_chunk(layers)) s.stage_layers.clear();
+  s.stage_layers = chunk_layers(per_rank, v);
+  if (s.stage_layers == balanced_chunks(layers, pp * v)) s.stage_layers.clear();
   bool uniform = true;
   for (int r = 1; r < dp; ++r) uniform = uniform && micro[r] == micro[0];
   if (!uniform) {
@@ -865,7 +879,7 @@ struct Holding {
 void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count,
                  std::vector<std::vector<Holding>>& out) {
   out.assign(gpu_count, {});
-  const std::vector<int> chunks = s.layers_per_chunk(model.layers);
+  const std::vector<int> chunks = resolved_chunks(s, model.layers);
   std::vector<int> first(chunks.size());
   for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
   for (int r = 0; r < s.dp; ++r) {
