@@ -70,10 +70,16 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
     hi = std::max(hi, rank_time(costs, rows, pp, p, limit));
   }
   if (room < blocks) return false;
+  double min_step = kInf;  // smallest time of one block anywhere
+  for (int i = 0; i < rows * pp; ++i) {
+    if (costs[i].per_block_s > 0) min_step = std::min(min_step, costs[i].per_block_s);
+  }
 
   if (!feasible(costs, rows, pp, blocks, min_blocks, lo)) {
-    // Invariant: lo infeasible, hi feasible.
-    for (int step = 0; step < kBisectionSteps && hi - lo > 1e-15 * hi; ++step) {
+    // Invariant: lo infeasible, hi feasible. Once hi is within half a block of the optimum,
+    // each rank holds at most one block more than at the optimum and the trim below is exact.
+    for (int step = 0;
+         step < kBisectionSteps && hi - lo > 1e-15 * hi && !(hi - lo < 0.5 * min_step); ++step) {
       const double mid = lo + (hi - lo) / 2;
       if (mid <= lo || mid >= hi) break;
       if (feasible(costs, rows, pp, blocks, min_blocks, mid))
@@ -91,19 +97,26 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
     out[p] = capacity(costs, rows, pp, p, hi, blocks);
     total += out[p];
   }
-  for (long surplus = total - blocks; surplus > 0; --surplus) {
-    int worst = -1;
-    double worst_t = -kInf;
+  // Removing a block from the slowest rank that can spare one keeps the result optimal: the
+  // counts always dominate some optimal allocation (exchange argument, docs/planner.md).
+  if (total > blocks) {
+    thread_local std::vector<std::pair<double, int>> heap;
+    heap.clear();
     for (int p = 0; p < pp; ++p) {
-      if (out[p] <= min_blocks) continue;
-      const double t = rank_time(costs, rows, pp, p, out[p]);
-      if (t > worst_t) {
-        worst_t = t;
-        worst = p;
+      if (out[p] > min_blocks) heap.emplace_back(rank_time(costs, rows, pp, p, out[p]), -p);
+    }
+    std::make_heap(heap.begin(), heap.end());
+    for (long surplus = total - blocks; surplus > 0; --surplus) {
+      assert(!heap.empty());
+      std::pop_heap(heap.begin(), heap.end());
+      const int p = -heap.back().second;
+      heap.pop_back();
+      --out[p];
+      if (out[p] > min_blocks) {
+        heap.emplace_back(rank_time(costs, rows, pp, p, out[p]), -p);
+        std::push_heap(heap.begin(), heap.end());
       }
     }
-    assert(worst >= 0);
-    --out[worst];
   }
   double bottleneck = 0;
   for (int p = 0; p < pp; ++p) {

@@ -54,6 +54,11 @@ struct Placement {
   // Per slot r * pp + p: the group's node, GPU type, slowness and first GPU.
   std::vector<int> node, type, gpu0;
   std::vector<double> slow;
+  // Point-to-point link of each slot to its pipeline successor and predecessor (cyclic, for
+  // interleaving): latency and seconds per byte.
+  std::vector<double> next_latency_s, next_s_per_byte, prev_latency_s, prev_s_per_byte;
+  // Distinct NVLink speeds among the slots (tp collectives differ only by those).
+  std::vector<int> slot_link, link_node;
   std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
 };
 
@@ -305,6 +310,26 @@ void Search::add_placements(int tp, int pp, int dp) {
       pl.slow.push_back(g.slow);
       pl.gpu0.push_back(flat_gpus_[g.first]);
     }
+    std::vector<double> link_speed;
+    for (int slot = 0; slot < used; ++slot) {
+      const int r = slot / pp, p = slot % pp;
+      const int next = pl.gpu0[r * pp + (p + 1) % pp], prev = pl.gpu0[r * pp + (p + pp - 1) % pp];
+      const double base = link_s(pl.gpu0[slot], next, 0.0);
+      pl.next_latency_s.push_back(base);
+      pl.next_s_per_byte.push_back(link_s(pl.gpu0[slot], next, 1.0) - base);
+      const double base_prev = link_s(pl.gpu0[slot], prev, 0.0);
+      pl.prev_latency_s.push_back(base_prev);
+      pl.prev_s_per_byte.push_back(link_s(pl.gpu0[slot], prev, 1.0) - base_prev);
+      const int node = pl.node[slot];
+      const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
+      size_t i = 0;
+      while (i < link_speed.size() && link_speed[i] != speed) ++i;
+      if (i == link_speed.size()) {
+        link_speed.push_back(speed);
+        pl.link_node.push_back(node);
+      }
+      pl.slot_link.push_back(static_cast<int>(i));
+    }
     bool identity = used * tp == topo_.num_gpus();
     for (int r = 0; r < dp; ++r) {
       for (int p = 0; p < pp; ++p) {
@@ -396,23 +421,11 @@ void Search::add_shapes(int placement_index, int tp) {
   const bool has_1f1b =
       std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
 
-  // GPU types present, and distinct NVLink speeds (tp collectives differ only by those).
   bool type_used[8] = {};
-  std::vector<double> link_speed;
-  std::vector<int> link_node, slot_link(static_cast<size_t>(dp) * pp);
-  for (int slot = 0; slot < dp * pp; ++slot) {
-    type_used[pl.type[slot]] = true;
-    const int node = pl.node[slot];
-    const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
-    size_t i = 0;
-    while (i < link_speed.size() && link_speed[i] != speed) ++i;
-    if (i == link_speed.size()) {
-      link_speed.push_back(speed);
-      link_node.push_back(node);
-    }
-    slot_link[slot] = static_cast<int>(i);
-  }
-  std::vector<double> link_tp_s(link_speed.size());
+  for (int slot = 0; slot < dp * pp; ++slot) type_used[pl.type[slot]] = true;
+  const std::vector<int>& slot_link = pl.slot_link;
+  const std::vector<int>& link_node = pl.link_node;
+  std::vector<double> link_tp_s(link_node.size());
 
   for (bool sp : sps) {
     if (sp && (tp == 1 || model_.seq_len % tp != 0)) continue;
@@ -458,7 +471,7 @@ void Search::add_shapes(int placement_index, int tp) {
                   block_s[k] =
                       type_used[k] ? block_costs(static_cast<int>(k), tp, mb, sp, rc).block_s : 0;
                 }
-                for (size_t n = 0; n < link_speed.size(); ++n) {
+                for (size_t n = 0; n < link_node.size(); ++n) {
                   link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, mb, rc);
                 }
                 double sum_rate = 0, weighted = 0;
@@ -584,23 +597,32 @@ void Search::evaluate_shape(const Shape& shape) {
 
   // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
   const double p2p_bytes = static_cast<double>(mb) * model_.seq_len * model_.hidden * 2.0 / tp;
+  const BlockCosts* type_costs[8] = {};
+  for (int slot = 0; slot < dp * pp; ++slot) {
+    if (!type_costs[pl.type[slot]]) {
+      type_costs[pl.type[slot]] = &block_costs(pl.type[slot], tp, mb, shape.sp, shape.recompute);
+    }
+  }
+  thread_local std::vector<double> link_tp_s;
+  link_tp_s.resize(pl.link_node.size());
+  for (size_t n = 0; n < pl.link_node.size(); ++n) {
+    link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, mb, shape.recompute);
+  }
   for (int r = 0; r < dp; ++r) {
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
-      const BlockCosts& bc = block_costs(pl.type[slot], tp, mb, shape.sp, shape.recompute);
+      const BlockCosts& bc = *type_costs[pl.type[slot]];
       RankCost& rc = costs[slot];
-      rc.per_block_s =
-          bc.block_s * slow + tp_comm_per_block_s(pl.node[slot], tp, mb, shape.recompute);
+      rc.per_block_s = bc.block_s * slow + link_tp_s[pl.slot_link[slot]];
       double fixed = 0;
       if (p == 0) fixed += bc.embedding_s * slow;
       if (p == pp - 1) fixed += bc.logits_s * slow;
-      const int gpu0 = pl.gpu0[slot];
-      for (int k = 0; k < v; ++k) {
-        const int chunk = k * pp + p;
-        if (chunk + 1 < pp * v) fixed += link_s(gpu0, pl.gpu0[r * pp + (p + 1) % pp], p2p_bytes);
-        if (chunk > 0) fixed += link_s(gpu0, pl.gpu0[r * pp + (p + pp - 1) % pp], p2p_bytes);
-      }
+      // Each chunk sends to the next chunk and (backward) to the previous one.
+      const int sends_next = p == pp - 1 ? v - 1 : v;
+      const int sends_prev = p == 0 ? v - 1 : v;
+      fixed += sends_next * (pl.next_latency_s[slot] + p2p_bytes * pl.next_s_per_byte[slot]);
+      fixed += sends_prev * (pl.prev_latency_s[slot] + p2p_bytes * pl.prev_s_per_byte[slot]);
       rc.fixed_s = fixed;
       rc.max_blocks = max_blocks[p];
     }
