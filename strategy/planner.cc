@@ -66,9 +66,8 @@ struct Family {
   int tp, pp, dp;
   bool sp;
   Schedule schedule;
-  int v;
   Recompute recompute;
-  auto key() const { return std::tie(tp, pp, dp, sp, schedule, v, recompute); }
+  auto key() const { return std::tie(tp, pp, dp, sp, schedule, recompute); }
   bool operator<(const Family& o) const { return key() < o.key(); }
 };
 
@@ -514,7 +513,7 @@ double Search::kth_best() const { return kth_; }
 
 void Search::consider(const Strategy& s, const CostBreakdown& b) {
   if (!b.feasible || !b.fits_in_memory) return;
-  const Family f{s.tp, s.pp, s.dp, s.sp, s.schedule, s.virtual_stages, s.recompute};
+  const Family f{s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute};
   auto it = best_.find(f);
   if (it == best_.end()) {
     best_.emplace(f, Candidate{s, b, 0, 0});

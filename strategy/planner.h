@@ -35,8 +35,9 @@ struct Candidate {
 };
 
 struct PlanResult {
-  // Best first by predicted throughput (tokens/s); all feasible and fitting in memory; no two
-  // differ only in microbatch size, stage boundaries, shares or compression.
+  // Best first by predicted throughput (tokens/s); all feasible and fitting in memory. Diverse:
+  // no two share (tp, pp, dp, sp, schedule, recompute), i.e. they differ in more than
+  // microbatch size, virtual stages, ZeRO stage, stage boundaries, shares or compression.
   std::vector<Candidate> candidates;
   std::optional<Candidate> current;  // the current layout under these conditions, when given
   double search_ms = 0;              // wall time of the search

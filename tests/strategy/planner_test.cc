@@ -307,7 +307,7 @@ TEST_CASE("planner: candidates are feasible, ranked and diverse; the current lay
   REQUIRE(r.current.has_value());
   CHECK(r.current->strategy == current);
   CHECK(r.evaluated > 0);
-  std::set<std::tuple<int, int, int, bool, Schedule, int, Recompute>> families;
+  std::set<std::tuple<int, int, int, bool, Schedule, Recompute>> families;
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const Candidate& c = r.candidates[i];
     CHECK_FALSE(find_problem(c.strategy, model, cluster).has_value());
@@ -316,7 +316,7 @@ TEST_CASE("planner: candidates are feasible, ranked and diverse; the current lay
     CHECK(c.strategy.global_batch == 256);  // the current layout's batch
     if (i > 0) CHECK(c.cost.tokens_per_s <= r.candidates[i - 1].cost.tokens_per_s);
     const auto& s = c.strategy;
-    CHECK(families.insert({s.tp, s.pp, s.dp, s.sp, s.schedule, s.virtual_stages, s.recompute})
+    CHECK(families.insert({s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute})
               .second);
     if (!(c.strategy == current)) CHECK(c.migration_s >= kSwitchPauseS);
   }
