@@ -8,6 +8,7 @@ namespace parapilot::cli {
 
 void add_simulate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_trace_command(CLI::App& app);
 
 }  // namespace parapilot::cli

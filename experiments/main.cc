@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "parapilot 0.1.0");
   parapilot::cli::add_simulate_command(app);
   parapilot::cli::add_plan_command(app);
+  parapilot::cli::add_eval_command(app);
   parapilot::cli::add_trace_command(app);
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

@@ -1,0 +1,67 @@
+#include "agent/evaluate.h"
+
+#include <cmath>
+
+#include "strategy/error.h"
+
+namespace parapilot::agent {
+
+EpisodeStats run_episode(env::Env& env, Policy& policy, uint64_t seed) {
+  EpisodeStats stats;
+  policy.begin_episode();
+  env::Observation obs = env.reset(seed, policy.reset_options());
+  double reward_sum = 0;
+  int steps = 0;
+  while (true) {
+    const env::StepResult r = env.step(policy.act(obs));
+    stats.tokens += r.info.tokens;
+    stats.tokens_per_s_by_interval.push_back(r.info.tokens_per_s);
+    stats.migrations += r.info.migration_committed;
+    stats.restarts += r.info.restarted;
+    reward_sum += r.reward;
+    ++steps;
+    obs = r.observation;
+    if (r.terminated || r.truncated) break;
+  }
+  stats.throughput_tokens_per_s = stats.tokens / (steps * env.interval_s());
+  stats.mean_reward = reward_sum / steps;
+  return stats;
+}
+
+EpisodeStats run_oracle(env::Env& env, uint64_t seed) {
+  env.reset(seed);
+  const auto oracle = env.oracle();
+  if (!oracle) throw InputError("env " + env.id() + " has no hindsight oracle");
+  EpisodeStats stats;
+  for (double tokens : oracle->tokens_per_interval) {
+    stats.tokens += tokens;
+    stats.tokens_per_s_by_interval.push_back(tokens / env.interval_s());
+  }
+  stats.migrations = oracle->migrations;
+  stats.throughput_tokens_per_s =
+      stats.tokens / (static_cast<double>(oracle->tokens_per_interval.size()) * env.interval_s());
+  return stats;
+}
+
+Interval mean_interval(const std::vector<double>& values) {
+  Interval out;
+  const size_t n = values.size();
+  if (n == 0) return out;
+  for (double v : values) out.mean += v;
+  out.mean /= static_cast<double>(n);
+  if (n < 2) return out;
+  double var = 0;
+  for (double v : values) var += (v - out.mean) * (v - out.mean);
+  var /= static_cast<double>(n - 1);
+  // Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom, then normal.
+  static const double t975[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262,
+                                2.228,  2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101,
+                                2.093,  2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052,
+                                2.048,  2.045, 2.042};
+  const size_t dof = n - 1;
+  const double t = dof <= 30 ? t975[dof - 1] : 1.96;
+  out.half_width = t * std::sqrt(var / static_cast<double>(n));
+  return out;
+}
+
+}  // namespace parapilot::agent

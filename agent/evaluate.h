@@ -1,0 +1,36 @@
+// Running policies through episodes and summarising them against the hindsight oracle.
+//
+// Pure functions over an Env they are given; not thread-safe with respect to that env.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "agent/baselines.h"
+#include "env/env.h"
+
+namespace parapilot::agent {
+
+struct EpisodeStats {
+  double tokens = 0;
+  double throughput_tokens_per_s = 0;
+  double mean_reward = 0;
+  int migrations = 0;
+  int restarts = 0;
+  std::vector<double> tokens_per_s_by_interval;
+};
+
+// Runs one episode of `policy` on `env` from `seed`.
+EpisodeStats run_episode(env::Env& env, Policy& policy, uint64_t seed);
+// The oracle's episode from `seed` (throws InputError when the env has no oracle).
+EpisodeStats run_oracle(env::Env& env, uint64_t seed);
+
+// Mean and the half-width of a 95% confidence interval (Student t).
+struct Interval {
+  double mean = 0;
+  double half_width = 0;
+};
+Interval mean_interval(const std::vector<double>& values);
+
+}  // namespace parapilot::agent

@@ -1,0 +1,278 @@
+#include "env/sim/scenario.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "strategy/error.h"
+#include "strategy/spec_io.h"
+#include "strategy/toml_reader.h"
+
+namespace parapilot::env {
+
+const char* to_string(Family family) {
+  switch (family) {
+    case Family::kHetero: return "hetero";
+    case Family::kStraggler: return "straggler";
+    case Family::kCongestion: return "congestion";
+    case Family::kFailure: return "failure";
+    case Family::kPhase: return "phase";
+    case Family::kMixed: return "mixed";
+  }
+  return "?";
+}
+
+Family parse_family(const std::string& name) {
+  for (Family f : {Family::kHetero, Family::kStraggler, Family::kCongestion, Family::kFailure,
+                   Family::kPhase, Family::kMixed}) {
+    if (name == to_string(f)) return f;
+  }
+  throw InputError("unknown scenario family \"" + name +
+                   "\" (families: hetero, straggler, congestion, failure, phase, mixed)");
+}
+
+namespace {
+
+// The planner's space in the simulator: the layouts a team would consider for a job of this
+// size, small enough to re-plan online many times per episode.
+SearchSpace default_space() {
+  SearchSpace space;
+  space.tp = {1, 2, 4, 8};
+  space.pp = {1, 2, 4};
+  space.microbatch_size = {1, 2};
+  space.recompute = {Recompute::kSelective};
+  space.zero = {1};
+  space.sp = {true};
+  space.schedule = {Schedule::k1F1B};
+  space.compression = false;
+  return space;
+}
+
+std::string mixed_cluster(int gpus) {
+  const int nodes = std::max(2, gpus / 8);
+  return std::to_string(nodes / 2) + "x8xa100-80g+" + std::to_string(nodes - nodes / 2) + "x8xh800";
+}
+
+}  // namespace
+
+Scenario builtin_scenario(Family family, int gpus) {
+  if (gpus < 8 || gpus % 8 != 0) {
+    throw InputError("scenario gpus = " + std::to_string(gpus) + ": must be a multiple of 8, >= 8");
+  }
+  Scenario s;
+  s.family = family;
+  s.name = to_string(family);
+  s.model = *model_preset("llama2-7b");
+  const bool mixed_gpus = family == Family::kHetero || family == Family::kMixed;
+  s.cluster = *cluster_preset(mixed_gpus ? mixed_cluster(gpus)
+                                         : std::to_string(gpus / 8) + "x8xa100-80g");
+  s.space = default_space();
+  // Families switch off the dynamics they do not model.
+  if (family != Family::kStraggler && family != Family::kMixed) s.straggler.rate_per_gpu_hour = 0;
+  if (family != Family::kCongestion && family != Family::kMixed) {
+    s.congestion.rate_per_node_hour = 0;
+  }
+  if (family != Family::kFailure && family != Family::kMixed) s.failure.rate_per_node_hour = 0;
+  if (family != Family::kPhase && family != Family::kMixed) s.phase.seq_len_factor = 1;
+  if (family == Family::kCongestion) s.congestion.rate_per_node_hour = 0.08;
+  if (family == Family::kFailure) s.failure.rate_per_node_hour = 0.03;
+  return s;
+}
+
+Scenario load_scenario(const std::string& path) {
+  const toml::table root = parse_toml_file(path);
+  const toml::node* node = root.get("scenario");
+  if (!node || !node->as_table()) throw InputError(path + ": no [scenario] table in this file");
+  TableReader r(*node->as_table(), path, "scenario");
+  const auto family_name = r.get_choice(
+      "family", {"hetero", "straggler", "congestion", "failure", "phase", "mixed"});
+  if (!family_name) r.fail("family", "missing (required)");
+  const int gpus = static_cast<int>(r.get_int("gpus", 8, 1 << 16).value_or(64));
+  if (gpus % 8 != 0) r.fail("gpus", "must be a multiple of 8");
+  Scenario s = builtin_scenario(parse_family(*family_name), gpus);
+  s.name = r.get_string("name").value_or(s.name);
+  if (auto m = r.get_string("model")) s.model = load_model(*m);
+  if (auto c = r.get_string("cluster")) s.cluster = load_cluster(*c);
+  if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
+  if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
+  if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
+  if (auto v = r.get_double("restart_s", 0, 1e6)) s.restart_s = *v;
+  if (auto v = r.get_double("staging_slowdown", 0, 0.9)) s.staging_slowdown = *v;
+
+  auto sub = [&](const char* name, auto&& read) {
+    if (const toml::node* n = r.get_node(name)) {
+      if (!n->as_table()) r.fail(name, "must be a table");
+      TableReader t(*n->as_table(), path, std::string("scenario.") + name);
+      read(t);
+      t.reject_unknown();
+    }
+  };
+  sub("telemetry", [&](TableReader& t) {
+    if (auto v = t.get_double("noise", 0, 1)) s.telemetry.noise = *v;
+    if (auto v = t.get_int("delay_intervals", 0, 100)) s.telemetry.delay_intervals = static_cast<int>(*v);
+    if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
+  });
+  sub("straggler", [&](TableReader& t) {
+    auto& d = s.straggler;
+    if (auto v = t.get_double("rate_per_gpu_hour", 0, 100)) d.rate_per_gpu_hour = *v;
+    if (auto v = t.get_double("slowdown_min", 1, 100)) d.slowdown_min = *v;
+    if (auto v = t.get_double("slowdown_max", 1, 100)) d.slowdown_max = *v;
+    if (auto v = t.get_double("transient_fraction", 0, 1)) d.transient_fraction = *v;
+    if (auto v = t.get_double("transient_s_min", 0, 1e6)) d.transient_s_min = *v;
+    if (auto v = t.get_double("transient_s_max", 0, 1e6)) d.transient_s_max = *v;
+    if (auto v = t.get_double("persistent_median_h", 0, 1e4)) d.persistent_median_h = *v;
+    if (auto v = t.get_double("persistent_sigma", 0, 10)) d.persistent_sigma = *v;
+    if (d.slowdown_max < d.slowdown_min) t.fail("slowdown_max", "must be >= slowdown_min");
+    if (d.transient_s_max < d.transient_s_min) t.fail("transient_s_max", "must be >= transient_s_min");
+  });
+  sub("congestion", [&](TableReader& t) {
+    auto& d = s.congestion;
+    if (auto v = t.get_double("rate_per_node_hour", 0, 100)) d.rate_per_node_hour = *v;
+    if (auto v = t.get_double("factor_min", 1, 1000)) d.factor_min = *v;
+    if (auto v = t.get_double("factor_max", 1, 1000)) d.factor_max = *v;
+    if (auto v = t.get_double("duration_median_s", 0, 1e7)) d.duration_median_s = *v;
+    if (auto v = t.get_double("duration_sigma", 0, 10)) d.duration_sigma = *v;
+    if (d.factor_max < d.factor_min) t.fail("factor_max", "must be >= factor_min");
+  });
+  sub("failure", [&](TableReader& t) {
+    auto& d = s.failure;
+    if (auto v = t.get_double("rate_per_node_hour", 0, 100)) d.rate_per_node_hour = *v;
+    if (auto v = t.get_double("node_fraction", 0, 1)) d.node_fraction = *v;
+    if (auto v = t.get_double("repair_median_s", 0, 1e7)) d.repair_median_s = *v;
+    if (auto v = t.get_double("repair_sigma", 0, 10)) d.repair_sigma = *v;
+  });
+  sub("phase", [&](TableReader& t) {
+    if (auto v = t.get_double("at_fraction", 0, 1)) s.phase.at_fraction = *v;
+    if (auto v = t.get_int("seq_len_factor", 1, 64)) s.phase.seq_len_factor = static_cast<int>(*v);
+  });
+  r.reject_unknown();
+  return s;
+}
+
+namespace {
+
+// Adds an episode of [start_s, end_s) with `extra` slowdown (factor - 1) to every interval it
+// overlaps, weighted by the overlap: an interval spent partly slowed takes proportionally
+// longer.
+void add_slowdown(std::vector<double>& extra, double interval_s, double start_s, double end_s,
+                  double factor_minus_one) {
+  const int first = static_cast<int>(start_s / interval_s);
+  for (int i = std::max(first, 0); i < static_cast<int>(extra.size()); ++i) {
+    const double lo = std::max(start_s, i * interval_s);
+    const double hi = std::min(end_s, (i + 1) * interval_s);
+    if (hi <= lo) break;
+    extra[i] += factor_minus_one * (hi - lo) / interval_s;
+  }
+}
+
+}  // namespace
+
+Truth generate_truth(const Scenario& s, uint64_t seed) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 0x5851F42D4C957F2DULL);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const int H = s.horizon;
+  const double run_s = H * s.interval_s;
+  const double run_h = run_s / 3600.0;
+  const ClusterTopology topo(s.cluster);
+  const int gpus = topo.num_gpus();
+  const int nodes = topo.num_nodes();
+
+  Truth truth;
+  truth.conditions.assign(H, Conditions{});
+  truth.seq_len.assign(H, s.model.seq_len);
+
+  auto poisson = [&](double mean) {
+    return mean > 0 ? static_cast<int>(std::poisson_distribution<int>(mean)(rng)) : 0;
+  };
+  auto lognormal = [&](double median, double sigma) {
+    return median * std::exp(sigma * std::normal_distribution<double>(0, 1)(rng));
+  };
+  char text[160];
+
+  // Stragglers: per-GPU slowdowns, transient or persistent (heavy-tailed durations).
+  std::vector<std::vector<double>> gpu_extra(gpus);
+  const int slow_events = poisson(s.straggler.rate_per_gpu_hour * gpus * run_h);
+  for (int e = 0; e < slow_events; ++e) {
+    const int gpu = static_cast<int>(uniform(rng) * gpus) % gpus;
+    const double start = uniform(rng) * run_s;
+    const double factor = s.straggler.slowdown_min +
+                          uniform(rng) * (s.straggler.slowdown_max - s.straggler.slowdown_min);
+    const bool transient = uniform(rng) < s.straggler.transient_fraction;
+    const double duration =
+        transient ? s.straggler.transient_s_min +
+                        uniform(rng) * (s.straggler.transient_s_max - s.straggler.transient_s_min)
+                  : std::min(lognormal(s.straggler.persistent_median_h * 3600,
+                                       s.straggler.persistent_sigma),
+                             10 * 3600.0);
+    if (gpu_extra[gpu].empty()) gpu_extra[gpu].assign(H, 0.0);
+    add_slowdown(gpu_extra[gpu], s.interval_s, start, start + duration, factor - 1);
+    if (!transient) {
+      std::snprintf(text, sizeof text, "GPU %d %.1fx slower for %.1f h", gpu, factor, duration / 3600);
+      truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
+    }
+  }
+  // Congestion: a node's network bandwidth divided by 2-10x for a while.
+  std::vector<std::vector<double>> node_extra(nodes);
+  const int congestion_events = poisson(s.congestion.rate_per_node_hour * nodes * run_h);
+  for (int e = 0; e < congestion_events; ++e) {
+    const int node = static_cast<int>(uniform(rng) * nodes) % nodes;
+    const double start = uniform(rng) * run_s;
+    const double factor = s.congestion.factor_min +
+                          uniform(rng) * (s.congestion.factor_max - s.congestion.factor_min);
+    const double duration = lognormal(s.congestion.duration_median_s, s.congestion.duration_sigma);
+    if (node_extra[node].empty()) node_extra[node].assign(H, 0.0);
+    add_slowdown(node_extra[node], s.interval_s, start, start + duration, factor - 1);
+    std::snprintf(text, sizeof text, "node %d network /%.1f for %.0f min", node, factor, duration / 60);
+    truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
+  }
+  // Failures: a GPU or a whole node is lost, then repaired.
+  std::vector<std::vector<bool>> failed(H);
+  const int failure_events = poisson(s.failure.rate_per_node_hour * nodes * run_h);
+  for (int e = 0; e < failure_events; ++e) {
+    const int node = static_cast<int>(uniform(rng) * nodes) % nodes;
+    const bool whole_node = uniform(rng) < s.failure.node_fraction;
+    const int first_gpu = topo.nodes[node].first_gpu;
+    const int count = topo.nodes[node].gpus;
+    const int gpu = first_gpu + static_cast<int>(uniform(rng) * count) % count;
+    const double start = uniform(rng) * run_s;
+    const double end = start + lognormal(s.failure.repair_median_s, s.failure.repair_sigma);
+    for (int i = static_cast<int>(start / s.interval_s); i < H && i * s.interval_s < end; ++i) {
+      if (failed[i].empty()) failed[i].assign(gpus, false);
+      if (whole_node) {
+        for (int g = first_gpu; g < first_gpu + count; ++g) failed[i][g] = true;
+      } else {
+        failed[i][gpu] = true;
+      }
+    }
+    if (whole_node) std::snprintf(text, sizeof text, "node %d lost for %.0f min", node, (end - start) / 60);
+    else std::snprintf(text, sizeof text, "GPU %d lost for %.0f min", gpu, (end - start) / 60);
+    truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
+  }
+  // Phase: a long-context stage multiplies the sequence length.
+  if (s.phase.seq_len_factor > 1) {
+    const int at = std::clamp(static_cast<int>(s.phase.at_fraction * H), 0, H);
+    for (int i = at; i < H; ++i) truth.seq_len[i] = s.model.seq_len * s.phase.seq_len_factor;
+    std::snprintf(text, sizeof text, "sequence length x%d", s.phase.seq_len_factor);
+    if (at < H) truth.events.emplace_back(at, text);
+  }
+
+  for (int i = 0; i < H; ++i) {
+    Conditions& c = truth.conditions[i];
+    for (int g = 0; g < gpus; ++g) {
+      if (gpu_extra[g].empty() || gpu_extra[g][i] == 0) continue;
+      if (c.gpu_speed.empty()) c.gpu_speed.assign(gpus, 1.0);
+      c.gpu_speed[g] = 1.0 / (1.0 + gpu_extra[g][i]);
+    }
+    for (int n = 0; n < nodes; ++n) {
+      if (node_extra[n].empty() || node_extra[n][i] == 0) continue;
+      if (c.node_inter_bw.empty()) c.node_inter_bw.assign(nodes, 1.0);
+      c.node_inter_bw[n] = 1.0 / (1.0 + node_extra[n][i]);
+    }
+    if (!failed[i].empty()) c.gpu_failed = failed[i];
+  }
+  std::sort(truth.events.begin(), truth.events.end());
+  return truth;
+}
+
+}  // namespace parapilot::env

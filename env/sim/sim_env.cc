@@ -1,0 +1,403 @@
+#include "env/sim/sim_env.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "strategy/error.h"
+
+namespace parapilot::env {
+
+namespace {
+
+std::string conditions_key(const Conditions& c, int seq_len) {
+  std::ostringstream key;
+  key.precision(4);
+  key << seq_len << '|';
+  for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
+    if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
+  }
+  for (size_t i = 0; i < c.node_inter_bw.size(); ++i) {
+    if (c.node_inter_bw[i] != 1.0) key << 'n' << i << '=' << c.node_inter_bw[i];
+  }
+  for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
+    if (c.gpu_failed[i]) key << 'f' << i;
+  }
+  return key.str();
+}
+
+double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
+
+bool same_layout(const Strategy& a, const Strategy& b) { return a == b; }
+
+}  // namespace
+
+SimEnv::SimEnv(Scenario scenario, std::string id)
+    : scenario_(std::move(scenario)), id_(std::move(id)) {
+  global_batch_ = scenario_.global_batch > 0 ? scenario_.global_batch
+                                             : default_global_batch(scenario_.cluster.num_gpus());
+  scenario_.space.global_batch = global_batch_;
+  planner_for(scenario_.model.seq_len);
+}
+
+const Planner& SimEnv::planner_for(int seq_len) {
+  auto it = planners_.find(seq_len);
+  if (it == planners_.end()) {
+    ModelSpec model = scenario_.model;
+    model.seq_len = seq_len;
+    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster)).first;
+  }
+  return *it->second;
+}
+
+PlanResult SimEnv::plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current) {
+  PlanRequest request;
+  request.conditions = c;
+  request.space = scenario_.space;
+  request.current = current;
+  request.top_k = kMaxCandidates + 1;
+  try {
+    return planner_for(seq_len).plan(request);
+  } catch (const InputError&) {
+    return PlanResult{};  // nothing can run (e.g. every GPU is lost): the job stalls
+  }
+}
+
+double SimEnv::true_tokens_per_s(const Strategy& s, int t) {
+  const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
+  const CostBreakdown b = cost.evaluate(s, truth_.conditions[t]);
+  return b.feasible && b.fits_in_memory ? b.tokens_per_s : 0.0;
+}
+
+double SimEnv::best_tokens_per_s(int t) {
+  const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
+  auto it = best_cache_.find(key);
+  if (it != best_cache_.end()) return it->second;
+  const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt);
+  const double best = r.candidates.empty() ? 0.0 : r.candidates.front().cost.tokens_per_s;
+  best_cache_.emplace(key, best);
+  return best;
+}
+
+Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
+  truth_ = generate_truth(scenario_, seed);
+  rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
+  best_cache_.clear();
+  t_ = 0;
+  target_.reset();
+  staging_left_s_ = 0;
+  last_migration_ = -1;
+  telemetry_age_ = 0;
+  missing_fraction_ = 0;
+  previous_min_speed_ = previous_min_bw_ = 1;
+  belief_ = Conditions{};
+
+  // The layout a team picks before the run: the best plan for the nominal cluster, or pure
+  // data parallel with equal shares.
+  const PlanResult nominal = plan(Conditions{}, scenario_.model.seq_len, std::nullopt);
+  if (nominal.candidates.empty()) {
+    throw InputError("scenario " + scenario_.name + ": no layout fits this model on this cluster");
+  }
+  if (options.initial_layout == "uniform-dp") {
+    Strategy dp;
+    dp.dp = scenario_.cluster.num_gpus();
+    dp.global_batch = global_batch_;
+    dp.zero = 1;
+    dp.microbatch_size = 1;
+    if (find_problem(dp, scenario_.model, scenario_.cluster)) {
+      throw InputError("scenario " + scenario_.name + ": pure data parallel is not legal here");
+    }
+    initial_ = dp;
+  } else if (options.initial_layout == "planned") {
+    initial_ = nominal.candidates.front().strategy;
+  } else {
+    throw InputError("unknown initial layout \"" + options.initial_layout +
+                     "\" (planned | uniform-dp)");
+  }
+  current_ = initial_;
+  replan_if_needed(true);
+  return observation();
+}
+
+void SimEnv::observe_telemetry() {
+  // Samples describe the interval `delay` steps ago; failures are seen at once (the job
+  // crashes or the GPU drops out of the collective).
+  const int gpus = scenario_.cluster.num_gpus();
+  const int nodes = scenario_.cluster.num_nodes();
+  const int sampled = t_ - scenario_.telemetry.delay_intervals;
+  const double min_speed_before = belief_.gpu_speed.empty()
+                                      ? 1.0
+                                      : *std::min_element(belief_.gpu_speed.begin(), belief_.gpu_speed.end());
+  const double min_bw_before = belief_.node_inter_bw.empty()
+                                   ? 1.0
+                                   : *std::min_element(belief_.node_inter_bw.begin(), belief_.node_inter_bw.end());
+  previous_min_speed_ = min_speed_before;
+  previous_min_bw_ = min_bw_before;
+  belief_.gpu_failed = truth_.conditions[std::min(t_, scenario_.horizon - 1)].gpu_failed;
+  if (sampled < 0) {
+    ++telemetry_age_;
+    return;
+  }
+  const Conditions& truth = truth_.conditions[sampled];
+  std::normal_distribution<double> noise(0.0, scenario_.telemetry.noise);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  // Robust update: a sample far from the belief replaces it (a change point), a close one
+  // is averaged in (EWMA) to damp noise.
+  auto update = [&](std::vector<double>& belief, int count, const std::vector<double>& real,
+                    int& missing) {
+    for (int i = 0; i < count; ++i) {
+      if (uniform(rng_) < scenario_.telemetry.missing_prob) {
+        ++missing;
+        continue;
+      }
+      const double sample = at(real, i) * std::exp(noise(rng_));
+      const double old = at(belief, i);
+      const double updated =
+          std::abs(std::log(sample / old)) > 0.2 ? sample : 0.5 * old + 0.5 * sample;
+      if (belief.empty() && std::abs(updated - 1.0) < 1e-12) continue;
+      if (belief.empty()) belief.assign(count, 1.0);
+      belief[i] = std::min(updated, 1.5);
+    }
+  };
+  int missing = 0;
+  update(belief_.gpu_speed, gpus, truth.gpu_speed, missing);
+  update(belief_.node_inter_bw, nodes, truth.node_inter_bw, missing);
+  missing_fraction_ = static_cast<double>(missing) / (gpus + nodes);
+  telemetry_age_ = scenario_.telemetry.delay_intervals;
+}
+
+void SimEnv::replan_if_needed(bool force) {
+  const int seq_len = truth_.seq_len[std::min(t_, scenario_.horizon - 1)];
+  bool changed = force || seq_len != seq_len_at_plan_ ||
+                 belief_.gpu_failed != belief_at_plan_.gpu_failed;
+  const int gpus = scenario_.cluster.num_gpus();
+  const int nodes = scenario_.cluster.num_nodes();
+  for (int i = 0; i < gpus && !changed; ++i) {
+    changed = std::abs(std::log(at(belief_.gpu_speed, i) / at(belief_at_plan_.gpu_speed, i))) > 0.15;
+  }
+  for (int i = 0; i < nodes && !changed; ++i) {
+    changed = std::abs(std::log(at(belief_.node_inter_bw, i) / at(belief_at_plan_.node_inter_bw, i))) > 0.2;
+  }
+  if (changed) {
+    const PlanResult r = plan(belief_, seq_len, current_);
+    candidates_.clear();
+    for (const Candidate& c : r.candidates) {
+      if (same_layout(c.strategy, current_)) continue;
+      if (static_cast<int>(candidates_.size()) == kMaxCandidates) break;
+      candidates_.push_back(c);
+    }
+    belief_at_plan_ = belief_;
+    seq_len_at_plan_ = seq_len;
+  }
+  current_belief_cost_ = planner_for(seq_len).cost_model().evaluate(current_, belief_);
+}
+
+StepResult SimEnv::step(int action) {
+  StepResult result;
+  const int t = t_;
+  const double interval = scenario_.interval_s;
+  double time = 0, tokens = 0;
+  double tps = true_tokens_per_s(current_, t);
+  if (tps == 0) {
+    // The layout crashed: restart from the last checkpoint on the best plan that avoids the
+    // failed GPUs (what an operator does), losing restart_s.
+    Conditions known = belief_;
+    known.gpu_failed = truth_.conditions[t].gpu_failed;
+    const PlanResult r = plan(known, truth_.seq_len[t], std::nullopt);
+    if (!r.candidates.empty()) current_ = r.candidates.front().strategy;
+    target_.reset();
+    time = std::min(interval, scenario_.restart_s);
+    tps = true_tokens_per_s(current_, t);
+    result.info.restarted = true;
+    last_migration_ = t;
+  }
+  if (action >= 1 && action <= kMaxCandidates && action - 1 < static_cast<int>(candidates_.size()) &&
+      !target_ && !result.info.restarted) {
+    const Candidate& c = candidates_[action - 1];
+    target_ = c.strategy;
+    staging_left_s_ = std::max(0.0, c.migration_s - kSwitchPauseS);
+    result.info.migration_started = true;
+  }
+  double remaining = interval - time;
+  if (target_) {
+    const double stage = std::min(staging_left_s_, remaining);
+    tokens += tps * (1.0 - scenario_.staging_slowdown) * stage;
+    staging_left_s_ -= stage;
+    remaining -= stage;
+    if (staging_left_s_ <= 0 && remaining > 0) {
+      remaining -= std::min(kSwitchPauseS, remaining);
+      current_ = *target_;
+      target_.reset();
+      tps = true_tokens_per_s(current_, t);
+      result.info.migration_committed = true;
+      last_migration_ = t;
+    }
+  }
+  tokens += tps * remaining;
+
+  const double best = best_tokens_per_s(t) * interval;
+  result.info.tokens = tokens;
+  result.info.best_tokens = best;
+  result.info.tokens_per_s = tokens / interval;
+  result.info.interval = t;
+  result.reward = best > 0 ? tokens / best : 0.0;
+
+  ++t_;
+  result.truncated = t_ >= scenario_.horizon;
+  if (!result.truncated) {
+    observe_telemetry();
+    replan_if_needed(result.info.migration_committed || result.info.restarted);
+  }
+  result.observation = observation();
+  return result;
+}
+
+Observation SimEnv::observation() {
+  Observation o;
+  auto& st = o.state;
+  const int gpus = scenario_.cluster.num_gpus();
+  const int nodes = scenario_.cluster.num_nodes();
+  double min_speed = 1.5, sum = 0, sum2 = 0, slowed = 0;
+  for (int i = 0; i < gpus; ++i) {
+    const double v = at(belief_.gpu_speed, i);
+    min_speed = std::min(min_speed, v);
+    sum += v;
+    sum2 += v * v;
+    slowed += v < 0.9;
+  }
+  const double mean = sum / gpus;
+  double min_bw = 1.5, bw_sum = 0, congested = 0;
+  for (int i = 0; i < nodes; ++i) {
+    const double v = at(belief_.node_inter_bw, i);
+    min_bw = std::min(min_bw, v);
+    bw_sum += v;
+    congested += v < 0.8;
+  }
+  double failed = 0;
+  for (bool f : belief_.gpu_failed) failed += f;
+  const int H = scenario_.horizon;
+  const int t = std::min(t_, H - 1);
+  st[0] = static_cast<float>(min_speed);
+  st[1] = static_cast<float>(mean);
+  st[2] = static_cast<float>(std::min(1.0 / std::max(min_speed, 1e-3), 10.0) / 10.0);
+  st[3] = static_cast<float>(std::sqrt(std::max(0.0, sum2 / gpus - mean * mean)));
+  st[4] = static_cast<float>(slowed / gpus);
+  st[5] = static_cast<float>(min_bw);
+  st[6] = static_cast<float>(bw_sum / nodes);
+  st[7] = static_cast<float>(congested / nodes);
+  st[8] = static_cast<float>(failed / gpus);
+  st[9] = static_cast<float>(min_speed - previous_min_speed_);
+  st[10] = static_cast<float>(min_bw - previous_min_bw_);
+  st[11] = static_cast<float>(std::min(telemetry_age_, 4) / 4.0);
+  st[12] = static_cast<float>(missing_fraction_);
+  const CostBreakdown* cur = current_belief_cost_ ? &*current_belief_cost_ : nullptr;
+  const bool cur_ok = cur && cur->feasible && cur->fits_in_memory;
+  const double best_pred = candidates_.empty() ? 0.0 : candidates_.front().cost.tokens_per_s;
+  const double cur_pred = cur_ok ? cur->tokens_per_s : 0.0;
+  st[13] = static_cast<float>(std::max(best_pred, cur_pred) > 0 ? cur_pred / std::max(best_pred, cur_pred) : 1.0);
+  st[14] = cur && cur->feasible ? 1.0f : 0.0f;
+  st[15] = cur && cur->fits_in_memory ? 1.0f : 0.0f;
+  st[16] = static_cast<float>(last_migration_ < 0 ? 1.0 : std::min(1.0, (t_ - last_migration_) / static_cast<double>(H)));
+  st[17] = static_cast<float>(1.0 - static_cast<double>(t_) / H);
+  st[18] = target_ ? 1.0f : 0.0f;
+  st[19] = static_cast<float>(target_ ? std::min(1.0, staging_left_s_ / scenario_.interval_s) : 0.0);
+  st[20] = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
+  st[21] = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
+  st[22] = static_cast<float>(std::log2(static_cast<double>(truth_.seq_len[t]) / scenario_.model.seq_len) / 4.0);
+  st[23] = static_cast<float>(candidates_.size()) / kMaxCandidates;
+
+  const double remaining_s = (H - t_) * scenario_.interval_s;
+  for (size_t k = 0; k < candidates_.size(); ++k) {
+    const Candidate& c = candidates_[k];
+    float* f = &o.candidates[k * kCandidateDim];
+    const double gain = cur_pred > 0 ? c.cost.tokens_per_s / cur_pred : 10.0;
+    f[0] = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
+    f[1] = static_cast<float>(std::min(c.migration_s / scenario_.interval_s, 4.0));
+    f[2] = static_cast<float>(1.0 - c.cost.memory_gib / std::max(c.cost.memory_capacity_gib, 1e-9));
+    f[3] = c.strategy.tp != current_.tp ? 1.0f : 0.0f;
+    f[4] = c.strategy.pp != current_.pp ? 1.0f : 0.0f;
+    f[5] = c.strategy.dp != current_.dp ? 1.0f : 0.0f;
+    f[6] = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
+    // Payback: tokens gained over the rest of the run against tokens lost while switching.
+    const double gained = (c.cost.tokens_per_s - cur_pred) * remaining_s;
+    const double lost = std::max(cur_pred, c.cost.tokens_per_s) *
+                        (kSwitchPauseS + scenario_.staging_slowdown * c.migration_s) + 1.0;
+    f[7] = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
+    o.mask[k] = 1;
+  }
+  return o;
+}
+
+std::optional<OracleResult> SimEnv::oracle() {
+  // Layouts worth considering: the start layout and the best plans under every distinct true
+  // condition of the episode.
+  const int H = scenario_.horizon;
+  std::vector<Strategy> layouts = {initial_};
+  std::map<std::string, bool> seen;
+  for (int t = 0; t < H; ++t) {
+    const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
+    if (!seen.emplace(key, true).second) continue;
+    const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt);
+    for (const Candidate& c : r.candidates) {
+      if (std::find(layouts.begin(), layouts.end(), c.strategy) == layouts.end()) {
+        layouts.push_back(c.strategy);
+      }
+    }
+  }
+  const int L = static_cast<int>(layouts.size());
+  std::vector<double> switch_s(static_cast<size_t>(L) * L, 0);
+  const Planner& base = planner_for(scenario_.model.seq_len);
+  for (int a = 0; a < L; ++a) {
+    for (int b = 0; b < L; ++b) {
+      if (a != b) switch_s[a * L + b] = base.migration(layouts[a], layouts[b]).time_s;
+    }
+  }
+  // value[l]: most tokens so far ending interval t on layout l; choice for backtracking.
+  const double interval = scenario_.interval_s;
+  std::vector<double> value(L, -1e300), next(L);
+  std::vector<std::vector<int>> from(H, std::vector<int>(L, -1));
+  std::vector<std::vector<double>> gained(H, std::vector<double>(L, 0));
+  std::vector<double> tps(L);
+  for (int t = 0; t < H; ++t) {
+    for (int l = 0; l < L; ++l) tps[l] = true_tokens_per_s(layouts[l], t);
+    for (int b = 0; b < L; ++b) {
+      double best = -1e300;
+      int arg = -1;
+      double best_gain = 0;
+      for (int a = 0; a < L; ++a) {
+        const double before = t == 0 ? (a == 0 ? 0.0 : -1e300) : value[a];
+        if (before <= -1e299) continue;
+        double g;
+        if (a == b) {
+          g = tps[b] * interval;
+        } else {
+          const double staging = std::max(0.0, switch_s[a * L + b] - kSwitchPauseS);
+          const double stage = std::min(staging, interval);
+          const double rest = std::max(0.0, interval - stage - kSwitchPauseS);
+          g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest;
+        }
+        if (before + g > best) {
+          best = before + g;
+          arg = a;
+          best_gain = g;
+        }
+      }
+      next[b] = best;
+      from[t][b] = arg;
+      gained[t][b] = best_gain;
+    }
+    value = next;
+  }
+  int l = static_cast<int>(std::max_element(value.begin(), value.end()) - value.begin());
+  OracleResult out;
+  out.tokens_per_interval.assign(H, 0);
+  for (int t = H - 1; t >= 0; --t) {
+    out.tokens_per_interval[t] = gained[t][l];
+    const int prev = from[t][l];
+    if (prev != l) ++out.migrations;
+    l = prev;
+  }
+  return out;
+}
+
+}  // namespace parapilot::env

@@ -1,0 +1,72 @@
+// The simulator env: a training run of `horizon` decision intervals on a cluster whose true
+// conditions evolve per the scenario and stay hidden. The agent sees noisy, delayed, sometimes
+// missing telemetry (as a monitor would), gets up to kMaxCandidates layouts from the planner,
+// and keeps its layout or switches. Switching costs what it costs on the real links: the new
+// layout is staged in the background (training continues, slowed), then a switch pause.
+// Reward = tokens processed in the interval / tokens the best layout under the true conditions
+// would have processed (docs/observation.md).
+//
+// Not thread-safe (one episode at a time); deterministic for (scenario, seed).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "env/env.h"
+#include "env/sim/scenario.h"
+#include "strategy/planner.h"
+
+namespace parapilot::env {
+
+class SimEnv : public Env {
+ public:
+  SimEnv(Scenario scenario, std::string id);
+
+  std::string id() const override { return id_; }
+  int horizon() const override { return scenario_.horizon; }
+  double interval_s() const override { return scenario_.interval_s; }
+  Observation reset(uint64_t seed, const ResetOptions& options = {}) override;
+  StepResult step(int action) override;
+  std::optional<OracleResult> oracle() override;
+  std::vector<std::pair<int, std::string>> events() const override { return truth_.events; }
+
+  const Scenario& scenario() const { return scenario_; }
+  const Strategy& current_layout() const { return current_; }
+  const Truth& truth() const { return truth_; }
+
+ private:
+  const Planner& planner_for(int seq_len);
+  // True tokens/s of a layout in interval t; 0 when it crashes (failed GPU, out of memory).
+  double true_tokens_per_s(const Strategy& s, int t);
+  double best_tokens_per_s(int t);
+  PlanResult plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current);
+  void observe_telemetry();
+  void replan_if_needed(bool force);
+  Observation observation();
+
+  Scenario scenario_;
+  std::string id_;
+  int global_batch_ = 0;
+  std::map<int, std::unique_ptr<Planner>> planners_;  // by sequence length
+  std::map<std::string, double> best_cache_;
+  Truth truth_;
+  std::mt19937_64 rng_;
+  int t_ = 0;
+  Strategy current_;
+  Strategy initial_;
+  std::optional<Strategy> target_;
+  double staging_left_s_ = 0;
+  int last_migration_ = -1;
+  Conditions belief_;           // what the monitor believes now
+  Conditions belief_at_plan_;   // beliefs the candidates were planned under
+  int seq_len_at_plan_ = 0;
+  double previous_min_speed_ = 1, previous_min_bw_ = 1;
+  double missing_fraction_ = 0;
+  int telemetry_age_ = 0;
+  std::vector<Candidate> candidates_;
+  std::optional<CostBreakdown> current_belief_cost_;
+};
+
+}  // namespace parapilot::env

@@ -1,0 +1,187 @@
+// parapilot eval: policies and baselines on a scenario, against the hindsight oracle.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "agent/evaluate.h"
+#include "experiments/cli_common.h"
+#include "experiments/commands.h"
+#include "strategy/error.h"
+
+namespace parapilot::cli {
+
+namespace {
+
+struct EvalOptions {
+  std::string scenario = "mixed";
+  int episodes = 5;
+  uint64_t seed = 1000;
+  std::string policies = "static,reactive,uniform-dp,oracle";
+  bool json = false;
+  std::string plot;
+};
+
+// "straggler" -> "sim:straggler"; ids and .toml paths pass through.
+std::string env_id_of(const std::string& scenario) {
+  if (scenario.find(':') != std::string::npos || scenario.find(".toml") != std::string::npos) {
+    return scenario;
+  }
+  return "sim:" + scenario;
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct PolicyResult {
+  std::string name;
+  std::vector<double> throughput, score, migrations;
+  std::vector<double> curve;  // mean tokens/s per interval over episodes
+};
+
+void write_plot(const std::string& path, const std::vector<PolicyResult>& results,
+                const std::vector<std::pair<int, std::string>>& events, double interval_s,
+                const std::string& title) {
+  const std::string data = path + ".dat";
+  {
+    std::ofstream out(data);
+    const size_t H = results.front().curve.size();
+    for (size_t t = 0; t < H; ++t) {
+      out << static_cast<double>(t + 1) * interval_s / 3600.0;
+      for (const auto& r : results) out << ' ' << r.curve[t];
+      out << '\n';
+    }
+  }
+  std::ostringstream script;
+  script << "set terminal pngcairo size 1100,560 font ',10'\n";
+  script << "set output '" << path << ".tmp'\n";
+  script << "set title '" << title << " (mean over episodes; events of the first episode)'\n";
+  script << "set xlabel 'hours'\nset ylabel 'tokens/s'\nset key outside right\nset grid\n";
+  int n = 0;
+  for (const auto& [interval, text] : events) {
+    if (++n > 12) break;
+    const double x = interval * interval_s / 3600.0;
+    script << "set arrow from " << x << ", graph 0 to " << x
+           << ", graph 1 nohead dt 3 lc rgb '#999999'\n";
+    std::string label = text;
+    for (char& c : label) {
+      if (c == '\'') c = ' ';
+    }
+    script << "set label '" << label << "' at " << x << ", graph " << (0.98 - 0.04 * (n % 6))
+           << " font ',7' tc rgb '#666666'\n";
+  }
+  script << "plot ";
+  for (size_t i = 0; i < results.size(); ++i) {
+    script << (i ? ", " : "") << "'" << data << "' using 1:" << i + 2 << " with lines lw 2 title '"
+           << results[i].name << "'";
+  }
+  script << "\n";
+  FILE* gp = ::popen("gnuplot 2>&1", "w");
+  if (!gp) throw InputError("--plot: cannot run gnuplot");
+  std::fputs(script.str().c_str(), gp);
+  const int status = ::pclose(gp);
+  std::remove(data.c_str());
+  if (status != 0 || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    std::remove((path + ".tmp").c_str());
+    throw InputError("--plot: gnuplot could not write " + path);
+  }
+}
+
+void run_eval(const EvalOptions& o) {
+  if (o.episodes < 1) throw InputError("--episodes must be >= 1");
+  const std::string id = env_id_of(o.scenario);
+  std::unique_ptr<env::Env> env = env::make_env(id);
+  const auto names = split(o.policies);
+  if (names.empty()) throw InputError("--policies: name at least one policy");
+  std::vector<std::unique_ptr<agent::Policy>> policies(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] != "oracle") policies[i] = agent::make_baseline(names[i]);
+  }
+  // The oracle normalises every score, so it always runs.
+  std::vector<agent::EpisodeStats> oracle;
+  for (int e = 0; e < o.episodes; ++e) {
+    oracle.push_back(agent::run_oracle(*env, o.seed + static_cast<uint64_t>(e)));
+  }
+  const bool progress = ::isatty(STDERR_FILENO) != 0;
+  std::vector<PolicyResult> results;
+  for (size_t i = 0; i < names.size(); ++i) {
+    PolicyResult r;
+    r.name = names[i];
+    for (int e = 0; e < o.episodes; ++e) {
+      if (progress) std::fprintf(stderr, "\r%-12s episode %d/%d", names[i].c_str(), e + 1, o.episodes);
+      const agent::EpisodeStats stats =
+          names[i] == "oracle" ? oracle[e]
+                               : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
+      r.throughput.push_back(stats.throughput_tokens_per_s);
+      r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
+      r.migrations.push_back(stats.migrations);
+      if (r.curve.empty()) r.curve.assign(stats.tokens_per_s_by_interval.size(), 0.0);
+      for (size_t t = 0; t < r.curve.size(); ++t) {
+        r.curve[t] += stats.tokens_per_s_by_interval[t] / o.episodes;
+      }
+    }
+    results.push_back(std::move(r));
+  }
+  if (progress) std::fprintf(stderr, "\r%40s\r", "");
+  env->reset(o.seed);
+  if (!o.plot.empty()) write_plot(o.plot, results, env->events(), env->interval_s(), env->id());
+
+  if (o.json) {
+    nlohmann::json j;
+    j["scenario"] = env->id();
+    j["episodes"] = o.episodes;
+    j["seed"] = o.seed;
+    for (const auto& r : results) {
+      const auto t = agent::mean_interval(r.throughput);
+      const auto s = agent::mean_interval(r.score);
+      const auto m = agent::mean_interval(r.migrations);
+      j["policies"][r.name] = {{"throughput_tokens_per_s", t.mean}, {"throughput_ci95", t.half_width},
+                               {"score", s.mean}, {"score_ci95", s.half_width},
+                               {"migrations_per_episode", m.mean}};
+    }
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::printf("scenario %s: %d episodes from seed %llu, %d intervals of %.0f s\n\n", env->id().c_str(),
+              o.episodes, static_cast<unsigned long long>(o.seed), env->horizon(), env->interval_s());
+  std::printf("%-12s %26s %22s %12s\n", "policy", "throughput (tokens/s)", "score vs oracle",
+              "migrations");
+  for (const auto& r : results) {
+    const auto t = agent::mean_interval(r.throughput);
+    const auto s = agent::mean_interval(r.score);
+    const auto m = agent::mean_interval(r.migrations);
+    std::printf("%-12s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", r.name.c_str(), t.mean,
+                t.half_width, s.mean, s.half_width, m.mean);
+  }
+  if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  CLI::App* cmd = app.add_subcommand("eval", "Evaluate policies and baselines against the hindsight oracle");
+  cmd->add_option("--scenario", o->scenario,
+                  "Scenario family (hetero, straggler, congestion, failure, phase, mixed), env id "
+                  "(sim:straggler(gpus=64)) or scenario TOML")
+      ->capture_default_str();
+  cmd->add_option("--episodes", o->episodes, "Episodes per policy")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the first episode")->capture_default_str();
+  cmd->add_option("--policies", o->policies, "Comma-separated: static, reactive, uniform-dp, oracle")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object keyed by policy");
+  cmd->add_option("--plot", o->plot, "Write a PNG of throughput over time per policy (gnuplot)");
+  cmd->callback([o] { run_eval(*o); });
+}
+
+}  // namespace parapilot::cli

@@ -1,0 +1,160 @@
+// The env conformance suite every registered env passes, plus simulator and baseline checks.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "agent/baselines.h"
+#include "agent/evaluate.h"
+#include "env/env.h"
+#include "env/sim/sim_env.h"
+#include "strategy/error.h"
+
+using namespace parapilot;
+using namespace parapilot::env;
+
+namespace {
+
+// Envs under conformance: every registered name, small enough to run fast.
+const char* kConformanceIds[] = {
+    "bandit(horizon=12)",
+    "sim:hetero(gpus=16,horizon=12)",
+    "sim:straggler(gpus=16,horizon=12)",
+    "sim:congestion(gpus=16,horizon=12)",
+    "sim:failure(gpus=16,horizon=12)",
+    "sim:phase(gpus=16,horizon=12)",
+    "sim:mixed(gpus=16,horizon=12)",
+};
+
+std::vector<double> rollout(Env& env, uint64_t seed, uint64_t action_seed, int* steps = nullptr) {
+  std::mt19937_64 rng(action_seed);
+  std::vector<double> trace;
+  env.reset(seed);
+  int n = 0;
+  while (true) {
+    const StepResult r = env.step(static_cast<int>(rng() % kNumActions));
+    trace.push_back(r.reward);
+    for (float v : r.observation.state) trace.push_back(v);
+    for (float v : r.observation.candidates) trace.push_back(v);
+    ++n;
+    if (r.terminated || r.truncated) break;
+  }
+  if (steps) *steps = n;
+  return trace;
+}
+
+}  // namespace
+
+TEST_CASE("conformance: every registered env is covered") {
+  for (const auto& name : registered_envs()) {
+    bool covered = false;
+    for (const char* id : kConformanceIds) covered = covered || parse_env_id(id).name == name;
+    CHECK_MESSAGE(covered, name);
+  }
+}
+
+TEST_CASE("conformance: same seed, same trajectory; truncation at the horizon; finite observations") {
+  for (const char* id : kConformanceIds) {
+    INFO(id);
+    auto a = make_env(id);
+    auto b = make_env(id);
+    int steps = 0;
+    const auto first = rollout(*a, 7, 99, &steps);
+    CHECK(steps == a->horizon());
+    CHECK(first == rollout(*b, 7, 99));
+    CHECK(first == rollout(*a, 7, 99));  // reset really resets
+    for (double v : first) CHECK(std::isfinite(v));
+    // Random rollouts from other seeds never crash and keep observations in range.
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      a->reset(seed);
+      std::mt19937_64 rng(seed);
+      for (int t = 0; t < a->horizon(); ++t) {
+        const StepResult r = a->step(static_cast<int>(rng() % (kNumActions + 2)) - 1);
+        CHECK(r.reward >= 0);
+        CHECK(r.reward <= 1.5);
+        for (float v : r.observation.state) CHECK(std::abs(v) <= 10.0f);
+        for (float v : r.observation.candidates) CHECK(std::abs(v) <= 10.0f);
+        for (int k = 0; k < kMaxCandidates; ++k) {
+          if (!r.observation.mask[k]) {
+            for (int f = 0; f < kCandidateDim; ++f) CHECK(r.observation.candidates[k * kCandidateDim + f] == 0.0f);
+          }
+        }
+        CHECK(r.truncated == (t == a->horizon() - 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("env ids: parameters, scenario files and errors") {
+  const EnvId id = parse_env_id("sim:straggler(gpus=64, seed=3)");
+  CHECK(id.name == "sim");
+  CHECK(id.variant == "straggler");
+  CHECK(id.params.at("gpus") == "64");
+  CHECK(id.params.at("seed") == "3");
+  CHECK(parse_env_id("experiments/scenarios/mixed.toml").variant == "experiments/scenarios/mixed.toml");
+  CHECK_THROWS_AS(make_env("nosuch:thing"), InputError);
+  CHECK_THROWS_AS(make_env("sim:weather"), InputError);
+  CHECK_THROWS_AS(make_env("sim:straggler(gpus=12)"), InputError);
+  CHECK_THROWS_AS(make_env("sim:straggler(gpus=abc)"), InputError);
+  CHECK_THROWS_AS(make_env("sim:straggler(colour=red)"), InputError);
+  CHECK_THROWS_AS(make_env("sim:straggler(gpus"), InputError);
+}
+
+TEST_CASE("vectorised runner: same per-env trajectories as sequential stepping") {
+  const char* id = "sim:mixed(gpus=16,horizon=8)";
+  std::vector<std::unique_ptr<Env>> envs;
+  for (int i = 0; i < 3; ++i) envs.push_back(make_env(id));
+  VectorEnv vec(std::move(envs), 2);
+  vec.reset(100);
+  std::vector<std::vector<double>> rewards(3);
+  for (int t = 0; t < 8; ++t) {
+    const auto results = vec.step({0, 1, 2});
+    for (int i = 0; i < 3; ++i) rewards[i].push_back(results[i].reward);
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto env = make_env(id);
+    env->reset(100 + static_cast<uint64_t>(i));
+    for (int t = 0; t < 8; ++t) CHECK(env->step(i).reward == rewards[i][t]);
+  }
+}
+
+TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats standing still") {
+  auto env = make_env("sim:straggler(gpus=32,horizon=48)");
+  double static_total = 0, reactive_total = 0;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    const auto oracle = agent::run_oracle(*env, seed);
+    for (const std::string name : {"static", "reactive"}) {
+      auto policy = agent::make_baseline(name);
+      const auto stats = agent::run_episode(*env, *policy, seed);
+      CHECK(stats.tokens <= oracle.tokens * 1.0001);
+      (name == "static" ? static_total : reactive_total) += stats.tokens;
+    }
+  }
+  CHECK(reactive_total >= static_total);
+}
+
+TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the planned layout") {
+  auto env = make_env("sim:hetero(gpus=16,horizon=4)");
+  auto planned = agent::make_baseline("static");
+  auto uniform = agent::make_baseline("uniform-dp");
+  const auto a = agent::run_episode(*env, *planned, 1);
+  const auto b = agent::run_episode(*env, *uniform, 1);
+  CHECK(a.throughput_tokens_per_s > 1.2 * b.throughput_tokens_per_s);
+}
+
+TEST_CASE("simulator: a failed GPU crashes the layout and the env restarts it") {
+  Scenario s = builtin_scenario(Family::kFailure, 16);
+  s.horizon = 24;
+  s.failure.rate_per_node_hour = 2.0;  // make a failure certain in this short run
+  SimEnv env(s, "failure-test");
+  env.reset(5);
+  int restarts = 0;
+  for (int t = 0; t < s.horizon; ++t) restarts += env.step(0).info.restarted;
+  CHECK(restarts >= 1);
+}
+
+TEST_CASE("95% interval of the mean") {
+  const auto i = agent::mean_interval({1.0, 2.0, 3.0, 4.0});
+  CHECK(i.mean == doctest::Approx(2.5));
+  CHECK(i.half_width == doctest::Approx(3.182 * std::sqrt(1.6666667 / 4)).epsilon(1e-3));
+}
