@@ -279,6 +279,8 @@ TEST_CASE("planner: best layout equals exhaustive enumeration through the cost m
     CAPTURE(k.cluster);
     CAPTURE(enumerated);
     REQUIRE(!r.candidates.empty());
+    MESSAGE(std::string(k.cluster)
+            << ": exhaustive " << enumerated << " layouts, planner evaluated " << r.evaluated);
     CHECK(r.evaluated < enumerated);
     CHECK(best_tokens(r) == doctest::Approx(brute).epsilon(1e-9));
     // The reported breakdown is the cost model's verdict on the returned strategy.
@@ -316,8 +318,7 @@ TEST_CASE("planner: candidates are feasible, ranked and diverse; the current lay
     CHECK(c.strategy.global_batch == 256);  // the current layout's batch
     if (i > 0) CHECK(c.cost.tokens_per_s <= r.candidates[i - 1].cost.tokens_per_s);
     const auto& s = c.strategy;
-    CHECK(families.insert({s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute})
-              .second);
+    CHECK(families.insert({s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute}).second);
     if (!(c.strategy == current)) CHECK(c.migration_s >= kSwitchPauseS);
   }
   REQUIRE(r.current->cost.fits_in_memory);
