@@ -1,5 +1,7 @@
 #include "strategy/space.h"
 
+#include <algorithm>
+
 #include "strategy/error.h"
 #include "strategy/toml_reader.h"
 
@@ -178,11 +180,10 @@ SearchSpace load_search_space(const std::string& path, const ModelSpec& model) {
   if (auto v = r.get_bool("compression")) s.compression = *v;
   r.reject_unknown();
 
-  for (int v : s.virtual_stages) {
-    if (v < 2 && s.virtual_stages.size() == 1 && s.schedule.size() == 1 &&
-        s.schedule[0] == Schedule::kInterleaved) {
-      r.fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
-    }
+  if (!s.virtual_stages.empty() &&
+      *std::max_element(s.virtual_stages.begin(), s.virtual_stages.end()) < 2 &&
+      s.schedule == std::vector<Schedule>{Schedule::kInterleaved}) {
+    r.fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
   }
   for (int tp : s.tp) {
     if (model.heads % tp != 0) {

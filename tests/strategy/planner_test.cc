@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strategy/error.h"
@@ -557,6 +558,10 @@ TEST_CASE("planner: [space] files load, and bad ones fail with file:line, key an
   CHECK(e3.find(":2") != std::string::npos);
   CHECK(e3.find("zigzag") != std::string::npos);
 
+  TempFile bad_v("[space]\nschedule = \"interleaved\"\nvirtual_stages = 1\n");
+  CHECK(error_of([&] { load_search_space(bad_v.path(), model); }).find("virtual_stages >= 2") !=
+        std::string::npos);
+
   TempFile bad_range("[space]\nglobal_batch_range = [512, 128]\n");
   CHECK(error_of([&] { load_search_space(bad_range.path(), model); }).find("global_batch_range") !=
         std::string::npos);
@@ -601,4 +606,27 @@ TEST_CASE("planner: bad requests are input errors") {
   req.conditions = {};
   req.conditions.gpu_failed.assign(8, true);
   CHECK(error_of([&] { planner.plan(req); }).find("failed") != std::string::npos);
+}
+
+TEST_CASE("planner: concurrent plan() calls on one planner agree with a single call") {
+  const ClusterSpec cluster = *cluster_preset("1x8xa100-80g+1x8xh800");
+  const Planner planner(*model_preset("gpt3-1.3b"), cluster);
+  PlanRequest req;
+  req.conditions.gpu_speed.assign(16, 1.0);
+  req.conditions.gpu_speed[2] = 0.5;
+  const PlanResult expected = planner.plan(req);
+  std::vector<PlanResult> results(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { results[i] = planner.plan(req); });
+  }
+  for (auto& t : threads) t.join();
+  for (const PlanResult& r : results) {
+    REQUIRE(r.candidates.size() == expected.candidates.size());
+    CHECK(r.evaluated == expected.evaluated);
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      CHECK(r.candidates[i].strategy == expected.candidates[i].strategy);
+      CHECK(r.candidates[i].cost.iteration_time_s == expected.candidates[i].cost.iteration_time_s);
+    }
+  }
 }
