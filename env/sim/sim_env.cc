@@ -98,18 +98,24 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   if (nominal.candidates.empty()) {
     throw InputError("scenario " + scenario_.name + ": no layout fits this model on this cluster");
   }
-  if (options.initial_layout == "uniform-dp") {
+  planned_initial_ = nominal.candidates.front().strategy;
+  {
     Strategy dp;
     dp.dp = scenario_.cluster.num_gpus();
     dp.global_batch = global_batch_;
     dp.zero = 1;
     dp.microbatch_size = 1;
+    dp.recompute = scenario_.space.recompute.empty() ? Recompute::kSelective
+                                                     : scenario_.space.recompute.front();
     if (find_problem(dp, scenario_.model, scenario_.cluster)) {
       throw InputError("scenario " + scenario_.name + ": pure data parallel is not legal here");
     }
-    initial_ = dp;
+    uniform_dp_ = dp;
+  }
+  if (options.initial_layout == "uniform-dp") {
+    initial_ = uniform_dp_;
   } else if (options.initial_layout == "planned") {
-    initial_ = nominal.candidates.front().strategy;
+    initial_ = planned_initial_;
   } else {
     throw InputError("unknown initial layout \"" + options.initial_layout +
                      "\" (planned | uniform-dp)");
@@ -329,10 +335,11 @@ Observation SimEnv::observation() {
 }
 
 std::optional<OracleResult> SimEnv::oracle() {
-  // Layouts worth considering: the start layout and the best plans under every distinct true
-  // condition of the episode.
+  // Layouts worth considering: the start layouts any policy may begin on (the oracle starts
+  // on the planned one) and the best plans under every distinct true condition.
   const int H = scenario_.horizon;
-  std::vector<Strategy> layouts = {initial_};
+  std::vector<Strategy> layouts = {planned_initial_};
+  if (!(uniform_dp_ == planned_initial_)) layouts.push_back(uniform_dp_);
   std::map<std::string, bool> seen;
   for (int t = 0; t < H; ++t) {
     const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
@@ -365,7 +372,9 @@ std::optional<OracleResult> SimEnv::oracle() {
       int arg = -1;
       double best_gain = 0;
       for (int a = 0; a < L; ++a) {
-        const double before = t == 0 ? (a == 0 ? 0.0 : -1e300) : value[a];
+        // The episode may start on either start layout (entries 0 and, when distinct, 1).
+        const bool start_layout = a == 0 || (a == 1 && !(uniform_dp_ == planned_initial_));
+        const double before = t == 0 ? (start_layout ? 0.0 : -1e300) : value[a];
         if (before <= -1e299) continue;
         double g;
         if (a == b) {

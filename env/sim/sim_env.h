@@ -55,7 +55,9 @@ class SimEnv : public Env {
   std::mt19937_64 rng_;
   int t_ = 0;
   Strategy current_;
-  Strategy initial_;
+  Strategy initial_;          // this episode's start layout
+  Strategy planned_initial_;  // the best plan for the nominal cluster
+  Strategy uniform_dp_;       // pure data parallel, equal shares
   std::optional<Strategy> target_;
   double staging_left_s_ = 0;
   int last_migration_ = -1;
