@@ -39,6 +39,8 @@ constexpr std::array<const char*, 11> kColumnNames = {"dp_rank", "stage",    "ra
                                                       "optype",  "start_ts", "duration", "seq_id",
                                                       "mc",      "mb_id",    "gmc"};
 
+constexpr int kMaxRanks = 1 << 20;
+
 std::ifstream open_or_throw(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open the file");
@@ -101,9 +103,10 @@ JobMeta read_job_meta(const std::string& path) {
     auto as_positive = [&](bool& seen) {
       int v = 0;
       const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-      if (value.empty() || ec != std::errc() || ptr != value.data() + value.size() || v < 1)
+      if (value.empty() || ec != std::errc() || ptr != value.data() + value.size() || v < 1 ||
+          v > kMaxRanks)
         throw InputError(path + ":" + std::to_string(line_number) + ": key '" + key + "': '" +
-                         value + "' is not a positive integer");
+                         value + "' is not an integer in [1, " + std::to_string(kMaxRanks) + "]");
       seen = true;
       return v;
     };
@@ -126,6 +129,9 @@ JobMeta read_job_meta(const std::string& path) {
   if (!have_pp) throw InputError(path + ": missing key 'pp_size'");
   const long product =
       static_cast<long>(meta.dp_size) * meta.pp_size * meta.tp_size * meta.dsp_size;
+  if (product > kMaxRanks)
+    throw InputError(path + ": dp_size * pp_size * tp_size * dsp_size exceeds " +
+                     std::to_string(kMaxRanks) + " ranks");
   if (!have_world) meta.world_size = static_cast<int>(product);
   if (meta.world_size < meta.dp_size * meta.pp_size)
     throw InputError(path + ": world_size " + std::to_string(meta.world_size) +

@@ -69,7 +69,8 @@ TelemetryTrace read_telemetry(std::istream& in, const std::string& source) {
                        std::to_string(f.size()));
     auto integer = [&](std::size_t c, std::int64_t lo) {
       const std::int64_t v = reader.parse_int(f[c], kColumns[c]);
-      if (v < lo || v > (std::int64_t{1} << 40))
+      // Ranks, stages and microbatch counts stay below 2^20; steps below 2^40.
+      if (v < lo || v > (std::int64_t{1} << (c == 3 ? 40 : 20)))
         reader.fail(kColumns[c],
                     std::to_string(v) + " is out of range (must be >= " + std::to_string(lo) + ")");
       return v;
@@ -116,6 +117,10 @@ OpTrace telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta) {
   std::sort(steps.begin(), steps.end());
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   const int dp = meta.dp_size, pp = meta.pp_size;
+  if (static_cast<std::int64_t>(dp) * pp > static_cast<std::int64_t>(t.samples.size()))
+    throw InputError(
+        t.source + ": every step needs one sample per (dp_rank, stage); the layout dp=" +
+        std::to_string(dp) + " pp=" + std::to_string(pp) + " has more ranks than samples");
   std::map<std::tuple<std::size_t, int, int>, const TelemetrySample*> at;
   std::vector<int> rank_of(static_cast<std::size_t>(dp * pp), -1);
   int microbatches = 1;

@@ -24,6 +24,8 @@ namespace parapilot::trace {
 struct CollectiveSample {
   double ms = 0;
   double bytes = 0;
+
+  bool operator==(const CollectiveSample&) const = default;
 };
 
 struct TelemetrySample {
