@@ -217,7 +217,7 @@ ReplayGraph ReplayGraph::build(const OpTrace& trace) {
             OpType::kOptimizerClipMainGrad, OpType::kOptimizer}) {
         if (t == OpType::kSeparateGradsAllReduce || t == OpType::kOptimizerClipMainGrad ||
             t == OpType::kOptimizer) {
-          if (!overlapped.empty() && !w.by_type[type_index(t)].empty()) {
+          if (!overlapped.empty() && overlapped.back() >= 0 && !w.by_type[type_index(t)].empty()) {
             dep(overlapped.back(), w.by_type[type_index(t)].front());
             overlapped.push_back(-1);  // attach only once
           }
