@@ -14,6 +14,8 @@
 #include <mutex>
 #include <random>
 
+#include <sys/socket.h>
+
 #include "transport/bus.h"
 #include "transport/io_runtime.h"
 
@@ -27,6 +29,9 @@ using boost::system::error_code;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kReadChunkBytes = 64u << 10;
+// send() writes directly from the caller's thread when the previous direct write on the same
+// connection is at least this old (sparse traffic); denser traffic is batched by the I/O thread.
+constexpr std::int64_t kDirectWriteGapNs = 50'000;
 
 class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
  public:
@@ -60,6 +65,28 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     bool post = false;
     {
       std::lock_guard lk(mu_);
+      const std::int64_t now = now_ns();
+      if (fd_ >= 0 && !write_in_flight_ && queue_.empty() &&
+          now - last_direct_ns_ >= kDirectWriteGapNs) {
+        // Fast path for sparse traffic: nothing is pending, so write from the caller's thread
+        // without waking the I/O thread. Dense traffic takes the queue, where the I/O thread
+        // coalesces frames into large writes. fd_ is only closed under mu_, so it is valid here.
+        last_direct_ns_ = now;
+        const ssize_t n = ::send(fd_, frame->data(), frame->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+          last_tx_ns_.store(now, std::memory_order_relaxed);
+          if (static_cast<std::size_t>(n) == frame->size()) {
+            messages_sent_.fetch_add(1, std::memory_order_relaxed);
+            return true;
+          }
+          // The rest of a partly written frame goes first and is never evicted.
+          queue_.push_front(Entry{frame->substr(static_cast<std::size_t>(n)), false});
+          schedule_flush_locked(post);
+          if (post) post_flush();
+          return true;
+        }
+        // EAGAIN (socket buffer full) or an error the I/O thread will see: queue it.
+      }
       if (telemetry) {
         if (telemetry_queued_ >= opt_.telemetry_buffer_capacity) {
           evict_oldest_telemetry();
@@ -68,20 +95,9 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         ++telemetry_queued_;
       }
       queue_.push_back(Entry{std::move(*frame), telemetry});
-      if (ready_ && !flush_posted_) {
-        flush_posted_ = true;
-        post = true;
-      }
+      schedule_flush_locked(post);
     }
-    if (post) {
-      asio::post(strand_, [self = shared_from_this()] {
-        {
-          std::lock_guard lk(self->mu_);
-          self->flush_posted_ = false;
-        }
-        self->start_write();
-      });
-    }
+    if (post) post_flush();
     return true;
   }
 
@@ -108,12 +124,10 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     auto shut = [self = shared_from_this()] {
       self->state_ = State::stopped;
       self->connected_.store(false);
-      error_code ec;
       self->tick_timer_.cancel();
       self->retry_timer_.cancel();
       self->resolver_.cancel();
-      if (self->conn_) self->conn_->sock.close(ec);
-      self->conn_.reset();
+      self->close_socket();
     };
     if (strand_.running_in_this_thread()) {
       shut();
@@ -127,12 +141,46 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       fut.wait();
     }
     std::lock_guard lk(mu_);
-    ready_ = false;
-    write_in_flight_ = false;
     cv_.notify_all();
   }
 
  private:
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  }
+
+  // mu_ held. Sets `post` when the caller must call post_flush() (after unlocking).
+  void schedule_flush_locked(bool& post) {
+    if (ready_ && !flush_posted_) {
+      flush_posted_ = true;
+      post = true;
+    }
+  }
+
+  void post_flush() {
+    asio::post(strand_, [self = shared_from_this()] {
+      {
+        std::lock_guard lk(self->mu_);
+        self->flush_posted_ = false;
+      }
+      self->start_write();
+    });
+  }
+
+  // Strand. Forgets the socket for the fast path, then closes it.
+  void close_socket() {
+    {
+      std::lock_guard lk(mu_);
+      ready_ = false;
+      fd_ = -1;
+      write_in_flight_ = false;
+    }
+    error_code ec;
+    if (conn_) conn_->sock.close(ec);
+    conn_.reset();
+  }
+
   enum class State { idle, connecting, handshaking, ready, stopped };
   struct Conn {
     explicit Conn(asio::strand<asio::io_context::executor_type>& s, std::uint32_t max_frame)
@@ -192,7 +240,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     error_code ec;
     conn_->sock.set_option(tcp::no_delay(true), ec);
     state_ = State::handshaking;
-    last_rx_ = last_tx_ = Clock::now();
+    last_rx_ = Clock::now();
+    last_tx_ns_.store(now_ns(), std::memory_order_relaxed);
     Hello hello;
     hello.role = opt_.role;
     hello.rank = opt_.rank;
@@ -265,6 +314,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         {
           std::lock_guard lk(mu_);
           ready_ = true;
+          fd_ = conn_->sock.native_handle();
         }
         connected_.store(true, std::memory_order_release);
         log(LogLevel::info, "connected to " + opt_.server_address + ":" +
@@ -323,7 +373,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       }
       write_in_flight_ = true;
     }
-    last_tx_ = Clock::now();
+    last_tx_ns_.store(now_ns(), std::memory_order_relaxed);
     auto conn = conn_;
     asio::async_write(
         conn->sock, asio::buffer(*batch),
@@ -366,8 +416,9 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         fail("heartbeat timeout (" + std::to_string(opt_.heartbeat_timeout_ms) + " ms)");
         return;
       }
-      if (now - last_tx_ >= milliseconds(opt_.heartbeat_interval_ms)) {
-        last_tx_ = now;
+      const auto idle_ns = now_ns() - last_tx_ns_.load(std::memory_order_relaxed);
+      if (idle_ns >= std::int64_t{opt_.heartbeat_interval_ms} * 1'000'000) {
+        last_tx_ns_.store(now_ns(), std::memory_order_relaxed);
         const auto ns =
             std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
         send_priority(Heartbeat{++heartbeat_seq_, static_cast<std::uint64_t>(ns.count())});
@@ -379,19 +430,12 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   void fail(const std::string& reason) {
     if (state_ == State::stopped || !conn_) return;
     const bool was_ready = state_ == State::ready;
-    error_code ec;
-    conn_->sock.close(ec);
-    conn_.reset();
+    close_socket();
     resolver_.cancel();
     state_ = State::idle;
     got_challenge_ = false;
     priority_out_.clear();
     connected_.store(false, std::memory_order_release);
-    {
-      std::lock_guard lk(mu_);
-      ready_ = false;
-      write_in_flight_ = false;
-    }
     const std::uint32_t base = backoff_ms_;
     backoff_ms_ = std::min<std::uint32_t>(std::max(opt_.reconnect_max_ms, 1u),
                                           base > 0x7FFFFFFFu ? base : base * 2);
@@ -425,7 +469,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   PeerId peer_id_ = 0;
   std::uint32_t backoff_ms_;
   std::mt19937 rng_;
-  Clock::time_point phase_start_{}, last_rx_{}, last_tx_{};
+  Clock::time_point phase_start_{}, last_rx_{};
+  std::atomic<std::int64_t> last_tx_ns_{0};  // steady clock; written by senders and the strand
   std::uint64_t heartbeat_seq_ = 0;
 
   std::atomic<bool> stopped_{false};
@@ -441,6 +486,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   bool ready_ = false;                   // guarded by mu_
   bool flush_posted_ = false;            // guarded by mu_
   bool write_in_flight_ = false;         // guarded by mu_
+  int fd_ = -1;  // guarded by mu_: the authenticated socket for the send() fast path, or -1
+  std::int64_t last_direct_ns_ = 0;  // guarded by mu_: time of the last fast-path write
 };
 
 class TcpClient final : public Client {
