@@ -187,7 +187,7 @@ void add_trace_command(CLI::App& app) {
       ->add_option("--layers", options->layers,
                    "Transformer layers of the model, for the re-partitioning remedy "
                    "(default: assume 8 per stage)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   analyze->add_flag("--json", options->json, "Print one JSON object instead of a table");
   analyze->callback([options] { run_analyze(*options); });
 }
