@@ -11,9 +11,11 @@ std::vector<int> Strategy::layers_per_chunk(int layers) const {
   if (!stage_layers.empty()) return stage_layers;
   const int chunks = num_chunks();
   std::vector<int> counts(chunks, layers / chunks);
-  // Remainder goes to the middle chunks: the first and last also carry embedding and logits.
-  int remainder = layers % chunks;
-  for (int i = 0; remainder > 0; ++i, --remainder) counts[(chunks - remainder) / 2 + i] += 1;
+  // The remainder goes to the middle chunks (the cost model's ChunkLayout agrees): the first
+  // and last also carry the embedding and the logits.
+  const int remainder = layers % chunks;
+  const int first_extra = (chunks - remainder) / 2;
+  for (int c = first_extra; c < first_extra + remainder; ++c) counts[c] += 1;
   return counts;
 }
 

@@ -2,6 +2,7 @@
 // memory examples.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -271,4 +272,18 @@ TEST_CASE("compression reduces exposed data-parallel time on a slow network") {
   CHECK(none > 0);
   CHECK(fp16 < none);
   CHECK(powersgd < fp16);
+}
+
+TEST_CASE("balanced stages: every layer placed once, remainder in the middle, as the cost model counts") {
+  for (int layers = 1; layers <= 40; ++layers) {
+    for (int chunks = 1; chunks <= std::min(layers, 12); ++chunks) {
+      Strategy s;
+      s.pp = chunks;
+      const std::vector<int> counts = s.layers_per_chunk(layers);
+      REQUIRE(static_cast<int>(counts.size()) == chunks);
+      CHECK(std::accumulate(counts.begin(), counts.end(), 0) == layers);
+      const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+      CHECK(*hi - *lo <= 1);
+    }
+  }
 }
