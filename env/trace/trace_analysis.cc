@@ -13,6 +13,8 @@ namespace parapilot::trace {
 namespace {
 
 constexpr double kNoSlowdown = 1.02;  // below this the job runs at its ideal speed
+constexpr double kWorkerRatio = 1.2;  // a straggler computes at least this much over its stage
+constexpr double kStageRatio = 1.05;  // an imbalanced stage computes this much over the median
 
 double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
@@ -227,16 +229,6 @@ TraceAnalysis analyze_trace(const OpTrace& trace, const AnalysisOptions& options
     a.worker_factor = t_worker / t_stage;
     a.diffuse_factor = a.measured_step_s / t_worker;
   }
-  if (a.slowdown < kNoSlowdown) {
-    a.cause = "none";
-  } else if (a.stage_factor >= a.worker_factor && a.stage_factor >= a.diffuse_factor) {
-    a.cause = "stage-imbalance";
-  } else if (a.worker_factor >= a.diffuse_factor) {
-    a.cause = "worker";
-  } else {
-    a.cause = "diffuse";
-  }
-
   const int pp = trace.meta.pp_size, dp = trace.meta.dp_size;
   for (int s = 0; s < pp; ++s) a.stage_compute_s.push_back(cm.stage_microbatch_s(s));
   {
@@ -249,25 +241,56 @@ TraceAnalysis analyze_trace(const OpTrace& trace, const AnalysisOptions& options
     a.microbatches = std::max(1, static_cast<int>(std::lround(median(as_double))) / cm.vpp);
   }
 
-  // Stragglers: ranks (worker cause) or the ranks of slow stages (stage cause) whose own
-  // measured durations explain a good part of the slowdown.
+  // Cause and stragglers. The largest factor names the cause, provided it is borne out by
+  // the ranks: a worker cause needs a few ranks (at most one position in eight) computing clearly
+  // slower than their stage and mattering on their own; a stage cause needs a stage computing more
+  // per microbatch than the median stage and mattering on its own. Otherwise the next factor is
+  // tried; diffuse needs no such evidence.
   const double bar = 1 + std::max(0.01, 0.3 * (a.slowdown - 1));
   const std::vector<double>& stage_s = a.stage_compute_s;
   const double stage_median = median(stage_s);
+  std::vector<Straggler> by_worker, by_stage;
   for (const auto& [rank, slowdown] : a.rank_slowdown) {
     const WorkerStats& w = cm.workers[static_cast<std::size_t>(rank)];
     if (w.count[0] + w.count[1] == 0) continue;
     const double stage_typ = cm.stage_microbatch_s(w.stage);
     const double ratio = stage_typ > 0 ? cm.worker_microbatch_s(rank) / stage_typ : 1.0;
-    bool flagged = false;
-    if (a.cause == "worker") {
-      flagged = slowdown >= bar && ratio >= 1.05;
-    } else if (a.cause == "stage-imbalance") {
-      flagged = a.stage_slowdown[w.stage] >= bar && stage_median > 0 &&
-                stage_s[static_cast<std::size_t>(w.stage)] / stage_median >= 1.05;
-    }
-    if (flagged) a.stragglers.push_back({rank, w.dp, w.stage, slowdown, ratio});
+    const Straggler s{rank, w.dp, w.stage, slowdown, ratio};
+    if (slowdown >= bar && ratio >= kWorkerRatio) by_worker.push_back(s);
+    if (a.stage_slowdown[w.stage] >= bar && stage_median > 0 &&
+        stage_s[static_cast<std::size_t>(w.stage)] / stage_median >= kStageRatio)
+      by_stage.push_back(s);
   }
+  // Ranks that share a (dp_rank, stage) (tensor-parallel peers) slow down together: count
+  // positions, and allow at most one in eight of them.
+  std::vector<std::pair<int, int>> positions, all_positions;
+  for (const Straggler& s : by_worker) positions.emplace_back(s.dp_rank, s.stage);
+  for (const WorkerStats& w : cm.workers)
+    if (w.count[0] + w.count[1] > 0) all_positions.emplace_back(w.dp, w.stage);
+  for (auto* v : {&positions, &all_positions}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  const bool worker_evident =
+      !positions.empty() &&
+      static_cast<int>(positions.size()) <= std::max(1, static_cast<int>(all_positions.size()) / 8);
+  const bool stage_evident = !by_stage.empty();
+  std::vector<std::pair<double, std::string>> ranked = {{a.stage_factor, "stage-imbalance"},
+                                                        {a.worker_factor, "worker"},
+                                                        {a.diffuse_factor, "diffuse"}};
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  a.cause = "diffuse";
+  for (const auto& [factor, cause] : ranked) {
+    if ((cause == "worker" && worker_evident) || (cause == "stage-imbalance" && stage_evident) ||
+        cause == "diffuse") {
+      a.cause = cause;
+      break;
+    }
+  }
+  if (a.slowdown < kNoSlowdown) a.cause = "none";
+  if (a.cause == "worker") a.stragglers = by_worker;
+  if (a.cause == "stage-imbalance") a.stragglers = by_stage;
   std::sort(a.stragglers.begin(), a.stragglers.end(),
             [](const Straggler& x, const Straggler& y) { return x.slowdown > y.slowdown; });
 

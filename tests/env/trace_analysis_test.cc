@@ -434,3 +434,40 @@ TEST_CASE("gradient reduce-scatters overlapped with the backward passes are repl
   CHECK(a.measured_step_s <= a.recorded_step_s + 1e-9);
   CHECK(std::isfinite(a.slowdown));
 }
+
+TEST_CASE("intermittent slow worker vs per-step imbalance spread over all workers") {
+  SyntheticJob job = healthy_job(8, 2);
+  job.steps = 12;
+  std::mt19937 gen(3);
+  std::vector<double> per_worker_step(12 * 8 * 2);
+  for (double& x : per_worker_step) x = 0.6 + 0.9 * uniform(gen);
+
+  SUBCASE("one worker 3x slower in every third step: worker") {
+    auto f = [](double base) {
+      return [base](int step, int dp, int stage, int) {
+        return base * ((dp == 2 && stage == 0 && step % 3 == 0) ? 3.0 : 1.0);
+      };
+    };
+    job.forward_s = f(0.010);
+    job.backward_s = f(0.020);
+    const TraceAnalysis a = analyze_trace(synthesize_op_trace(job));
+    CHECK(a.cause == "worker");
+    REQUIRE(a.stragglers.size() == 1);
+    CHECK(a.stragglers[0].rank == 2);
+  }
+  SUBCASE("each worker's load varies from step to step (uneven sequence lengths): diffuse") {
+    auto f = [per_worker_step](double base) {
+      return [per_worker_step, base](int step, int dp, int stage, int) {
+        return base * per_worker_step[static_cast<std::size_t>((step * 8 + dp) * 2 + stage)];
+      };
+    };
+    job.forward_s = f(0.010);
+    job.backward_s = f(0.020);
+    const TraceAnalysis a = analyze_trace(synthesize_op_trace(job));
+    MESSAGE("slowdown " << a.slowdown << " factors " << a.stage_factor << " " << a.worker_factor
+                        << " " << a.diffuse_factor);
+    CHECK(a.slowdown > 1.1);
+    CHECK(a.cause == "diffuse");
+    CHECK(a.stragglers.empty());
+  }
+}
