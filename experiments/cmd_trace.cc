@@ -131,6 +131,7 @@ void print_table(const trace::TraceAnalysis& a, const std::string& path) {
 void run_analyze(const TraceAnalyzeOptions& o) {
   trace::OpTrace ops;
   std::string format;
+  double telemetry_step_s = 0;
   if (trace::looks_like_op_trace(o.trace)) {
     if (o.meta.empty())
       throw InputError(o.trace + ": a per-op trace needs --meta (the job's meta YAML file)");
@@ -149,6 +150,7 @@ void run_analyze(const TraceAnalyzeOptions& o) {
       meta.trial_name = given.trial_name;
     }
     ops = trace::telemetry_to_op_trace(t, meta);
+    telemetry_step_s = trace::mean_recorded_step_s(t);
   } else {
     std::ifstream probe(o.trace);
     if (!probe) throw InputError(o.trace + ": cannot open the file");
@@ -161,7 +163,9 @@ void run_analyze(const TraceAnalyzeOptions& o) {
                      std::to_string(ops.meta.pp_size) + " pipeline stages");
   trace::AnalysisOptions options;
   options.layers = o.layers;
-  const trace::TraceAnalysis a = trace::analyze_trace(ops, options);
+  trace::TraceAnalysis a = trace::analyze_trace(ops, options);
+  // A telemetry recording's own wall time; the replayed figures come from its 1F1B model.
+  if (format == "telemetry") a.recorded_step_s = telemetry_step_s;
   if (o.json) {
     std::cout << to_json(a, o.trace, format).dump(2) << "\n";
   } else {

@@ -111,6 +111,20 @@ JobMeta telemetry_layout(const TelemetryTrace& t) {
   return meta;
 }
 
+double mean_recorded_step_s(const TelemetryTrace& t) {
+  std::map<std::int64_t, std::pair<double, double>> span;
+  for (const TelemetrySample& s : t.samples) {
+    auto [it, inserted] = span.try_emplace(s.step, s.start_s, s.end_s);
+    if (!inserted) {
+      it->second.first = std::min(it->second.first, s.start_s);
+      it->second.second = std::max(it->second.second, s.end_s);
+    }
+  }
+  double sum = 0;
+  for (const auto& [step, se] : span) sum += se.second - se.first;
+  return span.empty() ? 0.0 : sum / static_cast<double>(span.size());
+}
+
 OpTrace telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta) {
   std::vector<std::int64_t> steps;
   for (const TelemetrySample& s : t.samples) steps.push_back(s.step);

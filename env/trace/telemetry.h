@@ -64,6 +64,9 @@ TelemetryTrace read_telemetry(std::istream& in, const std::string& source);
 // world_size = max rank + 1.
 JobMeta telemetry_layout(const TelemetryTrace& t);
 
+// Mean over steps of (latest end_s - earliest start_s) across the step's ranks.
+double mean_recorded_step_s(const TelemetryTrace& t);
+
 // An op trace with the same per-rank compute and communication, laid out as a 1F1B schedule
 // (forward:backward = 1:2 of compute_ms, split evenly over microbatches; pipeline time split
 // over the sends; tensor-parallel time folded into compute), so that the op-level analysis

@@ -471,3 +471,11 @@ TEST_CASE("intermittent slow worker vs per-step imbalance spread over all worker
     CHECK(a.stragglers.empty());
   }
 }
+
+TEST_CASE("telemetry: mean recorded step time spans all ranks of a step") {
+  TelemetryTrace t;
+  t.samples.push_back({0, 0, 0, 5, 1.0, 1.5, 1, 100, {}, {}, {}});
+  t.samples.push_back({1, 1, 0, 5, 1.1, 1.7, 1, 100, {}, {}, {}});
+  t.samples.push_back({0, 0, 0, 6, 2.0, 2.4, 1, 100, {}, {}, {}});
+  CHECK(mean_recorded_step_s(t) == doctest::Approx((0.7 + 0.4) / 2));
+}
