@@ -10,5 +10,8 @@ void add_simulate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_trace_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_worker_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 
 }  // namespace parapilot::cli

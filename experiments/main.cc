@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   parapilot::cli::add_plan_command(app);
   parapilot::cli::add_eval_command(app);
   parapilot::cli::add_trace_command(app);
+  parapilot::cli::add_train_command(app);
+  parapilot::cli::add_worker_command(app);
+  parapilot::cli::add_launch_command(app);
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
     bool found = false;

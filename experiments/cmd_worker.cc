@@ -1,0 +1,8 @@
+// parapilot worker (placeholder until it lands).
+#include "experiments/commands.h"
+
+namespace parapilot::cli {
+
+void add_worker_command(CLI::App& app) { (void)app; }
+
+}  // namespace parapilot::cli
