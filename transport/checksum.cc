@@ -1,6 +1,11 @@
 #include "transport/checksum.h"
 
 #include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 namespace parapilot::transport {
 namespace {
@@ -23,9 +28,44 @@ constexpr Tables make_tables() {
 
 constexpr Tables kTables = make_tables();
 
+#if defined(__x86_64__)
+// The SSE4.2 CRC32 instruction computes exactly CRC32C; used when the CPU has it.
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_hw(const std::uint8_t* p, std::size_t n,
+                                                          std::uint32_t crc) {
+  std::uint64_t c = ~crc;
+  while (n >= 8) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+    p += 8;
+    n -= 8;
+  }
+  auto c32 = static_cast<std::uint32_t>(c);
+  while (n-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+  return ~c32;
+}
+
+const bool kHaveHwCrc = __builtin_cpu_supports("sse4.2");
+#endif
+
+std::uint32_t crc32c_sw(std::span<const std::uint8_t> data, std::uint32_t crc);
+
 }  // namespace
 
 std::uint32_t crc32c(std::span<const std::uint8_t> data, std::uint32_t crc) {
+#if defined(__x86_64__)
+  if (kHaveHwCrc) return crc32c_hw(data.data(), data.size(), crc);
+#endif
+  return crc32c_sw(data, crc);
+}
+
+std::uint32_t crc32c_portable(std::span<const std::uint8_t> data, std::uint32_t crc) {
+  return crc32c_sw(data, crc);
+}
+
+namespace {
+
+std::uint32_t crc32c_sw(std::span<const std::uint8_t> data, std::uint32_t crc) {
   std::uint32_t c = ~crc;
   const std::uint8_t* p = data.data();
   std::size_t n = data.size();
@@ -43,5 +83,7 @@ std::uint32_t crc32c(std::span<const std::uint8_t> data, std::uint32_t crc) {
   while (n-- > 0) c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFFu];
   return ~c;
 }
+
+}  // namespace
 
 }  // namespace parapilot::transport

@@ -12,6 +12,10 @@
 namespace parapilot::transport {
 
 /// Continues a CRC32C: crc32c(b, crc32c(a)) == crc32c(a || b). Start with crc = 0.
+/// Uses the SSE4.2 CRC32 instruction when the CPU has it, else a table (slicing-by-8).
 std::uint32_t crc32c(std::span<const std::uint8_t> data, std::uint32_t crc = 0);
+
+/// The table implementation only (tests compare both).
+std::uint32_t crc32c_portable(std::span<const std::uint8_t> data, std::uint32_t crc = 0);
 
 }  // namespace parapilot::transport

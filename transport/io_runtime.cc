@@ -1,5 +1,7 @@
 #include "transport/io_runtime.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <mutex>
 
@@ -9,7 +11,10 @@ IoRuntime::IoRuntime(std::size_t threads) : impl_(std::make_unique<Impl>()) {
   impl_->guard.emplace(impl_->ctx.get_executor());
   if (threads == 0) threads = 1;
   for (std::size_t i = 0; i < threads; ++i) {
-    impl_->threads.emplace_back([ctx = &impl_->ctx] { ctx->run(); });
+    impl_->threads.emplace_back([ctx = &impl_->ctx] {
+      pthread_setname_np(pthread_self(), "pp-client-io");
+      ctx->run();
+    });
   }
 }
 

@@ -15,26 +15,28 @@ namespace {
 
 class StringSink final : public std::streambuf {
  public:
-  explicit StringSink(std::string& out) : out_(out) {}
+  explicit StringSink(std::string* out) : out_(out) {}
+  void target(std::string* out) { out_ = out; }
 
  protected:
   std::streamsize xsputn(const char* s, std::streamsize n) override {
-    out_.append(s, static_cast<std::size_t>(n));
+    out_->append(s, static_cast<std::size_t>(n));
     return n;
   }
   int_type overflow(int_type ch) override {
     if (!traits_type::eq_int_type(ch, traits_type::eof()))
-      out_.push_back(traits_type::to_char_type(ch));
+      out_->push_back(traits_type::to_char_type(ch));
     return traits_type::not_eof(ch);
   }
 
  private:
-  std::string& out_;
+  std::string* out_;
 };
 
 class SpanSource final : public std::streambuf {
  public:
-  explicit SpanSource(std::span<const std::uint8_t> in) {
+  explicit SpanSource(std::span<const std::uint8_t> in) { reset(in); }
+  void reset(std::span<const std::uint8_t> in) {
     // std::streambuf wants char*; the buffer is only read.
     char* p = const_cast<char*>(reinterpret_cast<const char*>(in.data()));
     setg(p, p, p + in.size());
@@ -371,13 +373,37 @@ std::string validate(const Message& m) {
   return std::visit([](const auto& x) { return validate_one(x); }, m);
 }
 
+namespace {
+
+// Streams and archives are expensive to construct (locales, archive registries) compared with a
+// 200-byte message, so each thread keeps one set and points it at the next buffer. The archives
+// hold no state between messages (no pointers, no versions, no polymorphism); the one-byte
+// prologue each archive handles at construction is written/checked by hand per message.
+struct EncodeState {
+  std::string prologue;
+  StringSink sink{&prologue};
+  std::ostream os{&sink};
+  cereal::PortableBinaryOutputArchive ar{
+      os, cereal::PortableBinaryOutputArchive::Options::LittleEndian()};
+};
+
+struct DecodeState {
+  static constexpr std::uint8_t kPrologue[1] = {0x01};
+  SpanSource src{std::span<const std::uint8_t>(kPrologue)};
+  std::istream is{&src};
+  cereal::PortableBinaryInputArchive ar{
+      is, cereal::PortableBinaryInputArchive::Options::LittleEndian()};
+};
+
+}  // namespace
+
 void encode_payload(const Message& m, std::string& out) {
-  StringSink sink(out);
-  std::ostream os(&sink);
-  cereal::PortableBinaryOutputArchive ar(
-      os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
-  Writer w{ar};
+  thread_local EncodeState st;
+  st.sink.target(&out);
+  out.push_back('\x01');  // the archive prologue: data is little-endian
+  Writer w{st.ar};
   std::visit([&](const auto& x) { visit_message(w, x); }, m);
+  st.sink.target(&st.prologue);
 }
 
 Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload) {
@@ -385,12 +411,11 @@ Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> p
   if (!is_known_type(raw)) return Error{"unknown message type " + std::to_string(raw)};
   if (payload.empty()) return Error{"empty payload"};
   if (payload[0] != 0x01) return Error{"payload endianness marker is not 0x01"};
+  thread_local DecodeState st;
   try {
-    SpanSource src(payload);
-    std::istream is(&src);
-    cereal::PortableBinaryInputArchive ar(
-        is, cereal::PortableBinaryInputArchive::Options::LittleEndian());
-    Reader r{ar, src};
+    SpanSource& src = st.src;
+    src.reset(payload.subspan(1));  // the prologue byte was checked above
+    Reader r{st.ar, src};
     Message m = make_default(raw - 1u);
     std::visit([&](auto& x) { visit_message(r, x); }, m);
     if (src.remaining() != 0) {

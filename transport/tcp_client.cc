@@ -32,6 +32,24 @@ constexpr std::size_t kReadChunkBytes = 64u << 10;
 // send() writes directly from the caller's thread when the previous direct write on the same
 // connection is at least this old (sparse traffic); denser traffic is batched by the I/O thread.
 constexpr std::int64_t kDirectWriteGapNs = 50'000;
+// A thread that calls send() more than kStreamingMsgsPerSecond times per second (measured over
+// blocks of kRateWindowSends calls) is streaming: its messages go through the queue, so that the
+// I/O thread batches them and the caller does not pay one system call per message.
+constexpr std::int64_t kStreamingMsgsPerSecond = 150'000;
+constexpr std::int64_t kRateWindowSends = 256;
+
+bool caller_is_streaming(std::int64_t now_ns) {
+  thread_local std::int64_t window_start_ns = 0;
+  thread_local std::int64_t count = 0;
+  thread_local bool streaming = false;
+  if (count == 0) window_start_ns = now_ns;
+  if (++count == kRateWindowSends) {
+    const std::int64_t elapsed_ns = now_ns - window_start_ns;
+    streaming = elapsed_ns * kStreamingMsgsPerSecond < kRateWindowSends * 1'000'000'000LL;
+    count = 0;
+  }
+  return streaming;
+}
 
 class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
  public:
@@ -67,7 +85,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       std::lock_guard lk(mu_);
       const std::int64_t now = now_ns();
       if (fd_ >= 0 && !write_in_flight_ && queue_.empty() &&
-          now - last_direct_ns_ >= kDirectWriteGapNs) {
+          now - last_direct_ns_ >= kDirectWriteGapNs && !caller_is_streaming(now)) {
         // Fast path for sparse traffic: nothing is pending, so write from the caller's thread
         // without waking the I/O thread. Dense traffic takes the queue, where the I/O thread
         // coalesces frames into large writes. fd_ is only closed under mu_, so it is valid here.

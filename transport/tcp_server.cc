@@ -7,6 +7,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -103,7 +105,10 @@ class TcpServer final : public Server {
     port_ = acceptor_->local_endpoint().port();
     for (auto& w : workers_) {
       w->guard.emplace(w->ctx.get_executor());
-      w->thread = std::thread([ctx = &w->ctx] { ctx->run(); });
+      w->thread = std::thread([ctx = &w->ctx] {
+        pthread_setname_np(pthread_self(), "pp-server-io");
+        ctx->run();
+      });
     }
     asio::post(workers_[0]->ctx, [this] { accept(); });
     log(LogLevel::info, "listening on " + opt_.listen_address + ":" + std::to_string(port_) +

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "transport/bus.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
@@ -48,9 +50,17 @@ struct Row {
   double max_msgs_per_s = 0;
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
   double achieved_rate = 0;
+  double cpu_us_per_msg = 0;  // process CPU time (all threads) per message at the fixed rate
   std::uint64_t dropped = 0;
   bool ok = true;
 };
+
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(
@@ -163,8 +173,11 @@ void measure(Row& row, SendFn&& send, std::size_t publishers, Sink& sink, const 
   sink.latency_ns.reserve(static_cast<std::size_t>(cfg.rate * cfg.seconds * 1.2));
   const std::uint64_t base2 = sink.received.load();
   sink.recording = true;
+  const double cpu0 = cpu_seconds();
   const std::uint64_t n = drive(send, publishers, sink, cfg.seconds, cfg.rate, cfg.window);
   row.ok = wait_for_count(sink, base2 + n, std::chrono::seconds(30)) && row.ok;
+  row.cpu_us_per_msg =
+      (cpu_seconds() - cpu0) * 1e6 / static_cast<double>(std::max<std::uint64_t>(n, 1));
   sink.recording = false;
   fill_latency(row, sink.latency_ns, cfg.seconds, n);
 }
@@ -301,10 +314,10 @@ int main(int argc, char** argv) {
 #endif
   std::printf(
       "\n| publishers | bus       | throughput msgs/s | p50 us | p99 us | p99.9 us | max us | "
-      "achieved msgs/s | dropped |\n");
+      "achieved msgs/s | CPU us/msg | dropped |\n");
   std::printf(
       "|-----------:|-----------|------------------:|-------:|-------:|---------:|-------:|"
-      "----------------:|--------:|\n");
+      "----------------:|-----------:|--------:|\n");
   for (std::size_t n : cfg.publishers) {
     std::vector<Row> rows;
     rows.push_back(run_parapilot(n, cfg));
@@ -312,10 +325,11 @@ int main(int argc, char** argv) {
     rows.push_back(run_zmq(n, cfg));
 #endif
     for (const Row& r : rows) {
-      std::printf("| %10zu | %-9s | %17.0f | %6.1f | %6.1f | %8.1f | %6.0f | %15.0f | %7llu |%s\n",
-                  r.publishers, r.bus.c_str(), r.max_msgs_per_s, r.p50_us, r.p99_us, r.p999_us,
-                  r.max_us, r.achieved_rate, static_cast<unsigned long long>(r.dropped),
-                  r.ok ? "" : " (incomplete)");
+      std::printf(
+          "| %10zu | %-9s | %17.0f | %6.1f | %6.1f | %8.1f | %6.0f | %15.0f | %10.2f | %7llu |%s\n",
+          r.publishers, r.bus.c_str(), r.max_msgs_per_s, r.p50_us, r.p99_us, r.p999_us, r.max_us,
+          r.achieved_rate, r.cpu_us_per_msg, static_cast<unsigned long long>(r.dropped),
+          r.ok ? "" : " (incomplete)");
       std::fflush(stdout);
     }
   }
