@@ -254,17 +254,32 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
   const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
 
-  auto link_s = [&](int gpu_a, int gpu_b, double bytes) {
+  // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
+  // network transfer (its seconds per byte), and one tensor-parallel collective.
+  struct NodeLinks {
+    double intra_p2p_s;
+    double inter_s_per_byte;
+    double tp_collective_s;
+  };
+  thread_local std::vector<NodeLinks> node_links;
+  node_links.resize(topo_.nodes.size());
+  for (size_t n = 0; n < topo_.nodes.size(); ++n) {
+    const int node = static_cast<int>(n);
+    const double intra_Bps =
+        topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
+    node_links[n].intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
+    node_links[n].inter_s_per_byte =
+        1.0 / (topo_.nodes[n].inter_GBps * c.inter(node) * 1e9 * topo_.inter_efficiency);
+    node_links[n].tp_collective_s =
+        ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
+  }
+  // One p2p message between two GPUs: NVLink inside a node, else the slower network end.
+  auto link_s = [&](int gpu_a, int gpu_b) {
     const int na = topo_.node_of_gpu[gpu_a];
     const int nb = topo_.node_of_gpu[gpu_b];
-    if (na == nb) {
-      const double bw = topo_.nodes[na].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(na);
-      return topo_.intra_latency_s + bytes / bw;
-    }
-    const double bw = std::min(topo_.nodes[na].inter_GBps * c.inter(na),
-                               topo_.nodes[nb].inter_GBps * c.inter(nb)) *
-                      1e9 * topo_.inter_efficiency;
-    return topo_.inter_latency_s + bytes / bw;
+    if (na == nb) return node_links[na].intra_p2p_s;
+    return topo_.inter_latency_s +
+           p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
   };
 
   // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
@@ -297,16 +312,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     }
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
-    const int node = topo_.node_of_gpu[gpu0];
-    const double tp_bw =
-        topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
-    const double one_collective = ring_allreduce_s(s.tp, tp_bytes, tp_bw, topo_.intra_latency_s);
+    const double one_collective = node_links[topo_.node_of_gpu[gpu0]].tp_collective_s;
     const int layers = rank_layers[p];
     if (pp > 1) {
       // Activations go to the next chunk, input gradients back to the previous one: every
       // chunk but the last sends forward, every chunk but the first sends backward.
-      const double to_next = link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0), p2p_bytes);
-      const double to_prev = link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0), p2p_bytes);
+      const double to_next = link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0));
+      const double to_prev = link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0));
       rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
     }
     rt.fwd = layers * bt.fwd;
@@ -587,8 +599,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
         tl.backward_s[chunk] = (rt.bwd + rt.tp - tp_fwd) * share;
         if (chunk + 1 < chunk_count)
-          tl.p2p_s[chunk] = link_s(s.gpu_of_rank(critical, p, 0),
-                                   s.gpu_of_rank(critical, (p + 1) % pp, 0), p2p_bytes);
+          tl.p2p_s[chunk] =
+              link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0));
       }
     }
   }
