@@ -10,7 +10,7 @@
 // for all publisher connections (parapilot: a shared IoRuntime; ZeroMQ: one context I/O thread);
 // the receiver has one I/O thread. Prints a table; not a test.
 //
-//   bench_transport [--seconds S] [--rate R] [--window W] [--publishers 1,16,256]
+//   bench_transport [--seconds S] [--rate R] [--window W] [--publishers 1,16,256] [--repeat N]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,6 +42,7 @@ struct Config {
   double rate = 100'000;
   std::uint64_t window = 20'000;
   std::vector<std::size_t> publishers = {1, 16, 256};
+  int repeat = 3;  // runs per configuration (alternating buses); the table shows medians
 };
 
 struct Row {
@@ -274,6 +275,26 @@ Row run_zmq(std::size_t publishers, const Config& cfg) {
 }
 #endif
 
+/// Field-wise median of several runs of one configuration.
+Row median(std::vector<Row> runs) {
+  Row out = runs.front();
+  auto med = [&](double Row::*field) {
+    std::vector<double> v;
+    for (const Row& r : runs) v.push_back(r.*field);
+    std::sort(v.begin(), v.end());
+    out.*field = v[v.size() / 2];
+  };
+  for (auto f : {&Row::max_msgs_per_s, &Row::p50_us, &Row::p99_us, &Row::p999_us, &Row::max_us,
+                 &Row::achieved_rate, &Row::cpu_us_per_msg}) {
+    med(f);
+  }
+  for (const Row& r : runs) {
+    out.ok = out.ok && r.ok;
+    out.dropped = std::max(out.dropped, r.dropped);
+  }
+  return out;
+}
+
 std::vector<std::size_t> parse_list(const char* s) {
   std::vector<std::size_t> v;
   std::stringstream ss(s);
@@ -294,6 +315,8 @@ int main(int argc, char** argv) {
       cfg.rate = std::atof(argv[i + 1]);
     } else if (k == "--window") {
       cfg.window = std::strtoull(argv[i + 1], nullptr, 10);
+    } else if (k == "--repeat") {
+      cfg.repeat = std::max(1, std::atoi(argv[i + 1]));
     } else if (k == "--publishers") {
       cfg.publishers = parse_list(argv[i + 1]);
     } else {
@@ -306,9 +329,9 @@ int main(int argc, char** argv) {
   const std::size_t frame_bytes = encode_frame(probe)->size();
   std::printf(
       "telemetry bus benchmark: %zu-byte frames on loopback, %u cores; throughput with <= %llu "
-      "in flight, latency at %.0f msgs/s offered, %.1f s per phase\n",
+      "in flight, latency at %.0f msgs/s offered, %.1f s per phase, median of %d runs\n",
       frame_bytes, std::thread::hardware_concurrency(), static_cast<unsigned long long>(cfg.window),
-      cfg.rate, cfg.seconds);
+      cfg.rate, cfg.seconds, cfg.repeat);
 #ifndef PARAPILOT_HAVE_ZMQ
   std::printf("ZeroMQ (cppzmq/libzmq) not found at build time: its rows are skipped\n");
 #endif
@@ -319,11 +342,15 @@ int main(int argc, char** argv) {
       "|-----------:|-----------|------------------:|-------:|-------:|---------:|-------:|"
       "----------------:|-----------:|--------:|\n");
   for (std::size_t n : cfg.publishers) {
-    std::vector<Row> rows;
-    rows.push_back(run_parapilot(n, cfg));
+    std::vector<Row> ours, zmq;
+    for (int r = 0; r < cfg.repeat; ++r) {
+      ours.push_back(run_parapilot(n, cfg));
 #ifdef PARAPILOT_HAVE_ZMQ
-    rows.push_back(run_zmq(n, cfg));
+      zmq.push_back(run_zmq(n, cfg));
 #endif
+    }
+    std::vector<Row> rows = {median(ours)};
+    if (!zmq.empty()) rows.push_back(median(zmq));
     for (const Row& r : rows) {
       std::printf(
           "| %10zu | %-9s | %17.0f | %6.1f | %6.1f | %8.1f | %6.0f | %15.0f | %10.2f | %7llu |%s\n",
