@@ -40,6 +40,12 @@ SimEnv::SimEnv(Scenario scenario, std::string id)
   planner_for(scenario_.model.seq_len);
 }
 
+SimEnv::SimEnv(Scenario scenario, std::string id, Truth recorded)
+    : SimEnv(std::move(scenario), std::move(id)) {
+  scenario_.horizon = static_cast<int>(recorded.conditions.size());
+  recorded_ = std::move(recorded);
+}
+
 const Planner& SimEnv::planner_for(int seq_len) {
   auto it = planners_.find(seq_len);
   if (it == planners_.end()) {
@@ -50,12 +56,13 @@ const Planner& SimEnv::planner_for(int seq_len) {
   return *it->second;
 }
 
-PlanResult SimEnv::plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current) {
+PlanResult SimEnv::plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current,
+                        int top_k) {
   PlanRequest request;
   request.conditions = c;
   request.space = scenario_.space;
   request.current = current;
-  request.top_k = kMaxCandidates + 1;
+  request.top_k = top_k;
   try {
     return planner_for(seq_len).plan(request);
   } catch (const InputError&) {
@@ -73,14 +80,15 @@ double SimEnv::best_tokens_per_s(int t) {
   const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
   auto it = best_cache_.find(key);
   if (it != best_cache_.end()) return it->second;
-  const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt);
+  // Only the best layout matters here: a top-1 search prunes hardest.
+  const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt, 1);
   const double best = r.candidates.empty() ? 0.0 : r.candidates.front().cost.tokens_per_s;
   best_cache_.emplace(key, best);
   return best;
 }
 
 Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
-  truth_ = generate_truth(scenario_, seed);
+  truth_ = recorded_ ? *recorded_ : generate_truth(scenario_, seed);
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
   best_cache_.clear();
   t_ = 0;

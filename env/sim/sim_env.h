@@ -23,6 +23,9 @@ namespace parapilot::env {
 class SimEnv : public Env {
  public:
   SimEnv(Scenario scenario, std::string id);
+  // Replays recorded reality instead of generating it: every episode uses these true
+  // conditions (the seed still drives telemetry noise). Sets the horizon to their length.
+  SimEnv(Scenario scenario, std::string id, Truth recorded);
 
   std::string id() const override { return id_; }
   int horizon() const override { return scenario_.horizon; }
@@ -41,7 +44,8 @@ class SimEnv : public Env {
   // True tokens/s of a layout in interval t; 0 when it crashes (failed GPU, out of memory).
   double true_tokens_per_s(const Strategy& s, int t);
   double best_tokens_per_s(int t);
-  PlanResult plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current);
+  PlanResult plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current,
+                  int top_k = kMaxCandidates + 1);
   void observe_telemetry();
   void replan_if_needed(bool force);
   Observation observation();
@@ -52,6 +56,7 @@ class SimEnv : public Env {
   std::map<int, std::unique_ptr<Planner>> planners_;  // by sequence length
   std::map<std::string, double> best_cache_;
   Truth truth_;
+  std::optional<Truth> recorded_;
   std::mt19937_64 rng_;
   int t_ = 0;
   Strategy current_;

@@ -16,7 +16,9 @@ using namespace parapilot::env;
 namespace {
 
 // Envs under conformance: every registered name, small enough to run fast.
-const char* kConformanceIds[] = {
+const std::string kTraceDir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/bytedance-ST/";
+const std::string kConformanceIds[] = {
+    "trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)",
     "bandit(horizon=12)",
     "sim:hetero(gpus=16,horizon=12)",
     "sim:straggler(gpus=16,horizon=12)",
@@ -48,13 +50,13 @@ std::vector<double> rollout(Env& env, uint64_t seed, uint64_t action_seed, int* 
 TEST_CASE("conformance: every registered env is covered") {
   for (const auto& name : registered_envs()) {
     bool covered = false;
-    for (const char* id : kConformanceIds) covered = covered || parse_env_id(id).name == name;
+    for (const std::string& id : kConformanceIds) covered = covered || parse_env_id(id).name == name;
     CHECK_MESSAGE(covered, name);
   }
 }
 
 TEST_CASE("conformance: same seed, same trajectory; truncation at the horizon; finite observations") {
-  for (const char* id : kConformanceIds) {
+  for (const std::string& id : kConformanceIds) {
     INFO(id);
     auto a = make_env(id);
     auto b = make_env(id);
@@ -157,4 +159,19 @@ TEST_CASE("95% interval of the mean") {
   const auto i = agent::mean_interval({1.0, 2.0, 3.0, 4.0});
   CHECK(i.mean == doctest::Approx(2.5));
   CHECK(i.half_width == doctest::Approx(3.182 * std::sqrt(1.6666667 / 4)).epsilon(1e-3));
+}
+
+TEST_CASE("trace env: replays the recorded per-rank speeds as the hidden truth") {
+  auto env = make_env(kConformanceIds[0]);
+  auto* sim = dynamic_cast<SimEnv*>(env.get());
+  REQUIRE(sim);
+  env->reset(1);
+  CHECK(env->horizon() == 32);  // 32 recorded steps, one per interval
+  CHECK(sim->scenario().cluster.num_gpus() == 8);
+  // The sample's workers compute at their stage's typical pace: no rank is far off.
+  for (const Conditions& c : sim->truth().conditions) {
+    for (int g = 0; g < 8; ++g) CHECK(c.speed(g) > 0.5);
+  }
+  CHECK_THROWS_AS(make_env("trace:" + kTraceDir + "trace-ST.csv"), InputError);  // no meta
+  CHECK_THROWS_AS(make_env("trace:/nonexistent.csv(meta=x.yaml)"), InputError);
 }

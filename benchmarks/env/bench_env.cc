@@ -1,0 +1,71 @@
+// Simulator env steps per second, candidate generation (planning) and episode resets
+// included: one thread, and vectorised on 2 threads, at 64 and 1024 GPUs. Prints figures;
+// not a test. Usage: bench_env [seconds_per_case]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "env/env.h"
+
+using namespace parapilot::env;
+
+namespace {
+
+// A policy that mostly keeps its layout and sometimes switches, as a learner does.
+int action_for(std::mt19937_64& rng) { return rng() % 10 == 0 ? 1 + static_cast<int>(rng() % kMaxCandidates) : 0; }
+
+double single(const std::string& id, double seconds) {
+  auto env = make_env(id);
+  std::mt19937_64 rng(1);
+  uint64_t seed = 0;
+  env->reset(seed++);
+  long steps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    const StepResult r = env->step(action_for(rng));
+    ++steps;
+    if (r.truncated || r.terminated) env->reset(seed++);
+    if (steps % 64 == 0) {
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+  return static_cast<double>(steps) / elapsed;
+}
+
+double vectorised(const std::string& id, int envs, int threads, double seconds) {
+  std::vector<std::unique_ptr<Env>> list;
+  for (int i = 0; i < envs; ++i) list.push_back(make_env(id));
+  VectorEnv vec(std::move(list), threads);
+  vec.reset(0);
+  std::mt19937_64 rng(1);
+  std::vector<int> actions(envs);
+  long steps = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    for (int& a : actions) a = action_for(rng);
+    vec.step(actions);
+    steps += envs;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return static_cast<double>(steps) / elapsed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
+  std::printf("simulator env steps/s (planning and resets included; 10%% of actions switch)\n");
+  std::printf("%-34s %14s %22s\n", "env", "1 thread", "8 envs on 2 threads");
+  for (const char* id : {"sim:straggler(gpus=64)", "sim:mixed(gpus=64)", "sim:straggler(gpus=1024)",
+                         "sim:mixed(gpus=1024)"}) {
+    const double one = single(id, seconds);
+    const double two = vectorised(id, 8, 2, seconds);
+    std::printf("%-34s %14.0f %22.0f\n", id, one, two);
+  }
+  std::printf("targets: >= 5000 steps/s per core at 64 GPUs, >= 500 at 1024\n");
+  return 0;
+}
