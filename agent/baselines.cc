@@ -43,8 +43,12 @@ class ReactivePolicy : public Policy {
       if (!o.mask[k]) continue;
       const float* f = &o.candidates[k * env::kCandidateDim];
       const double gain = std::exp(static_cast<double>(f[0]));
-      const double payback = 10.0 * static_cast<double>(f[7]);
-      const bool worth = broken || (gain >= options_.min_gain && payback >= options_.min_payback &&
+      // Tokens gained over the look-ahead and lost while switching, in intervals of the
+      // current layout's tokens.
+      const double gained = (gain - 1.0) * options_.lookahead_intervals;
+      const double lost =
+          options_.pause_fraction + options_.staging_slowdown * static_cast<double>(f[1]);
+      const bool worth = broken || (gain >= options_.min_gain && gained >= options_.margin * lost &&
                                     since_switch_ >= options_.cooldown_intervals);
       if (worth && gain > best_gain) {
         best_gain = gain;

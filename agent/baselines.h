@@ -36,8 +36,14 @@ std::vector<std::string> baseline_names();
 // Parameters of the reactive rule.
 struct ReactiveOptions {
   double min_gain = 1.05;       // candidate must be predicted >= 5% faster (hysteresis)
-  double min_payback = 3.0;     // tokens gained over the rest of the run / tokens lost switching
+  int lookahead_intervals = 6;  // the gain is counted over this many intervals ahead
+  double margin = 2.0;          // gain over the look-ahead must exceed this x the switch cost
   int cooldown_intervals = 2;   // intervals to wait after a switch
+  // The switch cost the rule assumes, as a fraction of an interval's tokens: the staged
+  // transfer slows training by this fraction of the migration time...
+  double staging_slowdown = 0.1;
+  // ...and the switch pause stalls it for this fraction of an interval.
+  double pause_fraction = 2.0 / 300.0;
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 
