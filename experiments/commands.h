@@ -13,5 +13,6 @@ void add_trace_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_worker_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+void add_deploy_command(CLI::App& app);
 
 }  // namespace parapilot::cli

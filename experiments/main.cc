@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   parapilot::cli::add_train_command(app);
   parapilot::cli::add_worker_command(app);
   parapilot::cli::add_launch_command(app);
+  parapilot::cli::add_deploy_command(app);
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
     bool found = false;
