@@ -1,6 +1,7 @@
 // parapilot eval: policies and baselines on a scenario, against the hindsight oracle.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "agent/evaluate.h"
+#include "agent/ppo.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "strategy/error.h"
@@ -20,7 +22,7 @@ struct EvalOptions {
   std::string scenario = "mixed";
   int episodes = 5;
   uint64_t seed = 1000;
-  std::string policies = "static,reactive,uniform-dp,oracle";
+  std::string policies = "rl,static,reactive,uniform-dp,oracle";
   bool json = false;
   std::string plot;
 };
@@ -105,7 +107,14 @@ void run_eval(const EvalOptions& o) {
   if (names.empty()) throw InputError("--policies: name at least one policy");
   std::vector<std::unique_ptr<agent::Policy>> policies(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] != "oracle") policies[i] = agent::make_baseline(names[i]);
+    if (names[i] == "oracle") continue;
+    if (names[i] == "rl") {
+      policies[i] = agent::load_policy(agent::default_policy_path());
+    } else if (names[i].rfind("rl:", 0) == 0) {
+      policies[i] = agent::load_policy(names[i].substr(3));
+    } else {
+      policies[i] = agent::make_baseline(names[i]);
+    }
   }
   // The oracle normalises every score, so it always runs.
   std::vector<agent::EpisodeStats> oracle;
@@ -118,10 +127,12 @@ void run_eval(const EvalOptions& o) {
     PolicyResult r;
     r.name = names[i];
     for (int e = 0; e < o.episodes; ++e) {
-      if (progress) std::fprintf(stderr, "\r%-12s episode %d/%d", names[i].c_str(), e + 1, o.episodes);
+      if (progress)
+        std::fprintf(stderr, "\r%-12s episode %d/%d", names[i].c_str(), e + 1, o.episodes);
       const agent::EpisodeStats stats =
-          names[i] == "oracle" ? oracle[e]
-                               : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
+          names[i] == "oracle"
+              ? oracle[e]
+              : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
@@ -145,22 +156,27 @@ void run_eval(const EvalOptions& o) {
       const auto t = agent::mean_interval(r.throughput);
       const auto s = agent::mean_interval(r.score);
       const auto m = agent::mean_interval(r.migrations);
-      j["policies"][r.name] = {{"throughput_tokens_per_s", t.mean}, {"throughput_ci95", t.half_width},
-                               {"score", s.mean}, {"score_ci95", s.half_width},
+      j["policies"][r.name] = {{"throughput_tokens_per_s", t.mean},
+                               {"throughput_ci95", t.half_width},
+                               {"score", s.mean},
+                               {"score_ci95", s.half_width},
                                {"migrations_per_episode", m.mean}};
     }
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::printf("scenario %s: %d episodes from seed %llu, %d intervals of %.0f s\n\n", env->id().c_str(),
-              o.episodes, static_cast<unsigned long long>(o.seed), env->horizon(), env->interval_s());
-  std::printf("%-12s %26s %22s %12s\n", "policy", "throughput (tokens/s)", "score vs oracle",
+  std::printf("scenario %s: %d episodes from seed %llu, %d intervals of %.0f s\n\n",
+              env->id().c_str(), o.episodes, static_cast<unsigned long long>(o.seed),
+              env->horizon(), env->interval_s());
+  int width = 12;
+  for (const auto& r : results) width = std::max(width, static_cast<int>(r.name.size()));
+  std::printf("%-*s %26s %22s %12s\n", width, "policy", "throughput (tokens/s)", "score vs oracle",
               "migrations");
   for (const auto& r : results) {
     const auto t = agent::mean_interval(r.throughput);
     const auto s = agent::mean_interval(r.score);
     const auto m = agent::mean_interval(r.migrations);
-    std::printf("%-12s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", r.name.c_str(), t.mean,
+    std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", width, r.name.c_str(), t.mean,
                 t.half_width, s.mean, s.half_width, m.mean);
   }
   if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
@@ -170,14 +186,18 @@ void run_eval(const EvalOptions& o) {
 
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
-  CLI::App* cmd = app.add_subcommand("eval", "Evaluate policies and baselines against the hindsight oracle");
+  CLI::App* cmd =
+      app.add_subcommand("eval", "Evaluate policies and baselines against the hindsight oracle");
   cmd->add_option("--scenario", o->scenario,
                   "Scenario family (hetero, straggler, congestion, failure, phase, mixed), env id "
                   "(sim:straggler(gpus=64)) or scenario TOML")
       ->capture_default_str();
   cmd->add_option("--episodes", o->episodes, "Episodes per policy")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the first episode")->capture_default_str();
-  cmd->add_option("--policies", o->policies, "Comma-separated: static, reactive, uniform-dp, oracle")
+  cmd->add_option(
+         "--policies", o->policies,
+         "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
+         "static, reactive, uniform-dp, oracle")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object keyed by policy");
   cmd->add_option("--plot", o->plot, "Write a PNG of throughput over time per policy (gnuplot)");

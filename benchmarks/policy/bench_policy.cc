@@ -1,0 +1,84 @@
+// Latency of one scheduling decision on CPU: normalise an observation, score keep and the
+// candidates, pick greedily. Prints median and p99 for the shipped inference path (the
+// hand-written actor) and for a batch-1 libtorch forward pass.
+//
+//   build/benchmarks/policy/bench_policy [CHECKPOINT]   (default: the shipped default policy,
+//                                                          or a fresh network when absent)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "agent/ppo.h"
+#include "policy/features.h"
+#include "policy/network.h"
+
+namespace pp = parapilot::policy;
+namespace env = parapilot::env;
+
+namespace {
+
+std::vector<env::Observation> random_observations(int n) {
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<env::Observation> out(n);
+  for (auto& o : out) {
+    for (auto& x : o.state) x = normal(rng);
+    for (int k = 0; k < env::kMaxCandidates; ++k) {
+      o.mask[k] = static_cast<uint8_t>(rng() % 4 != 0);
+      for (int j = 0; j < env::kCandidateDim; ++j)
+        o.candidates[k * env::kCandidateDim + j] = o.mask[k] ? normal(rng) : 0.0f;
+    }
+  }
+  return out;
+}
+
+template <class F>
+void measure(const char* what, int n, F&& decide) {
+  std::vector<double> us(n);
+  int sink = 0;
+  for (int i = 0; i < std::min(n, 1000); ++i) sink += decide(i);  // warm-up
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sink += decide(i);
+    us[i] =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("%-44s median %7.2f us   p99 %7.2f us   (%d decisions, checksum %d)\n", what,
+              us[n / 2], us[static_cast<size_t>(n * 0.99)], n, sink % 7);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  const int n = 20000;
+  const auto obs = random_observations(n);
+  const std::string path = argc > 1 ? argv[1] : parapilot::agent::default_policy_path();
+  if (std::filesystem::exists(path)) {
+    auto policy = parapilot::agent::load_policy(path);
+    std::printf("policy %s\n", path.c_str());
+    measure("decision (normalise + hand-written actor)", n,
+            [&](int i) { return policy->act(obs[i]); });
+  }
+  torch::manual_seed(1);
+  pp::ActorCritic net;
+  std::printf("network: %lld parameters\n", static_cast<long long>(net->parameter_count()));
+  pp::FastActor fast(net);
+  pp::ObservationNormalizer normalizer;
+  for (int i = 0; i < 100; ++i) normalizer.update(obs[i]);
+  measure("fresh network, hand-written actor", n, [&](int i) {
+    const auto l = fast.logits(normalizer.normalise(obs[i]));
+    return pp::greedy_action(l.data(), env::kNumActions);
+  });
+  measure("fresh network, libtorch forward (batch 1)", n / 4, [&](int i) {
+    c10::InferenceMode guard;
+    const auto b = pp::to_batch({normalizer.normalise(obs[i])});
+    const auto logits = net->forward(b.state, b.candidates, b.mask).logits.contiguous();
+    return pp::greedy_action(logits.data_ptr<float>(), env::kNumActions);
+  });
+  return 0;
+}

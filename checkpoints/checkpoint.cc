@@ -1,0 +1,185 @@
+#include "checkpoints/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <vector>
+
+#include <cereal/archives/json.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
+#include "checkpoints/crc32.h"
+#include "strategy/error.h"
+
+namespace parapilot::policy {
+
+template <class Archive>
+void serialize(Archive& ar, RunningStats& s) {
+  ar(cereal::make_nvp("count", s.count), cereal::make_nvp("mean", s.mean),
+     cereal::make_nvp("m2", s.m2));
+}
+
+}  // namespace parapilot::policy
+
+namespace parapilot::checkpoints {
+
+namespace {
+
+constexpr char kMagic[8] = {'P', 'P', 'L', 'T', 'C', 'K', 'P', 'T'};
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 * 3;
+
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFFu));
+}
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFFu));
+}
+uint64_t get_le(const std::string& in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+
+std::string metadata_json(const Checkpoint& c) {
+  std::ostringstream out;
+  {
+    cereal::JSONOutputArchive ar(out);
+    ar(cereal::make_nvp("feature_schema", c.feature_schema), cereal::make_nvp("env_id", c.env_id),
+       cereal::make_nvp("config", c.config), cereal::make_nvp("step", c.step),
+       cereal::make_nvp("update", c.update), cereal::make_nvp("metrics", c.metrics),
+       cereal::make_nvp("state_stats", c.normalizer.state_stats()),
+       cereal::make_nvp("candidate_stats", c.normalizer.candidate_stats()));
+  }
+  return out.str();
+}
+
+void parse_metadata(const std::string& json, Checkpoint& c) {
+  std::istringstream in(json);
+  cereal::JSONInputArchive ar(in);
+  ar(cereal::make_nvp("feature_schema", c.feature_schema), cereal::make_nvp("env_id", c.env_id),
+     cereal::make_nvp("config", c.config), cereal::make_nvp("step", c.step),
+     cereal::make_nvp("update", c.update), cereal::make_nvp("metrics", c.metrics),
+     cereal::make_nvp("state_stats", c.normalizer.state_stats()),
+     cereal::make_nvp("candidate_stats", c.normalizer.candidate_stats()));
+  if (c.normalizer.state_stats().dims() != env::kStateDim ||
+      static_cast<int>(c.normalizer.state_stats().m2.size()) != env::kStateDim ||
+      c.normalizer.candidate_stats().dims() != env::kCandidateDim ||
+      static_cast<int>(c.normalizer.candidate_stats().m2.size()) != env::kCandidateDim) {
+    throw std::runtime_error("normalisation statistics have the wrong size");
+  }
+}
+
+void write_all(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw InputError("checkpoint " + path + ": write failed: " + std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  const std::string meta = metadata_json(checkpoint);
+  std::string file;
+  file.reserve(kHeaderBytes + meta.size() + checkpoint.model.size() + checkpoint.optimizer.size() +
+               4);
+  file.append(kMagic, sizeof kMagic);
+  put_u32(file, kFormatVersion);
+  put_u32(file, checkpoint.feature_schema);
+  put_u64(file, meta.size());
+  put_u64(file, checkpoint.model.size());
+  put_u64(file, checkpoint.optimizer.size());
+  file += meta;
+  file += checkpoint.model;
+  file += checkpoint.optimizer;
+  put_u32(file, crc32(file.data(), file.size()));
+
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError("checkpoint " + path + ": cannot create: " + std::strerror(errno));
+  try {
+    write_all(fd, file, path);
+    if (::fsync(fd) != 0)
+      throw InputError("checkpoint " + path + ": fsync failed: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw InputError("checkpoint " + path + ": cannot rename into place: " + std::strerror(err));
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  const std::string where = "checkpoint " + path + ": ";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(where + "cannot open (" + std::strerror(errno) + ")");
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (file.size() < sizeof kMagic || std::memcmp(file.data(), kMagic, sizeof kMagic) != 0) {
+    throw InputError(where + "not a parapilot checkpoint (bad magic)");
+  }
+  if (file.size() < kHeaderBytes + 4) throw InputError(where + "truncated (header incomplete)");
+  const uint32_t format = static_cast<uint32_t>(get_le(file, 8, 4));
+  if (format != kFormatVersion) {
+    throw InputError(where + "format version " + std::to_string(format) +
+                     "; this build reads version " + std::to_string(kFormatVersion));
+  }
+  const uint64_t meta_len = get_le(file, 16, 8), model_len = get_le(file, 24, 8),
+                 optim_len = get_le(file, 32, 8);
+  const uint64_t body = file.size() - kHeaderBytes - 4;
+  if (meta_len > body || model_len > body || optim_len > body ||
+      meta_len + model_len + optim_len != body) {
+    throw InputError(
+        where +
+        (meta_len + model_len + optim_len > body
+             ? "truncated (" + std::to_string(file.size()) + " bytes; the header announces " +
+                   std::to_string(kHeaderBytes + 4 + meta_len + model_len + optim_len) + ")"
+             : std::string("corrupted (section lengths do not match the file size)")));
+  }
+  const uint32_t stored = static_cast<uint32_t>(get_le(file, file.size() - 4, 4));
+  if (crc32(file.data(), file.size() - 4) != stored)
+    throw InputError(where + "corrupted (checksum mismatch)");
+  const uint32_t schema = static_cast<uint32_t>(get_le(file, 12, 4));
+  if (schema != policy::kFeatureSchemaVersion) {
+    throw InputError(where + "feature schema version " + std::to_string(schema) +
+                     "; this build's policy reads version " +
+                     std::to_string(policy::kFeatureSchemaVersion) + " (retrain the policy)");
+  }
+  Checkpoint c;
+  try {
+    parse_metadata(file.substr(kHeaderBytes, meta_len), c);
+  } catch (const std::exception& e) {
+    throw InputError(where + "unreadable metadata (" + e.what() + ")");
+  }
+  if (c.feature_schema != schema) throw InputError(where + "corrupted (schema versions disagree)");
+  c.model = file.substr(kHeaderBytes + meta_len, model_len);
+  c.optimizer = file.substr(kHeaderBytes + meta_len + model_len, optim_len);
+  return c;
+}
+
+}  // namespace parapilot::checkpoints

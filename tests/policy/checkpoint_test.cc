@@ -1,0 +1,173 @@
+// Checkpoint files: round trip, checksum, truncation, format and schema versions.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "agent/ppo.h"
+#include "checkpoints/checkpoint.h"
+#include "checkpoints/crc32.h"
+#include "strategy/error.h"
+
+namespace cp = parapilot::checkpoints;
+using parapilot::InputError;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("parapilot-policy-tests-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+void put_u32(std::string& bytes, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>((v >> (8 * i)) & 0xFFu);
+}
+
+// Recomputes the trailing CRC so that only the field under test is wrong.
+void reseal(std::string& bytes) {
+  put_u32(bytes, bytes.size() - 4, cp::crc32(bytes.data(), bytes.size() - 4));
+}
+
+cp::Checkpoint sample() {
+  cp::Checkpoint c;
+  c.env_id = "sim:mixed";
+  c.config = "{\"ppo\": {}}";
+  c.step = 12345;
+  c.update = 17;
+  c.metrics = {{"validation_score", 0.97}, {"elapsed_s", 61.5}};
+  parapilot::env::Observation o;
+  o.state[3] = 2.5f;
+  o.mask[0] = 1;
+  o.candidates[1] = -1.25f;
+  c.normalizer.update(o);
+  o.state[3] = 0.5f;
+  c.normalizer.update(o);
+  c.model = std::string("model\0bytes", 11);
+  c.optimizer = std::string(1000, '\x7f');
+  return c;
+}
+
+std::string expect_error(const std::string& path) {
+  try {
+    cp::read_checkpoint(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  FAIL("no InputError for " << path);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("crc32: the standard check value") {
+  CHECK(cp::crc32("123456789", 9) == 0xCBF43926u);
+  CHECK(cp::crc32("", 0) == 0u);
+  CHECK(cp::crc32("6789", 4, cp::crc32("12345", 5)) == 0xCBF43926u);
+}
+
+TEST_CASE("checkpoint: round trip keeps every field") {
+  const std::string path = temp_path("round-trip.ckpt");
+  const cp::Checkpoint c = sample();
+  cp::write_checkpoint(path, c);
+  const cp::Checkpoint r = cp::read_checkpoint(path);
+  CHECK(r.env_id == c.env_id);
+  CHECK(r.config == c.config);
+  CHECK(r.step == c.step);
+  CHECK(r.update == c.update);
+  CHECK(r.metrics == c.metrics);
+  CHECK(r.model == c.model);
+  CHECK(r.optimizer == c.optimizer);
+  CHECK(r.feature_schema == parapilot::policy::kFeatureSchemaVersion);
+  CHECK(r.normalizer.state_stats().count == c.normalizer.state_stats().count);
+  CHECK(r.normalizer.state_stats().mean == c.normalizer.state_stats().mean);
+  CHECK(r.normalizer.state_stats().m2 == c.normalizer.state_stats().m2);
+  CHECK(r.normalizer.candidate_stats().mean == c.normalizer.candidate_stats().mean);
+  // No temporary file is left behind.
+  int files = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(path).parent_path())) {
+    files += e.path().filename().string().find("round-trip.ckpt") != std::string::npos;
+  }
+  CHECK(files == 1);
+}
+
+TEST_CASE(
+    "checkpoint: corrupted, truncated, wrong-version and wrong-schema files are refused clearly") {
+  const std::string path = temp_path("bad.ckpt");
+  cp::write_checkpoint(path, sample());
+  const std::string good = read_bytes(path);
+
+  SUBCASE("missing") {
+    CHECK(expect_error(temp_path("missing.ckpt")).find("cannot open") != std::string::npos);
+  }
+  SUBCASE("not a checkpoint") {
+    write_bytes(path, "hello, world");
+    CHECK(expect_error(path).find("not a parapilot checkpoint") != std::string::npos);
+  }
+  SUBCASE("empty") {
+    write_bytes(path, "");
+    CHECK(expect_error(path).find("not a parapilot checkpoint") != std::string::npos);
+  }
+  SUBCASE("one flipped byte in each section") {
+    for (size_t at : {size_t{20}, size_t{60}, good.size() / 2, good.size() - 30, good.size() - 2}) {
+      std::string bad = good;
+      bad[at] = static_cast<char>(bad[at] ^ 0x10);
+      write_bytes(path, bad);
+      const std::string msg = expect_error(path);
+      CHECK_MESSAGE((msg.find("corrupted") != std::string::npos ||
+                     msg.find("truncated") != std::string::npos),
+                    msg);
+    }
+  }
+  SUBCASE("truncated anywhere") {
+    for (size_t keep : {size_t{10}, size_t{30}, size_t{100}, good.size() / 2, good.size() - 1}) {
+      write_bytes(path, good.substr(0, keep));
+      const std::string msg = expect_error(path);
+      CHECK_MESSAGE((msg.find("truncated") != std::string::npos ||
+                     msg.find("corrupted") != std::string::npos),
+                    msg);
+    }
+  }
+  SUBCASE("another format version") {
+    std::string bad = good;
+    put_u32(bad, 8, cp::kFormatVersion + 1);
+    reseal(bad);
+    write_bytes(path, bad);
+    CHECK(expect_error(path).find("format version 2") != std::string::npos);
+  }
+  SUBCASE("another feature schema") {
+    std::string bad = good;
+    put_u32(bad, 12, parapilot::policy::kFeatureSchemaVersion + 7);
+    reseal(bad);
+    write_bytes(path, bad);
+    CHECK(expect_error(path).find("feature schema version") != std::string::npos);
+  }
+  SUBCASE("valid envelope, unreadable metadata") {
+    std::string bad = good;
+    bad[40] = '#';  // first byte of the JSON
+    reseal(bad);
+    write_bytes(path, bad);
+    CHECK(expect_error(path).find("unreadable metadata") != std::string::npos);
+  }
+  SUBCASE("valid envelope, garbage tensors: loading the policy fails cleanly") {
+    write_bytes(path, good);
+    CHECK_THROWS_AS(parapilot::agent::load_policy(path), InputError);
+  }
+}
+
+TEST_CASE("checkpoint: an unwritable path is an InputError and leaves nothing behind") {
+  CHECK_THROWS_AS(cp::write_checkpoint("/nonexistent-dir/x.ckpt", sample()), InputError);
+}
