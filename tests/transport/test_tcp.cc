@@ -252,7 +252,7 @@ TEST_CASE("tcp: each malformed frame closes only its own connection") {
 
   // Before authentication: garbage, a frame that is not Hello, a bad Hello.
   const std::vector<std::pair<std::string, std::string>> pre_auth = {
-      {malformed_cases()[0].bytes, "bad magic"},
+      {malformed_case("wrong magic").bytes, "bad magic"},
       {*encode_frame(make_telemetry(0, 1)), "expected hello"},
       {framed(MessageType::hello, payload_of(Hello{PeerRole::worker, 0, "", {}})),
        "hello.name is empty"},
@@ -641,4 +641,27 @@ TEST_CASE("tcp: hundreds of clients on one shared I/O thread") {
   }
   clients.clear();
   CHECK(wait_until([&] { return server->stats().connections == 0; }));
+}
+
+TEST_CASE("tcp: a client drops a server that sends a bad frame, then reconnects") {
+  LogCapture log;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acc(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  ClientLog cl;
+  auto client = start_client(client_options(acc.local_endpoint().port(), log), cl);
+  RawPeer fake;
+  REQUIRE(fake.accept_from(acc));
+  REQUIRE(fake.server_handshake(Secret(kTestSecret), 7));
+  REQUIRE(wait_until([&] { return client->connected(); }));
+  REQUIRE(fake.write(malformed_case("bad checksum").bytes));
+  REQUIRE(wait_until([&] { return cl.disconnected_with("bad frame from server: bad checksum"); }));
+  CHECK(fake.closed_by_peer());
+  RawPeer again;
+  REQUIRE(again.accept_from(acc));
+  REQUIRE(again.server_handshake(Secret(kTestSecret), 8));
+  CHECK(wait_until([&] { return client->stats().connects == 2; }));
+  REQUIRE(client->send(PlanReady{1, 0, true, ""}));
+  auto m = again.read_message();
+  REQUIRE(m.has_value());
+  CHECK(std::holds_alternative<PlanReady>(*m));
 }

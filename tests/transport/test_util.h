@@ -169,4 +169,12 @@ inline std::vector<MalformedCase> malformed_cases() {
   return v;
 }
 
+/// The case called `name` (empty bytes if there is none).
+inline MalformedCase malformed_case(std::string_view name) {
+  for (auto& c : malformed_cases()) {
+    if (c.name == name) return c;
+  }
+  return {};
+}
+
 }  // namespace parapilot::transport::testing
