@@ -108,3 +108,93 @@ TEST_CASE("--help exits 0") {
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("--strategy") != std::string::npos);
 }
+
+TEST_CASE("plan --json: ranked candidates with strategy fields and simulate's metrics") {
+  const Run r =
+      run("plan --model llama2-7b --cluster 1x8xa100-80g+1x8xh800 --top 3 --current dp --json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["candidates"].is_array());
+  CHECK(j["candidates"].size() >= 1);
+  CHECK(j["candidates"].size() <= 3);
+  CHECK(j["evaluated"].get<long>() > 0);
+  CHECK(j["search_ms"].get<double>() >= 0);
+  double previous = 1e30;
+  for (const auto& c : j["candidates"]) {
+    for (const char* key : {"dp", "tp", "pp", "sp", "microbatch_size", "schedule", "virtual_stages",
+                            "recompute", "stages", "dp_shares", "compression"}) {
+      CHECK_MESSAGE(c["strategy"].contains(key), key);
+    }
+    CHECK(c["fits_in_memory"] == true);
+    const double t = c["tokens_per_s"].get<double>();
+    CHECK(t <= previous);  // ranked best first
+    previous = t;
+  }
+}
+
+TEST_CASE("plan rejects bad input with exit code 2") {
+  TempFile space("[space]\ntp = [3]\n", "space.toml");
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"plan --top 0", "top"},
+      {"plan --space /nonexistent/space.toml", "no such file"},
+      {"plan --space " + space.path(), space.path()},
+      {"plan --current tp=3,global_batch=8", "tp"},
+  };
+  for (const auto& c : cases) {
+    const Run r = run(c.args);
+    INFO(c.args);
+    INFO(r.out);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE("eval --json: every policy scored against the oracle; bad scenarios exit 2") {
+  TempFile dir("", "unused");
+  const std::string plot = dir.dir() + "/eval.png";
+  const Run r =
+      run("eval --scenario \"sim:straggler(gpus=16,horizon=12)\" --episodes 2 "
+          "--policies static,reactive,uniform-dp,oracle --json --plot " +
+          plot);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* policy : {"static", "reactive", "uniform-dp", "oracle"}) {
+    REQUIRE(j["policies"].contains(policy));
+    const double score = j["policies"][policy]["score"].get<double>();
+    CHECK(score > 0);
+    CHECK(score <= 1.0001);
+  }
+  CHECK(j["policies"]["oracle"]["score"].get<double>() == doctest::Approx(1.0));
+  std::ifstream png(plot, std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  CHECK(std::string(magic + 1, 3) == "PNG");
+  for (const std::string& bad : {std::string("eval --scenario weather"),
+                                 std::string("eval --scenario straggler --policies nosuch"),
+                                 std::string("eval --scenario straggler --episodes 0"),
+                                 std::string("eval --scenario /nonexistent/s.toml")}) {
+    const Run b = run(bad);
+    INFO(bad);
+    INFO(b.out);
+    CHECK(b.exit_code == 2);
+  }
+}
+
+TEST_CASE("trace analyze: the sample trace's what-if figures; malformed traces exit 2") {
+  const std::string dir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/bytedance-ST/";
+  const Run r = run("trace analyze " + dir + "trace-ST.csv --meta " + dir + "meta-ST.yaml --json");
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["slowdown"].get<double>() == doctest::Approx(1.179).epsilon(0.01));
+  CHECK(j["cause"] == "stage-imbalance");
+  TempFile bad("dp_rank,stage,rank,step,optype,start_ts,duration\n0,0,0,1,forward-compute,0.0,-1\n",
+               "bad.csv");
+  const Run b = run("trace analyze " + bad.path() + " --meta " + dir + "meta-ST.yaml");
+  INFO(b.out);
+  CHECK(b.exit_code == 2);
+  CHECK(b.out.find(bad.path()) != std::string::npos);
+}
