@@ -67,6 +67,7 @@ Result<std::size_t> append_frame(const Message& m, std::string& out,
                                  std::uint32_t max_frame_bytes) {
   if (std::string why = validate(m); !why.empty()) return Error{"invalid message: " + why};
   const std::size_t at = out.size();
+  out.reserve(at + 256);  // typical frames fit; avoids regrowth while the payload is appended
   out.resize(at + kFrameHeaderBytes);
   encode_payload(m, out);
   const std::size_t frame_bytes = out.size() - at;

@@ -67,9 +67,26 @@ void visit_fields(V& v, M& m, const char*) {
   v(m.nonfinite_count, "layer.nonfinite_count");
 }
 
+template <class V, class M>
+requires std::is_same_v<std::remove_const_t<M>, LayerCompression>
+void visit_fields(V& v, M& m, const char*) {
+  v(m.first_layer, "compression.first_layer");
+  v(m.last_layer, "compression.last_layer");
+  v(m.method, "compression.method");
+  v(m.parameter, "compression.parameter");
+}
+// Plain numbers as vector elements (dp_shares).
+template <class V, class M>
+requires std::is_arithmetic_v<std::remove_const_t<M>>
+void visit_fields(V& v, M& m, const char* name) {
+  v(m, name);
+}
+
 // Smallest encoded size of one element, to bound counts before allocating.
 constexpr std::size_t min_encoded_bytes(const CollectiveStat*) { return 8 + 8 + 4; }
 constexpr std::size_t min_encoded_bytes(const LayerGradStat*) { return 4 + 4 + 4 + 4; }
+constexpr std::size_t min_encoded_bytes(const LayerCompression*) { return 4 + 4 + 1 + 4; }
+constexpr std::size_t min_encoded_bytes(const std::uint32_t*) { return 4; }
 
 struct Writer {
   cereal::PortableBinaryOutputArchive& ar;
@@ -216,6 +233,8 @@ void visit_message(V& v, M& m) {
     v(m.layout.tp, "plan_prepare.layout.tp");
     v(m.layout.pp, "plan_prepare.layout.pp");
     v(m.layout.micro_batches, "plan_prepare.layout.micro_batches");
+    v(m.layout.dp_shares, "plan_prepare.layout.dp_shares", kMaxRanks);
+    v(m.layout.compression, "plan_prepare.layout.compression", kMaxLayers);
     v(m.layout_name, "plan_prepare.layout_name", kMaxNameBytes);
     v(m.deadline_ms, "plan_prepare.deadline_ms");
   } else if constexpr (std::is_same_v<T, PlanReady>) {
@@ -306,6 +325,37 @@ std::string validate_one(const PlanPrepare& m) {
   if (world > kMaxRanks) return "plan_prepare.layout needs too many ranks";
   if (l.micro_batches == 0 || l.micro_batches > 65536) {
     return "plan_prepare.layout.micro_batches is out of range";
+  }
+  if (!l.dp_shares.empty()) {
+    if (l.dp_shares.size() != l.dp) return "plan_prepare.layout.dp_shares does not have dp entries";
+    for (std::uint32_t share : l.dp_shares) {
+      if (share == 0 || share > (1u << 24)) return "plan_prepare.layout.dp_shares entry is out of range";
+    }
+  }
+  if (l.compression.size() > kMaxLayers) return "plan_prepare.layout.compression has too many entries";
+  for (const LayerCompression& c : l.compression) {
+    if (c.first_layer > c.last_layer || c.last_layer >= kMaxLayers) {
+      return "plan_prepare.layout.compression has a bad layer range";
+    }
+    const bool finite = std::isfinite(c.parameter);
+    switch (c.method) {
+      case CompressionMethod::none:
+      case CompressionMethod::fp16:
+        if (c.parameter != 0) return "plan_prepare.layout.compression parameter must be 0";
+        break;
+      case CompressionMethod::topk:
+        if (!finite || !(c.parameter > 0 && c.parameter < 1)) {
+          return "plan_prepare.layout.compression topk ratio is out of (0, 1)";
+        }
+        break;
+      case CompressionMethod::powersgd:
+        if (!finite || c.parameter < 1 || c.parameter > 1024 || c.parameter != std::floor(c.parameter)) {
+          return "plan_prepare.layout.compression powersgd rank is out of [1, 1024]";
+        }
+        break;
+      default:
+        return "plan_prepare.layout.compression method is unknown";
+    }
   }
   return check_len(m.layout_name, kMaxNameBytes, "plan_prepare.layout_name");
 }

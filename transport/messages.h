@@ -128,12 +128,29 @@ struct Telemetry {
   bool operator==(const Telemetry&) const = default;
 };
 
-/// Degrees of one hybrid-parallel layout.
+/// How a range of layers' gradients travel in the data-parallel reduction.
+enum class CompressionMethod : std::uint8_t { none = 0, fp16 = 1, topk = 2, powersgd = 3 };
+
+/// Compression of the inclusive layer range [first_layer, last_layer].
+struct LayerCompression {
+  std::uint32_t first_layer = 0;  ///< <= last_layer < kMaxLayers.
+  std::uint32_t last_layer = 0;
+  CompressionMethod method = CompressionMethod::none;
+  float parameter = 0;  ///< topk: kept fraction in (0, 1); powersgd: rank in [1, 1024]; else 0.
+  bool operator==(const LayerCompression&) const = default;
+};
+
+/// One hybrid-parallel layout: degrees, per-replica batch shares, per-layer compression.
 struct Layout {
   std::uint32_t dp = 1;  ///< each >= 1; dp*tp*pp <= kMaxRanks.
   std::uint32_t tp = 1;
   std::uint32_t pp = 1;
   std::uint32_t micro_batches = 1;  ///< in [1, 65536].
+  /// Samples per data-parallel replica (elastic data parallel; gradients averaged with these
+  /// weights). Empty: uniform. Otherwise dp entries, each in [1, 2^24].
+  std::vector<std::uint32_t> dp_shares;
+  /// Later entries override earlier ones; layers not covered are uncompressed. <= kMaxLayers.
+  std::vector<LayerCompression> compression;
   bool operator==(const Layout&) const = default;
 };
 
