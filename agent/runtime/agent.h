@@ -1,0 +1,93 @@
+// DeployAgent: the deploy daemon. Runs the bus server the job's ranks connect to, feeds their
+// telemetry to the Monitor, asks the Decider once per decision interval (every `interval_steps`
+// closed steps), and drives the MigrationExecutor's two-phase switch. Serves Prometheus metrics
+// (decisions, migrations, aborts, detected stragglers and congested links, rejected telemetry,
+// per-rank throughput, decision latency, the agent's CPU and memory) and writes one JSON line
+// per decision, migration outcome and monitor event.
+//
+// Decision latency is measured from the arrival at the server of the telemetry sample that closed
+// the interval's last step to the decision (and, for switches, to the PlanPrepare broadcast).
+//
+// Thread-safety: the public member functions may be called from any thread. stop() (and the
+// destructor) must not be called from a log callback.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/runtime/decider.h"
+#include "agent/runtime/job.h"
+#include "agent/runtime/migration.h"
+#include "agent/runtime/monitor.h"
+#include "transport/bus.h"
+
+namespace parapilot::agent::runtime {
+
+struct AgentOptions {
+  std::shared_ptr<const Job> job;  ///< required.
+  std::string policy_path;         ///< empty: the reactive baseline.
+  PolicyLoader loader;             ///< how to load policy_path (the CLI passes the RL loader).
+  /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.
+  transport::InProcHub* hub = nullptr;
+  std::string listen_address = "127.0.0.1";
+  uint16_t port = 0;
+  transport::Secret secret;
+  size_t io_threads = 2;
+  bool serve_metrics = false;  ///< HTTP /metrics on metrics_address:metrics_port (0: any free).
+  std::string metrics_address = "127.0.0.1";
+  uint16_t metrics_port = 0;
+  int interval_steps = 10;  ///< closed steps per decision.
+  DeciderOptions decider;
+  MigrationOptions migration;
+  MonitorOptions monitor;  ///< ranks, gpus_per_node and peer groups are filled from the job.
+  std::function<void(const std::string&)> log;  ///< JSON lines; empty: stderr.
+};
+
+struct AgentStats {
+  uint64_t decisions = 0;
+  uint64_t switches_decided = 0;
+  uint64_t migrations_committed = 0;
+  uint64_t migrations_aborted = 0;
+  uint64_t stragglers_detected = 0;
+  uint64_t congested_links_detected = 0;
+  uint64_t ranks_lost = 0;
+  int connected_ranks = 0;
+  std::vector<double> decision_latency_ms;  ///< every decision (most recent 100000).
+  std::vector<double> prepare_latency_ms;   ///< decisions that sent a PlanPrepare.
+  std::vector<MigrationOutcome> outcomes;
+  std::vector<MonitorEvent> events;  ///< detection events (most recent 1000).
+  std::string policy;
+  bool fallback = false;
+  std::string fallback_reason;
+};
+
+class DeployAgent {
+ public:
+  /// Starts the bus server (and the metrics endpoint). Throws InputError (bad options, a port
+  /// that cannot be bound).
+  explicit DeployAgent(AgentOptions options);
+  ~DeployAgent();
+  DeployAgent(const DeployAgent&) = delete;
+  DeployAgent& operator=(const DeployAgent&) = delete;
+
+  uint16_t port() const;
+  uint16_t metrics_port() const;  ///< 0 when not serving.
+  std::string metrics_text() const;
+  AgentStats stats() const;
+  Strategy current_layout() const;
+  Monitor& monitor();
+  Decider& decider();
+  /// Starts a switch to `target` outside the policy (operators, tests). False while one is in
+  /// flight or no rank is connected.
+  bool request_switch(const Strategy& target);
+  /// Stops the metrics endpoint, the bus (ranks keep training and reconnect to the next agent)
+  /// and the background threads. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,294 @@
+#include "agent/runtime/decider.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "strategy/error.h"
+
+namespace parapilot::agent::runtime {
+
+std::string guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
+                          int intervals_since_commit, int cooldown_intervals) {
+  if (staging) return "a switch is being staged";
+  if (intervals_since_commit < cooldown_intervals) return "cool-down after the last switch";
+  if (!target.cost.fits_in_memory || !under_beliefs.fits_in_memory) {
+    return "target predicted not to fit in memory";
+  }
+  if (!target.cost.feasible || !under_beliefs.feasible) return "target uses a lost GPU";
+  return "";
+}
+
+LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader& loader) {
+  LoadedPolicy out;
+  if (path.empty()) {
+    out.policy = make_baseline("reactive");
+    return out;
+  }
+  if (!loader) {
+    out.fallback = true;
+    out.fallback_reason = "no learned-policy loader in this build; cannot load " + path;
+  } else {
+    try {
+      out.policy = loader(path);
+      if (!out.policy) out.fallback_reason = path + ": the loader returned no policy";
+    } catch (const std::exception& e) {
+      out.fallback_reason = e.what();
+    }
+    out.fallback = out.policy == nullptr;
+  }
+  if (out.fallback) out.policy = make_baseline("reactive");
+  return out;
+}
+
+Decider::Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOptions options)
+    : job_(std::move(job)),
+      policy_(std::move(policy.policy)),
+      fallback_(policy.fallback),
+      fallback_reason_(std::move(policy.fallback_reason)),
+      o_(std::move(options)) {
+  if (!policy_) throw std::invalid_argument("Decider: no policy");
+  if (o_.horizon <= 0) o_.horizon = job_->scenario.horizon;
+  if (o_.interval_s <= 0) o_.interval_s = job_->scenario.interval_s;
+  current_ = job_->initial(o_.initial_layout);
+  policy_->begin_episode();
+  plan_now(Conditions{}, current_);
+  if (o_.async_planning) planner_ = std::thread([this] { planner_loop(); });
+}
+
+Decider::~Decider() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (planner_.joinable()) planner_.join();
+}
+
+void Decider::plan_now(const Conditions& beliefs, const Strategy& current) {
+  const auto start = std::chrono::steady_clock::now();
+  PlanRequest request;
+  request.conditions = beliefs;
+  request.space = job_->scenario.space;
+  request.current = current;
+  request.top_k = env::kMaxCandidates + 1;
+  auto snap = std::make_shared<Snapshot>();
+  snap->current = current;
+  snap->beliefs = beliefs;
+  try {
+    snap->candidates = select_candidates(job_->planner->plan(request), current);
+  } catch (const InputError&) {
+    // Nothing can be planned (e.g. every GPU lost): no candidates, keep.
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard lock(mutex_);
+  snapshot_ = std::move(snap);
+  ++plans_;
+  last_plan_ms_ = ms;
+}
+
+void Decider::planner_loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || plan_requested_; });
+    if (stopping_) return;
+    plan_requested_ = false;
+    planning_ = true;
+    const Conditions beliefs = beliefs_.conditions;
+    const Strategy current = current_;
+    lock.unlock();
+    plan_now(beliefs, current);
+    lock.lock();
+    planning_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Decider::update_beliefs(const Beliefs& beliefs) {
+  std::unique_lock lock(mutex_);
+  beliefs_ = beliefs;
+  have_beliefs_ = true;
+  const bool layout_changed = snapshot_ && !(snapshot_->current == current_);
+  if (!layout_changed &&
+      !beliefs_moved(beliefs.conditions, planned_beliefs_, job_->gpus(), job_->nodes())) {
+    return;
+  }
+  planned_beliefs_ = beliefs.conditions;
+  if (o_.async_planning) {
+    plan_requested_ = true;
+    cv_.notify_all();
+    return;
+  }
+  const Strategy current = current_;
+  lock.unlock();
+  plan_now(beliefs.conditions, current);
+}
+
+void Decider::committed(const Strategy& s) {
+  std::unique_lock lock(mutex_);
+  current_ = s;
+  last_migration_ = interval_;
+  since_commit_ = 0;
+  planned_beliefs_ = beliefs_.conditions;
+  const Conditions beliefs = beliefs_.conditions;
+  if (o_.async_planning) {
+    plan_requested_ = true;
+    cv_.notify_all();
+    return;
+  }
+  lock.unlock();
+  plan_now(beliefs, s);
+}
+
+void Decider::wait_for_plan() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return stopping_ || (!plan_requested_ && !planning_); });
+}
+
+Strategy Decider::current() const {
+  std::lock_guard lock(mutex_);
+  return current_;
+}
+
+std::string Decider::policy_name() const { return policy_->name(); }
+
+long Decider::plans() const {
+  std::lock_guard lock(mutex_);
+  return plans_;
+}
+
+double Decider::last_plan_ms() const {
+  std::lock_guard lock(mutex_);
+  return last_plan_ms_;
+}
+
+namespace {
+
+double min_of(const std::vector<double>& v) {
+  return v.empty() ? 1.0 : *std::min_element(v.begin(), v.end());
+}
+
+nlohmann::json candidate_json(const Candidate& c, double current_tps) {
+  return {{"layout", layout_name(c.strategy)},
+          {"tokens_per_s", c.cost.tokens_per_s},
+          {"gain", current_tps > 0 ? c.cost.tokens_per_s / current_tps : 0.0},
+          {"migration_s", c.migration_s},
+          {"memory_gib", c.cost.memory_gib},
+          {"fits_in_memory", c.cost.fits_in_memory}};
+}
+
+}  // namespace
+
+Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
+                         const std::vector<std::string>& evidence) {
+  Decision d;
+  d.step = step;
+  std::shared_ptr<const Snapshot> snap;
+  Beliefs beliefs;
+  Strategy current;
+  int last_migration = 0;
+  int since_commit = 0;
+  double previous_min_speed = 1, previous_min_bw = 1;
+  {
+    std::lock_guard lock(mutex_);
+    d.interval = interval_++;
+    snap = snapshot_;
+    beliefs = beliefs_;
+    current = current_;
+    last_migration = last_migration_;
+    since_commit = since_commit_++;
+    previous_min_speed = previous_min_speed_;
+    previous_min_bw = previous_min_bw_;
+    previous_min_speed_ = min_of(beliefs.conditions.gpu_speed);
+    previous_min_bw_ = min_of(beliefs.conditions.node_inter_bw);
+  }
+  const bool stale = !snap || !(snap->current == current);
+  if (!stale) d.candidates = snap->candidates;
+  const CostModel& cost = job_->planner->cost_model();
+  const CostBreakdown current_cost = cost.evaluate(current, beliefs.conditions);
+
+  ObservationInputs in;
+  in.beliefs = &beliefs.conditions;
+  in.gpus = job_->gpus();
+  in.nodes = job_->nodes();
+  in.previous_min_speed = previous_min_speed;
+  in.previous_min_bw = previous_min_bw;
+  in.telemetry_age_intervals = 0;
+  in.missing_fraction = beliefs.missing_fraction;
+  in.current = &current;
+  in.current_cost = current_cost;
+  in.candidates = &d.candidates;
+  in.interval = d.interval;
+  in.horizon = o_.horizon;
+  in.remaining_intervals = o_.run_intervals > 0 ? std::max(0, o_.run_intervals - d.interval) * 1.0 *
+                                                      o_.horizon / o_.run_intervals
+                                                : o_.horizon / 2.0;
+  in.last_migration = last_migration;
+  in.staging = staging;
+  in.staging_left_s = staging_left_s;
+  in.interval_s = o_.interval_s;
+  in.staging_slowdown = job_->scenario.staging_slowdown;
+  d.observation = build_observation(in);
+
+  {
+    std::lock_guard lock(policy_mutex_);
+    d.policy_action = policy_->act(d.observation);
+  }
+  int action = d.policy_action;
+  if (action < 0 || action > env::kMaxCandidates ||
+      (action > 0 && !d.observation.mask[action - 1])) {
+    if (action != 0) d.guardrail = "masked or invalid action";
+    action = 0;
+  }
+  if (action > 0) {
+    const Candidate& c = d.candidates[action - 1];
+    d.guardrail = guardrail_for(c, cost.evaluate(c.strategy, beliefs.conditions), staging,
+                                since_commit, o_.cooldown_intervals);
+    if (!d.guardrail.empty()) action = 0;
+  }
+  if (stale && d.policy_action != 0 && d.guardrail.empty())
+    d.guardrail = "candidates being re-planned";
+  d.action = action;
+  const double current_tps =
+      current_cost.feasible && current_cost.fits_in_memory ? current_cost.tokens_per_s : 0.0;
+  if (action > 0) {
+    d.target = d.candidates[action - 1];
+    d.predicted_gain = current_tps > 0 ? d.target->cost.tokens_per_s / current_tps : 0.0;
+    d.migration_s = d.target->migration_s;
+  }
+
+  nlohmann::json j;
+  j["event"] = "decision";
+  j["interval"] = d.interval;
+  j["step"] = step;
+  j["policy"] = policy_->name();
+  j["fallback"] = fallback_;
+  j["evidence"] = evidence;
+  j["beliefs"] = {{"min_speed", min_of(beliefs.conditions.gpu_speed)},
+                  {"min_node_bw", min_of(beliefs.conditions.node_inter_bw)},
+                  {"slow_ranks", beliefs.slow_ranks},
+                  {"congested_nodes", beliefs.congested_nodes},
+                  {"lost_ranks", std::count(beliefs.conditions.gpu_failed.begin(),
+                                            beliefs.conditions.gpu_failed.end(), true)},
+                  {"missing_fraction", beliefs.missing_fraction}};
+  j["current"] = {{"layout", layout_name(current)},
+                  {"tokens_per_s", current_tps},
+                  {"fits_in_memory", current_cost.fits_in_memory},
+                  {"feasible", current_cost.feasible}};
+  nlohmann::json cands = nlohmann::json::array();
+  for (const Candidate& c : d.candidates) cands.push_back(candidate_json(c, current_tps));
+  j["candidates"] = cands;
+  j["policy_action"] = d.policy_action;
+  j["action"] = d.action;
+  j["guardrail"] = d.guardrail;
+  j["choice"] = d.target ? nlohmann::json(layout_name(d.target->strategy)) : nlohmann::json("keep");
+  j["predicted_gain"] = d.predicted_gain;
+  j["migration_s"] = d.migration_s;
+  d.log_line = j.dump();
+  return d;
+}
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,46 @@
+// Job: what the agent knows about the training job it watches — the model, the cluster, the
+// planner's search space (all from a simulator scenario: a family name or a scenario TOML, the
+// same file the job was launched with), the global batch, the start layouts, and the mapping
+// between planner layouts (Strategy) and the bus's wire Layout.
+//
+// A Job is immutable after make_job() and safe to share between threads (Planner::plan is const
+// and thread-safe).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "env/sim/scenario.h"
+#include "strategy/planner.h"
+#include "transport/messages.h"
+
+namespace parapilot::agent::runtime {
+
+struct Job {
+  env::Scenario scenario;
+  int global_batch = 0;
+  std::unique_ptr<Planner> planner;
+  Strategy planned_initial;  ///< the best plan for the nominal cluster ("planned").
+  Strategy uniform_dp;       ///< pure data parallel with equal shares ("uniform-dp").
+
+  int gpus() const { return scenario.cluster.num_gpus(); }
+  int nodes() const { return scenario.cluster.num_nodes(); }
+  /// The start layout by name: "planned" or "uniform-dp". Throws InputError otherwise.
+  const Strategy& initial(const std::string& name) const;
+};
+
+/// Builds the job of `scenario` (a family name such as "straggler", or a scenario .toml path) on
+/// `gpus` GPUs (ignored for a TOML file, which names its own size). Throws InputError.
+std::shared_ptr<const Job> make_job(const std::string& scenario, int gpus);
+/// The same from a scenario already built.
+std::shared_ptr<const Job> make_job(env::Scenario scenario);
+
+/// The wire form of a layout: degrees and micro-batches per replica.
+transport::Layout to_wire(const Strategy& s);
+/// A short name of a layout for logs and PlanPrepare::layout_name (<= kMaxNameBytes).
+std::string layout_name(const Strategy& s);
+/// A layout rebuilt from its wire form with the job's defaults (search-space first choices, equal
+/// shares, balanced stages). nullopt when the degrees are not legal for the job.
+std::optional<Strategy> from_wire(const transport::Layout& layout, const Job& job);
+
+}  // namespace parapilot::agent::runtime

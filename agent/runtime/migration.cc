@@ -1,0 +1,161 @@
+#include "agent/runtime/migration.h"
+
+#include "agent/runtime/job.h"
+
+namespace parapilot::agent::runtime {
+
+namespace {
+double ms_between(MigrationExecutor::Clock::time_point a, MigrationExecutor::Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+MigrationExecutor::MigrationExecutor(MigrationOptions options, Send send, Done on_done)
+    : o_(options), send_(std::move(send)), done_(std::move(on_done)) {
+  // Ids from the wall clock (microseconds): a restarted agent never reuses a recent id.
+  next_plan_id_ = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count());
+}
+
+bool MigrationExecutor::prepare(const Strategy& target, const std::set<uint32_t>& ranks,
+                                Clock::time_point now, uint64_t* plan_id) {
+  std::lock_guard lock(mutex_);
+  if (phase_ != Phase::idle || ranks.empty()) return false;
+  phase_ = Phase::preparing;
+  plan_id_ = next_plan_id_++;
+  target_ = target;
+  members_ = ranks;
+  waiting_ = ranks;
+  started_ = now;
+  deadline_ = now + std::chrono::milliseconds(o_.prepare_deadline_ms);
+  transport::PlanPrepare p;
+  p.plan_id = plan_id_;
+  p.layout = to_wire(target);
+  p.layout_name = layout_name(target);
+  p.deadline_ms = o_.prepare_deadline_ms;
+  send_(p);
+  if (plan_id) *plan_id = plan_id_;
+  return true;
+}
+
+void MigrationExecutor::finish(bool committed, std::string reason, Clock::time_point now,
+                               std::optional<MigrationOutcome>& out) {
+  MigrationOutcome r;
+  r.plan_id = plan_id_;
+  r.committed = committed;
+  r.reason = std::move(reason);
+  r.target = target_;
+  r.switch_at_step = switch_at_;
+  r.prepare_ms = phase_ == Phase::committing ? ms_between(started_, prepared_) : 0.0;
+  r.total_ms = ms_between(started_, now);
+  if (!committed) {
+    transport::PlanAbort a;
+    a.plan_id = plan_id_;
+    a.reason = r.reason.substr(0, transport::kMaxTextBytes);
+    send_(a);
+  }
+  phase_ = Phase::idle;
+  waiting_.clear();
+  members_.clear();
+  out = std::move(r);
+}
+
+void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t newest_step,
+                                 Clock::time_point now) {
+  std::optional<MigrationOutcome> out;
+  {
+    std::lock_guard lock(mutex_);
+    if (phase_ == Phase::idle || ready.plan_id != plan_id_ || !members_.count(ready.rank)) return;
+    if (!ready.ok) {
+      const std::string why = "rank " + std::to_string(ready.rank) + ": " + ready.detail;
+      finish(false,
+             phase_ == Phase::committing ? "commit missed, nobody switched (" + why + ")" : why,
+             now, out);
+    } else if (phase_ == Phase::preparing) {
+      waiting_.erase(ready.rank);
+      if (waiting_.empty()) {
+        phase_ = Phase::committing;
+        prepared_ = now;
+        switch_at_ = newest_step + 1 + o_.commit_margin_steps;
+        waiting_ = members_;
+        deadline_ = now + std::chrono::milliseconds(o_.ack_timeout_ms);
+        send_(transport::PlanCommit{plan_id_, switch_at_});
+      }
+    }
+  }
+  if (out && done_) done_(*out);
+}
+
+void MigrationExecutor::on_ack(const transport::Ack& ack, Clock::time_point now) {
+  std::optional<MigrationOutcome> out;
+  {
+    std::lock_guard lock(mutex_);
+    if (phase_ != Phase::committing || ack.acked != transport::MessageType::plan_commit ||
+        ack.id != plan_id_) {
+      return;
+    }
+    waiting_.erase(ack.rank);
+    if (waiting_.empty()) finish(true, "", now, out);
+  }
+  if (out && done_) done_(*out);
+}
+
+void MigrationExecutor::on_rank_lost(uint32_t rank, Clock::time_point now) {
+  std::optional<MigrationOutcome> out;
+  {
+    std::lock_guard lock(mutex_);
+    if (phase_ == Phase::idle || !members_.count(rank)) return;
+    if (phase_ == Phase::preparing) {
+      finish(false, "rank " + std::to_string(rank) + " lost while staging", now, out);
+    } else {
+      members_.erase(rank);
+      waiting_.erase(rank);
+      if (waiting_.empty()) {
+        finish(true, "rank " + std::to_string(rank) + " lost after the commit", now, out);
+      }
+    }
+  }
+  if (out && done_) done_(*out);
+}
+
+void MigrationExecutor::tick(Clock::time_point now) {
+  std::optional<MigrationOutcome> out;
+  {
+    std::lock_guard lock(mutex_);
+    if (phase_ == Phase::idle || now < deadline_) return;
+    std::string missing;
+    for (uint32_t r : waiting_) {
+      if (missing.size() > 200) {
+        missing += " ...";
+        break;
+      }
+      if (!missing.empty()) missing.push_back(',');
+      missing.append(std::to_string(r));
+    }
+    if (phase_ == Phase::preparing) {
+      finish(false, "timeout waiting for PlanReady from ranks " + missing, now, out);
+    } else {
+      finish(true, "no Ack from ranks " + missing, now, out);
+    }
+  }
+  if (out && done_) done_(*out);
+}
+
+bool MigrationExecutor::busy() const {
+  std::lock_guard lock(mutex_);
+  return phase_ != Phase::idle;
+}
+
+double MigrationExecutor::staging_elapsed_s(Clock::time_point now) const {
+  std::lock_guard lock(mutex_);
+  return phase_ == Phase::idle ? 0.0 : ms_between(started_, now) / 1000.0;
+}
+
+std::optional<uint64_t> MigrationExecutor::plan_in_flight() const {
+  std::lock_guard lock(mutex_);
+  if (phase_ == Phase::idle) return std::nullopt;
+  return plan_id_;
+}
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,417 @@
+#include "agent/runtime/monitor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "agent/runtime/robust_stats.h"
+
+namespace parapilot::agent::runtime {
+
+const char* to_string(MonitorEvent::Kind kind) {
+  switch (kind) {
+    case MonitorEvent::Kind::slow_rank:
+      return "slow_rank";
+    case MonitorEvent::Kind::rank_recovered:
+      return "rank_recovered";
+    case MonitorEvent::Kind::congested_link:
+      return "congested_link";
+    case MonitorEvent::Kind::link_recovered:
+      return "link_recovered";
+    case MonitorEvent::Kind::rank_lost:
+      return "rank_lost";
+  }
+  return "?";
+}
+
+std::string check_telemetry(const transport::Telemetry& t, const MonitorOptions& o) {
+  auto bad_number = [&](double x) -> const char* {
+    if (std::isnan(x)) return "nan";
+    if (std::isinf(x)) return "infinite";
+    if (x < 0) return "negative";
+    if (x > o.max_compute_ms) return "absurd";
+    return nullptr;
+  };
+  if (o.ranks > 0 && t.rank >= static_cast<uint32_t>(o.ranks)) return "unknown_rank";
+  if (const char* r = bad_number(t.compute_ms)) return r;
+  if (t.step_end_ns < t.step_start_ns) return "negative";
+  const double wall_ms = static_cast<double>(t.step_end_ns - t.step_start_ns) / 1e6;
+  if (wall_ms > o.max_compute_ms) return "absurd";
+  // Compute-only time cannot exceed the step it is part of (1 ms of clock slack).
+  if (t.compute_ms > wall_ms + 1.0) return "absurd";
+  for (const auto& [name, c] : t.collectives) {
+    if (const char* r = bad_number(c.ms)) return r;
+    if (c.ms > wall_ms + 1.0) return "absurd";
+  }
+  for (const auto& l : t.layers) {
+    if (std::isnan(l.norm) || std::isnan(l.max_abs)) return "nan";
+    if (std::isinf(l.norm) || std::isinf(l.max_abs)) return "infinite";
+    if (l.norm < 0 || l.max_abs < 0) return "negative";
+  }
+  return "";
+}
+
+namespace {
+
+enum class Liveness : uint8_t { unknown, live, lost };
+
+struct Sample {
+  int rank = 0;
+  uint64_t start_ns = 0;
+  double compute_ms = 0;
+  double wall_ms = 0;
+  double inter_bytes = 0;
+  double inter_ms = 0;
+  double queue = 0;
+  std::vector<std::pair<uint32_t, double>> layer_norms;
+};
+
+struct StepAgg {
+  std::vector<Sample> samples;
+  std::vector<uint8_t> seen;
+  Clock::time_point last_arrival;
+};
+
+struct RankStats {
+  RobustEwma compute;
+  RobustEwma bandwidth;
+  RobustEwma wall;
+  double lateness_ms = 0;
+  double last_wait_ms = 0;
+  double queue = 0;
+  long samples = 0;
+  double speed = 1;  // last believed; kept across layout changes until re-estimated
+  bool slow = false;
+  Liveness liveness = Liveness::unknown;
+};
+
+}  // namespace
+
+struct Monitor::State {
+  MonitorOptions o;
+  int nodes = 0;
+  std::vector<RankStats> ranks;
+  std::vector<double> node_bw;
+  std::vector<bool> node_congested;
+  std::map<uint64_t, StepAgg> pending;
+  bool any_closed = false;
+  uint64_t last_closed = 0;
+  uint64_t newest = 0;
+  bool any_seen = false;
+  bool any_connected = false;
+  Beliefs beliefs;
+  MonitorCounters counters;
+  std::vector<MonitorEvent> events;
+  double median_wait_ms = 0;
+
+  int expected() const {
+    if (!any_connected) return o.ranks;
+    int live = 0;
+    for (const auto& r : ranks) live += r.liveness == Liveness::live;
+    return live;
+  }
+
+  void close(uint64_t step, StepAgg& agg, std::vector<std::pair<uint64_t, Clock::time_point>>& out);
+  void refresh_beliefs(uint64_t step, int missing, int expected_count);
+};
+
+Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
+  if (options.ranks < 1 || options.gpus_per_node < 1) {
+    throw std::invalid_argument("MonitorOptions: ranks and gpus_per_node must be >= 1");
+  }
+  if (!options.peer_group.empty() && static_cast<int>(options.peer_group.size()) != options.ranks) {
+    throw std::invalid_argument("MonitorOptions: peer_group must have one entry per rank");
+  }
+  s_->o = options;
+  s_->nodes = (options.ranks + options.gpus_per_node - 1) / options.gpus_per_node;
+  s_->ranks.resize(options.ranks);
+  s_->node_bw.assign(s_->nodes, 1.0);
+  s_->node_congested.assign(s_->nodes, false);
+  s_->beliefs.conditions.gpu_speed.assign(options.ranks, 1.0);
+  s_->beliefs.conditions.node_inter_bw.assign(s_->nodes, 1.0);
+  s_->beliefs.rank_compute_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_steps_per_s.assign(options.ranks, 0.0);
+  s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
+}
+
+Monitor::~Monitor() = default;
+
+void Monitor::set_step_callback(StepCallback callback) {
+  std::lock_guard lock(mutex_);
+  callback_ = std::move(callback);
+}
+
+std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival) {
+  std::vector<std::pair<uint64_t, Clock::time_point>> closed;
+  StepCallback callback;
+  {
+    std::lock_guard lock(mutex_);
+    State& s = *s_;
+    std::string reason = check_telemetry(t, s.o);
+    if (reason.empty() && s.any_seen && t.step > s.newest + s.o.max_step_jump)
+      reason = "absurd_step";
+    if (reason.empty() && s.any_closed && t.step <= s.last_closed) reason = "late";
+    StepAgg* agg = nullptr;
+    if (reason.empty()) {
+      agg = &s.pending[t.step];
+      if (agg->seen.empty()) agg->seen.assign(s.o.ranks, 0);
+      if (agg->seen[t.rank]) reason = "duplicate";
+    }
+    if (!reason.empty()) {
+      ++s.counters.rejected;
+      ++s.counters.rejected_by_reason[reason];
+      return reason;
+    }
+    ++s.counters.accepted;
+    Sample x;
+    x.rank = static_cast<int>(t.rank);
+    x.start_ns = t.step_start_ns;
+    x.compute_ms = t.compute_ms;
+    x.wall_ms = static_cast<double>(t.step_end_ns - t.step_start_ns) / 1e6;
+    x.queue = t.queue_depth;
+    for (const auto& [name, c] : t.collectives) {
+      if (name.find("inter") == std::string::npos) continue;
+      x.inter_bytes += static_cast<double>(c.bytes);
+      x.inter_ms += c.ms;
+    }
+    for (const auto& l : t.layers) {
+      x.layer_norms.emplace_back(l.layer, static_cast<double>(l.norm));
+      s.beliefs.nonfinite_gradients += l.nonfinite_count;
+    }
+    agg->seen[t.rank] = 1;
+    agg->samples.push_back(std::move(x));
+    agg->last_arrival = arrival;
+    s.newest = s.any_seen ? std::max(s.newest, t.step) : t.step;
+    s.any_seen = true;
+
+    // Close steps in order: older ones that a rank has moved well past, then this one if every
+    // live rank reported it.
+    const int expected = s.expected();
+    while (!s.pending.empty()) {
+      auto it = s.pending.begin();
+      const bool lagging = it->first + static_cast<uint64_t>(s.o.close_lag_steps) <= s.newest;
+      const bool full = static_cast<int>(it->second.samples.size()) >= expected;
+      const bool older_than_full = [&] {
+        auto cur = s.pending.find(t.step);
+        return it->first < t.step && cur != s.pending.end() &&
+               static_cast<int>(cur->second.samples.size()) >= expected;
+      }();
+      if (!(lagging || full || older_than_full)) break;
+      s.close(it->first, it->second, closed);
+      s.pending.erase(it);
+    }
+    callback = callback_;
+  }
+  if (callback) {
+    for (const auto& [step, when] : closed) callback(step, when);
+  }
+  return "";
+}
+
+void Monitor::State::close(uint64_t step, StepAgg& agg,
+                           std::vector<std::pair<uint64_t, Clock::time_point>>& out) {
+  const int expected_count = std::max(expected(), static_cast<int>(agg.samples.size()));
+  const int missing = expected_count - static_cast<int>(agg.samples.size());
+  // Arrival at the collective = step start + compute-only time, relative to the earliest start.
+  uint64_t min_start = UINT64_MAX;
+  for (const Sample& x : agg.samples) min_start = std::min(min_start, x.start_ns);
+  std::vector<double> arrivals;
+  arrivals.reserve(agg.samples.size());
+  for (const Sample& x : agg.samples) {
+    arrivals.push_back(static_cast<double>(x.start_ns - min_start) / 1e6 + x.compute_ms);
+  }
+  const double last = arrivals.empty() ? 0 : *std::max_element(arrivals.begin(), arrivals.end());
+  const double mid = median(arrivals);
+  std::vector<double> waits;
+  waits.reserve(arrivals.size());
+  std::map<uint32_t, std::vector<double>> layer_norms;
+  for (size_t i = 0; i < agg.samples.size(); ++i) {
+    const Sample& x = agg.samples[i];
+    RankStats& r = ranks[x.rank];
+    if (!r.compute.add(x.compute_ms)) ++counters.outliers;
+    r.wall.add(x.wall_ms);
+    const double wait = last - arrivals[i];
+    waits.push_back(wait);
+    r.last_wait_ms = wait;
+    r.lateness_ms =
+        r.samples == 0 ? arrivals[i] - mid : 0.7 * r.lateness_ms + 0.3 * (arrivals[i] - mid);
+    if (x.inter_bytes > 0) {
+      // The time actually spent moving bytes: the collective minus waiting for the last rank.
+      const double transfer_ms = std::max(x.inter_ms - wait, 1e-3);
+      if (!r.bandwidth.add(x.inter_bytes / transfer_ms / 1e6)) ++counters.outliers;
+    }
+    r.queue = r.samples == 0 ? x.queue : 0.8 * r.queue + 0.2 * x.queue;
+    ++r.samples;
+    for (const auto& [layer, norm] : x.layer_norms) layer_norms[layer].push_back(norm);
+  }
+  median_wait_ms = median(waits);
+  beliefs.layer_grad_norm.clear();
+  for (auto& [layer, norms] : layer_norms) {
+    if (beliefs.layer_grad_norm.size() <= layer) beliefs.layer_grad_norm.resize(layer + 1, 0.0);
+    beliefs.layer_grad_norm[layer] = median(std::move(norms));
+  }
+  ++counters.steps_closed;
+  any_closed = true;
+  last_closed = step;
+  refresh_beliefs(step, missing, expected_count);
+  out.emplace_back(step, agg.last_arrival);
+}
+
+void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
+  const int n = o.ranks;
+  const Clock::time_point now = Clock::now();
+  // Speed: the peer group's median compute level over this rank's.
+  std::map<int, std::vector<double>> group_levels;
+  for (int r = 0; r < n; ++r) {
+    const RankStats& st = ranks[r];
+    if (st.liveness == Liveness::lost || st.compute.count() < o.min_samples) continue;
+    group_levels[o.peer_group.empty() ? 0 : o.peer_group[r]].push_back(st.compute.value());
+  }
+  std::map<int, double> reference;
+  for (auto& [g, levels] : group_levels) reference[g] = median(std::move(levels));
+  Beliefs& b = beliefs;
+  for (int r = 0; r < n; ++r) {
+    RankStats& st = ranks[r];
+    const int g = o.peer_group.empty() ? 0 : o.peer_group[r];
+    if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
+        reference.count(g) && st.compute.value() > 0) {
+      st.speed = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
+    }
+    b.conditions.gpu_speed[r] = st.speed;
+    b.rank_compute_ms[r] = st.compute.value();
+    b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
+    b.rank_lateness_ms[r] = st.lateness_ms;
+    b.rank_queue_depth[r] = st.queue;
+    const bool lost = st.liveness == Liveness::lost;
+    if (!st.slow && !lost && st.speed < o.slow_speed) {
+      st.slow = true;
+      ++counters.slow_rank_events;
+      char text[320];
+      std::snprintf(
+          text, sizeof text,
+          "compute-only %.1f ms vs peer median %.1f ms (%.2fx slower); arrives %.1f ms "
+          "after the median rank at the collective; waits %.1f ms in it vs median %.1f ms",
+          st.compute.value(), reference[g], 1.0 / st.speed, st.lateness_ms, st.last_wait_ms,
+          median_wait_ms);
+      events.push_back({MonitorEvent::Kind::slow_rank, r, -1, st.speed, step, now, text});
+    } else if (st.slow && (lost || st.speed > o.recovered_speed)) {
+      st.slow = false;
+      char text[160];
+      std::snprintf(text, sizeof text, "compute-only %.1f ms vs peer median %.1f ms",
+                    st.compute.value(), reference.count(g) ? reference[g] : 0.0);
+      events.push_back({MonitorEvent::Kind::rank_recovered, r, -1, st.speed, step, now, text});
+    }
+  }
+  // Bandwidth: each node's median over its ranks, relative to the median node.
+  std::vector<double> node_level(nodes, 0.0);
+  std::vector<double> known;
+  for (int node = 0; node < nodes; ++node) {
+    std::vector<double> v;
+    for (int r = node * o.gpus_per_node; r < std::min(n, (node + 1) * o.gpus_per_node); ++r) {
+      if (ranks[r].liveness != Liveness::lost && ranks[r].bandwidth.count() >= o.min_samples) {
+        v.push_back(ranks[r].bandwidth.value());
+      }
+    }
+    if (!v.empty()) {
+      node_level[node] = median(std::move(v));
+      known.push_back(node_level[node]);
+    }
+  }
+  const double ref_bw = median(known);
+  for (int node = 0; node < nodes; ++node) {
+    if (node_level[node] > 0 && ref_bw > 0) {
+      node_bw[node] = std::clamp(node_level[node] / ref_bw, 0.01, 1.5);
+    }
+    b.conditions.node_inter_bw[node] = node_bw[node];
+    if (!node_congested[node] && node_bw[node] < o.congested_bw) {
+      node_congested[node] = true;
+      ++counters.congestion_events;
+      char text[200];
+      std::snprintf(text, sizeof text,
+                    "network transfer %.2f GB/s (collective time minus wait for the last arrival) "
+                    "vs median node %.2f GB/s",
+                    node_level[node], ref_bw);
+      events.push_back(
+          {MonitorEvent::Kind::congested_link, -1, node, node_bw[node], step, now, text});
+    } else if (node_congested[node] && node_bw[node] > o.recovered_bw) {
+      node_congested[node] = false;
+      events.push_back({MonitorEvent::Kind::link_recovered, -1, node, node_bw[node], step, now,
+                        "network transfer back to the median node's"});
+    }
+  }
+  b.conditions.gpu_failed.clear();
+  b.slow_ranks.clear();
+  b.congested_nodes.clear();
+  int live = 0;
+  for (int r = 0; r < n; ++r) {
+    if (ranks[r].liveness == Liveness::lost) {
+      if (b.conditions.gpu_failed.empty()) b.conditions.gpu_failed.assign(n, false);
+      b.conditions.gpu_failed[r] = true;
+    }
+    live += ranks[r].liveness == Liveness::live;
+    if (ranks[r].slow) b.slow_ranks.push_back(r);
+  }
+  for (int node = 0; node < nodes; ++node) {
+    if (node_congested[node]) b.congested_nodes.push_back(node);
+  }
+  b.live_ranks = any_connected ? live : n;
+  b.missing_fraction = expected_count > 0 ? static_cast<double>(missing) / expected_count : 0.0;
+  b.last_closed_step = step;
+  b.any_closed = true;
+}
+
+void Monitor::rank_connected(int rank) {
+  std::lock_guard lock(mutex_);
+  if (rank < 0 || rank >= s_->o.ranks) return;
+  s_->any_connected = true;
+  s_->ranks[rank].liveness = Liveness::live;
+  if (!s_->beliefs.conditions.gpu_failed.empty()) s_->beliefs.conditions.gpu_failed[rank] = false;
+}
+
+void Monitor::rank_lost(int rank) {
+  std::lock_guard lock(mutex_);
+  if (rank < 0 || rank >= s_->o.ranks) return;
+  RankStats& st = s_->ranks[rank];
+  if (st.liveness == Liveness::lost) return;
+  st.liveness = Liveness::lost;
+  if (s_->beliefs.conditions.gpu_failed.empty()) {
+    s_->beliefs.conditions.gpu_failed.assign(s_->o.ranks, false);
+  }
+  s_->beliefs.conditions.gpu_failed[rank] = true;
+  s_->events.push_back({MonitorEvent::Kind::rank_lost, rank, -1, 0, s_->newest, Clock::now(),
+                        "disconnected from the bus"});
+}
+
+void Monitor::layout_changed() {
+  std::lock_guard lock(mutex_);
+  for (RankStats& st : s_->ranks) {
+    st.compute.reset();
+    st.bandwidth.reset();
+    st.wall.reset();
+  }
+}
+
+Beliefs Monitor::beliefs() const {
+  std::lock_guard lock(mutex_);
+  return s_->beliefs;
+}
+
+MonitorCounters Monitor::counters() const {
+  std::lock_guard lock(mutex_);
+  return s_->counters;
+}
+
+std::vector<MonitorEvent> Monitor::take_events() {
+  std::lock_guard lock(mutex_);
+  std::vector<MonitorEvent> out;
+  out.swap(s_->events);
+  return out;
+}
+
+uint64_t Monitor::newest_step() const {
+  std::lock_guard lock(mutex_);
+  return s_->newest;
+}
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,130 @@
+// Monitor: turns per-rank, per-step bus telemetry into the beliefs the planner and the policy
+// consume — per-rank compute speed, per-node network bandwidth, queue occupancy, gradient
+// statistics, lost ranks — and detects slow ranks and congested links, with evidence.
+//
+// The synchronous all-reduce trap: inside a collective the fast ranks wait for the slow one, so
+// every rank's step (or backward) time looks the same. The monitor therefore only trusts
+// compute-only time (Telemetry::compute_ms) for speed, measures arrival skew at the collective
+// (arrival = step_start + compute), and subtracts each rank's wait for the last arrival from its
+// collective time before turning it into bandwidth. All per-rank series go through RobustEwma
+// (median/MAD outlier rejection; a level shift needs several samples in a row).
+//
+// Rank r is assumed to run on GPU r of the job's ClusterSpec (node r / gpus_per_node); speed is
+// relative to the median of the rank's peer group (by default all ranks of its GPU type), so a
+// belief of 1 means "as fast as its peers".
+//
+// Thread-safety: every member function may be called from any thread (one internal mutex). The
+// step callback runs on the thread whose sample completed the step, outside the lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strategy/cost_model.h"
+#include "transport/messages.h"
+
+namespace parapilot::agent::runtime {
+
+using Clock = std::chrono::steady_clock;
+
+struct MonitorOptions {
+  int ranks = 0;                  ///< world size (required, >= 1).
+  int gpus_per_node = 8;          ///< rank r sits on node r / gpus_per_node.
+  std::vector<int> peer_group;    ///< per rank: speed reference group (empty: one group).
+  double slow_speed = 1 / 1.1;    ///< believed speed below this (a >= 10% shift) = slow rank.
+  double recovered_speed = 0.95;  ///< ...and above this again = recovered.
+  double congested_bw = 0.8;      ///< node bandwidth factor below this = congested link.
+  double recovered_bw = 0.9;
+  double max_compute_ms = 3.6e6;     ///< telemetry above this (an hour per step) is absurd.
+  uint64_t max_step_jump = 1000000;  ///< steps this far beyond the newest seen are absurd.
+  int close_lag_steps = 2;           ///< a step closes when a rank reports this many steps later.
+  int min_samples = 3;               ///< samples per rank before its speed is believed.
+};
+
+/// Something the monitor noticed, with the numbers that made it say so.
+struct MonitorEvent {
+  enum class Kind { slow_rank, rank_recovered, congested_link, link_recovered, rank_lost };
+  Kind kind = Kind::slow_rank;
+  int rank = -1;     ///< slow_rank, rank_recovered, rank_lost
+  int node = -1;     ///< congested_link, link_recovered
+  double value = 0;  ///< believed speed or bandwidth factor
+  uint64_t step = 0;
+  Clock::time_point time;
+  std::string evidence;
+};
+const char* to_string(MonitorEvent::Kind kind);
+
+/// The monitor's current view (a snapshot; copying it is cheap enough once per step).
+struct Beliefs {
+  Conditions conditions;  ///< gpu_speed per rank, node_inter_bw per node, gpu_failed = lost.
+  std::vector<double> rank_compute_ms;   ///< robust level of compute-only time (0: unknown).
+  std::vector<double> rank_steps_per_s;  ///< from the rank's own step wall time.
+  std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
+  std::vector<double> rank_queue_depth;
+  std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
+  uint64_t nonfinite_gradients = 0;     ///< summed over all accepted telemetry.
+  double missing_fraction = 0;          ///< of the last closed step's expected samples.
+  uint64_t last_closed_step = 0;
+  bool any_closed = false;
+  int live_ranks = 0;
+  std::vector<int> slow_ranks;
+  std::vector<int> congested_nodes;
+};
+
+struct MonitorCounters {
+  uint64_t accepted = 0;
+  uint64_t rejected = 0;
+  std::map<std::string, uint64_t> rejected_by_reason;  ///< e.g. "nan", "negative", "absurd".
+  uint64_t steps_closed = 0;
+  uint64_t outliers = 0;  ///< samples the robust estimators did not average in.
+  uint64_t slow_rank_events = 0;
+  uint64_t congestion_events = 0;
+};
+
+class Monitor {
+ public:
+  explicit Monitor(MonitorOptions options);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+
+  /// Takes one sample. Returns "" when accepted, otherwise the rejection reason (NaN, negative
+  /// or absurd values, unknown rank, duplicate, late); rejected samples are counted, never used.
+  std::string ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
+
+  /// Liveness from the bus: a rank that connected (live) or went away (lost: believed failed).
+  /// Ranks never seen are neither; a step closes when every live rank reported it.
+  void rank_connected(int rank);
+  void rank_lost(int rank);
+
+  /// The layout changed: compute times of every rank change, so per-rank levels restart.
+  void layout_changed();
+
+  /// Called once per closed step with the arrival time of the sample that closed it.
+  using StepCallback = std::function<void(uint64_t step, Clock::time_point last_arrival)>;
+  void set_step_callback(StepCallback callback);
+
+  Beliefs beliefs() const;
+  MonitorCounters counters() const;
+  /// Events since the last call, oldest first.
+  std::vector<MonitorEvent> take_events();
+  /// The largest step any rank has reported.
+  uint64_t newest_step() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+  mutable std::mutex mutex_;
+  StepCallback callback_;
+};
+
+/// Checks one sample's values (finite, non-negative, bounded, consistent); "" when fine.
+std::string check_telemetry(const transport::Telemetry& t, const MonitorOptions& options);
+
+}  // namespace parapilot::agent::runtime

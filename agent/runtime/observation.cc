@@ -1,0 +1,124 @@
+#include "agent/runtime/observation.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace parapilot::agent::runtime {
+
+namespace {
+double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
+}  // namespace
+
+std::vector<Candidate> select_candidates(const PlanResult& result, const Strategy& current) {
+  std::vector<Candidate> out;
+  for (const Candidate& c : result.candidates) {
+    if (c.strategy == current) continue;
+    if (static_cast<int>(out.size()) == env::kMaxCandidates) break;
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, int nodes) {
+  if (now.gpu_failed != at_plan.gpu_failed) {
+    // Empty and all-false mean the same.
+    const bool a =
+        std::find(now.gpu_failed.begin(), now.gpu_failed.end(), true) != now.gpu_failed.end();
+    const bool b = std::find(at_plan.gpu_failed.begin(), at_plan.gpu_failed.end(), true) !=
+                   at_plan.gpu_failed.end();
+    if (a || b) return true;
+  }
+  for (int i = 0; i < gpus; ++i) {
+    if (std::abs(std::log(at(now.gpu_speed, i) / at(at_plan.gpu_speed, i))) > 0.15) return true;
+  }
+  for (int i = 0; i < nodes; ++i) {
+    if (std::abs(std::log(at(now.node_inter_bw, i) / at(at_plan.node_inter_bw, i))) > 0.2) {
+      return true;
+    }
+  }
+  return false;
+}
+
+env::Observation build_observation(const ObservationInputs& in) {
+  env::Observation o;
+  auto& st = o.state;
+  const Conditions& belief = *in.beliefs;
+  const int gpus = in.gpus;
+  const int nodes = in.nodes;
+  double min_speed = 1.5, sum = 0, sum2 = 0, slowed = 0;
+  for (int i = 0; i < gpus; ++i) {
+    const double v = at(belief.gpu_speed, i);
+    min_speed = std::min(min_speed, v);
+    sum += v;
+    sum2 += v * v;
+    slowed += v < 0.9;
+  }
+  const double mean = sum / gpus;
+  double min_bw = 1.5, bw_sum = 0, congested = 0;
+  for (int i = 0; i < nodes; ++i) {
+    const double v = at(belief.node_inter_bw, i);
+    min_bw = std::min(min_bw, v);
+    bw_sum += v;
+    congested += v < 0.8;
+  }
+  double failed = 0;
+  for (bool f : belief.gpu_failed) failed += f;
+  const int H = in.horizon;
+  st[0] = static_cast<float>(min_speed);
+  st[1] = static_cast<float>(mean);
+  st[2] = static_cast<float>(std::min(1.0 / std::max(min_speed, 1e-3), 10.0) / 10.0);
+  st[3] = static_cast<float>(std::sqrt(std::max(0.0, sum2 / gpus - mean * mean)));
+  st[4] = static_cast<float>(slowed / gpus);
+  st[5] = static_cast<float>(min_bw);
+  st[6] = static_cast<float>(bw_sum / nodes);
+  st[7] = static_cast<float>(congested / nodes);
+  st[8] = static_cast<float>(failed / gpus);
+  st[9] = static_cast<float>(min_speed - in.previous_min_speed);
+  st[10] = static_cast<float>(min_bw - in.previous_min_bw);
+  st[11] = static_cast<float>(std::min(in.telemetry_age_intervals, 4) / 4.0);
+  st[12] = static_cast<float>(in.missing_fraction);
+  const CostBreakdown* cur = in.current_cost ? &*in.current_cost : nullptr;
+  const bool cur_ok = cur && cur->feasible && cur->fits_in_memory;
+  const std::vector<Candidate>& candidates = *in.candidates;
+  const double best_pred = candidates.empty() ? 0.0 : candidates.front().cost.tokens_per_s;
+  const double cur_pred = cur_ok ? cur->tokens_per_s : 0.0;
+  st[13] = static_cast<float>(
+      std::max(best_pred, cur_pred) > 0 ? cur_pred / std::max(best_pred, cur_pred) : 1.0);
+  st[14] = cur && cur->feasible ? 1.0f : 0.0f;
+  st[15] = cur && cur->fits_in_memory ? 1.0f : 0.0f;
+  st[16] = static_cast<float>(
+      in.last_migration < 0
+          ? 1.0
+          : std::min(1.0, (in.interval - in.last_migration) / static_cast<double>(H)));
+  st[17] = static_cast<float>(in.remaining_intervals / H);
+  st[18] = in.staging ? 1.0f : 0.0f;
+  st[19] = static_cast<float>(in.staging ? std::min(1.0, in.staging_left_s / in.interval_s) : 0.0);
+  st[20] = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
+  st[21] = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
+  st[22] = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
+  st[23] = static_cast<float>(candidates.size()) / env::kMaxCandidates;
+
+  const double remaining_s = in.remaining_intervals * in.interval_s;
+  const Strategy& current = *in.current;
+  for (size_t k = 0; k < candidates.size() && k < static_cast<size_t>(env::kMaxCandidates); ++k) {
+    const Candidate& c = candidates[k];
+    float* f = &o.candidates[k * env::kCandidateDim];
+    const double gain = cur_pred > 0 ? c.cost.tokens_per_s / cur_pred : 10.0;
+    f[0] = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
+    f[1] = static_cast<float>(std::min(c.migration_s / in.interval_s, 4.0));
+    f[2] = static_cast<float>(1.0 - c.cost.memory_gib / std::max(c.cost.memory_capacity_gib, 1e-9));
+    f[3] = c.strategy.tp != current.tp ? 1.0f : 0.0f;
+    f[4] = c.strategy.pp != current.pp ? 1.0f : 0.0f;
+    f[5] = c.strategy.dp != current.dp ? 1.0f : 0.0f;
+    f[6] = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
+    const double gained = (c.cost.tokens_per_s - cur_pred) * remaining_s;
+    const double lost = std::max(cur_pred, c.cost.tokens_per_s) *
+                            (kSwitchPauseS + in.staging_slowdown * c.migration_s) +
+                        1.0;
+    f[7] = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
+    o.mask[k] = 1;
+  }
+  return o;
+}
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,48 @@
+// The policy's observation built from live beliefs, feature for feature as the simulator builds
+// it (env/sim/sim_env.cc; docs/observation.md), so a policy trained in the simulator acts on a
+// deployed job unchanged. Also the simulator's candidate selection and re-plan thresholds.
+//
+// Pure functions; safe from any thread.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "env/env.h"
+#include "strategy/planner.h"
+
+namespace parapilot::agent::runtime {
+
+/// Everything one observation is made of. Pointers must be non-null.
+struct ObservationInputs {
+  const Conditions* beliefs = nullptr;  ///< the monitor's beliefs (empty vectors: nominal).
+  int gpus = 0;
+  int nodes = 0;
+  double previous_min_speed = 1;  ///< lowest believed speed at the previous decision.
+  double previous_min_bw = 1;     ///< lowest believed node bandwidth at the previous decision.
+  int telemetry_age_intervals = 0;
+  double missing_fraction = 0;
+  const Strategy* current = nullptr;
+  std::optional<CostBreakdown> current_cost;           ///< the current layout under `beliefs`.
+  const std::vector<Candidate>* candidates = nullptr;  ///< <= kMaxCandidates, current excluded.
+  int interval = 0;                                    ///< decision intervals so far (t).
+  int horizon = 96;                                    ///< H: normalises time features.
+  double remaining_intervals = 96;  ///< intervals of the run left (H - t in the simulator).
+  int last_migration = -1;          ///< interval of the last committed switch; -1 when none.
+  bool staging = false;
+  double staging_left_s = 0;
+  double interval_s = 300;
+  double seq_len_ratio = 1;  ///< current sequence length / the run's start.
+  double staging_slowdown = 0.1;
+};
+
+env::Observation build_observation(const ObservationInputs& in);
+
+/// The planner's candidates minus the current layout, at most kMaxCandidates, best first.
+std::vector<Candidate> select_candidates(const PlanResult& result, const Strategy& current);
+
+/// True when beliefs moved enough since the last plan to re-plan (the simulator's thresholds:
+/// 15% for a GPU's speed, 20% for a node's bandwidth, or a change of the failed set).
+bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, int nodes);
+
+}  // namespace parapilot::agent::runtime

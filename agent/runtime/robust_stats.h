@@ -1,0 +1,106 @@
+// Robust statistics for telemetry: median, median absolute deviation, and an exponentially
+// weighted mean that rejects outliers and follows level shifts (change points).
+//
+// All functions are pure; RobustEwma is a small value type, not thread-safe (callers lock).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <deque>
+#include <vector>
+
+namespace parapilot::agent::runtime {
+
+/// Median of `v` (the mean of the two middle values for an even count); 0 for an empty input.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const std::size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
+  return 0.5 * (lower + upper);
+}
+
+/// Median absolute deviation of `v` around `center`; 0 for an empty input.
+inline double mad(const std::vector<double>& v, double center) {
+  std::vector<double> d;
+  d.reserve(v.size());
+  for (double x : v) d.push_back(std::abs(x - center));
+  return median(std::move(d));
+}
+
+/// An EWMA with outlier rejection. A sample farther than `reject_k` robust deviations (1.4826 x
+/// MAD of the recent window, at least `rel_floor` x the level) from the current level is an
+/// outlier and is not averaged in; `confirm` outliers in a row on the same side are a level
+/// shift, and the level jumps to their median (a momentary blip never moves it).
+class RobustEwma {
+ public:
+  struct Options {
+    double alpha = 0.3;       ///< weight of a new inlier sample.
+    double reject_k = 4.0;    ///< outlier threshold in robust deviations.
+    double rel_floor = 0.05;  ///< deviation floor relative to the level (noise-free inputs).
+    int confirm = 3;          ///< consecutive same-side outliers that make a level shift.
+    int window = 9;           ///< recent inliers kept for the MAD.
+  };
+
+  RobustEwma() = default;
+  explicit RobustEwma(Options options) : o_(options) {}
+
+  /// Adds a sample; returns false when it was rejected as an outlier (it may still complete a
+  /// level shift, in which case the level moves and true is returned).
+  bool add(double x) {
+    if (count_ == 0) {
+      level_ = x;
+      ++count_;
+      window_.push_back(x);
+      return true;
+    }
+    const double spread =
+        std::max(1.4826 * mad(std::vector<double>(window_.begin(), window_.end()), level_),
+                 o_.rel_floor * std::abs(level_));
+    const double dev = x - level_;
+    if (std::abs(dev) > o_.reject_k * spread && spread > 0) {
+      const int side = dev > 0 ? 1 : -1;
+      if (side != outlier_side_) pending_.clear();
+      outlier_side_ = side;
+      pending_.push_back(x);
+      ++rejected_;
+      if (static_cast<int>(pending_.size()) >= o_.confirm) {
+        level_ = median(pending_);
+        window_.assign(pending_.begin(), pending_.end());
+        pending_.clear();
+        outlier_side_ = 0;
+        ++shifts_;
+        return true;
+      }
+      return false;
+    }
+    pending_.clear();
+    outlier_side_ = 0;
+    level_ = (1 - o_.alpha) * level_ + o_.alpha * x;
+    window_.push_back(x);
+    while (static_cast<int>(window_.size()) > o_.window) window_.pop_front();
+    ++count_;
+    return true;
+  }
+
+  double value() const { return level_; }
+  long count() const { return count_; }  ///< samples accepted (inliers and shifts' first).
+  long rejected() const { return rejected_; }
+  long shifts() const { return shifts_; }
+  void reset() { *this = RobustEwma(o_); }
+
+ private:
+  Options o_;
+  double level_ = 0;
+  long count_ = 0;
+  long rejected_ = 0;
+  long shifts_ = 0;
+  int outlier_side_ = 0;
+  std::vector<double> pending_;
+  std::deque<double> window_;
+};
+
+}  // namespace parapilot::agent::runtime

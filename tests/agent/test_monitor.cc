@@ -1,0 +1,196 @@
+// Monitor: robust statistics, slow-rank detection despite the synchronous all-reduce trap,
+// congested links, and rejection of bad telemetry.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "agent/runtime/monitor.h"
+#include "agent/runtime/robust_stats.h"
+
+using namespace parapilot;
+using namespace parapilot::agent::runtime;
+
+namespace {
+
+// One synchronous data-parallel step of `ranks` ranks: every rank starts together, computes
+// for compute_ms[r], waits in the all-reduce for the last arrival, then transfers at its node's
+// bandwidth; all leave the collective together, so every rank's step wall time is the same.
+std::vector<transport::Telemetry> sync_step(uint64_t step, const std::vector<double>& compute_ms,
+                                            const std::vector<double>& transfer_ms) {
+  const size_t n = compute_ms.size();
+  double last = 0, max_transfer = 0;
+  for (size_t r = 0; r < n; ++r) {
+    last = std::max(last, compute_ms[r]);
+    max_transfer = std::max(max_transfer, transfer_ms[r]);
+  }
+  const uint64_t start = 1'000'000'000ull * (step + 1);
+  const double step_ms = last + max_transfer;
+  std::vector<transport::Telemetry> out;
+  for (size_t r = 0; r < n; ++r) {
+    transport::Telemetry t;
+    t.rank = static_cast<uint32_t>(r);
+    t.step = step;
+    t.step_start_ns = start;
+    t.step_end_ns = start + static_cast<uint64_t>(step_ms * 1e6);
+    t.compute_ms = compute_ms[r];
+    t.collectives["all_reduce/dp/inter"] = {last - compute_ms[r] + transfer_ms[r], 100'000'000, 1};
+    t.layers.push_back({0, 1.5f, 0.1f, 0});
+    out.push_back(t);
+  }
+  return out;
+}
+
+MonitorOptions options(int ranks) {
+  MonitorOptions o;
+  o.ranks = ranks;
+  o.gpus_per_node = 8;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("median, MAD and the robust EWMA ignore a blip and follow a sustained shift") {
+  CHECK(median({3, 1, 2}) == 2);
+  CHECK(median({4, 1, 2, 3}) == 2.5);
+  CHECK(mad({1, 2, 3, 4, 100}, 3) == 1);
+  RobustEwma e;
+  for (int i = 0; i < 10; ++i) e.add(10.0 + 0.01 * (i % 3));
+  CHECK(e.value() == doctest::Approx(10.0).epsilon(0.01));
+  CHECK_FALSE(e.add(50));  // a blip
+  CHECK(e.value() == doctest::Approx(10.0).epsilon(0.01));
+  e.add(10);
+  for (int i = 0; i < 3; ++i) e.add(30);  // a level shift, confirmed by three in a row
+  CHECK(e.value() == doctest::Approx(30.0));
+  CHECK(e.shifts() == 1);
+}
+
+TEST_CASE("a 3x slower rank is found from compute-only time and arrival skew, not step time") {
+  Monitor m(options(16));
+  std::vector<uint64_t> closed;
+  m.set_step_callback([&](uint64_t step, Clock::time_point) { closed.push_back(step); });
+  std::vector<double> transfer(16, 20.0);
+  for (uint64_t s = 0; s < 20; ++s) {
+    std::vector<double> compute(16, 100.0 + static_cast<double>(s % 3));
+    if (s >= 8) compute[5] *= 3;
+    for (const auto& t : sync_step(s, compute, transfer)) CHECK(m.ingest(t) == "");
+  }
+  CHECK(closed.size() == 20);
+  const Beliefs b = m.beliefs();
+  // The trap: every rank's step wall time is identical...
+  for (int r = 1; r < 16; ++r)
+    CHECK(b.rank_steps_per_s[r] == doctest::Approx(b.rank_steps_per_s[0]));
+  // ...but compute-only time singles out rank 5.
+  CHECK(b.conditions.gpu_speed[5] == doctest::Approx(1.0 / 3).epsilon(0.02));
+  for (int r = 0; r < 16; ++r) {
+    if (r != 5) CHECK(b.conditions.gpu_speed[r] == doctest::Approx(1.0).epsilon(0.03));
+  }
+  CHECK(b.slow_ranks == std::vector<int>{5});
+  CHECK(b.rank_lateness_ms[5] > 150);
+  // The fast ranks' waiting does not read as slow links.
+  for (double bw : b.conditions.node_inter_bw) CHECK(bw == doctest::Approx(1.0).epsilon(0.05));
+  const auto events = m.take_events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].kind == MonitorEvent::Kind::slow_rank);
+  CHECK(events[0].rank == 5);
+  CHECK(events[0].step >= 8);
+  CHECK(events[0].step <= 12);
+  CHECK(events[0].evidence.find("compute-only") != std::string::npos);
+
+  // Recovery.
+  for (uint64_t s = 20; s < 30; ++s) {
+    std::vector<double> compute(16, 100.0);
+    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+  }
+  const auto later = m.take_events();
+  REQUIRE(later.size() == 1);
+  CHECK(later[0].kind == MonitorEvent::Kind::rank_recovered);
+  CHECK(m.beliefs().slow_ranks.empty());
+}
+
+TEST_CASE("a congested node shows in transfer time net of waiting") {
+  Monitor m(options(32));
+  for (uint64_t s = 0; s < 15; ++s) {
+    std::vector<double> compute(32, 100.0);
+    compute[3] = 130;  // a mildly slow rank makes everyone else wait: must not look like congestion
+    std::vector<double> transfer(32, 20.0);
+    if (s >= 5) {
+      for (int r = 16; r < 24; ++r) transfer[r] = 80.0;  // node 2 at a quarter bandwidth
+    }
+    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+  }
+  const Beliefs b = m.beliefs();
+  CHECK(b.conditions.node_inter_bw[2] == doctest::Approx(0.25).epsilon(0.05));
+  CHECK(b.conditions.node_inter_bw[0] == doctest::Approx(1.0).epsilon(0.05));
+  CHECK(b.congested_nodes == std::vector<int>{2});
+  bool congestion = false;
+  for (const auto& e : m.take_events()) {
+    if (e.kind == MonitorEvent::Kind::congested_link) {
+      CHECK(e.node == 2);
+      congestion = true;
+    }
+  }
+  CHECK(congestion);
+}
+
+TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never acted on") {
+  Monitor m(options(8));
+  std::vector<double> transfer(8, 10.0);
+  for (uint64_t s = 0; s < 6; ++s) {
+    for (const auto& t : sync_step(s, std::vector<double>(8, 50.0), transfer)) m.ingest(t);
+  }
+  auto bad = sync_step(6, std::vector<double>(8, 50.0), transfer)[2];
+  auto with = [&](auto f) {
+    auto t = bad;
+    f(t);
+    return m.ingest(t);
+  };
+  CHECK(with([](auto& t) { t.compute_ms = std::numeric_limits<double>::quiet_NaN(); }) == "nan");
+  CHECK(with([](auto& t) { t.compute_ms = std::numeric_limits<double>::infinity(); }) ==
+        "infinite");
+  CHECK(with([](auto& t) { t.compute_ms = -5; }) == "negative");
+  CHECK(with([](auto& t) { t.step_end_ns = t.step_start_ns - 1; }) == "negative");
+  CHECK(with([](auto& t) { t.compute_ms = 5e8; }) == "absurd");
+  CHECK(with([](auto& t) { t.compute_ms = 1e4; }) == "absurd");  // longer than its own step
+  CHECK(with([](auto& t) { t.collectives["x/inter"].ms = std::nan(""); }) == "nan");
+  CHECK(with([](auto& t) { t.layers[0].norm = -1; }) == "negative");
+  CHECK(with([](auto& t) { t.rank = 99; }) == "unknown_rank");
+  CHECK(with([](auto& t) { t.step = 1ull << 40; }) == "absurd_step");
+  CHECK(with([](auto& t) { t.step = 2; }) == "late");
+  CHECK(m.ingest(bad) == "");
+  CHECK(m.ingest(bad) == "duplicate");
+  const MonitorCounters c = m.counters();
+  CHECK(c.rejected == 12);
+  CHECK(c.rejected_by_reason.at("absurd") == 2);
+  CHECK(c.rejected_by_reason.at("nan") == 2);
+  CHECK(c.rejected_by_reason.at("negative") == 3);
+  CHECK(m.beliefs().slow_ranks.empty());
+  CHECK(m.beliefs().conditions.gpu_speed[2] == doctest::Approx(1.0));
+}
+
+TEST_CASE("a step closes when every live rank reported, or late with the missing counted") {
+  Monitor m(options(8));
+  for (int r = 0; r < 8; ++r) m.rank_connected(r);
+  std::vector<uint64_t> closed;
+  m.set_step_callback([&](uint64_t step, Clock::time_point) { closed.push_back(step); });
+  auto step0 = sync_step(0, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
+  for (int r = 0; r < 7; ++r) m.ingest(step0[r]);
+  CHECK(closed.empty());
+  m.ingest(step0[7]);
+  CHECK(closed == std::vector<uint64_t>{0});
+  // Rank 7's samples of step 1 go missing; the step closes once a rank is two steps ahead.
+  for (uint64_t s = 1; s <= 3; ++s) {
+    auto ts = sync_step(s, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
+    for (int r = 0; r < (s == 1 ? 7 : 8); ++r) m.ingest(ts[r]);
+  }
+  CHECK(closed == std::vector<uint64_t>{0, 1, 2, 3});
+  // A lost rank is believed failed and no longer awaited.
+  m.rank_lost(7);
+  auto ts = sync_step(4, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
+  for (int r = 0; r < 7; ++r) m.ingest(ts[r]);
+  CHECK(closed.back() == 4);
+  const Beliefs b = m.beliefs();
+  REQUIRE(b.conditions.gpu_failed.size() == 8);
+  CHECK(b.conditions.gpu_failed[7]);
+  CHECK(b.live_ranks == 7);
+}
