@@ -1,0 +1,394 @@
+#include "env/live/action.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "strategy/error.h"
+
+namespace parapilot::live {
+
+namespace {
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string_view::npos ? end : end - start));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+double to_double(std::string_view text, const std::string& what) {
+  const std::string s(trim(text));
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
+    throw InputError(what + ": '" + s + "' is not a finite number");
+  return v;
+}
+
+std::int64_t to_int(std::string_view text, const std::string& what) {
+  text = trim(text);
+  std::int64_t v = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size())
+    throw InputError(what + ": '" + std::string(text) + "' is not an integer");
+  return v;
+}
+
+char compression_code(Compression c) {
+  switch (c) {
+    case Compression::none:
+      return 'n';
+    case Compression::fp16:
+      return 'h';
+    case Compression::topk:
+      return 't';
+    case Compression::powersgd:
+      return 'p';
+  }
+  return 'n';
+}
+
+std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+/// Value with a unit suffix: "3x", "20ms", "100s", "1.5".
+double with_unit(std::string_view value, std::string_view unit, const std::string& what) {
+  value = trim(value);
+  if (value.size() >= unit.size() && value.substr(value.size() - unit.size()) == unit)
+    value.remove_suffix(unit.size());
+  return to_double(value, what);
+}
+
+}  // namespace
+
+std::string_view compression_name(Compression c) {
+  switch (c) {
+    case Compression::none:
+      return "none";
+    case Compression::fp16:
+      return "fp16";
+    case Compression::topk:
+      return "topk";
+    case Compression::powersgd:
+      return "powersgd";
+  }
+  return "none";
+}
+
+std::string encode_action(const LiveAction& a) {
+  std::string out;
+  auto field = [&out](const std::string& f) {
+    if (!out.empty()) out.push_back(';');
+    out.append(f);
+  };
+  if (!a.shares.empty()) {
+    std::string s = "s=";
+    for (std::size_t i = 0; i < a.shares.size(); ++i) {
+      if (i) s.push_back('/');
+      s.append(format_number(a.shares[i]));
+    }
+    field(s);
+  }
+  if (!a.compression.empty()) {
+    std::string s = "c=";
+    for (std::size_t i = 0; i < a.compression.size();) {
+      std::size_t j = i;
+      while (j < a.compression.size() && a.compression[j] == a.compression[i]) ++j;
+      s.append(std::to_string(j - i));
+      s.push_back(compression_code(a.compression[i]));
+      i = j;
+    }
+    field(s);
+  }
+  if (a.topk_ratio > 0) field("k=" + format_number(a.topk_ratio));
+  if (a.powersgd_rank > 0) field("r=" + std::to_string(a.powersgd_rank));
+  if (a.bucket_bytes >= 0) field("b=" + std::to_string(a.bucket_bytes));
+  if (a.microbatch > 0) field("m=" + std::to_string(a.microbatch));
+  if (out.empty()) out = "keep";
+  if (out.size() > kMaxActionTextBytes)
+    throw InputError("live action too long for the bus (" + std::to_string(out.size()) + " > " +
+                     std::to_string(kMaxActionTextBytes) + " bytes): " + out);
+  return out;
+}
+
+LiveAction decode_action(std::string_view text) {
+  LiveAction a;
+  if (text == "keep") return a;
+  const std::string where = "live action '" + std::string(text) + "'";
+  for (std::string_view part : split(text, ';')) {
+    if (part.size() < 2 || part[1] != '=')
+      throw InputError(where + ": bad field '" + std::string(part) + "'");
+    const char key = part[0];
+    const std::string_view value = part.substr(2);
+    switch (key) {
+      case 's': {
+        a.shares.clear();
+        for (std::string_view v : split(value, '/')) a.shares.push_back(to_double(v, where + " s"));
+        double sum = 0;
+        for (double v : a.shares) {
+          if (v < 0) throw InputError(where + ": negative share");
+          sum += v;
+        }
+        if (sum <= 0) throw InputError(where + ": shares sum to zero");
+        for (double& v : a.shares) v /= sum;
+        break;
+      }
+      case 'c': {
+        std::size_t i = 0;
+        while (i < value.size()) {
+          std::size_t j = i;
+          while (j < value.size() && value[j] >= '0' && value[j] <= '9') ++j;
+          if (j == i || j >= value.size()) throw InputError(where + ": bad compression run");
+          const std::int64_t n = to_int(value.substr(i, j - i), where + " c");
+          if (n < 1 || n > 65536) throw InputError(where + ": bad compression run length");
+          Compression c{};
+          switch (value[j]) {
+            case 'n':
+              c = Compression::none;
+              break;
+            case 'h':
+              c = Compression::fp16;
+              break;
+            case 't':
+              c = Compression::topk;
+              break;
+            case 'p':
+              c = Compression::powersgd;
+              break;
+            default:
+              throw InputError(where + ": unknown compression code '" + std::string(1, value[j]) +
+                               "'");
+          }
+          a.compression.insert(a.compression.end(), static_cast<std::size_t>(n), c);
+          i = j + 1;
+        }
+        break;
+      }
+      case 'k':
+        a.topk_ratio = to_double(value, where + " k");
+        if (!(a.topk_ratio > 0 && a.topk_ratio <= 1))
+          throw InputError(where + ": k must be in (0, 1]");
+        break;
+      case 'r':
+        a.powersgd_rank = static_cast<int>(to_int(value, where + " r"));
+        if (a.powersgd_rank < 1 || a.powersgd_rank > 1024)
+          throw InputError(where + ": r must be in [1, 1024]");
+        break;
+      case 'b':
+        a.bucket_bytes = to_int(value, where + " b");
+        if (a.bucket_bytes < 0) throw InputError(where + ": b must be >= 0");
+        break;
+      case 'm':
+        a.microbatch = static_cast<int>(to_int(value, where + " m"));
+        if (a.microbatch < 1) throw InputError(where + ": m must be >= 1");
+        break;
+      default:
+        throw InputError(where + ": unknown field '" + std::string(1, key) + "'");
+    }
+  }
+  return a;
+}
+
+std::vector<int> microbatch_counts(const std::vector<double>& shares, int microbatches) {
+  if (shares.empty()) throw InputError("shares: empty");
+  double sum = 0;
+  for (double s : shares) {
+    if (!(s >= 0) || !std::isfinite(s)) throw InputError("shares: negative or non-finite share");
+    sum += s;
+  }
+  if (sum <= 0) throw InputError("shares: they sum to zero");
+  std::vector<int> counts(shares.size());
+  std::vector<std::pair<double, std::size_t>> rest;
+  int given = 0;
+  for (std::size_t r = 0; r < shares.size(); ++r) {
+    const double exact = shares[r] / sum * microbatches;
+    counts[r] = static_cast<int>(std::floor(exact));
+    given += counts[r];
+    rest.emplace_back(exact - counts[r], r);
+  }
+  std::stable_sort(rest.begin(), rest.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  for (std::size_t i = 0; given < microbatches; ++i, ++given)
+    ++counts[rest[i % rest.size()].second];
+  return counts;
+}
+
+std::vector<double> parse_shares(std::string_view text) {
+  std::vector<double> out;
+  const char sep = text.find('/') != std::string_view::npos ? '/' : ',';
+  for (std::string_view v : split(text, sep)) out.push_back(to_double(v, "--shares"));
+  double sum = 0;
+  for (double v : out) {
+    if (v < 0) throw InputError("--shares: negative share in '" + std::string(text) + "'");
+    sum += v;
+  }
+  if (sum <= 0) throw InputError("--shares: the shares in '" + std::string(text) + "' sum to zero");
+  for (double& v : out) v /= sum;
+  return out;
+}
+
+std::vector<Compression> parse_compression_list(std::string_view text) {
+  std::vector<Compression> out;
+  for (std::string_view v : split(text, ',')) {
+    v = trim(v);
+    if (v == "none")
+      out.push_back(Compression::none);
+    else if (v == "fp16")
+      out.push_back(Compression::fp16);
+    else if (v == "topk")
+      out.push_back(Compression::topk);
+    else if (v == "powersgd")
+      out.push_back(Compression::powersgd);
+    else
+      throw InputError("--compression: unknown compression '" + std::string(v) +
+                       "' (none, fp16, topk, powersgd, or auto)");
+  }
+  return out;
+}
+
+void validate(const ModelConfig& m) {
+  if (m.kind != "transformer" && m.kind != "mlp")
+    throw InputError("--model: '" + m.kind + "' is not a model (transformer, mlp)");
+  if (m.layers < 1 || m.layers > 64) throw InputError("--layers: must be in [1, 64]");
+  if (m.d_model < 4 || m.d_model > 4096) throw InputError("--d-model: must be in [4, 4096]");
+  if (m.kind == "transformer" && (m.heads < 1 || m.d_model % m.heads != 0))
+    throw InputError("--heads: must be >= 1 and divide --d-model");
+  if (m.seq_len < 2 || m.seq_len > 8192) throw InputError("--seq-len: must be in [2, 8192]");
+  if (m.kind == "mlp" && (m.context < 1 || m.context >= m.seq_len))
+    throw InputError("--context: must be in [1, seq-len)");
+}
+
+std::int64_t LayerShape::numel() const {
+  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1},
+                         [](std::int64_t a, std::int64_t b) { return a * b; });
+}
+
+std::vector<LayerShape> model_layers(const ModelConfig& m) {
+  const std::int64_t d = m.d_model, v = ModelConfig::kVocab;
+  std::vector<LayerShape> out;
+  if (m.kind == "transformer") {
+    // Own parameters first (pos), then submodules in registration order (libtorch's order).
+    out.push_back({"pos", {m.seq_len, d}});
+    out.push_back({"tok.weight", {v, d}});
+    for (int b = 0; b < m.layers; ++b) {
+      const std::string p = "blocks." + std::to_string(b) + ".";
+      out.push_back({p + "ln1.weight", {d}});
+      out.push_back({p + "ln1.bias", {d}});
+      out.push_back({p + "qkv.weight", {3 * d, d}});
+      out.push_back({p + "qkv.bias", {3 * d}});
+      out.push_back({p + "proj.weight", {d, d}});
+      out.push_back({p + "proj.bias", {d}});
+      out.push_back({p + "ln2.weight", {d}});
+      out.push_back({p + "ln2.bias", {d}});
+      out.push_back({p + "fc1.weight", {4 * d, d}});
+      out.push_back({p + "fc1.bias", {4 * d}});
+      out.push_back({p + "fc2.weight", {d, 4 * d}});
+      out.push_back({p + "fc2.bias", {d}});
+    }
+    out.push_back({"lnf.weight", {d}});
+    out.push_back({"lnf.bias", {d}});
+    out.push_back({"head.weight", {v, d}});
+    out.push_back({"head.bias", {v}});
+  } else {
+    const std::int64_t hidden = 4 * d;
+    out.push_back({"tok.weight", {v, d}});
+    std::int64_t in = m.context * d;
+    for (int l = 0; l < m.layers; ++l) {
+      const std::string p = "hidden." + std::to_string(l) + ".";
+      out.push_back({p + "weight", {hidden, in}});
+      out.push_back({p + "bias", {hidden}});
+      in = hidden;
+    }
+    out.push_back({"head.weight", {v, in}});
+    out.push_back({"head.bias", {v}});
+  }
+  return out;
+}
+
+std::vector<Compression> select_compression(const std::vector<LayerShape>& layers,
+                                            const std::vector<LayerGradSummary>& grads,
+                                            const SelectorOptions& o) {
+  std::vector<Compression> out;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerShape& l = layers[i];
+    const LayerGradSummary g = i < grads.size() ? grads[i] : LayerGradSummary{};
+    Compression c = Compression::none;
+    if (g.nonfinite == 0 && l.numel() >= o.min_elements) {
+      c = g.max_abs <= o.fp16_max_abs ? Compression::fp16 : Compression::none;
+      if (l.shape.size() == 2) {
+        const double m = static_cast<double>(l.shape[0]), n = static_cast<double>(l.shape[1]);
+        const double saving = m * n / ((m + n) * o.powersgd_rank);
+        if (saving >= o.powersgd_min_saving) c = Compression::powersgd;
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+FaultSpec parse_fault(std::string_view spec) {
+  const std::string where = "--inject '" + std::string(spec) + "'";
+  FaultSpec f;
+  bool have_rank = false, have_kind = false;
+  for (std::string_view part : split(spec, ',')) {
+    part = trim(part);
+    const std::size_t eq = part.find('=');
+    const std::string_view key = part.substr(0, eq);
+    const std::string_view value = eq == std::string_view::npos ? "" : part.substr(eq + 1);
+    auto set_kind = [&](FaultSpec::Kind k) {
+      if (have_kind) throw InputError(where + ": more than one fault kind");
+      f.kind = k;
+      have_kind = true;
+    };
+    if (key == "rank") {
+      const std::int64_t r = to_int(value, where + " rank");
+      if (r < 0 || r > 1 << 20) throw InputError(where + ": rank out of range");
+      f.rank = static_cast<int>(r);
+      have_rank = true;
+    } else if (key == "slow") {
+      set_kind(FaultSpec::Kind::slow);
+      f.factor = with_unit(value, "x", where + " slow");
+      if (f.factor < 1 || f.factor > 1000)
+        throw InputError(where + ": slow must be in [1x, 1000x]");
+    } else if (key == "link-delay") {
+      set_kind(FaultSpec::Kind::link_delay);
+      f.delay_ms = with_unit(value, "ms", where + " link-delay");
+      if (f.delay_ms < 0 || f.delay_ms > 60000)
+        throw InputError(where + ": link-delay must be in [0, 60000] ms");
+    } else if (key == "kill") {
+      if (!value.empty()) throw InputError(where + ": kill takes no value");
+      set_kind(FaultSpec::Kind::kill);
+    } else if (key == "at") {
+      f.at_s = with_unit(value, "s", where + " at");
+      if (f.at_s < 0) throw InputError(where + ": at must be >= 0");
+    } else if (key == "for") {
+      f.for_s = with_unit(value, "s", where + " for");
+      if (f.for_s <= 0) throw InputError(where + ": for must be > 0");
+    } else {
+      throw InputError(where + ": unknown key '" + std::string(key) +
+                       "' (rank, slow, link-delay, kill, at, for)");
+    }
+  }
+  if (!have_rank) throw InputError(where + ": missing rank=");
+  if (!have_kind) throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms or kill)");
+  return f;
+}
+
+}  // namespace parapilot::live

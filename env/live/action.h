@@ -1,0 +1,120 @@
+// Actions of the live cluster: what the agent can change in a running data-parallel job at an
+// iteration boundary, the model's layer layout that per-layer choices refer to, the compression
+// selector, and fault-injection specs for local clusters. No libtorch here.
+//
+// An action travels on the bus inside PlanPrepare.layout_name as a compact text (encode_action /
+// decode_action, at most 128 bytes: "s=0.75/0.25;c=2n1p27h;k=0.01;r=4;b=1048576;m=2"), because the
+// wire format has no richer field yet (docs/live.md, "Actions on the bus").
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace parapilot::live {
+
+/// How one layer's gradient is reduced across data-parallel ranks.
+enum class Compression : std::uint8_t {
+  none,      ///< float32 all-reduce.
+  fp16,      ///< float16 all-reduce (half the bytes, no error feedback needed in practice).
+  topk,      ///< top-k magnitudes with error feedback: all-gather of k (value, index) pairs.
+  powersgd,  ///< PowerSGD of rank r with error feedback: all-reduce of P (m x r) and Q (n x r).
+};
+/// "none", "fp16", "topk", "powersgd".
+std::string_view compression_name(Compression c);
+
+/// One repartition action of the live data-parallel job. Empty vectors and zero values mean
+/// "keep what the worker runs now".
+struct LiveAction {
+  /// Per-rank batch shares (elastic data parallel), one per rank, each >= 0, summing to 1. Rank r
+  /// processes microbatch_counts(shares, microbatches)[r] of the step's microbatches.
+  std::vector<double> shares;
+  /// Per-layer (per parameter tensor, model order) gradient compression.
+  std::vector<Compression> compression;
+  double topk_ratio = 0;  ///< fraction of a layer's elements sent by top-k, in (0, 1]; 0 keeps.
+  int powersgd_rank = 0;  ///< PowerSGD rank r >= 1; 0 keeps.
+  std::int64_t bucket_bytes = -1;  ///< all-reduce bucket size; 0 = one call per layer; -1 keeps.
+  int microbatch = 0;              ///< sequences per microbatch (gradient accumulation); 0 keeps.
+
+  bool operator==(const LiveAction&) const = default;
+};
+
+/// Largest text encode_action may produce (PlanPrepare.layout_name limit).
+inline constexpr std::size_t kMaxActionTextBytes = 128;
+
+/// Compact text of `a` (see the header comment). Throws InputError when it would exceed
+/// kMaxActionTextBytes (too many ranks or too fragmented a compression plan).
+std::string encode_action(const LiveAction& a);
+/// Parses encode_action's text. Throws InputError naming the field on malformed text.
+LiveAction decode_action(std::string_view text);
+
+/// Splits `microbatches` among ranks in proportion to `shares` (largest remainder; ties to the
+/// lower rank). Sums to `microbatches`. Throws InputError on negative shares or a zero sum.
+std::vector<int> microbatch_counts(const std::vector<double>& shares, int microbatches);
+
+/// Parses "0.5,0.25,0.25" (or '/'-separated) into shares normalised to sum 1. Throws InputError.
+std::vector<double> parse_shares(std::string_view text);
+/// Parses "none", "fp16", "topk", "powersgd" (or a per-layer comma list). Throws InputError.
+std::vector<Compression> parse_compression_list(std::string_view text);
+
+/// The training model of a worker (a byte-level language model).
+struct ModelConfig {
+  std::string kind = "transformer";  ///< "transformer" or "mlp".
+  int layers = 2;                    ///< transformer blocks, or MLP hidden layers.
+  int d_model = 64;                  ///< embedding width.
+  int heads = 4;                     ///< attention heads (transformer).
+  int seq_len = 64;                  ///< bytes per training sequence.
+  int context = 8;                   ///< bytes seen by the MLP per prediction.
+  static constexpr int kVocab = 256;
+};
+/// Throws InputError naming the field when a value is out of range.
+void validate(const ModelConfig& m);
+
+/// One parameter tensor of the model, in the order the worker's model registers them.
+struct LayerShape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel() const;
+};
+/// The model's parameter tensors (the "layers" of per-layer actions and telemetry).
+std::vector<LayerShape> model_layers(const ModelConfig& m);
+
+/// What the compression selector looks at for one layer (from telemetry).
+struct LayerGradSummary {
+  double norm = 0;
+  double max_abs = 0;
+  std::uint64_t nonfinite = 0;
+};
+struct SelectorOptions {
+  std::int64_t min_elements = 4096;  ///< smaller layers stay uncompressed (cheap, sensitive).
+  int powersgd_rank = 4;
+  double powersgd_min_saving = 4;  ///< PowerSGD where m*n / ((m+n)*r) >= this.
+  double fp16_max_abs = 1e4;       ///< fp16 only where every |g| is far below 65504.
+};
+/// Adaptive per-layer compression: small layers none; matrices where rank-r PowerSGD saves at
+/// least powersgd_min_saving times the bytes powersgd; other large layers fp16 when their
+/// gradients fit fp16 comfortably, else none. A layer with non-finite gradients stays none.
+/// `grads` may be empty (no telemetry yet) or have one entry per layer.
+std::vector<Compression> select_compression(const std::vector<LayerShape>& layers,
+                                            const std::vector<LayerGradSummary>& grads,
+                                            const SelectorOptions& options = {});
+
+/// A fault injected into a local cluster (parapilot launch --inject).
+struct FaultSpec {
+  enum class Kind { slow, link_delay, kill };
+  int rank = 0;
+  Kind kind = Kind::slow;
+  double factor = 1;    ///< slow: compute takes this many times as long (>= 1).
+  double delay_ms = 0;  ///< link-delay: added before each collective call.
+  double at_s = 0;      ///< start, seconds after launch.
+  double for_s = std::numeric_limits<double>::infinity();  ///< duration (slow, link-delay).
+};
+/// Parses "rank=2,slow=3x,at=100s,for=60s", "rank=1,link-delay=20ms", "rank=3,kill,at=50s".
+/// Throws InputError quoting the spec and naming the bad key.
+FaultSpec parse_fault(std::string_view spec);
+
+}  // namespace parapilot::live

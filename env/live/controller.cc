@@ -1,0 +1,238 @@
+#include "env/live/controller.h"
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+
+namespace parapilot::live {
+
+Controller::Controller(ControllerOptions options) : options_(std::move(options)) {
+  transport::ServerOptions so;
+  so.port = options_.port;
+  so.secret = options_.secret;
+  so.io_threads = 1;
+  so.logger = transport::stderr_logger(transport::LogLevel::error);
+  transport::ServerHandlers h;
+  h.on_connect = [this](const transport::PeerInfo& p) {
+    std::lock_guard lock(mu_);
+    if (p.rank != transport::kNoRank) rank_of_[p.id] = static_cast<int>(p.rank);
+    cv_.notify_all();
+  };
+  h.on_message = [this](transport::PeerId peer, transport::Message&& m) {
+    on_message(peer, std::move(m));
+  };
+  h.on_disconnect = [this](transport::PeerId peer, std::string_view reason) {
+    std::lock_guard lock(mu_);
+    auto it = rank_of_.find(peer);
+    if (it == rank_of_.end()) return;
+    const int rank = it->second;
+    rank_of_.erase(it);
+    if (std::find(finished_.begin(), finished_.end(), rank) == finished_.end()) {
+      lost_.push_back(rank);
+      events_.push_back("rank " + std::to_string(rank) + " lost: " + std::string(reason));
+    }
+    cv_.notify_all();
+  };
+  auto server = transport::make_tcp_server(std::move(so), std::move(h));
+  if (!server) throw std::runtime_error("agent bus server: " + server.error());
+  server_ = std::move(*server);
+}
+
+Controller::~Controller() {
+  if (server_) server_->stop();
+}
+
+std::uint16_t Controller::port() const { return server_->port(); }
+
+int Controller::connected_ranks() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int>(rank_of_.size());
+}
+
+bool Controller::wait_for_ranks(int n, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return static_cast<int>(rank_of_.size()) >= n; });
+}
+
+void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
+  std::lock_guard lock(mu_);
+  auto it = rank_of_.find(peer);
+  const int rank = it == rank_of_.end() ? -1 : it->second;
+  if (auto* t = std::get_if<transport::Telemetry>(&m)) {
+    if (t0_ns_ == 0) t0_ns_ = t->step_start_ns;
+    trace::TelemetrySample s;
+    s.rank = s.dp_rank = static_cast<int>(t->rank);
+    s.step = static_cast<std::int64_t>(t->step);
+    s.start_s = (static_cast<double>(t->step_start_ns) - static_cast<double>(t0_ns_)) * 1e-9;
+    s.end_s = (static_cast<double>(t->step_end_ns) - static_cast<double>(t0_ns_)) * 1e-9;
+    s.start_s = std::max(0.0, s.start_s);
+    s.end_s = std::max(s.start_s, s.end_s);
+    s.compute_ms = t->compute_ms;
+    if (auto mb = t->collectives.find("info/microbatches"); mb != t->collectives.end())
+      s.microbatches = static_cast<int>(mb->second.bytes);
+    for (const auto& [name, c] : t->collectives) {
+      if (name.ends_with("/dp")) {
+        s.dp_comm.ms += c.ms;
+        s.dp_comm.bytes += static_cast<double>(c.bytes);
+      }
+    }
+    recorded_.push_back(s);
+    auto& last = last_step_[static_cast<int>(t->rank)];
+    last = std::max(last, t->step);
+    pending_.push_back(std::move(*t));
+  } else if (auto* r = std::get_if<transport::PlanReady>(&m)) {
+    ready_[r->plan_id][static_cast<int>(r->rank)] = {r->ok, r->detail};
+  } else if (auto* a = std::get_if<transport::Ack>(&m)) {
+    if (a->acked == transport::MessageType::plan_commit)
+      acks_[a->id].push_back(static_cast<int>(a->rank));
+  } else if (auto* s = std::get_if<transport::Shutdown>(&m)) {
+    events_.push_back(s->reason);
+    if (rank >= 0 && s->reason.find("finished") != std::string::npos) finished_.push_back(rank);
+  }
+  cv_.notify_all();
+}
+
+ApplyResult Controller::apply(const LiveAction& action, std::chrono::milliseconds timeout) {
+  ApplyResult res;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  transport::PlanPrepare prep;
+  {
+    std::lock_guard lock(mu_);
+    prep.plan_id = next_plan_id_++;
+  }
+  res.plan_id = prep.plan_id;
+  prep.layout.dp = static_cast<std::uint32_t>(options_.world_size);
+  prep.layout_name = encode_action(action);
+  prep.deadline_ms = static_cast<std::uint32_t>(timeout.count());
+  server_->broadcast(prep);
+  const int world = options_.world_size;
+  std::unique_lock lock(mu_);
+  const bool all_ready = cv_.wait_until(
+      lock, deadline, [&] { return static_cast<int>(ready_[prep.plan_id].size()) >= world; });
+  std::string refusal;
+  for (const auto& [rank, r] : ready_[prep.plan_id])
+    if (!r.first) refusal = "rank " + std::to_string(rank) + " refused: " + r.second;
+  if (!all_ready || !refusal.empty()) {
+    res.error = !refusal.empty() ? refusal : "timed out waiting for PlanReady from every rank";
+    events_.push_back("plan " + std::to_string(prep.plan_id) + " aborted: " + res.error);
+    lock.unlock();
+    server_->broadcast(
+        transport::PlanAbort{prep.plan_id, res.error.substr(0, transport::kMaxTextBytes)});
+    return res;
+  }
+  std::uint64_t newest = 0;
+  for (const auto& [rank, s] : last_step_) newest = std::max(newest, s);
+  res.switch_at_step = newest + 2;
+  lock.unlock();
+  server_->broadcast(transport::PlanCommit{prep.plan_id, res.switch_at_step});
+  lock.lock();
+  res.ok = cv_.wait_until(lock, deadline,
+                          [&] { return static_cast<int>(acks_[prep.plan_id].size()) >= world; });
+  if (!res.ok) res.error = "committed, but not every rank acknowledged the switch in time";
+  return res;
+}
+
+bool Controller::wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] {
+    if (!lost_.empty()) return true;
+    if (static_cast<int>(last_step_.size()) < options_.world_size) return false;
+    for (const auto& [rank, s] : last_step_)
+      if (s < step) return false;
+    return true;
+  }) && lost_.empty();
+}
+
+std::uint64_t Controller::completed_step() const {
+  std::lock_guard lock(mu_);
+  if (static_cast<int>(last_step_.size()) < options_.world_size) return 0;
+  std::uint64_t s = UINT64_MAX;
+  for (const auto& [rank, v] : last_step_) s = std::min(s, v);
+  return s;
+}
+
+std::vector<transport::Telemetry> Controller::take_telemetry() {
+  std::lock_guard lock(mu_);
+  std::vector<transport::Telemetry> out;
+  out.swap(pending_);
+  return out;
+}
+
+std::vector<trace::TelemetrySample> Controller::recorded() const {
+  std::lock_guard lock(mu_);
+  return recorded_;
+}
+
+void Controller::request_stop(const std::string& reason) {
+  server_->broadcast(transport::Shutdown{reason.substr(0, transport::kMaxTextBytes)});
+}
+
+std::vector<std::string> Controller::events() const {
+  std::lock_guard lock(mu_);
+  return events_;
+}
+
+std::vector<int> Controller::lost_ranks() const {
+  std::lock_guard lock(mu_);
+  return lost_;
+}
+
+std::vector<double> elastic_shares(const std::vector<transport::Telemetry>& telemetry, int world) {
+  std::vector<double> ms(static_cast<std::size_t>(world), 0),
+      mbs(static_cast<std::size_t>(world), 0);
+  for (const auto& t : telemetry) {
+    if (static_cast<int>(t.rank) >= world) continue;
+    auto it = t.collectives.find("info/microbatches");
+    const double n = it == t.collectives.end() ? 1.0 : static_cast<double>(it->second.bytes);
+    if (n <= 0) continue;
+    ms[t.rank] += t.compute_ms;
+    mbs[t.rank] += n;
+  }
+  std::vector<double> speed(static_cast<std::size_t>(world), 0);
+  double sum = 0;
+  int known = 0;
+  for (int r = 0; r < world; ++r) {
+    if (ms[r] > 0) {
+      speed[r] = mbs[r] / ms[r];
+      sum += speed[r];
+      ++known;
+    }
+  }
+  if (known == 0) return std::vector<double>(static_cast<std::size_t>(world), 1.0 / world);
+  const double mean = sum / known;
+  double total = 0;
+  for (double& s : speed) {
+    if (s == 0) s = mean;
+    total += s;
+  }
+  for (double& s : speed) s /= total;
+  return speed;
+}
+
+std::vector<LayerGradSummary> grad_summary(const std::vector<transport::Telemetry>& telemetry,
+                                           std::size_t layers) {
+  std::vector<LayerGradSummary> out(layers);
+  std::vector<int> n(layers, 0);
+  for (const auto& t : telemetry) {
+    for (const auto& l : t.layers) {
+      if (l.layer >= layers) continue;
+      out[l.layer].norm += static_cast<double>(l.norm);
+      out[l.layer].max_abs = std::max(out[l.layer].max_abs, static_cast<double>(l.max_abs));
+      out[l.layer].nonfinite += l.nonfinite_count;
+      ++n[l.layer];
+    }
+  }
+  for (std::size_t i = 0; i < layers; ++i)
+    if (n[i]) out[i].norm /= n[i];
+  return out;
+}
+
+transport::Secret random_secret() {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 32; ++i) s += hex[rd() % 16];
+  return transport::Secret(s);
+}
+
+}  // namespace parapilot::live

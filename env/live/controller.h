@@ -1,0 +1,98 @@
+// The agent side of a live cluster until the deploy daemon exists: a bus Server that collects
+// the workers' telemetry and drives the plan protocol (PlanPrepare -> PlanReady ->
+// PlanCommit -> Ack) for live actions; plus the two decisions the measurements need (elastic
+// shares from measured compute speed; adaptive compression from gradient statistics). No
+// libtorch here.
+//
+// Thread-safety: all members may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "env/live/action.h"
+#include "env/trace/telemetry.h"
+#include "transport/bus.h"
+
+namespace parapilot::live {
+
+struct ControllerOptions {
+  int world_size = 1;
+  transport::Secret secret;  ///< >= 16 bytes.
+  std::uint16_t port = 0;    ///< 0 = any free port on 127.0.0.1.
+};
+
+struct ApplyResult {
+  bool ok = false;
+  std::string error;  ///< why not (a rank said not ready, timeout, ...).
+  std::uint64_t plan_id = 0;
+  std::uint64_t switch_at_step = 0;
+};
+
+class Controller {
+ public:
+  /// Starts the bus server. Throws std::runtime_error when it cannot listen.
+  explicit Controller(ControllerOptions options);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  std::uint16_t port() const;
+  /// Ranks connected now.
+  int connected_ranks() const;
+  /// Waits until `n` ranks are connected.
+  bool wait_for_ranks(int n, std::chrono::milliseconds timeout);
+  /// Runs the plan protocol for `action` on all ranks: prepare, wait for every PlanReady, commit
+  /// two steps past the newest step seen, wait for every rank's Ack. On a refusal or timeout
+  /// before the commit, sends PlanAbort and returns !ok (the job keeps its plan).
+  ApplyResult apply(const LiveAction& action, std::chrono::milliseconds timeout);
+  /// Waits until every rank has published telemetry for a step >= `step` (or a rank left).
+  bool wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout);
+  /// Newest step of which every connected rank has published telemetry (0 before any).
+  std::uint64_t completed_step() const;
+  /// Telemetry received since the last call, in arrival order.
+  std::vector<transport::Telemetry> take_telemetry();
+  /// Every telemetry sample so far as telemetry-CSV rows (times relative to the first sample).
+  std::vector<trace::TelemetrySample> recorded() const;
+  /// Asks every worker to stop at the next iteration boundary (Shutdown).
+  void request_stop(const std::string& reason);
+  /// What happened: ranks leaving (with the reason), worker shutdown messages, refused plans.
+  std::vector<std::string> events() const;
+  /// Ranks that left the bus without saying they finished.
+  std::vector<int> lost_ranks() const;
+
+ private:
+  void on_message(transport::PeerId peer, transport::Message&& m);
+  ControllerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<transport::PeerId, int> rank_of_;
+  std::map<int, std::uint64_t> last_step_;
+  std::vector<transport::Telemetry> pending_;
+  std::vector<trace::TelemetrySample> recorded_;
+  std::uint64_t t0_ns_ = 0;
+  std::map<std::uint64_t, std::map<int, std::pair<bool, std::string>>> ready_;
+  std::map<std::uint64_t, std::vector<int>> acks_;
+  std::vector<std::string> events_;
+  std::vector<int> finished_, lost_;
+  std::uint64_t next_plan_id_ = 1;
+  std::unique_ptr<transport::Server> server_;
+};
+
+/// Shares proportional to each rank's measured speed (microbatches per compute second) over the
+/// given telemetry; ranks without samples get the mean speed. Empty telemetry: uniform.
+std::vector<double> elastic_shares(const std::vector<transport::Telemetry>& telemetry, int world);
+/// Per-layer gradient summary over the telemetry (mean norm, max |g|, total non-finite).
+std::vector<LayerGradSummary> grad_summary(const std::vector<transport::Telemetry>& telemetry,
+                                           std::size_t layers);
+/// A random secret of 32 hex characters.
+transport::Secret random_secret();
+
+}  // namespace parapilot::live

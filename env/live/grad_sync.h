@@ -1,0 +1,132 @@
+// Gradient synchronisation of the live data-parallel worker: a collective interface (Gloo,
+// NCCL or an in-process fake for tests), per-layer compressors with error feedback, and the
+// bucketed all-reduce that combines them. Uses libtorch.
+//
+// Semantics: every rank passes its local gradient contribution (already weighted by its batch
+// share); after sync() every rank holds the same sum over ranks (compressed layers: the sum of
+// what each rank sent). A compressor's residual keeps, per rank, exactly what it did not send, and
+// adds it to the next step's gradient (error feedback).
+//
+// Thread-safety: none; one GradientSync per worker thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "env/live/action.h"
+
+namespace parapilot::live {
+
+/// A collective failed or timed out (a peer died or hung).
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Collectives over the data-parallel group. Calls must be made in the same order on every rank.
+/// Failures (peer gone, timeout) throw CollectiveError.
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// In-place sum of each tensor across ranks (all launched, then all waited for).
+  virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  /// In-place element-wise maximum across ranks.
+  virtual void all_reduce_max(at::Tensor& tensor) = 0;
+  /// Every rank's `input` (same shape on all ranks), in rank order.
+  virtual std::vector<at::Tensor> all_gather(const at::Tensor& input) = 0;
+  /// Copies rank 0's tensors to every rank.
+  virtual void broadcast(std::vector<at::Tensor>& tensors) = 0;
+  /// "gloo", "nccl", "local".
+  virtual std::string backend() const = 0;
+};
+
+/// World size 1: every collective is the identity (tests, single-process reference runs).
+std::unique_ptr<Collectives> make_local_collectives();
+
+/// Top-k sparsification with error feedback for one layer.
+class TopKCompressor {
+ public:
+  /// Sends ceil(ratio * numel) elements per step.
+  TopKCompressor(std::int64_t numel, double ratio);
+  /// acc = grad + residual; picks the k largest |acc|; residual = acc with those zeroed.
+  /// Returns (values, indices as int64) this rank sends.
+  std::pair<at::Tensor, at::Tensor> compress(const at::Tensor& grad);
+  const at::Tensor& residual() const { return residual_; }
+  std::int64_t k() const { return k_; }
+
+ private:
+  std::int64_t k_;
+  at::Tensor residual_;
+};
+
+/// PowerSGD of rank r with error feedback for one matrix-shaped layer (m x n, higher dimensions
+/// folded into n). Every rank must construct it with the same seed (same initial Q).
+class PowerSgdCompressor {
+ public:
+  PowerSgdCompressor(std::int64_t m, std::int64_t n, int rank, std::uint64_t seed);
+  /// In place: `grad` (m x n) becomes the sum over ranks of the rank-r approximations; the
+  /// residual keeps grad + old residual - (this rank's projection onto the shared basis).
+  /// Returns the bytes this rank contributed to the two all-reduces.
+  std::uint64_t reduce(at::Tensor& grad, Collectives& c);
+  const at::Tensor& residual() const { return residual_; }
+
+ private:
+  std::int64_t m_, n_;
+  int r_;
+  at::Tensor q_, residual_;
+};
+
+/// Time and volume of one step's gradient synchronisation on this rank.
+struct SyncStats {
+  double all_reduce_ms = 0;
+  std::uint64_t all_reduce_bytes = 0;  ///< bytes this rank sent (ring: 2(W-1)/W x payload).
+  std::uint32_t all_reduce_calls = 0;
+  double all_gather_ms = 0;
+  std::uint64_t all_gather_bytes = 0;  ///< bytes this rank sent (ring: (W-1) x own payload).
+  std::uint32_t all_gather_calls = 0;
+  std::uint64_t payload_bytes = 0;  ///< tensor bytes this rank handed to collectives.
+  std::uint32_t buckets = 0;        ///< collective calls queued at once at the peak.
+};
+
+/// Bytes a rank sends in a ring all-reduce / all-gather of `payload` bytes per rank.
+std::uint64_t ring_all_reduce_bytes(std::uint64_t payload, int world);
+std::uint64_t ring_all_gather_bytes(std::uint64_t payload, int world);
+
+/// Reduces a model's gradients: layers set to none / fp16 go into buckets of bucket_bytes (0 =
+/// one call per layer), top-k layers are all-gathered, PowerSGD layers use two small
+/// all-reduces. Per-layer compressor state (residuals) lives here and is reset when a layer's
+/// compression changes.
+class GradientSync {
+ public:
+  /// `seed` must be the same on every rank (PowerSGD's initial bases).
+  GradientSync(std::vector<LayerShape> layers, std::uint64_t seed);
+  /// Applies the per-layer compression (empty: all none) and its parameters.
+  void configure(const std::vector<Compression>& compression, double topk_ratio, int powersgd_rank,
+                 std::int64_t bucket_bytes);
+  /// In place: grads[i] becomes the sum over ranks (as compressed). `before_call` runs before
+  /// each collective call (fault injection: link delay).
+  SyncStats sync(std::vector<at::Tensor>& grads, Collectives& c,
+                 const std::function<void()>& before_call = {});
+  const std::vector<Compression>& compression() const { return compression_; }
+
+ private:
+  std::vector<LayerShape> layers_;
+  std::uint64_t seed_;
+  std::vector<Compression> compression_;
+  double topk_ratio_ = 0.01;
+  int powersgd_rank_ = 4;
+  std::int64_t bucket_bytes_ = 1 << 20;
+  std::vector<std::unique_ptr<TopKCompressor>> topk_;
+  std::vector<std::unique_ptr<PowerSgdCompressor>> powersgd_;
+};
+
+}  // namespace parapilot::live

@@ -1,0 +1,238 @@
+#include "env/live/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+#include "strategy/error.h"
+
+extern char** environ;
+
+namespace parapilot::live {
+
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string RankExit::describe() const {
+  std::string s = "rank " + std::to_string(rank);
+  if (!exited) return s + " still running";
+  if (signal)
+    s += " killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  else if (code == 0)
+    s += " finished";
+  else if (code == 3)
+    s += " stopped: a collective failed (peer lost or timeout), exit 3";
+  else
+    s += " exited with code " + std::to_string(code);
+  return s + " at " + number(at_s) + " s";
+}
+
+std::vector<std::string> fault_flags(const FaultSpec& f) {
+  std::vector<std::string> out;
+  const bool bounded = f.for_s < 1e300;
+  if (f.kind == FaultSpec::Kind::slow) {
+    out = {"--slow", number(f.factor), "--slow-at", number(f.at_s)};
+    if (bounded) out.insert(out.end(), {"--slow-for", number(f.for_s)});
+  } else if (f.kind == FaultSpec::Kind::link_delay) {
+    out = {"--link-delay-ms", number(f.delay_ms), "--link-delay-at", number(f.at_s)};
+    if (bounded) out.insert(out.end(), {"--link-delay-for", number(f.for_s)});
+  }
+  return out;
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot find a free port: " + std::string(std::strerror(errno)));
+  }
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
+  const int n = options_.workers;
+  if (n < 1 || n > 64) throw InputError("--workers: must be in [1, 64]");
+  if (options_.worker_command.empty()) throw std::logic_error("LocalCluster: no worker command");
+  for (const FaultSpec& f : options_.faults)
+    if (f.rank >= n)
+      throw InputError("--inject: rank " + std::to_string(f.rank) + " does not exist (" +
+                       std::to_string(n) + " workers)");
+  start_ = std::chrono::steady_clock::now();
+  std::vector<std::string> common = options_.worker_args;
+  if (options_.host_agent) {
+    ControllerOptions co;
+    co.world_size = n;
+    co.secret = random_secret();
+    controller_ = std::make_unique<Controller>(co);
+    char path[] = "/tmp/parapilot-secret-XXXXXX";
+    const int fd = ::mkstemp(path);  // mode 0600
+    if (fd < 0) throw std::runtime_error("cannot create the secret file");
+    const auto bytes = co.secret.bytes();
+    if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
+      ::close(fd);
+      throw std::runtime_error("cannot write the secret file");
+    }
+    ::close(fd);
+    secret_path_ = path;
+    common.insert(common.end(), {"--agent", "127.0.0.1:" + std::to_string(controller_->port()),
+                                 "--secret-file", secret_path_});
+  }
+  const int master_port = free_loopback_port();
+  exits_.resize(n);
+  done_.assign(n, false);
+  kill_done_.assign(options_.faults.size(), false);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> args = options_.worker_command;
+    args.insert(args.end(), common.begin(), common.end());
+    for (const FaultSpec& f : options_.faults)
+      if (f.rank == r) {
+        auto extra = fault_flags(f);
+        args.insert(args.end(), extra.begin(), extra.end());
+      }
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      const std::string key = kv.substr(0, kv.find('='));
+      if (key != "RANK" && key != "WORLD_SIZE" && key != "LOCAL_RANK" && key != "MASTER_ADDR" &&
+          key != "MASTER_PORT" && key != "LOCAL_WORLD_SIZE")
+        env.push_back(kv);
+    }
+    env.insert(env.end(), {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n),
+                           "LOCAL_RANK=" + std::to_string(r),
+                           "LOCAL_WORLD_SIZE=" + std::to_string(n), "MASTER_ADDR=127.0.0.1",
+                           "MASTER_PORT=" + std::to_string(master_port), "OMP_NUM_THREADS=1"});
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string log =
+        options_.log_dir.empty() ? "" : options_.log_dir + "/worker-" + std::to_string(r) + ".log";
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+    if (pid == 0) {
+      if (!log.empty()) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+          ::dup2(fd, 1);
+          ::dup2(fd, 2);
+          ::close(fd);
+        }
+      }
+      ::execve(argv[0], argv.data(), envp.data());
+      std::fprintf(stderr, "cannot start worker %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids_.push_back(pid);
+  }
+}
+
+LocalCluster::~LocalCluster() {
+  terminate();
+  if (!secret_path_.empty()) ::unlink(secret_path_.c_str());
+}
+
+double LocalCluster::elapsed_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void LocalCluster::reap(bool block) {
+  for (std::size_t r = 0; r < pids_.size(); ++r) {
+    if (done_[r]) continue;
+    int status = 0;
+    const pid_t p = ::waitpid(pids_[r], &status, block ? 0 : WNOHANG);
+    if (p != pids_[r]) continue;
+    done_[r] = true;
+    RankExit& e = exits_[r];
+    e.rank = static_cast<int>(r);
+    e.exited = true;
+    e.at_s = elapsed_s();
+    if (WIFSIGNALED(status))
+      e.signal = WTERMSIG(status);
+    else
+      e.code = WEXITSTATUS(status);
+  }
+}
+
+bool LocalCluster::poll() {
+  for (std::size_t i = 0; i < options_.faults.size(); ++i) {
+    const FaultSpec& f = options_.faults[i];
+    if (f.kind == FaultSpec::Kind::kill && !kill_done_[i] && elapsed_s() >= f.at_s) {
+      kill_done_[i] = true;
+      if (!done_[f.rank]) ::kill(pids_[f.rank], SIGKILL);
+    }
+  }
+  reap(false);
+  for (bool d : done_)
+    if (!d) return true;
+  return false;
+}
+
+std::vector<RankExit> LocalCluster::wait(double timeout_s, double grace_s) {
+  double failed_at = -1;
+  while (poll()) {
+    const double now = elapsed_s();
+    if (failed_at < 0)
+      for (std::size_t r = 0; r < exits_.size(); ++r)
+        if (done_[r] && (exits_[r].signal || exits_[r].code != 0)) failed_at = now;
+    if (now >= timeout_s || (failed_at >= 0 && now - failed_at >= grace_s)) {
+      terminate();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (std::size_t r = 0; r < exits_.size(); ++r) exits_[r].rank = static_cast<int>(r);
+  return exits_;
+}
+
+void LocalCluster::kill_rank(int rank) {
+  reap(false);
+  if (rank >= 0 && rank < static_cast<int>(pids_.size()) && !done_[rank])
+    ::kill(pids_[rank], SIGKILL);
+}
+
+void LocalCluster::terminate() {
+  reap(false);
+  for (std::size_t r = 0; r < pids_.size(); ++r)
+    if (!done_[r]) ::kill(pids_[r], SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    reap(false);
+    bool all = true;
+    for (bool d : done_) all = all && d;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (std::size_t r = 0; r < pids_.size(); ++r)
+    if (!done_[r]) ::kill(pids_[r], SIGKILL);
+  reap(true);
+}
+
+}  // namespace parapilot::live

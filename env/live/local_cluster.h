@@ -1,0 +1,84 @@
+// A local live cluster for development, demos, tests and measurements: N worker processes on
+// this machine (torchrun's environment variables, c10d rendezvous on a free loopback port), an
+// in-process agent bus (Controller) they report to, and fault injection (slow rank, link delay,
+// killed rank). No libtorch here: workers are separate processes started from a command line.
+//
+// Thread-safety: one thread drives a LocalCluster; controller() is thread-safe.
+#pragma once
+
+#include <sys/types.h>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "env/live/action.h"
+#include "env/live/controller.h"
+
+namespace parapilot::live {
+
+struct LocalClusterOptions {
+  int workers = 2;
+  /// The program and leading arguments that run one worker, e.g. {"/proc/self/exe", "worker"}.
+  std::vector<std::string> worker_command;
+  /// Flags given to every worker (model, steps, backend...).
+  std::vector<std::string> worker_args;
+  std::vector<FaultSpec> faults;
+  /// Host a Controller and pass --agent/--secret-file to the workers.
+  bool host_agent = true;
+  /// Folder for worker-RANK.log (stdout and stderr); empty = inherit this process's.
+  std::string log_dir;
+};
+
+/// How one worker ended.
+struct RankExit {
+  int rank = 0;
+  bool exited = false;  ///< ended by itself (code valid) or by a signal (signal valid).
+  int code = 0;
+  int signal = 0;
+  double at_s = 0;               ///< seconds after launch.
+  std::string describe() const;  ///< "rank 1 killed by signal 9 at 2.1 s", "rank 0 exited 3 ..."
+};
+
+class LocalCluster {
+ public:
+  /// Starts the agent bus (if asked) and the workers. Throws InputError on bad options (a fault
+  /// on a rank that does not exist) and std::runtime_error when a process cannot start.
+  explicit LocalCluster(LocalClusterOptions options);
+  /// Stops workers still running (SIGTERM, then SIGKILL).
+  ~LocalCluster();
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  /// The in-process agent (nullptr without host_agent).
+  Controller* controller() { return controller_.get(); }
+  int workers() const { return options_.workers; }
+  double elapsed_s() const;
+  /// True while some worker runs. Also carries out due kill faults.
+  bool poll();
+  /// Waits until every worker ended, carrying out kill faults. Once one ends with a failure, the
+  /// others get `grace_s` to notice (collective timeouts) before they are terminated. Returns
+  /// one RankExit per rank; ranks still running at `timeout_s` are killed and reported so.
+  std::vector<RankExit> wait(double timeout_s, double grace_s = 20);
+  /// Sends SIGKILL to one worker now (what a kill fault does at its time).
+  void kill_rank(int rank);
+  /// Terminates every worker still running.
+  void terminate();
+
+ private:
+  void reap(bool block);
+  LocalClusterOptions options_;
+  std::unique_ptr<Controller> controller_;
+  std::string secret_path_;
+  std::vector<pid_t> pids_;
+  std::vector<RankExit> exits_;
+  std::vector<bool> done_, kill_done_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Worker flags that inject `f` into its rank (slow and link-delay; kill is done by the cluster).
+std::vector<std::string> fault_flags(const FaultSpec& f);
+/// A free TCP port on 127.0.0.1 (bound and released; a small race remains).
+int free_loopback_port();
+
+}  // namespace parapilot::live

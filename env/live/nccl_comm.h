@@ -1,0 +1,43 @@
+// A thin NCCL layer for the live worker on GPUs: one communicator per process over the NCCL C
+// API and the CUDA runtime, its unique id exchanged through a key-value store (the worker passes
+// c10d's TCPStore), sum all-reduces of float32/float16 buffers that live in host memory (the
+// Debian libtorch is CPU-only: the model computes on the CPU and only the reduction runs on the
+// GPU, through device buffers). Compiled only when CMake finds CUDA and NCCL
+// (PARAPILOT_HAVE_NCCL). No libtorch and no CUDA headers here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace parapilot::live {
+
+/// Number of visible CUDA devices; 0 with `why` set when none (or no driver).
+int cuda_device_count(std::string* why);
+
+class NcclComm {
+ public:
+  using StoreSet = std::function<void(const std::string&, const std::vector<std::uint8_t>&)>;
+  using StoreGet = std::function<std::vector<std::uint8_t>(const std::string&)>;
+  /// Rank 0 creates the unique id and publishes it under `key`; the others read it. Binds
+  /// device `device`. Throws std::runtime_error with NCCL's/CUDA's message on failure.
+  NcclComm(int rank, int world, int device, const std::string& key, const StoreSet& set,
+           const StoreGet& get, double timeout_s);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  /// In place sum (or max) over ranks of `count` elements at `host` (float32 or, with
+  /// half = true, float16). Throws std::runtime_error on failure or after the timeout (the
+  /// communicator is aborted then).
+  void all_reduce(void* host, std::size_t count, bool half, bool max = false);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace parapilot::live

@@ -1,0 +1,87 @@
+// parapilot worker: one rank of a real data-parallel training job (libtorch) of a small byte-level
+// language model, with gradient all-reduce through c10d's ProcessGroupGloo on CPU (or our thin
+// NCCL layer on GPUs), rendezvous through c10d's TCPStore, telemetry on the bus and repartition
+// actions applied at iteration boundaries. Configured like torchrun: RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+//
+// Determinism: for a seed, the global batch of every step (which sequences, in which
+// microbatches) does not depend on the number of ranks or their shares; each rank's gradient is
+// its microbatches' loss gradients divided by the step's microbatch count, so the summed
+// gradient equals the single-process full-batch gradient.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "env/live/action.h"
+
+namespace parapilot::live {
+
+struct WorkerOptions {
+  // torchrun environment (worker_options_from_env fills these).
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  std::string backend = "gloo";  ///< "gloo" (CPU) or "nccl" (GPU; needs a CUDA/NCCL build).
+  ModelConfig model;
+  int global_batch = 16;    ///< sequences per step, over all ranks.
+  int microbatch = 2;       ///< sequences per microbatch; must divide global_batch.
+  std::int64_t steps = 50;  ///< steps to train; 0 = until the agent sends Shutdown.
+  double max_seconds = 0;   ///< stop after this much wall time (rank 0 decides); 0 = no limit.
+  double lr = 3e-3;
+  std::string optimizer = "adam";  ///< "adam" or "sgd".
+  std::uint64_t seed = 1;
+  std::string corpus;                ///< file or folder of text; empty = a generated corpus.
+  std::string shares;                ///< initial shares "0.5,0.25,0.25"; empty = uniform.
+  std::string compression = "none";  ///< "none", "fp16", "topk", "powersgd", "auto" or a list.
+  double topk_ratio = 0.01;
+  int powersgd_rank = 4;
+  std::int64_t bucket_bytes = 1 << 20;
+  int threads = 1;  ///< intra-op threads.
+
+  std::string agent;        ///< HOST:PORT of the agent's bus server; empty = no bus.
+  std::string secret_file;  ///< bus shared secret.
+  int telemetry_every = 1;  ///< publish telemetry every N steps.
+  std::string record;    ///< telemetry CSV (env/trace/telemetry.h) of this rank; "{rank}" expands.
+  std::string loss_log;  ///< CSV: step,loss,tokens,dp_bytes,step_s (rank 0 writes it).
+  std::string dump_params;           ///< raw float32 parameters after training (rank 0 writes it).
+  double collective_timeout_s = 30;  ///< a collective taking longer fails the worker.
+  double rendezvous_timeout_s = 60;
+
+  // Fault injection (parapilot launch --inject passes these to one rank).
+  double slow_factor = 1;  ///< compute takes this many times as long (sleep (f-1) x compute).
+  double slow_at_s = 0;
+  double slow_for_s = std::numeric_limits<double>::infinity();
+  double link_delay_ms = 0;  ///< added before each gradient collective call.
+  double link_delay_at_s = 0;
+  double link_delay_for_s = std::numeric_limits<double>::infinity();
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT into `o` (missing: defaults for
+/// a single process). Throws InputError naming the variable on a bad value.
+void read_torchrun_env(WorkerOptions& o);
+/// Checks option ranges. Throws InputError naming the flag.
+void validate(const WorkerOptions& o);
+
+/// Adds the worker's flags to `cmd`.
+void add_worker_flags(CLI::App& cmd, WorkerOptions& o);
+
+/// Exit codes of run_worker.
+inline constexpr int kWorkerOk = 0;
+inline constexpr int kWorkerCollectiveFailed = 3;  ///< a peer died or a collective timed out.
+
+/// Trains until the step budget, the time budget or a Shutdown from the agent. Returns an exit
+/// code; throws InputError on bad options or corpus.
+int run_worker(const WorkerOptions& o);
+
+/// `argv` = {prog, flags...}: parses the worker flags plus the torchrun environment and runs.
+/// Used by the test and benchmark programs, which exec themselves as workers.
+int worker_main(int argc, char** argv);
+
+}  // namespace parapilot::live

@@ -1,0 +1,124 @@
+#include "env/live/worker_bus.h"
+
+#include <chrono>
+#include <thread>
+
+#include "strategy/error.h"
+
+namespace parapilot::live {
+
+namespace {
+
+std::pair<std::string, std::uint16_t> split_address(const std::string& agent) {
+  const std::size_t colon = agent.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    throw InputError("--agent '" + agent + "': expected HOST:PORT");
+  const std::string port_text = agent.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (port_text.empty() || *end != '\0' || port < 1 || port > 65535)
+    throw InputError("--agent '" + agent + "': bad port");
+  return {agent.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+}  // namespace
+
+WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
+                     std::function<std::string(const LiveAction&)> check)
+    : rank_(rank), check_(std::move(check)) {
+  auto [host, port] = split_address(agent);
+  if (secret_file.empty()) throw InputError("--agent needs --secret-file (the bus shared secret)");
+  auto secret = transport::load_secret_from_file(secret_file);
+  if (!secret) throw InputError("--secret-file: " + secret.error());
+  transport::ClientOptions o;
+  o.server_address = host;
+  o.port = port;
+  o.secret = *secret;
+  o.name = "worker-" + std::to_string(rank);
+  o.role = transport::PeerRole::worker;
+  o.rank = static_cast<std::uint32_t>(rank);
+  o.logger = transport::stderr_logger(transport::LogLevel::error);
+  transport::ClientHandlers h;
+  h.on_message = [this](transport::Message&& m) { on_message(std::move(m)); };
+  auto client = transport::make_tcp_client(std::move(o), std::move(h));
+  if (!client) throw InputError("--agent: " + client.error());
+  client_ = std::move(*client);
+}
+
+WorkerBus::~WorkerBus() {
+  if (client_) client_->stop();
+}
+
+bool WorkerBus::connected() const { return client_->connected(); }
+
+bool WorkerBus::wait_connected(int timeout_ms) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!client_->connected()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void WorkerBus::send(const transport::Message& m) { client_->send(m); }
+
+void WorkerBus::flush(int timeout_ms) { client_->flush(std::chrono::milliseconds(timeout_ms)); }
+
+std::uint64_t WorkerBus::committed_at(std::uint64_t step, std::uint64_t after_id) const {
+  std::lock_guard lock(mu_);
+  std::uint64_t best = 0;
+  for (const auto& [id, p] : plans_)
+    if (id > after_id && p.committed && p.switch_at_step <= step) best = id;
+  return best;
+}
+
+std::optional<LiveAction> WorkerBus::plan(std::uint64_t plan_id) const {
+  std::lock_guard lock(mu_);
+  auto it = plans_.find(plan_id);
+  if (it == plans_.end()) return std::nullopt;
+  return it->second.action;
+}
+
+bool WorkerBus::stop_requested() const {
+  std::lock_guard lock(mu_);
+  return stop_;
+}
+
+void WorkerBus::on_message(transport::Message&& m) {
+  if (auto* prep = std::get_if<transport::PlanPrepare>(&m)) {
+    transport::PlanReady ready;
+    ready.plan_id = prep->plan_id;
+    ready.rank = static_cast<std::uint32_t>(rank_);
+    try {
+      LiveAction a = decode_action(prep->layout_name);
+      const std::string why = check_ ? check_(a) : std::string();
+      if (!why.empty()) {
+        ready.ok = false;
+        ready.detail = why.substr(0, transport::kMaxTextBytes);
+      } else {
+        std::lock_guard lock(mu_);
+        plans_[prep->plan_id] = Plan{std::move(a), false, 0};
+      }
+    } catch (const std::exception& e) {
+      ready.ok = false;
+      ready.detail = std::string(e.what()).substr(0, transport::kMaxTextBytes);
+    }
+    client_->send(ready);
+  } else if (auto* commit = std::get_if<transport::PlanCommit>(&m)) {
+    std::lock_guard lock(mu_);
+    auto it = plans_.find(commit->plan_id);
+    if (it != plans_.end()) {
+      it->second.committed = true;
+      it->second.switch_at_step = commit->switch_at_step;
+    }
+  } else if (auto* abort = std::get_if<transport::PlanAbort>(&m)) {
+    std::lock_guard lock(mu_);
+    auto it = plans_.find(abort->plan_id);
+    if (it != plans_.end() && !it->second.committed) plans_.erase(it);
+  } else if (std::holds_alternative<transport::Shutdown>(m)) {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+}
+
+}  // namespace parapilot::live

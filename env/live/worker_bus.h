@@ -1,0 +1,70 @@
+// The worker's side of the bus: connects to the agent (a transport TCP Server), publishes
+// telemetry, and holds the plans the agent prepares and commits until the training loop applies
+// them at an iteration boundary. No libtorch here.
+//
+// Plan protocol (docs/live.md): PlanPrepare{plan_id, layout_name = encode_action(...)} ->
+// PlanReady{ok, detail} -> PlanCommit{plan_id, switch_at_step} -> the ranks agree on the step
+// through a tiny max all-reduce at each boundary (so all switch at the same step even when a
+// commit reaches them at different times) -> Ack{plan_commit, plan_id, rank}. PlanAbort drops
+// a staged plan. Shutdown asks the job to stop at the next boundary.
+//
+// Thread-safety: all members may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "env/live/action.h"
+#include "transport/bus.h"
+
+namespace parapilot::live {
+
+class WorkerBus {
+ public:
+  /// Connects in the background to "host:port" with the secret read from `secret_file`.
+  /// Throws InputError on a bad address or secret file.
+  /// `check` returns why an action cannot be applied by this job (empty: it can); a prepared
+  /// plan it rejects is answered PlanReady{ok = false, detail = reason}.
+  WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
+            std::function<std::string(const LiveAction&)> check = {});
+  ~WorkerBus();
+  WorkerBus(const WorkerBus&) = delete;
+  WorkerBus& operator=(const WorkerBus&) = delete;
+
+  bool connected() const;
+  /// Waits up to `timeout_ms` for the connection.
+  bool wait_connected(int timeout_ms) const;
+  void send(const transport::Message& m);
+  /// Flushes queued messages (up to timeout_ms).
+  void flush(int timeout_ms);
+
+  /// The newest committed plan whose switch step is <= step, if newer than `after_id`.
+  /// Returns its id (0 when none).
+  std::uint64_t committed_at(std::uint64_t step, std::uint64_t after_id) const;
+  /// The action of a prepared plan (nullopt when unknown or aborted).
+  std::optional<LiveAction> plan(std::uint64_t plan_id) const;
+  /// The agent asked the job to stop.
+  bool stop_requested() const;
+
+ private:
+  struct Plan {
+    LiveAction action;
+    bool committed = false;
+    std::uint64_t switch_at_step = 0;
+  };
+  void on_message(transport::Message&& m);
+
+  int rank_;
+  std::function<std::string(const LiveAction&)> check_;
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Plan> plans_;
+  bool stop_ = false;
+  std::unique_ptr<transport::Client> client_;
+};
+
+}  // namespace parapilot::live
