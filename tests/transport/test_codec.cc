@@ -66,7 +66,11 @@ std::vector<Message> one_of_each() {
           Welcome{99, 1000, 1u << 20},
           Heartbeat{5, 123456789},
           make_telemetry(7, 1234),
-          PlanPrepare{3, Layout{8, 4, 2, 16}, "dp8-tp4-pp2", 2000},
+          PlanPrepare{3,
+                      Layout{8, 4, 2, 16, {16, 16, 16, 16, 8, 8, 24, 24},
+                             {LayerCompression{0, 3, CompressionMethod::topk, 0.01f},
+                              LayerCompression{4, 7, CompressionMethod::powersgd, 4.0f}}},
+                      "dp8-tp4-pp2", 2000},
           PlanReady{3, 17, false, "out of memory on tp shard"},
           PlanCommit{3, 5000},
           PlanAbort{3, "rank 17 not ready"},
@@ -273,9 +277,21 @@ TEST_CASE("validate rejects out-of-range values") {
   CHECK(!bad_telemetry([](Telemetry& t) { t.collectives[""] = {}; }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].norm = std::nanf(""); }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].max_abs = -1; }).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{0, 1, 1, 1}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{1024, 1024, 2, 1}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{1, 1, 1, 0}, "", 0}).empty());
+  CHECK(!validate(PlanPrepare{1, Layout{0, 1, 1, 1, {}, {}}, "", 0}).empty());
+  CHECK(!validate(PlanPrepare{1, Layout{1024, 1024, 2, 1, {}, {}}, "", 0}).empty());
+  CHECK(!validate(PlanPrepare{1, Layout{1, 1, 1, 0, {}, {}}, "", 0}).empty());
+  // Shares: one per replica, each in [1, 2^24].
+  CHECK(validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 5}, {}}, "", 0}).empty());
+  CHECK(!validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3}, {}}, "", 0}).empty());
+  CHECK(!validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 0}, {}}, "", 0}).empty());
+  // Compression: ranges and parameters per method.
+  auto with = [](LayerCompression c) { return PlanPrepare{1, Layout{1, 1, 1, 1, {}, {c}}, "", 0}; };
+  CHECK(validate(with({0, 9, CompressionMethod::fp16, 0})).empty());
+  CHECK(!validate(with({5, 4, CompressionMethod::fp16, 0})).empty());
+  CHECK(!validate(with({0, 1, CompressionMethod::topk, 1.5f})).empty());
+  CHECK(!validate(with({0, 1, CompressionMethod::topk, std::nanf("")})).empty());
+  CHECK(!validate(with({0, 1, CompressionMethod::powersgd, 2.5f})).empty());
+  CHECK(!validate(with({0, 1, static_cast<CompressionMethod>(9), 0})).empty());
   CHECK(!validate(PlanAbort{1, std::string(kMaxTextBytes + 1, 'x')}).empty());
   CHECK(!validate(Ack{static_cast<MessageType>(0), 1, 1}).empty());
   CHECK(!validate(Ack{static_cast<MessageType>(13), 1, 1}).empty());

@@ -178,7 +178,7 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
 
   const std::vector<Message> upstream = {make_telemetry(0, 1), PlanReady{4, 0, true, "ready"},
                                          Ack{MessageType::plan_commit, 4, 0}, Shutdown{"leaving"}};
-  const std::vector<Message> downstream = {PlanPrepare{4, Layout{2, 2, 1, 8}, "dp2-tp2", 1000},
+  const std::vector<Message> downstream = {PlanPrepare{4, Layout{2, 2, 1, 8, {}, {}}, "dp2-tp2", 1000},
                                            PlanCommit{4, 100},
                                            PlanAbort{5, "superseded"},
                                            Ack{MessageType::plan_ready, 4, kNoRank},
