@@ -10,8 +10,11 @@
 #include <fstream>
 #include <thread>
 
+#include "env/env.h"
+#include "env/live/live_env.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
+#include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
 #endif
@@ -170,4 +173,65 @@ TEST_CASE("a killed worker is reported and the others stop on the collective tim
   const auto lost = c.controller()->lost_ranks();
   CHECK(std::find(lost.begin(), lost.end(), 1) != lost.end());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "live:gloo is an Env: reset starts workers, step applies a candidate and measures a reward") {
+  register_live_envs();
+  register_live_envs();  // idempotent
+  auto env = parapilot::env::make_env(
+      "live:gloo(workers=2,interval_steps=3,horizon=2,slow_rank=1,slow_factor=2,layers=1,d_model="
+      "32,"
+      "seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)");
+  CHECK(env->horizon() == 2);
+  const auto obs = env->reset(7);
+  for (float v : obs.state) CHECK(std::isfinite(v));
+  CHECK(obs.mask[1] == 1);
+  const auto r1 = env->step(2);  // elastic shares
+  CHECK(r1.info.migration_committed);
+  CHECK(std::isfinite(r1.reward));
+  CHECK(r1.reward > 0);
+  CHECK(r1.info.tokens > 0);
+  CHECK(!r1.truncated);
+  CHECK(!r1.terminated);
+  const auto r2 = env->step(0);
+  CHECK(r2.truncated);
+  CHECK(!env->events().empty());
+  CHECK_THROWS_AS(parapilot::env::make_env("live:mpi(workers=2)"), parapilot::InputError);
+  CHECK_THROWS_AS(parapilot::env::make_env("live:gloo(workers=0)"), parapilot::InputError);
+}
+
+TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips without a GPU)") {
+#ifndef PARAPILOT_HAVE_NCCL
+  MESSAGE("skipped: this build has no CUDA/NCCL (CMake found none)");
+#else
+  std::string why;
+  const int gpus = cuda_device_count(&why);
+  if (gpus == 0) {
+    MESSAGE("skipped: " << why);
+    return;
+  }
+  const int world = std::min(2, gpus);
+  const std::string dir = temp_dir("nccl");
+  const std::string shares = world == 2 ? "0.75,0.25" : "1";
+  {
+    LocalCluster c(cluster(world,
+                           {"--backend", "nccl", "--steps", "3", "--shares", shares,
+                            "--dump-params", dir + "/nccl.bin"},
+                           false, dir));
+    check_all_finished(c.wait(120), dir);
+  }
+  {
+    LocalCluster c(cluster(1, {"--steps", "3", "--dump-params", dir + "/gloo.bin"}, false, dir));
+    check_all_finished(c.wait(90), dir);
+  }
+  const auto a = read_floats(dir + "/nccl.bin"), b = read_floats(dir + "/gloo.bin");
+  REQUIRE(a.size() == b.size());
+  REQUIRE(!a.empty());
+  double max_diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  CHECK(max_diff < 1e-4);
+  std::filesystem::remove_all(dir);
+#endif
 }
