@@ -1,0 +1,188 @@
+// The two-phase switch end to end on the in-process bus: a deploy agent and simulated ranks.
+// No step lost or applied twice (samples counted, parameters compared with a run that never
+// migrated), aborts on refusal, timeout and a rank killed mid-switch.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "agent/runtime/agent.h"
+#include "agent/runtime/sim_cluster.h"
+
+using namespace parapilot;
+using namespace parapilot::agent::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Rig {
+  transport::InProcHub hub;
+  std::unique_ptr<SimulatedCluster> cluster;
+  std::unique_ptr<DeployAgent> agent;
+  std::vector<std::string> lines;
+  std::mutex lines_mutex;
+
+  explicit Rig(MigrationOptions mo = {}, uint32_t stage_steps = 2) {
+    SimClusterOptions so;
+    so.scenario = "straggler";
+    so.ranks = 16;
+    so.hub = &hub;
+    so.use_truth = false;
+    so.step_ms = 0;
+    so.stage_steps = stage_steps;
+    cluster = std::make_unique<SimulatedCluster>(so);
+    AgentOptions ao;
+    ao.job = make_job("straggler", 16);
+    ao.hub = &hub;
+    ao.interval_steps = 1000000;  // the policy stays out of the way; tests ask for switches
+    ao.decider.async_planning = false;
+    ao.migration = mo;
+    ao.log = [this](const std::string& l) {
+      std::lock_guard lock(lines_mutex);
+      lines.push_back(l);
+    };
+    agent = std::make_unique<DeployAgent>(ao);
+    REQUIRE(cluster->wait_connected(10s));
+    wait_for([&] { return agent->stats().connected_ranks == 16; });
+  }
+
+  template <class F>
+  void wait_for(F f, std::chrono::milliseconds timeout = 20s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!f() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    REQUIRE(f());
+  }
+  // Steps the ranks with a little time between steps for the bus to deliver.
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      cluster->step();
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+  Strategy other_layout() {
+    const Job& job = cluster->job();
+    Strategy s = job.planned_initial;
+    for (int tp : {1, 2, 4, 8}) {
+      Strategy t = s;
+      t.tp = tp;
+      t.dp = 16 / (tp * t.pp);
+      if (!(t == s)) {
+        auto wire = from_wire(to_wire(t), job);
+        if (wire && !(*wire == s)) return *wire;
+      }
+    }
+    FAIL("no other layout");
+    return s;
+  }
+};
+
+void check_exactly_once(const SimClusterReport& r, const Job& job, uint64_t steps) {
+  CHECK(r.steps == steps);
+  CHECK(r.samples == doctest::Approx(static_cast<double>(steps) * job.global_batch));
+  CHECK(r.replicas_agree);
+  // Bit for bit the parameters of a run that never migrated.
+  CHECK(r.params == SimulatedCluster::reference_params(steps, 8));
+}
+
+}  // namespace
+
+TEST_CASE("a committed switch loses no step and applies none twice") {
+  MigrationOptions mo;
+  mo.commit_margin_steps = 20;
+  Rig rig(mo);
+  rig.steps(10);
+  const Strategy target = rig.other_layout();
+  REQUIRE(rig.agent->request_switch(target));
+  rig.steps(5);  // staging in the background while training continues
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.agent->stats().migrations_committed == 1;
+  });
+  rig.steps(10);
+  const SimClusterReport r = rig.cluster->report();
+  CHECK(r.commits == 1);
+  CHECK(r.missed_commits == 0);
+  CHECK(r.layout == target);
+  CHECK(rig.agent->current_layout() == target);
+  check_exactly_once(r, rig.cluster->job(), r.steps);
+  // The same number of steps on a cluster that never migrated (no agent at all).
+  transport::InProcHub idle_hub;
+  SimClusterOptions so;
+  so.ranks = 16;
+  so.hub = &idle_hub;
+  so.use_truth = false;
+  so.step_ms = 0;
+  SimulatedCluster never(so);
+  never.run(r.steps);
+  CHECK(never.report().params == r.params);
+  CHECK(never.report().samples == r.samples);
+  const auto outcome = rig.agent->stats().outcomes.back();
+  CHECK(outcome.committed);
+  CHECK(outcome.switch_at_step == r.commit_steps.front());
+}
+
+TEST_CASE("a rank refusing to stage aborts the switch; everyone stays on the old layout") {
+  Rig rig;
+  rig.cluster->refuse_prepare(3);
+  rig.steps(5);
+  const Strategy before = rig.cluster->report().layout;
+  REQUIRE(rig.agent->request_switch(rig.other_layout()));
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.agent->stats().migrations_aborted == 1;
+  });
+  rig.steps(5);
+  const SimClusterReport r = rig.cluster->report();
+  CHECK(r.commits == 0);
+  CHECK(r.aborts == 15);  // every rank that had staged dropped it
+  CHECK(r.layout == before);
+  CHECK(rig.agent->current_layout() == before);
+  CHECK(rig.agent->stats().outcomes.back().reason.find("rank 3") != std::string::npos);
+  check_exactly_once(r, rig.cluster->job(), r.steps);
+}
+
+TEST_CASE("a PlanReady timeout aborts the switch") {
+  MigrationOptions mo;
+  mo.prepare_deadline_ms = 100;
+  Rig rig(mo, /*stage_steps=*/1000000);
+  rig.steps(3);
+  const Strategy before = rig.cluster->report().layout;
+  REQUIRE(rig.agent->request_switch(rig.other_layout()));
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.agent->stats().migrations_aborted == 1;
+  });
+  rig.steps(3);
+  const SimClusterReport r = rig.cluster->report();
+  CHECK(r.commits == 0);
+  CHECK(r.aborts == 16);
+  CHECK(r.layout == before);
+  CHECK(rig.agent->stats().outcomes.back().reason.find("timeout") != std::string::npos);
+  check_exactly_once(r, rig.cluster->job(), r.steps);
+}
+
+TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old layout") {
+  Rig rig;
+  rig.cluster->kill_on_prepare(7);
+  rig.steps(5);
+  const Strategy before = rig.cluster->report().layout;
+  REQUIRE(rig.agent->request_switch(rig.other_layout()));
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.agent->stats().migrations_aborted == 1;
+  });
+  const uint64_t at_abort = rig.cluster->report().steps;
+  rig.steps(10);
+  const SimClusterReport r = rig.cluster->report();
+  CHECK(r.live_ranks == 15);
+  CHECK(r.steps == at_abort + 10);  // the rest keep training
+  CHECK(r.commits == 0);
+  CHECK(r.layout == before);
+  CHECK(rig.agent->stats().outcomes.back().reason.find("rank 7 lost") != std::string::npos);
+  CHECK(rig.agent->stats().ranks_lost == 1);
+  check_exactly_once(r, rig.cluster->job(), r.steps);
+  // The lost GPU is believed failed.
+  const Beliefs b = rig.agent->monitor().beliefs();
+  REQUIRE(b.conditions.gpu_failed.size() == 16);
+  CHECK(b.conditions.gpu_failed[7]);
+}
