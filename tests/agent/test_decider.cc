@@ -1,0 +1,198 @@
+// Decider: the deployed observation equals the simulator's for the same beliefs, policy fallback,
+// guardrails and the structured decision log.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/runtime/decider.h"
+#include "env/sim/sim_env.h"
+#include "strategy/error.h"
+
+using namespace parapilot;
+using namespace parapilot::agent::runtime;
+
+namespace {
+
+env::Scenario quiet_scenario() {
+  env::Scenario s = env::builtin_scenario(env::Family::kStraggler, 16);
+  s.horizon = 8;
+  s.telemetry.noise = 0;
+  s.telemetry.missing_prob = 0;
+  s.telemetry.delay_intervals = 0;
+  return s;
+}
+
+class AlwaysFirst : public agent::Policy {
+ public:
+  std::string name() const override { return "always-first"; }
+  int act(const env::Observation&) override { return 1; }
+};
+
+LoadedPolicy always_first() {
+  LoadedPolicy p;
+  p.policy = std::make_unique<AlwaysFirst>();
+  return p;
+}
+
+Beliefs slowed_beliefs(int gpus, int slow_gpu, double speed) {
+  Beliefs b;
+  b.conditions.gpu_speed.assign(gpus, 1.0);
+  b.conditions.gpu_speed[slow_gpu] = speed;
+  b.slow_ranks = {slow_gpu};
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("the observation built from live beliefs equals the simulator's, float for float") {
+  const env::Scenario scenario = quiet_scenario();
+  // A recorded truth: GPU 3 at a third of its speed throughout.
+  env::Truth truth;
+  Conditions slowed;
+  slowed.gpu_speed.assign(16, 1.0);
+  slowed.gpu_speed[3] = 1.0 / 3;
+  truth.conditions.assign(scenario.horizon, slowed);
+  truth.seq_len.assign(scenario.horizon, scenario.model.seq_len);
+  env::SimEnv sim(scenario, "sim:test", truth);
+  const env::Observation sim0 = sim.reset(1);
+  const env::Observation sim1 = sim.step(0).observation;
+
+  auto job = make_job(scenario);
+  REQUIRE(job->planned_initial == sim.current_layout());
+  const Strategy& current = job->planned_initial;
+  auto build = [&](const Conditions& beliefs, int t, double previous_min_speed) {
+    PlanRequest request;
+    request.conditions = beliefs;
+    request.space = job->scenario.space;
+    request.current = current;
+    request.top_k = env::kMaxCandidates + 1;
+    const std::vector<Candidate> candidates =
+        select_candidates(job->planner->plan(request), current);
+    ObservationInputs in;
+    in.beliefs = &beliefs;
+    in.gpus = 16;
+    in.nodes = 2;
+    in.previous_min_speed = previous_min_speed;
+    in.current = &current;
+    in.current_cost = job->planner->cost_model().evaluate(current, beliefs);
+    in.candidates = &candidates;
+    in.interval = t;
+    in.horizon = scenario.horizon;
+    in.remaining_intervals = scenario.horizon - t;
+    in.interval_s = scenario.interval_s;
+    in.staging_slowdown = scenario.staging_slowdown;
+    return build_observation(in);
+  };
+  // Interval 0: nominal beliefs. The simulator's telemetry age starts at 0 and grows by one
+  // while no sample has arrived yet; with no delay it is 0.
+  const env::Observation ours0 = build(Conditions{}, 0, 1.0);
+  CHECK(ours0.state == sim0.state);
+  CHECK(ours0.candidates == sim0.candidates);
+  CHECK(ours0.mask == sim0.mask);
+  // Interval 1: the monitor believes GPU 3 at a third (noise-free samples replace the belief).
+  const env::Observation ours1 = build(slowed, 1, 1.0);
+  for (int i = 0; i < env::kStateDim; ++i) {
+    CAPTURE(i);
+    CHECK(ours1.state[i] == sim1.state[i]);
+  }
+  CHECK(ours1.candidates == sim1.candidates);
+  CHECK(ours1.mask == sim1.mask);
+}
+
+TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, with the reason") {
+  const auto none = load_policy_or_reactive("", nullptr);
+  CHECK_FALSE(none.fallback);
+  CHECK(none.policy->name() == "reactive");
+
+  const auto no_loader = load_policy_or_reactive("policy.ckpt", nullptr);
+  CHECK(no_loader.fallback);
+  CHECK(no_loader.policy->name() == "reactive");
+
+  PolicyLoader failing = [](const std::string& path) -> std::unique_ptr<agent::Policy> {
+    throw InputError(path + ": feature schema 7, this build reads 1");
+  };
+  const auto foreign = load_policy_or_reactive("old.ckpt", failing);
+  CHECK(foreign.fallback);
+  CHECK(foreign.policy->name() == "reactive");
+  CHECK(foreign.fallback_reason.find("old.ckpt: feature schema") != std::string::npos);
+
+  PolicyLoader working = [](const std::string&) -> std::unique_ptr<agent::Policy> {
+    return std::make_unique<AlwaysFirst>();
+  };
+  const auto ok = load_policy_or_reactive("good.ckpt", working);
+  CHECK_FALSE(ok.fallback);
+  CHECK(ok.policy->name() == "always-first");
+}
+
+TEST_CASE("guardrails: memory, lost GPUs, staging and cool-down") {
+  Candidate c;
+  c.cost.feasible = true;
+  c.cost.fits_in_memory = true;
+  CostBreakdown now = c.cost;
+  CHECK(guardrail_for(c, now, false, 5, 2).empty());
+  CHECK(guardrail_for(c, now, true, 5, 2) == "a switch is being staged");
+  CHECK(guardrail_for(c, now, false, 1, 2) == "cool-down after the last switch");
+  Candidate big = c;
+  big.cost.fits_in_memory = false;
+  CHECK(guardrail_for(big, now, false, 5, 2) == "target predicted not to fit in memory");
+  CostBreakdown too_big_now = now;
+  too_big_now.fits_in_memory = false;
+  CHECK(guardrail_for(c, too_big_now, false, 5, 2) == "target predicted not to fit in memory");
+  CostBreakdown lost = now;
+  lost.feasible = false;
+  CHECK(guardrail_for(c, lost, false, 5, 2) == "target uses a lost GPU");
+}
+
+TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON line") {
+  auto job = make_job("straggler", 16);
+  DeciderOptions o;
+  o.async_planning = false;
+  o.cooldown_intervals = 2;
+  Decider d(job, always_first(), o);
+  d.update_beliefs(slowed_beliefs(16, 3, 1.0 / 3));
+  const Decision first = d.decide(9, false, 0, {"slow_rank rank 3: compute-only 300 ms"});
+  REQUIRE(first.action == 1);
+  REQUIRE(first.target);
+  CHECK(first.target->cost.fits_in_memory);
+  CHECK(first.predicted_gain > 1.0);
+  const auto j = nlohmann::json::parse(first.log_line);
+  CHECK(j["event"] == "decision");
+  CHECK(j["choice"] == layout_name(first.target->strategy));
+  CHECK(j["evidence"][0] == "slow_rank rank 3: compute-only 300 ms");
+  CHECK(j["candidates"].size() == first.candidates.size());
+  CHECK(j["predicted_gain"].get<double>() > 1.0);
+  CHECK(j.contains("migration_s"));
+  CHECK(j["beliefs"]["slow_ranks"][0] == 3);
+  CHECK(first.log_line.find('\n') == std::string::npos);
+
+  // While staging: keep.
+  const Decision staging = d.decide(19, true, 10, {});
+  CHECK(staging.action == 0);
+  CHECK(staging.guardrail == "a switch is being staged");
+  CHECK(staging.observation.state[18] == 1.0f);
+
+  d.committed(first.target->strategy);
+  CHECK(d.current() == first.target->strategy);
+  d.update_beliefs(slowed_beliefs(16, 3, 1.0 / 3));
+  const Decision cooling = d.decide(29, false, 0, {});
+  CHECK(cooling.action == 0);
+  if (cooling.policy_action != 0 && !cooling.candidates.empty()) {
+    CHECK(cooling.guardrail == "cool-down after the last switch");
+  }
+  // Candidates never include the current layout.
+  for (const Candidate& c : cooling.candidates) CHECK_FALSE(c.strategy == d.current());
+}
+
+TEST_CASE("asynchronous planning catches up with the beliefs") {
+  auto job = make_job("straggler", 16);
+  Decider d(job, always_first(), {});
+  const long before = d.plans();
+  d.update_beliefs(slowed_beliefs(16, 3, 0.25));
+  d.wait_for_plan();
+  CHECK(d.plans() == before + 1);
+  d.update_beliefs(slowed_beliefs(16, 3, 0.26));  // moved less than the threshold: no re-plan
+  d.wait_for_plan();
+  CHECK(d.plans() == before + 1);
+  const Decision x = d.decide(9, false, 0, {});
+  CHECK(x.action == 1);
+}
