@@ -1,8 +1,206 @@
-// parapilot launch (placeholder until it lands).
+// parapilot launch: a local live cluster of N training workers with an in-process agent bus, a
+// scripted or reactive action schedule, and fault injection (env/live/local_cluster.h).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "experiments/cli_common.h"
 #include "experiments/commands.h"
+#include "strategy/error.h"
+#ifdef PARAPILOT_HAVE_LIVE
+#include "env/live/live_env.h"
+#include "env/live/local_cluster.h"
+#include "env/live/worker.h"
+#include "env/trace/telemetry.h"
+#endif
 
 namespace parapilot::cli {
 
-void add_launch_command(CLI::App& app) { (void)app; }
+#ifdef PARAPILOT_HAVE_LIVE
+namespace {
+
+using namespace std::chrono_literals;
+
+struct LaunchOptions {
+  int workers = 2;
+  std::string backend = "gloo";
+  std::vector<std::string> inject;
+  std::string agent = "builtin";
+  std::vector<std::string> actions;  // STEP:ACTION
+  int elastic_every = 0;
+  std::int64_t auto_compress_at = -1;
+  std::string record;
+  std::string log_dir;
+  double timeout_s = 0;
+};
+
+void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
+  // Validate everything before starting a process.
+  std::vector<live::FaultSpec> faults;
+  for (const auto& spec : o.inject) faults.push_back(live::parse_fault(spec));
+  if (o.backend != "gloo" && o.backend != "nccl")
+    throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
+  if (o.agent != "builtin" && o.agent != "none" && o.agent.find(':') == std::string::npos)
+    throw InputError("--agent: builtin, none or HOST:PORT");
+  std::map<std::int64_t, std::vector<live::LiveAction>> schedule;
+  for (const auto& a : o.actions) {
+    const auto colon = a.find(':');
+    if (colon == std::string::npos) throw InputError("--action '" + a + "': expected STEP:ACTION");
+    char* end = nullptr;
+    const long long step = std::strtoll(a.c_str(), &end, 10);
+    if (end != a.c_str() + colon || step < 0) throw InputError("--action '" + a + "': bad step");
+    schedule[step].push_back(live::decode_action(a.substr(colon + 1)));
+  }
+  if (o.agent != "builtin" &&
+      (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0 || !o.record.empty()))
+    throw InputError(
+        "--action, --elastic-every, --auto-compress-at and --record need --agent builtin");
+  worker_args.insert(worker_args.begin(), {"--backend", o.backend});
+  if (o.agent != "builtin" && o.agent != "none")
+    worker_args.insert(worker_args.end(), {"--agent", o.agent});
+  // Parse the worker flags once here so that bad ones fail now with exit code 2.
+  live::WorkerOptions wo;
+  wo.world_size = o.workers;
+  {
+    CLI::App check{"worker flags"};
+    live::add_worker_flags(check, wo);
+    std::vector<std::string> reversed(worker_args.rbegin(), worker_args.rend());
+    try {
+      check.parse(reversed);
+    } catch (const CLI::ParseError& e) {
+      throw InputError(std::string("worker flags: ") + e.what());
+    }
+    live::validate(wo);
+  }
+  const auto layers = live::model_layers(wo.model);
+
+  live::LocalClusterOptions co;
+  co.workers = o.workers;
+  co.worker_command = {"/proc/self/exe", "worker"};
+  co.worker_args = worker_args;
+  co.faults = faults;
+  co.host_agent = o.agent == "builtin";
+  co.log_dir = o.log_dir;
+  live::LocalCluster cluster(co);
+  live::Controller* agent = cluster.controller();
+  std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
+              agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str() : "");
+  std::fflush(stdout);
+
+  std::vector<transport::Telemetry> window;
+  std::int64_t next_elastic = o.elastic_every;
+  bool compressed = false;
+  while (cluster.poll()) {
+    if (o.timeout_s > 0 && cluster.elapsed_s() > o.timeout_s) {
+      std::printf("timeout after %.1f s: stopping the workers\n", o.timeout_s);
+      if (agent) agent->request_stop("launch timeout");
+      break;
+    }
+    if (agent) {
+      for (auto& t : agent->take_telemetry()) window.push_back(std::move(t));
+      const auto step = static_cast<std::int64_t>(agent->completed_step());
+      auto apply = [&](const live::LiveAction& a, const char* why) {
+        const live::ApplyResult r = agent->apply(a, 30s);
+        std::printf("step %lld: %s %s -> %s\n", static_cast<long long>(step), why,
+                    live::encode_action(a).c_str(),
+                    r.ok ? ("committed at step " + std::to_string(r.switch_at_step)).c_str()
+                         : r.error.c_str());
+        std::fflush(stdout);
+      };
+      while (!schedule.empty() && schedule.begin()->first <= step &&
+             agent->connected_ranks() == o.workers) {
+        for (const auto& a : schedule.begin()->second) apply(a, "scripted");
+        schedule.erase(schedule.begin());
+      }
+      if (o.elastic_every > 0 && step >= next_elastic && !window.empty()) {
+        live::LiveAction a;
+        a.shares = live::elastic_shares(window, o.workers);
+        for (double& v : a.shares) v = std::round(v * 1e4) / 1e4;
+        apply(a, "elastic shares");
+        window.clear();
+        next_elastic = step + o.elastic_every;
+      }
+      if (o.auto_compress_at >= 0 && !compressed && step >= o.auto_compress_at && !window.empty()) {
+        live::LiveAction a;
+        a.compression = live::select_compression(layers, live::grad_summary(window, layers.size()));
+        apply(a, "adaptive compression");
+        compressed = true;
+      }
+      if (window.size() > 4096) window.erase(window.begin(), window.begin() + 2048);
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  const auto exits = cluster.wait(o.timeout_s > 0 ? cluster.elapsed_s() + 60 : 1e9, 30);
+  bool ok = true;
+  for (const auto& e : exits) {
+    std::printf("%s\n", e.describe().c_str());
+    ok = ok && e.exited && e.signal == 0 && e.code == 0;
+  }
+  if (agent) {
+    for (const auto& e : agent->events()) std::printf("event: %s\n", e.c_str());
+    const auto rows = agent->recorded();
+    std::int64_t last = 0;
+    for (const auto& r : rows) last = std::max(last, r.step);
+    if (last >= 2) {
+      const double sps = live::measured_steps_per_s(rows, 1, last);
+      std::printf("throughput: %.2f steps/s, %.0f tokens/s (steps 1..%lld)\n", sps,
+                  sps * wo.global_batch * wo.model.seq_len, static_cast<long long>(last));
+    }
+    if (!o.record.empty()) {
+      write_file_atomically(o.record,
+                            [&](std::ostream& out) { trace::write_telemetry(rows, out); });
+      std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
+    }
+  }
+  std::fflush(stdout);
+  if (!ok) std::exit(1);
+}
+
+}  // namespace
+#endif
+
+void add_launch_command(CLI::App& app) {
+#ifdef PARAPILOT_HAVE_LIVE
+  live::register_live_envs();
+  auto options = std::make_shared<LaunchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "launch",
+      "Start a local live cluster of N training workers (extra flags go to every worker, e.g. "
+      "--steps 200 --model mlp)");
+  cmd->allow_extras();
+  cmd->add_option("--workers", options->workers, "Worker processes")->capture_default_str();
+  cmd->add_option("--backend", options->backend, "gloo (CPU) or nccl (GPU)")->capture_default_str();
+  cmd->add_option(
+      "--inject", options->inject,
+      "Fault: rank=2,slow=3x,at=100s,for=60s | rank=1,link-delay=20ms | rank=3,kill,at=50s");
+  cmd->add_option("--agent", options->agent,
+                  "builtin (an in-process agent bus), none, or HOST:PORT of an external agent")
+      ->capture_default_str();
+  cmd->add_option("--action", options->actions,
+                  "Scripted action STEP:ACTION, e.g. 20:s=0.75/0.25 or 40:c=30h (docs/live.md)");
+  cmd->add_option("--elastic-every", options->elastic_every,
+                  "Re-balance batch shares from measured rank speed every N steps (0 = off)");
+  cmd->add_option("--auto-compress-at", options->auto_compress_at,
+                  "Switch to adaptive per-layer compression at this step");
+  cmd->add_option("--record", options->record, "Write the telemetry of all ranks as a CSV");
+  cmd->add_option("--log-dir", options->log_dir, "Write worker-RANK.log files here");
+  cmd->add_option("--timeout", options->timeout_s,
+                  "Stop the job after this many seconds (0 = none)");
+  cmd->callback([options, cmd] { run_launch(*options, cmd->remaining()); });
+#else
+  CLI::App* cmd = app.add_subcommand("launch", "Local live cluster (not in this build)");
+  cmd->allow_extras();
+  cmd->callback([] {
+    std::fprintf(stderr,
+                 "error: this build has no live cluster support (Gloo headers, "
+                 "libgloo-dev, were not found)\n");
+    std::exit(2);
+  });
+#endif
+}
 
 }  // namespace parapilot::cli

@@ -227,6 +227,21 @@ std::vector<LayerGradSummary> grad_summary(const std::vector<transport::Telemetr
   return out;
 }
 
+double measured_steps_per_s(const std::vector<trace::TelemetrySample>& rows, std::int64_t from,
+                            std::int64_t to) {
+  double start = 1e300, end = -1e300;
+  std::int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const auto& r : rows) {
+    if (r.step < from || r.step > to) continue;
+    start = std::min(start, r.start_s);
+    end = std::max(end, r.end_s);
+    lo = std::min(lo, r.step);
+    hi = std::max(hi, r.step);
+  }
+  if (hi < lo || end <= start) return 0;
+  return static_cast<double>(hi - lo + 1) / (end - start);
+}
+
 transport::Secret random_secret() {
   std::random_device rd;
   static const char* hex = "0123456789abcdef";

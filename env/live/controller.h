@@ -92,6 +92,10 @@ std::vector<double> elastic_shares(const std::vector<transport::Telemetry>& tele
 /// Per-layer gradient summary over the telemetry (mean norm, max |g|, total non-finite).
 std::vector<LayerGradSummary> grad_summary(const std::vector<transport::Telemetry>& telemetry,
                                            std::size_t layers);
+/// Steps per second over steps [from, to] of a recording: the number of steps divided by the
+/// time from the earliest start to the latest end among those steps' rows (0 when none).
+double measured_steps_per_s(const std::vector<trace::TelemetrySample>& rows, std::int64_t from,
+                            std::int64_t to);
 /// A random secret of 32 hex characters.
 transport::Secret random_secret();
 
