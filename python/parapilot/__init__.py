@@ -1,0 +1,16 @@
+"""parapilot: a pure-Python client of the parapilot agent's bus and a PyTorch DDP integration.
+
+    from parapilot import wire, Client          # the protocol (standard library only)
+    from parapilot.pytorch import Session       # DDP telemetry, comm hook, shares (needs torch)
+
+See docs/pytorch.md and docs/wire-format.md.
+"""
+
+from .auth import Secret, SecretError, load_secret_from_env, load_secret_from_file
+from .client import Client, ClientStats
+from .plans import PlanBook
+from . import wire
+
+__version__ = "0.1.0"
+__all__ = ["wire", "Client", "ClientStats", "PlanBook", "Secret", "SecretError",
+           "load_secret_from_env", "load_secret_from_file", "__version__"]

@@ -1,0 +1,162 @@
+"""Bus client against the scripted C++ agent: handshake, telemetry, plan protocol, heartbeats,
+reconnects, the bounded telemetry buffer and a wrong secret."""
+
+import threading
+import time
+import unittest
+
+import harness
+from parapilot import wire
+from parapilot.auth import Secret, load_secret_from_file
+from parapilot.client import Client
+from parapilot.plans import PlanBook
+
+
+def quiet(level, line):
+    pass
+
+
+def telemetry(rank, step):
+    now = time.time_ns()
+    return wire.Telemetry(rank, step, now - 1000, now, now, 0.5, 0,
+                          {"all_reduce/dp": wire.CollectiveStat(0.25, 1024, 1)})
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        harness.require_agent(self)
+        self.secret_file = harness.SecretFile()
+        self.secret = load_secret_from_file(self.secret_file.path)
+        self.agent = harness.ScriptedAgent(self.secret_file.path)
+        self.clients = []
+
+    def tearDown(self):
+        for c in self.clients:
+            c.stop()
+        self.agent.stop()
+        self.secret_file.close()
+
+    def client(self, rank=0, **kw):
+        kw.setdefault("logger", quiet)
+        kw.setdefault("heartbeat_interval_ms", 200)
+        kw.setdefault("heartbeat_timeout_ms", 1000)
+        c = Client(self.agent.address, self.secret, name=f"worker-{rank}", rank=rank, **kw)
+        self.clients.append(c)
+        return c
+
+    def test_telemetry_arrives_in_order(self):
+        c = self.client(rank=1)
+        self.assertTrue(c.wait_connected(5))
+        ev = self.agent.wait_for(lambda e: e["event"] == "connect")
+        self.assertEqual((ev["rank"], ev["name"]), (1, "worker-1"))
+        for step in range(50):
+            self.assertTrue(c.send(telemetry(1, step)))
+        steps = [self.agent.wait_for(lambda e: e["event"] == "telemetry")["step"] for _ in range(50)]
+        self.assertEqual(steps, list(range(50)))
+        last = [e for e in self.agent.log if e["event"] == "telemetry"][-1]
+        self.assertEqual(last["collectives"]["all_reduce/dp"], [0.25, 1024, 1])
+
+    def test_invalid_and_internal_messages_are_refused(self):
+        c = self.client()
+        bad = telemetry(0, 1)
+        bad.compute_ms = float("nan")
+        self.assertFalse(c.send(bad))
+        self.assertFalse(c.send(wire.Heartbeat(1, 2)))
+
+    def test_plan_protocol(self):
+        got = []
+        book_ref = []
+
+        def on_message(m):
+            got.append(m)
+            book_ref[0].on_message(m)
+
+        c = self.client(rank=0, on_message=on_message)
+        book = PlanBook(0, c.send, check=lambda p: "" if p.layout.tp == 1 else "tp > 1 unsupported",
+                        stage=lambda p: list(p.layout.dp_shares))
+        book_ref.append(book)
+        self.assertTrue(c.wait_connected(5))
+        self.agent.wait_for(lambda e: e["event"] == "connect")
+        self.agent.command("prepare 5 2 3,1 0-3:1:0 1000 elastic")
+        ready = self.agent.wait_for(lambda e: e["event"] == "plan_ready")
+        self.assertEqual((ready["plan_id"], ready["rank"], ready["ok"]), (5, 0, True))
+        self.assertEqual(book.get(5).staged, [3, 1])
+        self.assertEqual(book.get(5).prepare.layout.compression[0].method, wire.CompressionMethod.FP16)
+        self.agent.command("commit 5 10")
+        deadline = time.monotonic() + 5
+        while book.committed_at(10, 0) != 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(book.committed_at(9, 0), 0)
+        self.assertEqual(book.committed_at(10, 0), 5)
+        self.assertEqual(book.committed_at(10, 5), 0)
+        book.applied(5)
+        ack = self.agent.wait_for(lambda e: e["event"] == "ack")
+        self.assertEqual((ack["acked"], ack["id"], ack["rank"]), (9, 5, 0))
+        # A layout the job cannot run is refused with the reason.
+        self.agent.command("prepare 6 1 - - 1000 tp2 2 1")
+        ready = self.agent.wait_for(lambda e: e["event"] == "plan_ready")
+        self.assertEqual((ready["plan_id"], ready["ok"], ready["detail"]), (6, False, "tp > 1 unsupported"))
+        # Abort drops a staged plan.
+        self.agent.command("prepare 7 2 1,1 - 1000")
+        self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == 7)
+        self.agent.command("abort 7 rank 1 not ready")
+        deadline = time.monotonic() + 5
+        while book.get(7) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertIsNone(book.get(7))
+        self.agent.command("shutdown job done")
+        deadline = time.monotonic() + 5
+        while book.stop_reason is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(book.stop_reason, "job done")
+
+    def test_heartbeats_keep_an_idle_connection(self):
+        c = self.client()
+        self.assertTrue(c.wait_connected(5))
+        time.sleep(1.6)  # > the agent's heartbeat timeout (5 x 200 ms) and the client's (1 s)
+        self.assertTrue(c.connected)
+        self.assertEqual(c.stats().connects, 1)
+        self.assertFalse(any(e["event"] == "disconnect" for e in self.agent.log))
+
+    def test_wrong_secret_is_refused(self):
+        reasons = []
+        c = Client(self.agent.address, Secret(b"a-different-secret-of-32-bytes!!"), name="intruder",
+                   rank=0, logger=quiet, on_disconnect=reasons.append, reconnect_initial_ms=20)
+        self.clients.append(c)
+        self.assertFalse(c.wait_connected(0.5))
+        self.assertTrue(any("proof mismatch" in r for r in reasons), reasons)
+        self.assertFalse(any(e["event"] == "connect" for e in self.agent.log))
+
+    def test_reconnects_and_buffers_telemetry_dropping_the_oldest(self):
+        port = self.agent.port
+        c = self.client(rank=2, telemetry_buffer_capacity=10, reconnect_initial_ms=20,
+                        reconnect_max_ms=100)
+        self.assertTrue(c.wait_connected(5))
+        self.agent.stop()  # the agent goes away
+        deadline = time.monotonic() + 5
+        while c.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertFalse(c.connected)
+        for step in range(30):
+            c.send(telemetry(2, step))
+        self.assertEqual(c.stats().telemetry_dropped, 20)
+        self.assertTrue(c.send(wire.Ack(9, 1, 2)))  # control messages are kept
+        self.agent = harness.ScriptedAgent(self.secret_file.path, port=port)
+        self.assertTrue(c.wait_connected(5))
+        steps = [self.agent.wait_for(lambda e: e["event"] == "telemetry")["step"] for _ in range(10)]
+        self.assertEqual(steps, list(range(20, 30)))
+        self.agent.wait_for(lambda e: e["event"] == "ack")
+        self.assertTrue(c.flush(5))
+        self.assertGreaterEqual(c.stats().connects, 2)
+
+    def test_stop_is_prompt_without_a_server(self):
+        c = Client(f"127.0.0.1:{harness.free_port()}", self.secret, logger=quiet)
+        t0 = time.monotonic()
+        c.stop()
+        c.stop()
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertFalse(c.send(telemetry(0, 0)))
+
+
+if __name__ == "__main__":
+    unittest.main()
