@@ -27,6 +27,8 @@ struct TrainOptions {
   uint64_t seed = 1;
   std::string out;
   bool resume = false;
+  bool overwrite = false;
+  bool keep = false;          // also keep every periodic checkpoint as step-N.ckpt
   int validate_every = 5;     // updates
   int checkpoint_every = 10;  // updates
   int validation_episodes = 8;
@@ -84,25 +86,45 @@ void truncate_csv(const std::string& path, int64_t update) {
 
 void write_learning_curve(const std::string& csv, const std::string& png,
                           const std::string& title) {
+  // Validation rows only (the CSV has -1 where an update was not validated).
+  const std::string data = png + ".dat";
+  {
+    std::ifstream in(csv);
+    std::ofstream out(data);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::vector<std::string> f;
+      std::stringstream fields(line);
+      std::string item;
+      while (std::getline(fields, item, ',')) f.push_back(item);
+      if (f.size() < 10) continue;
+      // minutes, steps, mean reward, validation score (or ?), entropy
+      const bool validated = std::stod(f[6]) >= 0;
+      out << std::stod(f[2]) / 60.0 << ' ' << f[1] << ' ' << f[4] << ' ' << (validated ? f[6] : "?")
+          << ' ' << f[9] << '\n';
+    }
+  }
   std::ostringstream script;
   script << "set terminal pngcairo size 1100,480 font ',10'\n";
   script << "set output '" << png << ".tmp'\n";
-  script << "set datafile separator ','\nset key bottom right\nset grid\n";
+  script << "set datafile missing '?'\nset key bottom right\nset grid\n";
   script << "set multiplot layout 1,2 title '" << title << "'\n";
-  script << "set xlabel 'wall time (minutes)'\nset ylabel 'score vs oracle (validation, greedy)'\n";
-  script << "set yrange [*:1.05]\n";
-  script << "plot '" << csv << "' using ($3/60):($7 >= 0 ? $7 : 1/0) skip 1 with linespoints lw 2 "
-         << "title 'validation score', '' using ($3/60):5 skip 1 with lines title 'mean reward "
-            "(sampled)'\n";
-  script << "set xlabel 'env steps'\nset ylabel 'per-update losses'\nset yrange [*:*]\n";
-  script << "plot '" << csv
-         << "' using 2:10 skip 1 with lines title 'entropy', '' using 2:11 skip 1 "
-         << "with lines title 'approx KL'\n";
+  script << "set xlabel 'wall time (minutes)'\nset ylabel 'score vs oracle'\n";
+  script << "plot '" << data
+         << "' using 1:4 with linespoints lw 2 pt 7 ps 0.4 title 'validation (greedy)', "
+         << "'' using 1:3 with lines title 'mean reward (sampled)'\n";
+  script << "set xlabel 'env steps'\nset ylabel 'score vs oracle'\nset y2label 'entropy'\nset "
+            "y2tics\n";
+  script << "plot '" << data
+         << "' using 2:4 with linespoints lw 2 pt 7 ps 0.4 title 'validation (greedy)', "
+         << "'' using 2:5 axes x1y2 with lines title 'policy entropy'\n";
   script << "unset multiplot\n";
   FILE* gp = ::popen("gnuplot 2>&1", "w");
   if (!gp) throw InputError("train: cannot run gnuplot");
   std::fputs(script.str().c_str(), gp);
   const int status = ::pclose(gp);
+  std::remove(data.c_str());
   if (status != 0 || std::rename((png + ".tmp").c_str(), png.c_str()) != 0) {
     std::remove((png + ".tmp").c_str());
     throw InputError("train: gnuplot could not write " + png);
@@ -136,9 +158,10 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
     std::fprintf(stderr, "resuming %s at step %lld (update %lld)\n", last.c_str(),
                  static_cast<long long>(c.step), static_cast<long long>(c.update));
   } else {
-    if (fs::exists(last)) {
-      throw InputError("--out " + dir +
-                       " already holds a run (last.ckpt); pass --resume or pick another folder");
+    if (fs::exists(last) && !o.overwrite) {
+      throw InputError(
+          "--out " + dir +
+          " already holds a run (last.ckpt); pass --resume, --overwrite or another folder");
     }
     agent::PpoConfig config;
     config.env_ids = env_ids_of(o.scenario);
@@ -154,6 +177,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw InputError("--out " + dir + ": " + ec.message());
+    fs::remove(best, ec);  // with --overwrite: no stale best.ckpt from the previous run
     std::ofstream(csv, std::ios::trunc) << kCsvHeader << '\n';
   }
   const agent::PpoConfig& config = trainer->config();
@@ -188,10 +212,14 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
         << r.learning_rate << '\n';
     log.flush();
     if (r.update % o.checkpoint_every == 0 || final_update) {
-      checkpoints::write_checkpoint(last,
-                                    trainer->checkpoint({{"validation_score", last_score},
-                                                         {"best_validation_score", best_score},
-                                                         {"mean_reward", r.mean_reward}}));
+      const checkpoints::Checkpoint c = trainer->checkpoint({{"validation_score", last_score},
+                                                             {"best_validation_score", best_score},
+                                                             {"mean_reward", r.mean_reward}});
+      checkpoints::write_checkpoint(last, c);
+      if (o.keep) {
+        checkpoints::write_checkpoint(
+            (fs::path(dir) / ("step-" + std::to_string(r.step) + ".ckpt")).string(), c);
+      }
     }
     const double frac = static_cast<double>(r.step) / static_cast<double>(config.total_steps);
     const int filled = static_cast<int>(std::min(1.0, frac) * 30);
@@ -237,6 +265,11 @@ void add_train_command(CLI::App& app) {
                   "Folder for checkpoints (best.ckpt, last.ckpt), metrics.csv and the plot")
       ->required();
   cmd->add_flag("--resume", o->resume, "Continue the run saved in --out/last.ckpt");
+  cmd->add_flag("--keep", o->keep,
+                "Also keep each periodic checkpoint as step-STEPS.ckpt (for time-to-quality)");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Start afresh even if --out holds a run (replaces its files)")
+      ->excludes("--resume");
   cmd->add_option("--validate-every", o->validate_every, "Updates between validations")
       ->capture_default_str();
   cmd->add_option("--checkpoint-every", o->checkpoint_every, "Updates between last.ckpt writes")
