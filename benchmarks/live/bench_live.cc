@@ -1,0 +1,319 @@
+// bench_live: the live cluster's two measurements on this machine (real Gloo workers on
+// loopback), printed as figures.
+//
+//   bench_live elastic     [--workers 2] [--slow 3] [--steps 60]
+//     (a) one rank slowed (it sleeps (f-1) x its compute per microbatch): throughput of a
+//     healthy cluster, of the slowed cluster on uniform shares, and on elastic shares that the
+//     agent sets from the measured per-rank speed after a warm-up; the share of the lost
+//     throughput the elastic shares recover.
+//   bench_live compression [--workers 2] [--steps 300] [--out DIR]
+//     (b) the same training (seed, data, token budget) without compression and with adaptive
+//     per-layer compression chosen from the first steps' gradient statistics: all-reduce bytes
+//     and the training loss at the end; loss curves as CSV (and a PNG when gnuplot is present).
+//
+// With --live-worker as the first argument it runs one worker (how the cluster starts it).
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "env/live/local_cluster.h"
+#include "env/live/worker.h"
+
+using namespace parapilot::live;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Args {
+  std::string mode;
+  int workers = 2;
+  double slow = 3;
+  int steps = 0;
+  std::string out;
+  std::string corpus = std::string(PARAPILOT_SOURCE_DIR) + "/docs";
+};
+
+std::vector<std::string> model_args(const Args& a) {
+  return {"--layers",
+          "2",
+          "--d-model",
+          "64",
+          "--heads",
+          "4",
+          "--seq-len",
+          "64",
+          "--threads",
+          "1",
+          "--corpus",
+          a.corpus,
+          "--collective-timeout",
+          "60"};
+}
+
+LocalClusterOptions make_cluster(const Args& a, std::vector<std::string> extra, bool agent) {
+  LocalClusterOptions o;
+  o.workers = a.workers;
+  o.worker_command = {"/proc/self/exe", "--live-worker"};
+  o.worker_args = model_args(a);
+  o.worker_args.insert(o.worker_args.end(), extra.begin(), extra.end());
+  o.host_agent = agent;
+  return o;
+}
+
+void require_ok(const std::vector<RankExit>& exits) {
+  for (const auto& e : exits)
+    if (!e.exited || e.signal || e.code) {
+      std::fprintf(stderr, "bench_live: %s\n", e.describe().c_str());
+      std::exit(1);
+    }
+}
+
+/// Runs `steps` steps; optionally applies elastic shares after `warmup` steps. Returns tokens/s
+/// over the measured steps (after the switch, or after warm-up when none).
+double run_elastic_case(const Args& a, bool slowed, bool elastic, int steps, int warmup,
+                        std::vector<double>* shares_out) {
+  std::vector<std::string> extra = {"--steps", std::to_string(steps), "--global-batch",
+                                    "16",      "--microbatch",        "1"};
+  LocalClusterOptions o = make_cluster(a, extra, true);
+  if (slowed) {
+    FaultSpec f;
+    f.rank = a.workers - 1;
+    f.kind = FaultSpec::Kind::slow;
+    f.factor = a.slow;
+    o.faults.push_back(f);
+  }
+  LocalCluster c(o);
+  Controller& agent = *c.controller();
+  std::int64_t measure_from = warmup;
+  if (elastic) {
+    if (!agent.wait_for_step(static_cast<std::uint64_t>(warmup - 1), 300s)) {
+      std::fprintf(stderr, "bench_live: workers did not reach the warm-up\n");
+      std::exit(1);
+    }
+    LiveAction act;
+    act.shares = elastic_shares(agent.take_telemetry(), a.workers);
+    for (double& v : act.shares) v = std::round(v * 1e4) / 1e4;
+    const ApplyResult r = agent.apply(act, 60s);
+    if (!r.ok) {
+      std::fprintf(stderr, "bench_live: %s\n", r.error.c_str());
+      std::exit(1);
+    }
+    if (shares_out) *shares_out = act.shares;
+    measure_from = static_cast<std::int64_t>(r.switch_at_step) + 1;
+  }
+  require_ok(c.wait(600));
+  const double sps = measured_steps_per_s(agent.recorded(), measure_from, steps - 1);
+  return sps * 16 * 64;
+}
+
+int elastic(Args a) {
+  if (a.steps == 0) a.steps = 60;
+  const int warmup = 10;
+  std::printf(
+      "elastic shares, %d Gloo workers on loopback, rank %d slowed %.1fx, %d steps of 16 x 64 "
+      "bytes (2-layer transformer, d=64)\n\n",
+      a.workers, a.workers - 1, a.slow, a.steps);
+  std::fflush(stdout);
+  std::vector<double> shares;
+  const double healthy = run_elastic_case(a, false, false, a.steps, warmup, nullptr);
+  const double uniform = run_elastic_case(a, true, false, a.steps, warmup, nullptr);
+  const double elastic_tps = run_elastic_case(a, true, true, a.steps + warmup, warmup, &shares);
+  // The best the slowed cluster can do: its compute capacity, (W - 1 + 1/f) / W of healthy.
+  const double ideal = healthy * (a.workers - 1 + 1 / a.slow) / a.workers;
+  std::printf("%-34s %12s\n", "case", "tokens/s");
+  std::printf("%-34s %12.0f\n", "healthy, uniform shares", healthy);
+  std::printf("%-34s %12.0f\n", "slowed, uniform shares", uniform);
+  std::string s;
+  for (double v : shares) s += (s.empty() ? "" : "/") + std::to_string(v).substr(0, 6);
+  std::printf("%-34s %12.0f   (shares %s)\n", "slowed, elastic shares", elastic_tps, s.c_str());
+  std::printf("%-34s %12.0f\n", "slowed, ideal (capacity-bound)", ideal);
+  std::printf(
+      "\nrecovered: %.1f%% of the throughput uniform shares lose against the slowed "
+      "cluster's capacity ((elastic - uniform) / (ideal - uniform))\n",
+      100 * (elastic_tps - uniform) / (ideal - uniform));
+  std::printf(
+      "           %.1f%% of the throughput lost against the healthy cluster "
+      "((elastic - uniform) / (healthy - uniform); at most %.1f%%: the slow rank's "
+      "capacity is gone)\n",
+      100 * (elastic_tps - uniform) / (healthy - uniform),
+      100 * (ideal - uniform) / (healthy - uniform));
+  return 0;
+}
+
+struct LossRun {
+  std::vector<double> loss;
+  std::uint64_t dp_bytes = 0;
+  double seconds = 0;
+};
+
+LossRun read_loss_log(const std::string& path) {
+  LossRun r;
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::stringstream ss(line);
+    std::string f;
+    std::vector<std::string> fields;
+    while (std::getline(ss, f, ',')) fields.push_back(f);
+    if (fields.size() < 5) continue;
+    r.loss.push_back(std::stod(fields[1]));
+    r.dp_bytes = std::stoull(fields[3]);
+    r.seconds += std::stod(fields[4]);
+  }
+  return r;
+}
+
+LossRun run_compression_case(const Args& a, bool adaptive, const std::string& log, int warmup,
+                             std::string* plan) {
+  std::vector<std::string> extra = {"--steps",        std::to_string(a.steps),
+                                    "--global-batch", "16",
+                                    "--microbatch",   "2",
+                                    "--seed",         "11",
+                                    "--loss-log",     log};
+  LocalCluster c(make_cluster(a, extra, true));
+  Controller& agent = *c.controller();
+  if (adaptive) {
+    if (!agent.wait_for_step(static_cast<std::uint64_t>(warmup - 1), 300s)) {
+      std::fprintf(stderr, "bench_live: workers did not reach the warm-up\n");
+      std::exit(1);
+    }
+    ModelConfig m;
+    m.layers = 2;
+    m.d_model = 64;
+    m.heads = 4;
+    m.seq_len = 64;
+    const auto layers = model_layers(m);
+    LiveAction act;
+    act.compression =
+        select_compression(layers, grad_summary(agent.take_telemetry(), layers.size()));
+    act.powersgd_rank = 4;
+    const ApplyResult r = agent.apply(act, 60s);
+    if (!r.ok) {
+      std::fprintf(stderr, "bench_live: %s\n", r.error.c_str());
+      std::exit(1);
+    }
+    if (plan) {
+      std::map<std::string, int> count;
+      for (Compression x : act.compression) ++count[std::string(compression_name(x))];
+      for (const auto& [k, v] : count)
+        *plan += (plan->empty() ? "" : ", ") + std::to_string(v) + " " + k;
+      *plan += " (switched at step " + std::to_string(r.switch_at_step) + ")";
+    }
+  }
+  require_ok(c.wait(1200));
+  return read_loss_log(log);
+}
+
+double tail_mean(const std::vector<double>& v, std::size_t n) {
+  n = std::min(n, v.size());
+  double s = 0;
+  for (std::size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
+  return n ? s / static_cast<double>(n) : 0;
+}
+
+int compression(Args a) {
+  if (a.steps == 0) a.steps = 300;
+  if (a.out.empty())
+    a.out = std::filesystem::temp_directory_path() /
+            ("parapilot-bench-live-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(a.out);
+  const int warmup = 5;
+  std::printf(
+      "adaptive compression, %d Gloo workers on loopback, %d steps of 16 x 64 bytes of %s "
+      "(2-layer transformer, d=64, seed 11)\n\n",
+      a.workers, a.steps, a.corpus.c_str());
+  std::fflush(stdout);
+  const LossRun plain = run_compression_case(a, false, a.out + "/loss-none.csv", warmup, nullptr);
+  std::string plan;
+  const LossRun comp = run_compression_case(a, true, a.out + "/loss-adaptive.csv", warmup, &plan);
+  const std::size_t tail = std::max<std::size_t>(1, static_cast<std::size_t>(a.steps) / 10);
+  const double l0 = tail_mean(plain.loss, tail), l1 = tail_mean(comp.loss, tail);
+  std::printf("adaptive plan: %s\n\n", plan.c_str());
+  std::printf("%-24s %14s %14s %12s\n", "run", "dp bytes/rank", "final loss", "seconds");
+  std::printf("%-24s %14llu %14.4f %12.1f\n", "uncompressed",
+              static_cast<unsigned long long>(plain.dp_bytes), l0, plain.seconds);
+  std::printf("%-24s %14llu %14.4f %12.1f\n", "adaptive compression",
+              static_cast<unsigned long long>(comp.dp_bytes), l1, comp.seconds);
+  std::printf(
+      "\nall-reduce bytes cut by %.1f%%; final loss (mean of the last %zu steps) differs by "
+      "%+.2f%%\n",
+      100 * (1 - static_cast<double>(comp.dp_bytes) / static_cast<double>(plain.dp_bytes)), tail,
+      100 * (l1 - l0) / l0);
+  // Loss curves.
+  const std::string csv = a.out + "/loss-curves.csv";
+  {
+    std::ofstream out(csv);
+    out << "step,uncompressed,adaptive\n";
+    for (std::size_t i = 0; i < std::min(plain.loss.size(), comp.loss.size()); ++i)
+      out << i << ',' << plain.loss[i] << ',' << comp.loss[i] << '\n';
+  }
+  const std::string png = a.out + "/loss-curves.png";
+  const std::string gp = a.out + "/loss-curves.gp";
+  {
+    std::ofstream out(gp);
+    out << "set terminal pngcairo size 900,500 noenhanced\nset output '" << png << "'\n"
+        << "set datafile separator ','\nset key top right\nset xlabel 'step (16 sequences x 64 "
+           "bytes)'\n"
+        << "set ylabel 'training loss (nats/byte)'\nset title 'Live Gloo cluster, 2 ranks: "
+           "uncompressed vs adaptive per-layer compression'\n"
+        << "plot '" << csv << "' using 1:2 with lines lw 2 title 'uncompressed', '" << csv
+        << "' using 1:3 with lines lw 2 title 'adaptive compression'\n";
+  }
+  if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) == 0)
+    std::printf("loss curves: %s (data %s)\n", png.c_str(), csv.c_str());
+  else
+    std::printf("loss curves: %s (gnuplot not found or failed; script %s)\n", csv.c_str(),
+                gp.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--live-worker") == 0) {
+    argv[1] = argv[0];
+    return worker_main(argc - 1, argv + 1);
+  }
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_live: %s needs a value\n", s.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (s == "--workers")
+      a.workers = std::stoi(next());
+    else if (s == "--slow")
+      a.slow = std::stod(next());
+    else if (s == "--steps")
+      a.steps = std::stoi(next());
+    else if (s == "--out")
+      a.out = next();
+    else if (s == "--corpus")
+      a.corpus = next();
+    else if (a.mode.empty())
+      a.mode = s;
+    else {
+      std::fprintf(stderr, "bench_live: unknown argument %s\n", s.c_str());
+      return 2;
+    }
+  }
+  if (a.mode == "elastic") return elastic(a);
+  if (a.mode == "compression") return compression(a);
+  std::fprintf(stderr,
+               "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] [--out "
+               "DIR] [--corpus PATH]\n");
+  return 2;
+}
