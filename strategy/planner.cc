@@ -410,6 +410,9 @@ void Search::add_shapes(int placement_index, int tp) {
 
   std::vector<bool> sps = space_.sp;
   if (sps.empty()) sps = {false, true};
+  // Sequence parallelism splits inside a tensor-parallel group: without one (tp = 1) it does
+  // not exist, so a space asking only for sp = true still allows tp = 1 layouts.
+  if (tp == 1) sps = {false};
   std::vector<Recompute> rcs = space_.recompute;
   if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   std::vector<int> zeros = space_.zero;

@@ -630,3 +630,32 @@ TEST_CASE("planner: concurrent plan() calls on one planner agree with a single c
     }
   }
 }
+
+TEST_CASE("planner: a space with sp = true still allows tp = 1, where sequence parallelism does not exist") {
+  const ModelSpec m = *model_preset("llama2-7b");
+  const ClusterSpec c = *cluster_preset("8x8xa100-80g");
+  const Planner planner(m, c);
+  PlanRequest req;
+  req.space.tp = {1, 2, 4, 8};
+  req.space.pp = {1, 2, 4};
+  req.space.microbatch_size = {1, 2};
+  req.space.recompute = {Recompute::kSelective};
+  req.space.zero = {1};
+  req.space.sp = {true};
+  req.space.schedule = {Schedule::k1F1B};
+  req.space.compression = false;
+  req.space.global_batch = 256;
+  const PlanResult r = planner.plan(req);
+  REQUIRE_FALSE(r.candidates.empty());
+  // Pure data parallel is the fastest layout for a 7B model on 64 GPUs in this space.
+  Strategy dp;
+  dp.dp = 64;
+  dp.global_batch = 256;
+  dp.microbatch_size = 2;
+  dp.zero = 1;
+  dp.recompute = Recompute::kSelective;
+  REQUIRE_FALSE(find_problem(dp, m, c));
+  CHECK(r.candidates.front().strategy.tp == 1);
+  CHECK(r.candidates.front().cost.tokens_per_s >=
+        planner.cost_model().evaluate(dp).tokens_per_s * (1 - 1e-9));
+}
