@@ -1,8 +1,329 @@
-// parapilot deploy (placeholder until it lands).
+// parapilot deploy: the agent daemon beside a running job (agent/runtime/agent.h).
+// parapilot simcluster: N simulated ranks speaking the bus protocol (agent/runtime/sim_cluster.h).
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/runtime/agent.h"
+#include "agent/runtime/metrics.h"
+#include "agent/runtime/sim_cluster.h"
 #include "experiments/commands.h"
+#include "strategy/error.h"
+#include "transport/auth.h"
+#if __has_include("agent/ppo.h")
+#include "agent/ppo.h"
+#define PARAPILOT_DEPLOY_HAVE_RL 1
+#endif
 
 namespace parapilot::cli {
 
-void add_deploy_command(CLI::App& app) { (void)app; }
+namespace {
+
+namespace rt = agent::runtime;
+
+// "HOST:PORT", ":PORT" or "PORT".
+std::pair<std::string, uint16_t> parse_address(const std::string& flag, const std::string& text,
+                                               bool port_required) {
+  std::string host = "127.0.0.1";
+  std::string port_text = text;
+  const auto colon = text.rfind(':');
+  if (colon != std::string::npos) {
+    if (colon > 0) host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(port_text, &used);
+    if (used != port_text.size()) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535 || (port_required && port == 0)) {
+    throw InputError(flag + " \"" + text + "\": expected HOST:PORT with a port in " +
+                     (port_required ? "1" : "0") + "..65535");
+  }
+  return {host, static_cast<uint16_t>(port)};
+}
+
+transport::Secret load_secret(const std::string& file) {
+  auto secret = file.empty() ? transport::load_secret_from_env("PARAPILOT_SECRET")
+                             : transport::load_secret_from_file(file);
+  if (!secret) {
+    throw InputError(
+        (file.empty() ? "no --secret-file and PARAPILOT_SECRET: " : "--secret-file: ") +
+        secret.error());
+  }
+  return std::move(*secret);
+}
+
+// Blocks SIGINT/SIGTERM in this thread (and the threads it starts); a watcher thread waits for
+// them and calls `on_signal`.
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(std::function<void()> on_signal) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR2);  // private wake-up on normal exit
+    pthread_sigmask(SIG_BLOCK, &set, &old_);
+    thread_ = std::thread([set, on_signal = std::move(on_signal)] {
+      int sig = 0;
+      if (sigwait(&set, &sig) == 0 && sig != SIGUSR2) on_signal();
+    });
+  }
+  ~SignalWatcher() {
+    pthread_kill(thread_.native_handle(), SIGUSR2);
+    thread_.join();
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t old_{};
+  std::thread thread_;
+};
+
+struct DeployFlags {
+  std::string policy;
+  std::string listen = "127.0.0.1:7070";
+  std::string secret_file;
+  int metrics_port = -1;
+  std::string scenario = "mixed";
+  int gpus = 64;
+  int interval_steps = 10;
+  int cooldown = 2;
+  uint32_t prepare_deadline_ms = 30000;
+  uint32_t commit_margin_steps = 3;
+  std::string initial_layout = "planned";
+  int run_intervals = 0;
+};
+
+void run_deploy(const DeployFlags& f) {
+  const auto [host, port] = parse_address("--listen", f.listen, false);
+  if (f.metrics_port > 65535) throw InputError("--metrics-port: must be in 0..65535");
+  if (f.interval_steps < 1) throw InputError("--interval-steps: must be >= 1");
+  if (f.cooldown < 0) throw InputError("--cooldown: must be >= 0");
+  rt::AgentOptions o;
+  o.job = rt::make_job(f.scenario, f.gpus);
+  o.job->initial(f.initial_layout);  // validates the name
+  o.policy_path = f.policy;
+#ifdef PARAPILOT_DEPLOY_HAVE_RL
+  o.loader = [](const std::string& path) { return agent::load_policy(path); };
+#endif
+  o.listen_address = host;
+  o.port = port;
+  o.secret = load_secret(f.secret_file);
+  o.serve_metrics = f.metrics_port >= 0;
+  o.metrics_port = static_cast<uint16_t>(std::max(0, f.metrics_port));
+  o.interval_steps = f.interval_steps;
+  o.decider.cooldown_intervals = f.cooldown;
+  o.decider.initial_layout = f.initial_layout;
+  o.decider.run_intervals = f.run_intervals;
+  o.migration.prepare_deadline_ms = f.prepare_deadline_ms;
+  o.migration.commit_margin_steps = f.commit_margin_steps;
+  auto out_mutex = std::make_shared<std::mutex>();
+  o.log = [out_mutex](const std::string& line) {
+    std::lock_guard lock(*out_mutex);
+    std::fputs(line.c_str(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  };
+  std::atomic<bool> stop{false};
+  std::mutex m;
+  std::condition_variable cv;
+  SignalWatcher signals([&] {
+    std::lock_guard lock(m);
+    stop = true;
+    cv.notify_all();
+  });
+  rt::DeployAgent agent(o);
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return stop.load(); });
+  }
+  agent.stop();
+  const rt::AgentStats s = agent.stats();
+  const rt::ProcessUsage usage = rt::process_usage();
+  auto q = [](std::vector<double> v, double p) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1,
+                      static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+  };
+  nlohmann::json j = {{"event", "agent_stopped"},
+                      {"decisions", s.decisions},
+                      {"switches", s.switches_decided},
+                      {"committed", s.migrations_committed},
+                      {"aborted", s.migrations_aborted},
+                      {"stragglers_detected", s.stragglers_detected},
+                      {"decision_latency_ms_p50", q(s.decision_latency_ms, 0.5)},
+                      {"decision_latency_ms_p99", q(s.decision_latency_ms, 0.99)},
+                      {"prepare_latency_ms_p50", q(s.prepare_latency_ms, 0.5)},
+                      {"prepare_latency_ms_p99", q(s.prepare_latency_ms, 0.99)},
+                      {"cpu_s", usage.cpu_s},
+                      {"max_rss_mib", usage.max_rss_bytes / (1 << 20)}};
+  o.log(j.dump());
+}
+
+struct SimFlags {
+  int ranks = 64;
+  std::string scenario = "straggler";
+  std::string agent = "127.0.0.1:7070";
+  std::string secret_file;
+  uint64_t seed = 1;
+  double step_ms = 20;
+  int steps_per_interval = 10;
+  uint64_t steps = 0;
+  std::vector<std::string> slow;
+  bool no_dynamics = false;
+  size_t io_threads = 2;
+  bool json = false;
+};
+
+rt::SlowdownInjection parse_slow(const std::string& text) {
+  // RANK:FACTOR:FROM[:TO]
+  rt::SlowdownInjection s;
+  unsigned rank = 0;
+  double factor = 0;
+  unsigned long long from = 0, to = 0;
+  char tail = 0;
+  const int n = std::sscanf(text.c_str(), "%u:%lf:%llu:%llu%c", &rank, &factor, &from, &to, &tail);
+  if (n < 3 || n > 4 || factor < 1 || (n == 4 && to <= from)) {
+    throw InputError("--slow \"" + text +
+                     "\": expected RANK:FACTOR:FROM_STEP[:TO_STEP], factor >= 1");
+  }
+  s.rank = rank;
+  s.factor = factor;
+  s.from_step = from;
+  if (n == 4) s.to_step = to;
+  return s;
+}
+
+void run_simcluster(const SimFlags& f) {
+  rt::SimClusterOptions o;
+  o.ranks = f.ranks;
+  o.scenario = f.scenario;
+  const auto [host, port] = parse_address("--agent", f.agent, true);
+  o.agent_address = host;
+  o.agent_port = port;
+  o.secret = load_secret(f.secret_file);
+  o.seed = f.seed;
+  if (f.step_ms < 0) throw InputError("--step-ms: must be >= 0");
+  o.step_ms = f.step_ms;
+  o.steps_per_interval = f.steps_per_interval;
+  o.use_truth = !f.no_dynamics;
+  o.io_threads = std::max<size_t>(1, f.io_threads);
+  for (const auto& s : f.slow) o.slowdowns.push_back(parse_slow(s));
+  o.log = [](const std::string& line) { std::fprintf(stderr, "simcluster: %s\n", line.c_str()); };
+  std::atomic<bool> stop{false};
+  SignalWatcher signals([&] { stop = true; });
+  const rt::SimClusterReport r = rt::run_simulated_cluster(o, stop, f.steps);
+  const auto reference = rt::SimulatedCluster::reference_params(r.steps, 8);
+  double before = 0, after = 0;
+  const size_t first_commit =
+      r.commit_steps.empty() ? r.tokens_per_s_by_step.size() : r.commit_steps.front();
+  for (size_t i = 0; i < r.tokens_per_s_by_step.size(); ++i) {
+    (i < first_commit ? before : after) += r.tokens_per_s_by_step[i];
+  }
+  nlohmann::json j = {
+      {"steps", r.steps},
+      {"samples", r.samples},
+      {"commits", r.commits},
+      {"aborts_seen_by_ranks", r.aborts},
+      {"missed_commits", r.missed_commits},
+      {"layout", rt::layout_name(r.layout)},
+      {"replicas_agree", r.replicas_agree},
+      {"params_match_never_migrated", r.params == reference},
+      {"live_ranks", r.live_ranks},
+      {"sim_seconds", r.sim_seconds},
+      {"tokens_per_s", r.sim_seconds > 0 ? r.tokens / r.sim_seconds : 0.0},
+      {"tokens_per_s_before_first_switch",
+       first_commit > 0 ? before / static_cast<double>(first_commit) : 0.0},
+      {"tokens_per_s_after_first_switch",
+       r.tokens_per_s_by_step.size() > first_commit
+           ? after / static_cast<double>(r.tokens_per_s_by_step.size() - first_commit)
+           : 0.0},
+      {"telemetry_sent", r.telemetry_sent}};
+  std::printf("%s\n", f.json ? j.dump().c_str() : j.dump(2).c_str());
+}
+
+}  // namespace
+
+void add_deploy_command(CLI::App& app) {
+  auto d = std::make_shared<DeployFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "deploy",
+      "Run the agent daemon: watch a job's ranks on the bus, decide with a policy, switch layouts "
+      "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
+  cmd->add_option("--policy", d->policy,
+                  "policy checkpoint; default: the reactive baseline (a missing or unreadable file "
+                  "falls back to reactive, logged and in the metrics)");
+  cmd->add_option("--listen", d->listen, "bus address HOST:PORT (loopback unless told otherwise)")
+      ->capture_default_str();
+  cmd->add_option("--secret-file", d->secret_file,
+                  "shared bus secret (default: the PARAPILOT_SECRET environment variable)");
+  cmd->add_option("--metrics-port", d->metrics_port,
+                  "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)");
+  cmd->add_option("--scenario", d->scenario,
+                  "the job: a scenario family or .toml (model, cluster, search space)")
+      ->capture_default_str();
+  cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a family name")
+      ->capture_default_str();
+  cmd->add_option("--interval-steps", d->interval_steps, "training steps per decision")
+      ->capture_default_str();
+  cmd->add_option("--cooldown", d->cooldown, "decisions to wait after a switch")
+      ->capture_default_str();
+  cmd->add_option("--prepare-deadline-ms", d->prepare_deadline_ms,
+                  "time allowed for every PlanReady")
+      ->capture_default_str();
+  cmd->add_option("--commit-margin-steps", d->commit_margin_steps,
+                  "the switch happens this many steps after the last PlanReady")
+      ->capture_default_str();
+  cmd->add_option("--initial-layout", d->initial_layout,
+                  "the job's layout at start: planned | uniform-dp")
+      ->capture_default_str();
+  cmd->add_option("--run-intervals", d->run_intervals,
+                  "planned run length in decisions (0: unknown, half the horizon always left)")
+      ->capture_default_str();
+  cmd->callback([d] { run_deploy(*d); });
+
+  auto s = std::make_shared<SimFlags>();
+  CLI::App* sim = app.add_subcommand(
+      "simcluster",
+      "Impersonate N ranks of a training job from the simulator on the bus (drive `deploy` without "
+      "GPUs); prints a JSON report at the end");
+  sim->add_option("--ranks", s->ranks, "ranks (= GPUs), a multiple of 8")->capture_default_str();
+  sim->add_option("--scenario", s->scenario, "scenario family or .toml")->capture_default_str();
+  sim->add_option("--agent", s->agent, "the deploy agent's bus address HOST:PORT")
+      ->capture_default_str();
+  sim->add_option("--secret-file", s->secret_file,
+                  "shared bus secret (default: $PARAPILOT_SECRET)");
+  sim->add_option("--seed", s->seed, "seed of the scenario's hidden dynamics")
+      ->capture_default_str();
+  sim->add_option("--step-ms", s->step_ms, "wall time per training step (0: as fast as possible)")
+      ->capture_default_str();
+  sim->add_option("--steps-per-interval", s->steps_per_interval,
+                  "steps per simulator interval (how fast the hidden conditions move)")
+      ->capture_default_str();
+  sim->add_option("--steps", s->steps, "stop after this many steps (0: until SIGINT/SIGTERM)")
+      ->capture_default_str();
+  sim->add_option("--slow", s->slow,
+                  "inject a slowdown RANK:FACTOR:FROM_STEP[:TO_STEP] (repeatable)");
+  sim->add_flag("--no-dynamics", s->no_dynamics, "nominal cluster apart from --slow injections");
+  sim->add_option("--io-threads", s->io_threads, "bus client I/O threads")->capture_default_str();
+  sim->add_flag("--json", s->json, "one-line JSON report");
+  sim->callback([s] { run_simcluster(*s); });
+}
 
 }  // namespace parapilot::cli

@@ -18,6 +18,7 @@ std::string guardrail_for(const Candidate& target, const CostBreakdown& under_be
     return "target predicted not to fit in memory";
   }
   if (!target.cost.feasible || !under_beliefs.feasible) return "target uses a lost GPU";
+  if (!wire_name(target.strategy)) return "target not representable on the bus (wire v1)";
   return "";
 }
 

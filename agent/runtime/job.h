@@ -37,10 +37,17 @@ std::shared_ptr<const Job> make_job(env::Scenario scenario);
 
 /// The wire form of a layout: degrees and micro-batches per replica.
 transport::Layout to_wire(const Strategy& s);
-/// A short name of a layout for logs and PlanPrepare::layout_name (<= kMaxNameBytes).
+/// A short name of a layout for logs: "dp8-tp2-pp1-mb1-sp-z1[-v2][-elastic]".
 std::string layout_name(const Strategy& s);
-/// A layout rebuilt from its wire form with the job's defaults (search-space first choices, equal
-/// shares, balanced stages). nullopt when the degrees are not legal for the job.
-std::optional<Strategy> from_wire(const transport::Layout& layout, const Job& job);
+/// The text carried in PlanPrepare::layout_name: the short name plus what the wire Layout lacks —
+/// the schedule (";sc=gpipe|1f1b|interleaved"), recompute (";rc=none|selective|full"), stage
+/// boundaries (";st=16,16") and elastic data-parallel shares, run-length coded (";sh=33*7,29").
+/// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on wire v1).
+std::optional<std::string> wire_name(const Strategy& s);
+/// A layout rebuilt from its wire form: the degrees, then what wire_name() encodes; missing parts
+/// take the job's defaults (search-space first choices, equal shares, balanced stages). nullopt
+/// when the result is not legal for the job.
+std::optional<Strategy> from_wire(const transport::Layout& layout, const Job& job,
+                                  const std::string& name = "");
 
 }  // namespace parapilot::agent::runtime

@@ -32,7 +32,7 @@ bool MigrationExecutor::prepare(const Strategy& target, const std::set<uint32_t>
   transport::PlanPrepare p;
   p.plan_id = plan_id_;
   p.layout = to_wire(target);
-  p.layout_name = layout_name(target);
+  p.layout_name = wire_name(target).value_or(layout_name(target));
   p.deadline_ms = o_.prepare_deadline_ms;
   send_(p);
   if (plan_id) *plan_id = plan_id_;

@@ -263,7 +263,7 @@ void SimulatedCluster::step() {
           m.send(r, transport::PlanReady{p->plan_id, r.id, false, "refused (fault injection)"});
           continue;
         }
-        std::optional<Strategy> target = from_wire(p->layout, *m.job);
+        std::optional<Strategy> target = from_wire(p->layout, *m.job, p->layout_name);
         if (!target) {
           m.send(r, transport::PlanReady{p->plan_id, r.id, false, "layout not legal for this job"});
           continue;

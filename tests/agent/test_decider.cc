@@ -196,3 +196,24 @@ TEST_CASE("asynchronous planning catches up with the beliefs") {
   const Decision x = d.decide(9, false, 0, {});
   CHECK(x.action == 1);
 }
+
+TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in layout_name") {
+  auto job = make_job("straggler", 16);
+  PlanRequest request;
+  request.conditions.gpu_speed.assign(16, 1.0);
+  request.conditions.gpu_speed[3] = 0.3;
+  request.space = job->scenario.space;
+  request.top_k = 5;
+  int elastic = 0;
+  for (const Candidate& c : job->planner->plan(request).candidates) {
+    const auto name = wire_name(c.strategy);
+    REQUIRE(name);
+    CHECK(name->size() <= transport::kMaxNameBytes);
+    const auto back = from_wire(to_wire(c.strategy), *job, *name);
+    REQUIRE(back);
+    CHECK(*back == c.strategy);
+    elastic += c.strategy.dp_shares.empty() ? 0 : 1;
+  }
+  CHECK(elastic > 0);
+  CHECK_FALSE(from_wire(to_wire(job->planned_initial), *job, "dp1-tp1-pp1-mb1-z1;zz=3"));
+}
