@@ -136,3 +136,61 @@ class ScriptedAgent:
                 f.close()
             except (OSError, ValueError):
                 pass
+
+
+def launch(world, cfg, env_extra=None, timeout=60):
+    """Runs ddp_worker.py on `world` local processes with torchrun's environment variables;
+    returns the per-rank results (raises with the workers' stderr on failure or timeout)."""
+    out_dir = tempfile.mkdtemp(prefix="parapilot-ddp-")
+    cfg = dict(cfg, out=os.path.join(out_dir, "result"))
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ)
+        env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "PYTHONPATH": os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", ""),
+                    "OMP_NUM_THREADS": "1"})
+        env.update(env_extra or {})
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_worker.py"),
+                                       json.dumps(cfg)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return Job(procs, out_dir, world, timeout)
+
+
+class Job:
+    def __init__(self, procs, out_dir, world, timeout):
+        self.procs, self.out_dir, self.world = procs, out_dir, world
+        self.deadline = time.monotonic() + timeout
+
+    def running(self):
+        return any(p.poll() is None for p in self.procs)
+
+    def wait(self):
+        errors = []
+        for rank, p in enumerate(self.procs):
+            try:
+                _, err = p.communicate(timeout=max(1, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in self.procs:
+                    if q.poll() is None:
+                        q.kill()
+                _, err = p.communicate(timeout=10)
+                errors.append(f"rank {rank} timed out:\n{err[-3000:]}")
+                continue
+            if p.returncode != 0:
+                errors.append(f"rank {rank} exited {p.returncode}:\n{err[-3000:]}")
+        if errors:
+            raise AssertionError("\n".join(errors))
+        results = []
+        for rank in range(self.world):
+            with open(os.path.join(self.out_dir, f"result.{rank}.json")) as f:
+                results.append(json.load(f))
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        return results
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

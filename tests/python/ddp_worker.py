@@ -1,0 +1,127 @@
+"""A small DDP training job used by the Python tests: one process per rank, configured with
+torchrun's environment variables and a JSON config in argv[1]; writes a JSON result per rank.
+
+Config keys: steps, global_batch, initial_shares, slow_rank, slow_ms, step_sleep_ms, reference
+(rank 0 trains a plain model on the full global batch and records the largest difference),
+until_plans (keep going until this many plans were applied, up to steps), stop_file (stop when it
+exists), out (result path prefix), layers_compression_probe.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import parapilot.pytorch as ppt
+
+
+def make_model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                               torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def make_data(n=2048):
+    g = torch.Generator()
+    g.manual_seed(99)
+    x = torch.randn(n, 16, generator=g)
+    w = torch.randn(16, 4, generator=g)
+    y = x @ w + 0.1 * torch.randn(n, 4, generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=cfg.get("bucket_cap_mb", 25))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    data = make_data()
+    B = cfg.get("global_batch", 16)
+    session = ppt.Session(ddp, opt, global_batch=B, initial_shares=cfg.get("initial_shares"),
+                          grad_stats_every=cfg.get("grad_stats_every", 10),
+                          client_options={"heartbeat_interval_ms": 200,
+                                          "heartbeat_timeout_ms": 1000,
+                                          "reconnect_initial_ms": 20, "reconnect_max_ms": 200})
+    sampler = session.batch_sampler(data, seed=5)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    ref = ref_opt = None
+    if cfg.get("reference") and rank == 0:
+        ref = make_model()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator()
+    loss_fn = torch.nn.MSELoss()
+    steps = cfg.get("steps", 20)
+    slow_rank, slow_ms = cfg.get("slow_rank", -1), cfg.get("slow_ms", 0)
+    if rank == slow_rank and slow_ms:
+        ddp.register_forward_pre_hook(lambda m, i: time.sleep(slow_ms / 1000.0))
+    records = []
+    max_diff = 0.0
+    applied_seen, applied_at = 0, 0
+    epoch = 0
+    done = False
+    while not done:
+        sampler.set_epoch(epoch)
+        if ref is not None:
+            g.manual_seed(5 + epoch)
+            order = torch.randperm(len(data), generator=g).tolist()
+        for i, (x, y) in enumerate(loader):
+            step = session.step_index
+            with session.step():
+                loss = loss_fn(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            t = session.last_telemetry
+            records.append({"step": step, "plan": t.collectives["info/plan"].bytes,
+                            "samples": len(x),
+                            "all_reduce_bytes": t.collectives.get("all_reduce/dp", ppt.wire.CollectiveStat()).bytes,
+                            "all_gather_bytes": t.collectives.get("all_gather/dp", ppt.wire.CollectiveStat()).bytes,
+                            "compute_ms": t.compute_ms, "loss": float(loss)})
+            if ref is not None:
+                idx = order[i * B:(i + 1) * B]
+                xb, yb = data[idx]
+                rl = loss_fn(ref(xb), yb)
+                ref_opt.zero_grad()
+                rl.backward()
+                ref_opt.step()
+                with torch.no_grad():
+                    d = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+                max_diff = max(max_diff, d)
+                records[-1]["diff"] = d
+            if cfg.get("step_sleep_ms"):
+                time.sleep(cfg["step_sleep_ms"] / 1000.0)
+            n_applied = len(session.applied_plans)
+            if n_applied != applied_seen:
+                applied_seen, applied_at = n_applied, session.step_index
+            if session.should_stop or session.step_index >= steps:
+                done = True
+            elif cfg.get("until_plans") and n_applied >= cfg["until_plans"] and \
+                    session.step_index >= applied_at + cfg.get("steps_after", 3):
+                done = True
+            if done:
+                break
+        epoch += 1
+    # All ranks must leave at the same step: agree on it (the tests' stop rule is local).
+    t = torch.tensor([session.step_index], dtype=torch.int64)
+    stats = session.client.stats() if session.client else None
+    session.close()
+    with torch.no_grad():
+        digest = float(sum(p.double().sum() for p in model.parameters()))
+    out = {"rank": rank, "world": world, "records": records, "applied": session.applied_plans,
+           "events": session.book.events, "max_diff": max_diff, "digest": digest,
+           "shares": session.shares, "stop_reason": session.stop_reason,
+           "connects": stats.connects if stats else 0}
+    with open(f"{cfg['out']}.{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

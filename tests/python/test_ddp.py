@@ -1,0 +1,190 @@
+"""PyTorch DDP integration on CPU/Gloo: the share-weighted average equals the full-batch update,
+plans from the (scripted) agent are staged, committed and applied at the same step on every
+rank, compression cuts bytes as decided, and the agent going away leaves the job training."""
+
+import time
+import unittest
+
+import harness
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
+class OfflineTest(unittest.TestCase):
+    def test_split_batch(self):
+        from parapilot.pytorch import split_batch
+        self.assertEqual(split_batch(8, [3, 1]), [6, 2])
+        self.assertEqual(split_batch(10, [1, 1, 1]), [4, 3, 3])
+        self.assertEqual(split_batch(4, [1000, 1, 1, 1]), [1, 1, 1, 1])
+        for shares in ([5, 1, 2], [1], [7, 7], [1, 2, 3, 4]):
+            for b in range(len(shares), 40):
+                c = split_batch(b, shares)
+                self.assertEqual(sum(c), b)
+                self.assertTrue(all(x >= 1 for x in c))
+
+    def test_weighted_update_equals_full_batch_update(self):
+        res = harness.launch(2, {"steps": 12, "global_batch": 16, "initial_shares": [3, 1],
+                                 "reference": True}, timeout=60).wait()
+        self.assertEqual([r["records"][0]["samples"] for r in res], [12, 4])
+        self.assertLess(res[0]["max_diff"], 1e-5)
+        self.assertEqual(res[0]["digest"], res[1]["digest"])
+
+    def test_uneven_three_ranks(self):
+        res = harness.launch(3, {"steps": 8, "global_batch": 15, "initial_shares": [1, 2, 7],
+                                 "reference": True}, timeout=60).wait()
+        self.assertEqual([r["records"][0]["samples"] for r in res], [2, 3, 10])
+        self.assertLess(res[0]["max_diff"], 1e-5)
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
+class AgentTest(unittest.TestCase):
+    def setUp(self):
+        harness.require_agent(self)
+        self.secret_file = harness.SecretFile()
+        self.agent = harness.ScriptedAgent(self.secret_file.path)
+        self.env = {"PARAPILOT_AGENT": self.agent.address,
+                    "PARAPILOT_SECRET_FILE": self.secret_file.path}
+        self.job = None
+
+    def tearDown(self):
+        if self.job is not None:
+            self.job.kill()
+        self.agent.stop()
+        self.secret_file.close()
+
+    def wait_telemetry(self, pred, timeout=20):
+        return self.agent.wait_for(lambda e: e["event"] == "telemetry" and pred(e), timeout)
+
+    def switch(self, plan_id, world, shares, compression="-", margin=3):
+        """Prepare on every rank, wait for every PlanReady, commit a few steps ahead, wait for
+        every Ack (what the agent's migration executor does)."""
+        self.agent.command(f"prepare {plan_id} {world} {shares} {compression} 10000 test")
+        for _ in range(world):
+            r = self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == plan_id)
+            self.assertTrue(r["ok"], r)
+        newest = max(e["step"] for e in self.agent.events_of("telemetry"))
+        at = newest + 1 + margin
+        self.agent.command(f"commit {plan_id} {at}")
+        for _ in range(world):
+            self.agent.wait_for(lambda e: e["event"] == "ack" and e["id"] == plan_id, timeout=20)
+        return at
+
+    def test_slow_rank_gets_a_smaller_share_and_the_update_stays_exact(self):
+        world = 3
+        self.job = harness.launch(world, {"steps": 400, "global_batch": 24, "slow_rank": 2,
+                                          "slow_ms": 20, "reference": True, "until_plans": 1,
+                                          "min_steps": 1, "step_sleep_ms": 2},
+                                  env_extra=self.env, timeout=60)
+        # Telemetry arrives from every rank; the slow rank's compute-only time stands out.
+        compute = {}
+        while len(compute) < world or min(len(v) for v in compute.values()) < 3:
+            e = self.wait_telemetry(lambda e: True)
+            compute.setdefault(e["rank"], []).append(e["compute_ms"])
+            for key in ("all_reduce/dp", "phase/forward", "phase/backward", "phase/optimizer",
+                        "info/plan", "info/samples"):
+                self.assertIn(key, e["collectives"])
+        med = {r: sorted(v)[len(v) // 2] for r, v in compute.items()}
+        self.assertGreater(med[2], 15)
+        self.assertLess(max(med[0], med[1]), med[2] / 2)
+        # Shares inversely proportional to compute time (what the agent's elastic shares do).
+        shares = [max(1, round(1000 / med[r])) for r in range(world)]
+        at = self.switch(77, world, ",".join(map(str, shares)))
+        res = self.job.wait()
+        self.job = None
+        for r in res:
+            self.assertEqual(r["applied"], [77])
+            switched = [x["step"] for x in r["records"] if x["plan"] == 77]
+            self.assertEqual(switched[0], at)  # every rank at the same step
+        from parapilot.pytorch import split_batch
+        counts = split_batch(24, shares)
+        self.assertLess(counts[2], 8)
+        for rank, r in enumerate(res):
+            after = [x["samples"] for x in r["records"] if x["plan"] == 77]
+            before = [x["samples"] for x in r["records"] if x["plan"] == 0]
+            self.assertEqual(set(before), {8})
+            self.assertEqual(set(after), {counts[rank]})
+        self.assertLess(res[0]["max_diff"], 1e-5)  # weighted update == full-batch update
+
+    def test_compression_cuts_bytes_as_decided(self):
+        world = 2
+        self.job = harness.launch(world, {"steps": 400, "global_batch": 16, "until_plans": 4,
+                                          "min_steps": 1, "step_sleep_ms": 2},
+                                  env_extra=self.env, timeout=60)
+        self.wait_telemetry(lambda e: e["step"] >= 2)
+        # Layers: 0 = Linear(16,64), 1 = Linear(64,64), 2 = Linear(64,4).
+        self.switch(1, world, "1,1", "0-2:1:0")              # fp16 everywhere
+        self.switch(2, world, "1,1", "0-1:2:0.05")           # top-k 5% on layers 0-1
+        self.switch(3, world, "1,1", "0-2:3:2")              # PowerSGD rank 2 everywhere
+        # Mixed in one bucket: per-tensor PowerSGD on layer 0, fp16 on layer 2, layer 1 plain.
+        self.switch(4, world, "3,1", "0-0:3:4;2-2:1:0")
+        res = self.job.wait()
+        self.job = None
+        dense = (16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4) * 4
+        for r in res:
+            self.assertEqual(r["applied"], [1, 2, 3, 4])
+            by_plan = {}
+            for x in r["records"]:
+                by_plan.setdefault(x["plan"], []).append(x)
+            self.assertEqual(by_plan[0][-1]["all_reduce_bytes"], dense)
+            self.assertEqual(by_plan[1][-1]["all_reduce_bytes"], dense // 2)
+            topk = by_plan[2][-1]
+            k0, k1 = int(0.05 * (16 * 64 + 64)), int(0.05 * (64 * 64 + 64))
+            self.assertEqual(topk["all_gather_bytes"], (k0 + k1) * 8)
+            self.assertEqual(topk["all_reduce_bytes"], (64 * 4 + 4) * 4)
+            self.assertLess(topk["all_reduce_bytes"] + topk["all_gather_bytes"], dense / 4)
+            psgd = by_plan[3][-1]
+            self.assertLess(psgd["all_reduce_bytes"], dense / 3)
+            mixed = by_plan[4][-1]
+            # layer 0 weight as P (16x4) + Q (64x4), its bias plain, layer 1 plain, layer 2 fp16.
+            self.assertEqual(mixed["all_reduce_bytes"],
+                             (16 * 4 + 64 * 4) * 4 + 64 * 4 + (64 * 64 + 64) * 4 + (64 * 4 + 4) * 2)
+            self.assertTrue(all(x["loss"] == x["loss"] for x in r["records"]))  # no NaN
+
+    def test_agent_going_away_leaves_the_job_on_its_last_plan(self):
+        world = 2
+        self.job = harness.launch(world, {"steps": 60, "global_batch": 16, "step_sleep_ms": 10,
+                                          "reference": True},
+                                  env_extra=self.env, timeout=60)
+        self.wait_telemetry(lambda e: e["step"] >= 2)
+        self.switch(5, world, "3,1")
+        self.agent.stop()  # the agent goes away for good
+        res = self.job.wait()
+        self.job = None
+        for r in res:
+            self.assertEqual(r["applied"], [5])
+            self.assertEqual(len(r["records"]), 60)  # trained to the end
+            self.assertEqual(r["records"][-1]["plan"], 5)
+        self.assertEqual(res[0]["records"][-1]["samples"], 12)
+        self.assertLess(res[0]["max_diff"], 1e-5)
+
+    def test_refused_plan_and_abort_keep_the_current_plan(self):
+        world = 2
+        self.job = harness.launch(world, {"steps": 40, "global_batch": 16, "step_sleep_ms": 5},
+                                  env_extra=self.env, timeout=60)
+        self.wait_telemetry(lambda e: e["step"] >= 1)
+        self.agent.command("prepare 9 2 1,1 - 1000 tp2 2 1")
+        for _ in range(world):
+            r = self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == 9)
+            self.assertFalse(r["ok"])
+            self.assertIn("pure data parallel", r["detail"])
+        self.agent.command("prepare 10 2 1,3 - 1000")
+        for _ in range(world):
+            self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == 10)
+        self.agent.command("abort 10 rank 1 not ready")
+        self.agent.command("shutdown maintenance")
+        res = self.job.wait()
+        self.job = None
+        for r in res:
+            self.assertEqual(r["applied"], [])
+            self.assertEqual(r["stop_reason"] is not None, True)
+        self.assertEqual(len(res[0]["records"]), len(res[1]["records"]))  # stopped together
+        self.assertLess(len(res[0]["records"]), 40)
+
+
+if __name__ == "__main__":
+    unittest.main()
