@@ -40,6 +40,7 @@ struct Rank {
   std::mutex inbox_mutex;
   std::vector<Message> inbox;
   bool agent_lost = false;  // set by the disconnect handler, handled at the next boundary
+  bool agent_lost_seen = false;
   std::vector<double> params;
   std::optional<Staged> staged;
   std::optional<transport::PlanCommit> commit;
@@ -148,6 +149,7 @@ SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_
     co.reconnect_initial_ms = 20;
     co.reconnect_max_ms = 1000;
     co.telemetry_buffer_capacity = 64;
+    co.logger = transport::stderr_logger(transport::LogLevel::error);  // reconnects are expected
     transport::ClientHandlers h;
     h.on_connect = [r](transport::PeerId) { r->connected = true; };
     h.on_disconnect = [r](std::string_view) {
@@ -244,11 +246,7 @@ void SimulatedCluster::step() {
       agent_lost = r.agent_lost;
       r.agent_lost = false;
     }
-    if (agent_lost && r.staged && !r.commit) {
-      // The agent went away mid-switch: stay on the committed layout.
-      r.staged.reset();
-      m.log("rank " + std::to_string(r.id) + ": agent lost, staged plan dropped");
-    }
+    r.agent_lost_seen = agent_lost;
     for (Message& msg : inbox) {
       if (!r.alive) break;
       if (auto* p = std::get_if<transport::PlanPrepare>(&msg)) {
@@ -290,6 +288,18 @@ void SimulatedCluster::step() {
           ++m.report.aborts;
         }
       }
+    }
+  }
+
+  // The agent went away (after everything in the inbox arrived): a plan not yet committed is
+  // dropped, so everyone stays on the committed layout.
+  for (auto& rp : m.ranks) {
+    Rank& r = *rp;
+    if (!r.alive || !r.agent_lost_seen) continue;
+    r.agent_lost_seen = false;
+    if (r.staged && !r.commit) {
+      r.staged.reset();
+      if (r.id == 0) m.log("agent lost: staged plan dropped");
     }
   }
 
