@@ -54,7 +54,8 @@ from .auth import Secret, load_secret_from_env, load_secret_from_file
 from .client import Client, stderr_logger
 from .plans import PlanBook
 
-__all__ = ["Session", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map"]
+__all__ = ["Session", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
+           "plan_shares", "shares_from_layout_name"]
 
 NONE, FP16, TOPK, POWERSGD = (wire.CompressionMethod.NONE, wire.CompressionMethod.FP16,
                               wire.CompressionMethod.TOPK, wire.CompressionMethod.POWERSGD)
@@ -170,6 +171,40 @@ class PlanConfig:
 
     def method_of(self, layer: int) -> Tuple[int, float]:
         return self.methods.get(layer, (NONE, 0.0))
+
+
+def shares_from_layout_name(name: str) -> List[int]:
+    """The `sh=` field of a deploy layout name ("dp2-tp1-pp1-mb1-z1;sc=1f1b;sh=3,1*2" -> [3, 1,
+    1]): `parapilot deploy` carries elastic shares there when Layout.dp_shares is empty."""
+    for part in name.split(";")[1:]:
+        if part.startswith("sh="):
+            out: List[int] = []
+            for item in part[3:].split(","):
+                value, _, count = item.partition("*")
+                n = int(count) if count else 1
+                if n < 1 or n > wire.MAX_RANKS:
+                    raise ValueError(f"layout name shares '{part}': bad repeat count")
+                out.extend([int(value)] * n)
+            if any(v < 1 for v in out):
+                raise ValueError(f"layout name shares '{part}': shares must be >= 1")
+            return out
+    return []
+
+
+def _device_map_from_layout_name(name: str) -> Optional[List[int]]:
+    for part in name.split(";")[1:]:
+        if part.startswith("g="):
+            out: List[int] = []
+            for item in part[2:].split(","):
+                a, _, b = item.partition("-")
+                out.extend(range(int(a), int(b or a) + 1))
+            return out
+    return None
+
+
+def plan_shares(p: wire.PlanPrepare) -> List[int]:
+    """The per-replica shares of a PlanPrepare: Layout.dp_shares, else the layout name's `sh=`."""
+    return list(p.layout.dp_shares) or shares_from_layout_name(p.layout_name)
 
 
 def _methods_from(compression: Sequence[wire.LayerCompression], n_layers: int
@@ -639,14 +674,19 @@ class Session:
                     "parallel layouts")
         if lay.dp != self.world_size:
             return f"layout dp={lay.dp} but the job has {self.world_size} ranks"
-        if lay.dp_shares and sum(1 for _ in lay.dp_shares) != self.world_size:
-            return "dp_shares does not have one entry per rank"
-        if lay.dp_shares and self.global_batch < self.world_size:
-            return "global batch smaller than the number of ranks"
+        try:
+            shares = plan_shares(p)
+            gpus = _device_map_from_layout_name(p.layout_name)
+        except ValueError as e:
+            return str(e)
+        if shares and len(shares) != self.world_size:
+            return f"{len(shares)} shares for {self.world_size} ranks"
+        if gpus is not None and gpus != list(range(len(gpus))):
+            return "device remapping is not supported: a DDP rank keeps its device"
         return ""
 
     def _stage(self, p: wire.PlanPrepare) -> PlanConfig:
-        return self._build_config(p.plan_id, list(p.layout.dp_shares), p.layout.compression,
+        return self._build_config(p.plan_id, plan_shares(p), p.layout.compression,
                                   p.layout_name)
 
     def _build_config(self, plan_id: int, shares: List[int],

@@ -27,6 +27,19 @@ class OfflineTest(unittest.TestCase):
                 self.assertEqual(sum(c), b)
                 self.assertTrue(all(x >= 1 for x in c))
 
+    def test_shares_from_deploy_layout_names(self):
+        from parapilot import wire
+        from parapilot.pytorch import plan_shares, shares_from_layout_name
+        self.assertEqual(shares_from_layout_name("dp4-tp1-pp1-mb1-z1;sc=1f1b;rc=none;sh=3,1*2,5"),
+                         [3, 1, 1, 5])
+        self.assertEqual(shares_from_layout_name("dp2-tp1-pp1-mb1-z1;sc=1f1b"), [])
+        p = wire.PlanPrepare(1, wire.Layout(dp=2, dp_shares=[2, 7]), "x;sh=1,1")
+        self.assertEqual(plan_shares(p), [2, 7])  # the structured field wins
+        p.layout.dp_shares = []
+        self.assertEqual(plan_shares(p), [1, 1])
+        with self.assertRaises(ValueError):
+            shares_from_layout_name("a;sh=3*0")
+
     def test_weighted_update_equals_full_batch_update(self):
         res = harness.launch(2, {"steps": 12, "global_batch": 16, "initial_shares": [3, 1],
                                  "reference": True}, timeout=60).wait()
