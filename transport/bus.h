@@ -11,12 +11,21 @@
 // Delivery: messages from one peer arrive in the order they were sent. Telemetry is best-effort:
 // while a client is disconnected or its connection is backed up, telemetry waits in a bounded
 // buffer that drops the oldest telemetry when full; control messages (everything else) are never
-// dropped by the buffer. Heartbeats are internal and never delivered.
+// dropped by the buffer. Frames already handed to a socket when its connection drops are lost
+// (at-most-once); what is still queued is sent after the reconnect. Heartbeats are internal and
+// never delivered.
+//
+// Batching: a TCP client writes sparse traffic at once from the sending thread (lowest latency);
+// when a write is already in progress, or the sending thread streams faster than ~150k msgs/s,
+// frames queue up and the I/O thread coalesces them into one socket write (up to
+// ClientOptions::max_batch_bytes). Receivers read up to 64 KiB per system call and decode every
+// frame in it.
 //
 // Thread-safety: every member function of Server and Client may be called from any thread,
-// including from inside a handler. Handlers run on the transport's I/O threads: those of one
-// peer run one at a time, in order; different peers may run concurrently. A slow handler slows
-// its own connection (backpressure), not the others on other threads.
+// including from inside a handler (except stop(), which joins or waits for the I/O threads).
+// Handlers run on the transport's I/O threads: those of one peer run one at a time, in order;
+// different peers may run concurrently. A slow handler slows its own connection (backpressure), not
+// the others on other threads.
 #pragma once
 
 #include <chrono>
