@@ -417,55 +417,37 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     // Parameters and gradient traffic of this rank.
     int layers = 0;
     double ar_bytes = 0, topk_bytes = 0, powersgd_flops = 0;
+    // Traffic of n blocks whose gradients travel with compression `comp`.
+    auto add_traffic = [&](int n, const Compression& comp) {
+      switch (comp.kind) {
+        case Compression::Kind::kNone:
+          ar_bytes += n * block_params * grad_reduce;
+          break;
+        case Compression::Kind::kFP16:
+          ar_bytes += n * block_params * 2.0;
+          break;
+        case Compression::Kind::kTopK:
+          topk_bytes += n * block_params * comp.topk_ratio * 6.0;
+          break;
+        case Compression::Kind::kPowerSGD: {
+          double low_rank = 0;
+          for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+          ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
+          powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
+          break;
+        }
+      }
+    };
     for (int k = 0; k < v; ++k) {
       const int chunk = k * pp + p;
       const int n = chunks.count(chunk);
       layers += n;
       if (s.compression_overrides.empty()) {
-        const Compression& comp = s.compression;
-        switch (comp.kind) {
-          case Compression::Kind::kNone:
-            ar_bytes += n * block_params * grad_reduce;
-            break;
-          case Compression::Kind::kFP16:
-            ar_bytes += n * block_params * 2.0;
-            break;
-          case Compression::Kind::kTopK:
-            topk_bytes += n * block_params * comp.topk_ratio * 6.0;
-            break;
-          case Compression::Kind::kPowerSGD: {
-            double low_rank = 0;
-            for (int i = 0; i < 4; ++i)
-              low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
-            ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
-            powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
-            break;
-          }
-        }
+        add_traffic(n, s.compression);
       } else {
         const int first_layer = chunks.first_layer(chunk);
-        for (int l = first_layer; l < first_layer + n; ++l) {
-          const Compression& comp = s.compression_of_layer(l);
-          switch (comp.kind) {
-            case Compression::Kind::kNone:
-              ar_bytes += block_params * grad_reduce;
-              break;
-            case Compression::Kind::kFP16:
-              ar_bytes += block_params * 2.0;
-              break;
-            case Compression::Kind::kTopK:
-              topk_bytes += block_params * comp.topk_ratio * 6.0;
-              break;
-            case Compression::Kind::kPowerSGD: {
-              double low_rank = 0;
-              for (int i = 0; i < 4; ++i)
-                low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
-              ar_bytes += (low_rank + block_params - matrix_params) * grad_reduce;
-              powersgd_flops += 6.0 * matrix_params * comp.powersgd_rank;
-              break;
-            }
-          }
-        }
+        for (int l = first_layer; l < first_layer + n; ++l)
+          add_traffic(1, s.compression_of_layer(l));
       }
     }
     double params = layers * block_params;
