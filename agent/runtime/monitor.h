@@ -43,7 +43,7 @@ struct MonitorOptions {
   double recovered_bw = 0.9;
   double max_compute_ms = 3.6e6;     ///< telemetry above this (an hour per step) is absurd.
   uint64_t max_step_jump = 1000000;  ///< steps this far beyond the newest seen are absurd.
-  int close_lag_steps = 2;           ///< a step closes when a rank reports this many steps later.
+  int close_lag_steps = 8;           ///< a step closes when a rank reports this many steps later.
   int min_samples = 3;               ///< samples per rank before its speed is believed.
 };
 

@@ -43,6 +43,7 @@ std::vector<transport::Telemetry> sync_step(uint64_t step, const std::vector<dou
 
 MonitorOptions options(int ranks) {
   MonitorOptions o;
+  o.close_lag_steps = 2;
   o.ranks = ranks;
   o.gpus_per_node = 8;
   return o;
