@@ -13,6 +13,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <vector>
 
 #include <sys/socket.h>
 
@@ -371,26 +372,33 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   void start_write() {
     if (!conn_ || state_ == State::connecting || state_ == State::stopped) return;
     auto batch = std::make_shared<std::string>();
-    std::size_t count = 0;
+    std::size_t bytes = 0;
     {
+      // Only move entries out under the lock; copying them into the batch happens outside it,
+      // so that senders are not held up while a large batch is assembled.
       std::lock_guard lk(mu_);
       if (write_in_flight_) return;
       batch->swap(priority_out_);
+      bytes = batch->size();
       if (state_ == State::ready) {
-        while (!queue_.empty() && batch->size() < opt_.max_batch_bytes) {
+        while (!queue_.empty() && bytes < opt_.max_batch_bytes) {
           Entry& e = queue_.front();
-          batch->append(e.frame);
+          bytes += e.frame.size();
           if (e.telemetry) --telemetry_queued_;
+          taken_.push_back(std::move(e));
           queue_.pop_front();
-          ++count;
         }
       }
-      if (batch->empty()) {
+      if (bytes == 0) {
         cv_.notify_all();
         return;
       }
       write_in_flight_ = true;
     }
+    const std::size_t count = taken_.size();
+    batch->reserve(bytes);
+    for (const Entry& e : taken_) batch->append(e.frame);
+    taken_.clear();
     last_tx_ns_.store(now_ns(), std::memory_order_relaxed);
     auto conn = conn_;
     asio::async_write(
@@ -490,6 +498,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   Clock::time_point phase_start_{}, last_rx_{};
   std::atomic<std::int64_t> last_tx_ns_{0};  // steady clock; written by senders and the strand
   std::uint64_t heartbeat_seq_ = 0;
+  std::vector<Entry> taken_;  // entries being copied into the next batch
 
   std::atomic<bool> stopped_{false};
   std::atomic<bool> connected_{false};
