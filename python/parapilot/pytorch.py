@@ -534,6 +534,8 @@ class Session:
         # The boundary agreement runs on its own CPU Gloo group: no device sync, no interference
         # with the gradient collectives.
         self._control_group = dist.new_group(backend="gloo")
+        self._ctl_work = None
+        self._ctl_tensor = None
         self._hook = _HookState(self)
         self._hook.config = self._build_config(0, list(initial_shares or []), [], "initial")
         ddp_model.register_comm_hook(self._hook, _comm_hook)
@@ -600,6 +602,9 @@ class Session:
         """Sends pending telemetry (up to flush_timeout s) and disconnects. Hooks stay (DDP does
         not allow unregistering a comm hook); the last plan stays in force."""
         self._emit(force=True)
+        if self._ctl_work is not None:  # every rank started it; finish it before leaving
+            self._ctl_work.wait()
+            self._ctl_work = None
         if self.client is not None:
             self.client.flush(flush_timeout)
             self.client.stop()
@@ -642,28 +647,39 @@ class Session:
         self._emit()
 
     def _boundary(self, next_step: int) -> None:
-        """All ranks agree on the plan for `next_step` and on stopping (MAX over ranks)."""
-        current = self.plan_id
-        candidate = self.book.committed_at(next_step, current)
+        """Step boundary before `next_step`. The ranks agree on the plan and on stopping with a
+        MAX all-reduce on the control group that is started one step ahead and collected here
+        (it has long finished: no waiting in the common case): the agreement for step t is
+        started at the end of step t - 2 with the plans committed for t, and applied at the end
+        of step t - 1. A rank that has not received the commit yet still switches when it has
+        the plan staged (every rank answered PlanReady before the agent committed)."""
+        if self._ctl_work is not None:
+            self._ctl_work.wait()
+            agreed, stop_any = int(self._ctl_tensor[0]), int(self._ctl_tensor[1])
+            self._ctl_work = None
+            if stop_any and not self.should_stop:
+                self.should_stop = True
+                self.stop_reason = self.book.stop_reason or "another rank was asked to stop"
+            if agreed > self.plan_id:
+                self._switch(agreed)
+        candidate = self.book.committed_at(next_step + 1, self.plan_id)
         stop = 1 if self.book.stop_reason is not None else 0
-        t = torch.tensor([candidate, stop], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._control_group)
-        agreed, stop_any = int(t[0]), int(t[1])
-        if stop_any and not self.should_stop:
-            self.should_stop = True
-            self.stop_reason = self.book.stop_reason or "another rank was asked to stop"
-        if agreed > current:
-            staged = self.book.get(agreed)
-            missing = torch.tensor([0 if staged is not None else 1], dtype=torch.int64)
-            dist.all_reduce(missing, op=dist.ReduceOp.MAX, group=self._control_group)
-            if int(missing[0]):
-                self.book.missed(agreed, f"rank {self.rank}: the commit of plan {agreed} was "
-                                 "not held by every rank at the boundary; staying on plan "
-                                 f"{current}")
-                return
-            self._hook.config = staged.staged
-            self.applied_plans.append(agreed)
-            self.book.applied(agreed)
+        self._ctl_tensor = torch.tensor([min(candidate, 2**63 - 1), stop], dtype=torch.int64)
+        self._ctl_work = dist.all_reduce(self._ctl_tensor, op=dist.ReduceOp.MAX,
+                                         group=self._control_group, async_op=True)
+
+    def _switch(self, plan_id: int) -> None:
+        current = self.plan_id
+        staged = self.book.get(plan_id)
+        missing = torch.tensor([0 if staged is not None else 1], dtype=torch.int64)
+        dist.all_reduce(missing, op=dist.ReduceOp.MAX, group=self._control_group)
+        if int(missing[0]):
+            self.book.missed(plan_id, f"rank {self.rank}: plan {plan_id} was committed but "
+                             f"not staged on every rank; staying on plan {current}")
+            return
+        self._hook.config = staged.staged
+        self.applied_plans.append(plan_id)
+        self.book.applied(plan_id)
 
     # ---- plans ----
 
