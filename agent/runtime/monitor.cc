@@ -277,6 +277,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
         reference.count(g) && st.compute.value() > 0) {
       st.speed = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
+      if (std::abs(st.speed - 1.0) < o.dead_band) st.speed = 1.0;
     }
     b.conditions.gpu_speed[r] = st.speed;
     b.rank_compute_ms[r] = st.compute.value();
@@ -322,6 +323,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   for (int node = 0; node < nodes; ++node) {
     if (node_level[node] > 0 && ref_bw > 0) {
       node_bw[node] = std::clamp(node_level[node] / ref_bw, 0.01, 1.5);
+      if (std::abs(node_bw[node] - 1.0) < o.dead_band) node_bw[node] = 1.0;
     }
     b.conditions.node_inter_bw[node] = node_bw[node];
     if (!node_congested[node] && node_bw[node] < o.congested_bw) {

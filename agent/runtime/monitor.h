@@ -44,7 +44,10 @@ struct MonitorOptions {
   double max_compute_ms = 3.6e6;     ///< telemetry above this (an hour per step) is absurd.
   uint64_t max_step_jump = 1000000;  ///< steps this far beyond the newest seen are absurd.
   int close_lag_steps = 8;           ///< a step closes when a rank reports this many steps later.
-  int min_samples = 3;               ///< samples per rank before its speed is believed.
+  int min_samples = 3;
+  /// Believed speeds and bandwidth factors within this relative distance of 1 are reported as 1:
+  /// noise-level differences would otherwise reorder the planner's device mapping every re-plan.
+  double dead_band = 0.05;               ///< samples per rank before its speed is believed.
 };
 
 /// Something the monitor noticed, with the numbers that made it say so.
