@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -172,8 +173,8 @@ LossRun read_loss_log(const std::string& path) {
   return r;
 }
 
-LossRun run_compression_case(const Args& a, bool adaptive, const std::string& log, int warmup,
-                             std::string* plan) {
+LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions& selector,
+                             const std::string& log, int warmup, std::string* plan) {
   std::vector<std::string> extra = {"--steps",        std::to_string(a.steps),
                                     "--global-batch", "16",
                                     "--microbatch",   "2",
@@ -194,8 +195,8 @@ LossRun run_compression_case(const Args& a, bool adaptive, const std::string& lo
     const auto layers = model_layers(m);
     LiveAction act;
     act.compression =
-        select_compression(layers, grad_summary(agent.take_telemetry(), layers.size()));
-    act.powersgd_rank = 4;
+        select_compression(layers, grad_summary(agent.take_telemetry(), layers.size()), selector);
+    act.powersgd_rank = selector.powersgd_rank;
     const ApplyResult r = agent.apply(act, 60s);
     if (!r.ok) {
       std::fprintf(stderr, "bench_live: %s\n", r.error.c_str());
@@ -232,41 +233,65 @@ int compression(Args a) {
       "(2-layer transformer, d=64, seed 11)\n\n",
       a.workers, a.steps, a.corpus.c_str());
   std::fflush(stdout);
-  const LossRun plain = run_compression_case(a, false, a.out + "/loss-none.csv", warmup, nullptr);
-  std::string plan;
-  const LossRun comp = run_compression_case(a, true, a.out + "/loss-adaptive.csv", warmup, &plan);
+  const LossRun plain =
+      run_compression_case(a, false, {}, a.out + "/loss-none.csv", warmup, nullptr);
+  std::string plan, plan_aggressive;
+  const SelectorOptions adaptive_options;  // the default selector
+  const LossRun comp =
+      run_compression_case(a, true, adaptive_options, a.out + "/loss-adaptive.csv", warmup, &plan);
+  SelectorOptions aggressive_options;
+  aggressive_options.powersgd_min_saving = 4;  // PowerSGD r=4 on every matrix that saves 4x
+  const LossRun aggr = run_compression_case(a, true, aggressive_options,
+                                            a.out + "/loss-powersgd.csv", warmup, &plan_aggressive);
   const std::size_t tail = std::max<std::size_t>(1, static_cast<std::size_t>(a.steps) / 10);
-  const double l0 = tail_mean(plain.loss, tail), l1 = tail_mean(comp.loss, tail);
-  std::printf("adaptive plan: %s\n\n", plan.c_str());
-  std::printf("%-24s %14s %14s %12s\n", "run", "dp bytes/rank", "final loss", "seconds");
-  std::printf("%-24s %14llu %14.4f %12.1f\n", "uncompressed",
-              static_cast<unsigned long long>(plain.dp_bytes), l0, plain.seconds);
-  std::printf("%-24s %14llu %14.4f %12.1f\n", "adaptive compression",
-              static_cast<unsigned long long>(comp.dp_bytes), l1, comp.seconds);
+  const double l0 = tail_mean(plain.loss, tail), l1 = tail_mean(comp.loss, tail),
+               l2 = tail_mean(aggr.loss, tail);
+  std::printf("adaptive plan (default selector): %s\n", plan.c_str());
+  std::printf("aggressive plan (PowerSGD from 4x savings): %s\n\n", plan_aggressive.c_str());
+  std::printf("%-28s %14s %9s %12s %9s %9s\n", "run", "dp bytes/rank", "cut", "final loss",
+              "vs none", "seconds");
+  auto row = [&](const char* name, const LossRun& r, double l) {
+    std::printf("%-28s %14llu %8.1f%% %12.4f %+8.2f%% %9.1f\n", name,
+                static_cast<unsigned long long>(r.dp_bytes),
+                100 * (1 - static_cast<double>(r.dp_bytes) / static_cast<double>(plain.dp_bytes)),
+                l, 100 * (l - l0) / l0, r.seconds);
+  };
+  row("uncompressed", plain, l0);
+  row("adaptive (default)", comp, l1);
+  row("PowerSGD r=4 (aggressive)", aggr, l2);
   std::printf(
-      "\nall-reduce bytes cut by %.1f%%; final loss (mean of the last %zu steps) differs by "
-      "%+.2f%%\n",
-      100 * (1 - static_cast<double>(comp.dp_bytes) / static_cast<double>(plain.dp_bytes)), tail,
-      100 * (l1 - l0) / l0);
+      "\nfinal loss = mean training loss of the last %zu steps (same seed, data and token "
+      "budget in every run)\n",
+      tail);
   // Loss curves.
   const std::string csv = a.out + "/loss-curves.csv";
   {
     std::ofstream out(csv);
-    out << "step,uncompressed,adaptive\n";
-    for (std::size_t i = 0; i < std::min(plain.loss.size(), comp.loss.size()); ++i)
-      out << i << ',' << plain.loss[i] << ',' << comp.loss[i] << '\n';
+    out << "step,uncompressed,adaptive,powersgd\n";
+    const std::size_t n = std::min({plain.loss.size(), comp.loss.size(), aggr.loss.size()});
+    for (std::size_t i = 0; i < n; ++i)
+      out << i << ',' << plain.loss[i] << ',' << comp.loss[i] << ',' << aggr.loss[i] << '\n';
   }
   const std::string png = a.out + "/loss-curves.png";
   const std::string gp = a.out + "/loss-curves.gp";
   {
     std::ofstream out(gp);
     out << "set terminal pngcairo size 900,500 noenhanced\nset output '" << png << "'\n"
-        << "set datafile separator ','\nset key top right\nset xlabel 'step (16 sequences x 64 "
-           "bytes)'\n"
-        << "set ylabel 'training loss (nats/byte)'\nset title 'Live Gloo cluster, 2 ranks: "
-           "uncompressed vs adaptive per-layer compression'\n"
-        << "plot '" << csv << "' using 1:2 with lines lw 2 title 'uncompressed', '" << csv
-        << "' using 1:3 with lines lw 2 title 'adaptive compression'\n";
+        << "set datafile separator ','\nset key top right\nset grid\n"
+        << "set xlabel 'step (16 sequences x 64 bytes, 2 ranks)'\n"
+        << "set ylabel 'training loss (nats/byte, 10-step moving mean)'\n"
+        << "set title 'Live Gloo cluster: uncompressed vs adaptive per-layer compression'\n"
+        << "mean(c) = (b9=b8, b8=b7, b7=b6, b6=b5, b5=b4, b4=b3, b3=b2, b2=b1, b1=b0, "
+           "b0=column(c), "
+           "(b0+b1+b2+b3+b4+b5+b6+b7+b8+b9)/10.0)\n"
+        << "init(x) = (b0=b1=b2=b3=b4=b5=b6=b7=b8=b9=x)\n"
+        << "plot x=init(3.6) '" << csv
+        << "' using 1:(mean(2)) every ::9 with lines lw 2 title 'uncompressed', "
+        << "x=init(3.6) '" << csv
+        << "' using 1:(mean(3)) every ::9 with lines lw 2 title 'adaptive (default selector)', "
+        << "x=init(3.6) '" << csv
+        << "' using 1:(mean(4)) every ::9 with lines lw 1 dt 2 title 'PowerSGD r=4 everywhere it "
+           "fits'\n";
   }
   if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) == 0)
     std::printf("loss curves: %s (data %s)\n", png.c_str(), csv.c_str());

@@ -65,11 +65,14 @@ TEST_CASE("the compression selector keeps small and non-finite layers uncompress
   CHECK(layers.size() == 2 + 12 * 2 + 4);
   std::vector<LayerGradSummary> g(layers.size(), LayerGradSummary{0.1, 0.01, 0});
   g[1].nonfinite = 3;  // tok.weight
-  const auto c = select_compression(layers, g);
+  SelectorOptions aggressive;
+  aggressive.powersgd_min_saving = 4;
+  const auto c = select_compression(layers, g, aggressive);
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].numel() < 4096 || i == 1) CHECK(c[i] == Compression::none);
   }
-  CHECK(c[4] == Compression::powersgd);  // blocks.0.qkv.weight 192 x 64
+  CHECK(c[4] == Compression::powersgd);  // blocks.0.qkv.weight 192 x 64 saves 12x at r = 4
+  CHECK(select_compression(layers, g)[4] == Compression::fp16);  // default: PowerSGD from 32x
   SelectorOptions strict;
   strict.powersgd_min_saving = 100;  // no matrix saves that much: large layers go fp16
   g[4].max_abs = 1e6;                // too large for fp16
