@@ -119,6 +119,7 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
 
 void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   if (stopping) return;
+  const auto callback_start = Clock::now();
   const Beliefs beliefs = monitor->beliefs();
   decider->update_beliefs(beliefs);
   std::vector<MonitorEvent> events = monitor->take_events();
@@ -156,6 +157,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     staging_left =
         staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(now)) : 0.0;
   }
+  const auto decide_start = Clock::now();
   Decision d = decider->decide(step, staging, staging_left, evidence);
   const auto decided = Clock::now();
   bool prepared = false;
@@ -170,6 +172,10 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   {
     std::lock_guard lock(mutex);
     ++stats.decisions;
+    push_bounded(stats.step_close_ms,
+                 std::chrono::duration<double, std::milli>(callback_start - last_arrival).count(), 100000);
+    push_bounded(stats.decide_ms,
+                 std::chrono::duration<double, std::milli>(decided - decide_start).count(), 100000);
     push_bounded(stats.decision_latency_ms,
                  std::chrono::duration<double, std::milli>(decided - last_arrival).count(), 100000);
     if (prepared) {

@@ -1,5 +1,9 @@
 #include "agent/runtime/decider.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -92,6 +96,8 @@ void Decider::plan_now(const Conditions& beliefs, const Strategy& current) {
 }
 
 void Decider::planner_loop() {
+  // Planning is background work: let the threads that ingest telemetry and decide run first.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   std::unique_lock lock(mutex_);
   while (true) {
     cv_.wait(lock, [&] { return stopping_ || plan_requested_; });

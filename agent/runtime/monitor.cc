@@ -111,7 +111,8 @@ struct Monitor::State {
     return live;
   }
 
-  void close(uint64_t step, StepAgg& agg, std::vector<std::pair<uint64_t, Clock::time_point>>& out);
+  void close(uint64_t step, StepAgg& agg, Clock::time_point trigger,
+             std::vector<std::pair<uint64_t, Clock::time_point>>& out);
   void refresh_beliefs(uint64_t step, int missing, int expected_count);
 };
 
@@ -198,7 +199,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
                static_cast<int>(cur->second.samples.size()) >= expected;
       }();
       if (!(lagging || full || older_than_full)) break;
-      s.close(it->first, it->second, closed);
+      s.close(it->first, it->second, arrival, closed);
       s.pending.erase(it);
     }
     callback = callback_;
@@ -209,7 +210,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
   return "";
 }
 
-void Monitor::State::close(uint64_t step, StepAgg& agg,
+void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigger,
                            std::vector<std::pair<uint64_t, Clock::time_point>>& out) {
   const int expected_count = std::max(expected(), static_cast<int>(agg.samples.size()));
   const int missing = expected_count - static_cast<int>(agg.samples.size());
@@ -255,7 +256,7 @@ void Monitor::State::close(uint64_t step, StepAgg& agg,
   any_closed = true;
   last_closed = step;
   refresh_beliefs(step, missing, expected_count);
-  out.emplace_back(step, agg.last_arrival);
+  out.emplace_back(step, trigger);
 }
 
 void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {

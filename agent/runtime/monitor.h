@@ -109,7 +109,8 @@ class Monitor {
   /// The layout changed: compute times of every rank change, so per-rank levels restart.
   void layout_changed();
 
-  /// Called once per closed step with the arrival time of the sample that closed it.
+  /// Called once per closed step with the arrival time of the sample that closed it (the step's
+  /// last sample, or a later step's when the step closed with samples missing).
   using StepCallback = std::function<void(uint64_t step, Clock::time_point last_arrival)>;
   void set_step_callback(StepCallback callback);
 

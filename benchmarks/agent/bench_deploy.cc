@@ -45,6 +45,7 @@ struct Args {
   uint64_t seed = 3;
   uint16_t port = 0;  // child mode
   int slow_rank = 17;
+  int agent_io_threads = 1;
   uint64_t slow_from = 100;
 };
 
@@ -61,6 +62,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--scenario") a.scenario = v;
     else if (k == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--port") a.port = static_cast<uint16_t>(std::atoi(v.c_str()));
+    else if (k == "--agent-io-threads") a.agent_io_threads = std::atoi(v.c_str());
     else if (k == "--slow-rank") a.slow_rank = std::atoi(v.c_str());
     else if (k == "--slow-from") a.slow_from = std::strtoull(v.c_str(), nullptr, 10);
     else {
@@ -112,7 +114,7 @@ int run_latency(Args a, const char* self) {
   AgentOptions o;
   o.job = make_job(a.scenario, a.ranks);
   o.secret = transport::Secret(kSecret);
-  o.io_threads = 2;
+  o.io_threads = static_cast<size_t>(a.agent_io_threads);
   o.interval_steps = a.interval_steps;
   o.decider.cooldown_intervals = 2;
   o.migration.commit_margin_steps = 5;
@@ -149,8 +151,9 @@ int run_latency(Args a, const char* self) {
   const AgentStats s = agent.stats();
   const ProcessUsage usage = process_usage();
   const MonitorCounters mc = agent.monitor().counters();
-  std::printf("agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps\n", a.ranks,
-              a.scenario.c_str(), static_cast<unsigned long long>(a.steps), a.step_ms, a.interval_steps);
+  std::printf("agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps, %d bus I/O thread(s), %u cores\n",
+              a.ranks, a.scenario.c_str(), static_cast<unsigned long long>(a.steps), a.step_ms,
+              a.interval_steps, a.agent_io_threads, std::thread::hardware_concurrency());
   std::printf("  decisions %llu, switches %llu, committed %llu, aborted %llu, stragglers detected %llu\n",
               static_cast<unsigned long long>(s.decisions),
               static_cast<unsigned long long>(s.switches_decided),
@@ -163,6 +166,10 @@ int run_latency(Args a, const char* self) {
   std::printf("  to PlanPrepare ms:   p50 %.3f  p99 %.3f  max %.3f  (n=%zu)\n",
               q(s.prepare_latency_ms, 0.5), q(s.prepare_latency_ms, 0.99),
               q(s.prepare_latency_ms, 1.0), s.prepare_latency_ms.size());
+  std::printf("  of which step close ms: p50 %.3f  p99 %.3f  max %.3f\n", q(s.step_close_ms, 0.5),
+              q(s.step_close_ms, 0.99), q(s.step_close_ms, 1.0));
+  std::printf("  of which decide() ms: p50 %.3f  p99 %.3f  max %.3f\n", q(s.decide_ms, 0.5),
+              q(s.decide_ms, 0.99), q(s.decide_ms, 1.0));
   std::printf("  planner: %ld searches in the background, last %.1f ms\n", agent.decider().plans(),
               agent.decider().last_plan_ms());
   std::printf("  telemetry accepted %llu, rejected %llu, outliers %llu\n",
