@@ -32,7 +32,8 @@ def main():
     ap.add_argument("--global-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--slow-rank", type=int, default=-1)
-    ap.add_argument("--slow-ms", type=float, default=20.0)
+    ap.add_argument("--slow-ms", type=float, default=20.0,
+                    help="extra forward time of the slow rank at an even share of the batch")
     ap.add_argument("--no-parapilot", action="store_true")
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args()
@@ -49,11 +50,11 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 1))
+    if rank == args.slow_rank:  # fault injection for the demo: this rank computes slower
+        model = torch.nn.Sequential(SlowDown(args.slow_ms, args.global_batch // world), model)
     ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
-    if rank == args.slow_rank:  # fault injection for the demo: this rank computes slower
-        ddp_model.register_forward_pre_hook(lambda m, i: time.sleep(args.slow_ms / 1000))
 
     if args.no_parapilot:
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)
@@ -88,6 +89,19 @@ def main():
     if session:
         session.close()                                                          # parapilot
     dist.destroy_process_group()
+
+
+class SlowDown(torch.nn.Module):
+    """Fault injection: sleeps in forward as if this rank's device were slower (`ms` for an even
+    share of the batch, in proportion to the samples it gets)."""
+
+    def __init__(self, ms, even_batch):
+        super().__init__()
+        self.ms, self.even_batch = ms, even_batch
+
+    def forward(self, x):
+        time.sleep(self.ms / 1000 * x.shape[0] / self.even_batch)
+        return x
 
 
 class _nothing:

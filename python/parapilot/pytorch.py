@@ -203,8 +203,21 @@ def _device_map_from_layout_name(name: str) -> Optional[List[int]]:
 
 
 def plan_shares(p: wire.PlanPrepare) -> List[int]:
-    """The per-replica shares of a PlanPrepare: Layout.dp_shares, else the layout name's `sh=`."""
-    return list(p.layout.dp_shares) or shares_from_layout_name(p.layout_name)
+    """Samples per rank of a PlanPrepare: Layout.dp_shares, else the layout name's `sh=`; both
+    are per data-parallel replica in layout order. When the name also maps replicas to devices
+    (`g=`, replica i on GPU g[i]) and the layout is pure data parallel, a rank keeps its device
+    and takes the share of the replica placed there: share_of_rank[g[i]] = shares[i]."""
+    shares = list(p.layout.dp_shares) or shares_from_layout_name(p.layout_name)
+    gpus = _device_map_from_layout_name(p.layout_name)
+    if not shares or gpus is None or gpus == list(range(len(gpus))):
+        return shares
+    if sorted(gpus) != list(range(len(shares))):
+        raise ValueError(f"device map of {len(gpus)} entries is not a permutation of the "
+                         f"{len(shares)} replicas")
+    out = [0] * len(shares)
+    for replica, gpu in enumerate(gpus):
+        out[gpu] = shares[replica]
+    return out
 
 
 def _methods_from(compression: Sequence[wire.LayerCompression], n_layers: int
@@ -697,8 +710,8 @@ class Session:
             return str(e)
         if shares and len(shares) != self.world_size:
             return f"{len(shares)} shares for {self.world_size} ranks"
-        if gpus is not None and gpus != list(range(len(gpus))):
-            return "device remapping is not supported: a DDP rank keeps its device"
+        if not shares and gpus is not None and gpus != list(range(len(gpus))):
+            return "device remapping without shares changes nothing here: a DDP rank keeps its device"
         return ""
 
     def _stage(self, p: wire.PlanPrepare) -> PlanConfig:

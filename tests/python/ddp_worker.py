@@ -60,7 +60,8 @@ def main():
     steps = cfg.get("steps", 20)
     slow_rank, slow_ms = cfg.get("slow_rank", -1), cfg.get("slow_ms", 0)
     if rank == slow_rank and slow_ms:
-        ddp.register_forward_pre_hook(lambda m, i: time.sleep(slow_ms / 1000.0))
+        even = B / world  # slower in proportion to the samples it gets, like a slow device
+        ddp.register_forward_pre_hook(lambda m, i: time.sleep(slow_ms / 1000.0 * i[0].shape[0] / even))
     records = []
     max_diff = 0.0
     applied_seen, applied_at = 0, 0

@@ -39,6 +39,9 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual(plan_shares(p), [1, 1])
         with self.assertRaises(ValueError):
             shares_from_layout_name("a;sh=3*0")
+        # Replica i placed on GPU g[i]: each rank keeps its device and takes that replica's share.
+        p = wire.PlanPrepare(1, wire.Layout(dp=4), "dp4-tp1-pp1-mb1-z1;sh=4,3,2,1;g=1-3,0")
+        self.assertEqual(plan_shares(p), [1, 4, 3, 2])
 
     def test_weighted_update_equals_full_batch_update(self):
         res = harness.launch(2, {"steps": 12, "global_batch": 16, "initial_shares": [3, 1],

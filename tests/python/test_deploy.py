@@ -1,0 +1,126 @@
+"""End to end: an 8-rank CPU/Gloo DDP job (ddp_worker.py, rank 3 slowed down) connected to a real
+`parapilot deploy` (reactive policy). Telemetry reaches the agent, it detects the slow rank and
+commits elastic shares; every rank switches at the committed step, the slow rank gets fewer
+samples, the share-weighted update still equals the full-batch update, and after the agent is
+stopped the job trains to the end on its last plan. deploy's scenarios need >= 8 GPUs, hence 8
+ranks. Skipped when build/parapilot is not built."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+import harness
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
+def parapilot_binary():
+    path = os.environ.get("PARAPILOT_BINARY")
+    cands = [path] if path else []
+    cands += [os.path.join(harness.ROOT, b, "parapilot") for b in ("build-py", "build")]
+    for c in cands:
+        if c and os.path.exists(c):
+            try:
+                r = subprocess.run([c, "deploy", "--help"], capture_output=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if r.returncode == 0:
+                return c
+    return None
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
+class DeployEndToEndTest(unittest.TestCase):
+    def setUp(self):
+        self.exe = parapilot_binary()
+        if self.exe is None:
+            self.skipTest("parapilot (with the deploy command) is not built")
+        self.secret = harness.SecretFile()
+        self.port = harness.free_port()
+        self.deploy = subprocess.Popen(
+            [self.exe, "deploy", "--scenario", "straggler", "--gpus", "8",
+             "--initial-layout", "uniform-dp", "--interval-steps", "5", "--cooldown", "1",
+             "--listen", f"127.0.0.1:{self.port}", "--secret-file", self.secret.path],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.cond = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.wait_line(lambda e: e.get("event") == "agent_started", 20)
+        self.job = None
+
+    def _read(self):
+        for line in self.deploy.stdout:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            with self.cond:
+                self.lines.append(ev)
+                self.cond.notify_all()
+
+    def wait_line(self, pred, timeout):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for e in self.lines:
+                    if pred(e):
+                        return e
+                left = deadline - time.monotonic()
+                if left <= 0 or self.deploy.poll() is not None:
+                    raise AssertionError(f"deploy: no such event; last: {self.lines[-3:]}")
+                self.cond.wait(min(left, 0.5))
+
+    def tearDown(self):
+        if self.job is not None:
+            self.job.kill()
+        if self.deploy.poll() is None:
+            self.deploy.send_signal(signal.SIGINT)
+            try:
+                self.deploy.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.deploy.kill()
+                self.deploy.wait(timeout=5)
+        self.reader.join(timeout=5)
+        self.deploy.stdout.close()
+        self.deploy.stderr.close()
+        self.secret.close()
+
+    def test_slow_rank_shares_from_deploy(self):
+        env = {"PARAPILOT_AGENT": f"127.0.0.1:{self.port}",
+               "PARAPILOT_SECRET_FILE": self.secret.path}
+        self.job = harness.launch(8, {"steps": 120, "global_batch": 64, "slow_rank": 3,
+                                      "slow_ms": 30, "reference": True},
+                                  env_extra=env, timeout=110)
+        slow = self.wait_line(lambda e: e.get("event") == "slow_rank" and e.get("rank") == 3, 60)
+        self.assertLess(slow["value"], 0.9)
+        commit = self.wait_line(lambda e: e.get("event") == "migration"
+                                and e.get("outcome") == "committed", 60)
+        self.deploy.send_signal(signal.SIGINT)  # the agent goes away; the job must carry on
+        self.deploy.wait(timeout=20)
+        res = self.job.wait()
+        self.job = None
+        plan, at = commit["plan_id"], commit["switch_at_step"]
+        for r in res:
+            self.assertEqual(r["applied"][0], plan)
+            self.assertEqual(len(r["records"]), 120)  # trained to the end without the agent
+            first = [x["step"] for x in r["records"] if x["plan"] == plan]
+            self.assertEqual(first[0], at)  # every rank switched at the committed step
+            self.assertEqual(r["records"][-1]["plan"], r["applied"][-1])
+        for step in range(120):
+            self.assertEqual(sum(r["records"][step]["samples"] for r in res), 64)
+        after = [x["samples"] for x in res[3]["records"] if x["plan"] == plan]
+        self.assertLess(max(after), 8)  # the slow rank got less than an even share
+        self.assertLess(res[0]["max_diff"], 1e-5)  # weighted update == full-batch update
+
+
+if __name__ == "__main__":
+    unittest.main()
