@@ -78,9 +78,7 @@ void visit_fields(V& v, M& m, const char*) {
 // Plain numbers as vector elements (dp_shares).
 template <class V, class M>
 requires std::is_arithmetic_v<std::remove_const_t<M>>
-void visit_fields(V& v, M& m, const char* name) {
-  v(m, name);
-}
+void visit_fields(V& v, M& m, const char* name) { v(m, name); }
 
 // Smallest encoded size of one element, to bound counts before allocating.
 constexpr std::size_t min_encoded_bytes(const CollectiveStat*) { return 8 + 8 + 4; }
@@ -329,10 +327,12 @@ std::string validate_one(const PlanPrepare& m) {
   if (!l.dp_shares.empty()) {
     if (l.dp_shares.size() != l.dp) return "plan_prepare.layout.dp_shares does not have dp entries";
     for (std::uint32_t share : l.dp_shares) {
-      if (share == 0 || share > (1u << 24)) return "plan_prepare.layout.dp_shares entry is out of range";
+      if (share == 0 || share > (1u << 24))
+        return "plan_prepare.layout.dp_shares entry is out of range";
     }
   }
-  if (l.compression.size() > kMaxLayers) return "plan_prepare.layout.compression has too many entries";
+  if (l.compression.size() > kMaxLayers)
+    return "plan_prepare.layout.compression has too many entries";
   for (const LayerCompression& c : l.compression) {
     if (c.first_layer > c.last_layer || c.last_layer >= kMaxLayers) {
       return "plan_prepare.layout.compression has a bad layer range";
@@ -349,7 +349,8 @@ std::string validate_one(const PlanPrepare& m) {
         }
         break;
       case CompressionMethod::powersgd:
-        if (!finite || c.parameter < 1 || c.parameter > 1024 || c.parameter != std::floor(c.parameter)) {
+        if (!finite || c.parameter < 1 || c.parameter > 1024 ||
+            c.parameter != std::floor(c.parameter)) {
           return "plan_prepare.layout.compression powersgd rank is out of [1, 1024]";
         }
         break;

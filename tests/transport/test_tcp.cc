@@ -178,12 +178,13 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
 
   const std::vector<Message> upstream = {make_telemetry(0, 1), PlanReady{4, 0, true, "ready"},
                                          Ack{MessageType::plan_commit, 4, 0}, Shutdown{"leaving"}};
-  const std::vector<Message> downstream = {PlanPrepare{4, Layout{2, 2, 1, 8, {}, {}}, "dp2-tp2", 1000},
-                                           PlanCommit{4, 100},
-                                           PlanAbort{5, "superseded"},
-                                           Ack{MessageType::plan_ready, 4, kNoRank},
-                                           Shutdown{"stop"},
-                                           make_telemetry(3, 9)};
+  const std::vector<Message> downstream = {
+      PlanPrepare{4, Layout{2, 2, 1, 8, {}, {}}, "dp2-tp2", 1000},
+      PlanCommit{4, 100},
+      PlanAbort{5, "superseded"},
+      Ack{MessageType::plan_ready, 4, kNoRank},
+      Shutdown{"stop"},
+      make_telemetry(3, 9)};
   for (const auto& m : upstream) CHECK(client->send(m));
   for (const auto& m : downstream) CHECK(server->send(peer.id, m));
   REQUIRE(wait_until([&] { return sl.message_count() == upstream.size(); }));

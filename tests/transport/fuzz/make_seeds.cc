@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   Hello h;
   h.name = "worker-3";
   h.rank = 3;
+  PlanPrepare elastic{10, {2, 1, 1, 4}, "elastic", 500};
+  elastic.layout.dp_shares = {3, 5};
+  elastic.layout.compression = {{0, 3, CompressionMethod::topk, 0.01F},
+                                {4, 7, CompressionMethod::powersgd, 4}};
   const Message all[] = {h,
                          Challenge{},
                          Auth{},
@@ -36,7 +40,8 @@ int main(int argc, char** argv) {
                          PlanCommit{9, 100},
                          PlanAbort{9, "timeout"},
                          Ack{MessageType::plan_commit, 9, 3},
-                         Shutdown{"done"}};
+                         Shutdown{"done"},
+                         elastic};
   int n = 0;
   for (const Message& m : all) {
     const std::string frame = *encode_frame(m);
