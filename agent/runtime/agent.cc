@@ -173,7 +173,8 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     std::lock_guard lock(mutex);
     ++stats.decisions;
     push_bounded(stats.step_close_ms,
-                 std::chrono::duration<double, std::milli>(callback_start - last_arrival).count(), 100000);
+                 std::chrono::duration<double, std::milli>(callback_start - last_arrival).count(),
+                 100000);
     push_bounded(stats.decide_ms,
                  std::chrono::duration<double, std::milli>(decided - decide_start).count(), 100000);
     push_bounded(stats.decision_latency_ms,

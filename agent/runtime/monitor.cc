@@ -305,9 +305,13 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
       events.push_back({MonitorEvent::Kind::rank_recovered, r, -1, st.speed, step, now, text});
     }
   }
-  // Bandwidth: each node's median over its ranks, relative to the median node.
+  // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
+  // (the group of its first rank: nodes of another GPU type have other NICs).
   std::vector<double> node_level(nodes, 0.0);
-  std::vector<double> known;
+  std::map<int, std::vector<double>> known;
+  auto node_group = [&](int node) {
+    return o.peer_group.empty() ? 0 : o.peer_group[std::min(n - 1, node * o.gpus_per_node)];
+  };
   for (int node = 0; node < nodes; ++node) {
     std::vector<double> v;
     for (int r = node * o.gpus_per_node; r < std::min(n, (node + 1) * o.gpus_per_node); ++r) {
@@ -317,13 +321,15 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     if (!v.empty()) {
       node_level[node] = median(std::move(v));
-      known.push_back(node_level[node]);
+      known[node_group(node)].push_back(node_level[node]);
     }
   }
-  const double ref_bw = median(known);
+  std::map<int, double> ref_bw;
+  for (auto& [g, levels] : known) ref_bw[g] = median(std::move(levels));
   for (int node = 0; node < nodes; ++node) {
-    if (node_level[node] > 0 && ref_bw > 0) {
-      node_bw[node] = std::clamp(node_level[node] / ref_bw, 0.01, 1.5);
+    const double ref = ref_bw.count(node_group(node)) ? ref_bw[node_group(node)] : 0.0;
+    if (node_level[node] > 0 && ref > 0) {
+      node_bw[node] = std::clamp(node_level[node] / ref, 0.01, 1.5);
       if (std::abs(node_bw[node] - 1.0) < o.dead_band) node_bw[node] = 1.0;
     }
     b.conditions.node_inter_bw[node] = node_bw[node];
@@ -333,14 +339,14 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
       char text[200];
       std::snprintf(text, sizeof text,
                     "network transfer %.2f GB/s (collective time minus wait for the last arrival) "
-                    "vs median node %.2f GB/s",
-                    node_level[node], ref_bw);
+                    "vs median peer node %.2f GB/s",
+                    node_level[node], ref);
       events.push_back(
           {MonitorEvent::Kind::congested_link, -1, node, node_bw[node], step, now, text});
     } else if (node_congested[node] && node_bw[node] > o.recovered_bw) {
       node_congested[node] = false;
       events.push_back({MonitorEvent::Kind::link_recovered, -1, node, node_bw[node], step, now,
-                        "network transfer back to the median node's"});
+                        "network transfer back to the median peer node's"});
     }
   }
   b.conditions.gpu_failed.clear();

@@ -195,3 +195,23 @@ TEST_CASE("a step closes when every live rank reported, or late with the missing
   CHECK(b.conditions.gpu_failed[7]);
   CHECK(b.live_ranks == 7);
 }
+
+TEST_CASE("nodes of another GPU type are compared with their own kind, not called congested") {
+  MonitorOptions o = options(32);
+  o.peer_group.assign(32, 0);
+  for (int r = 16; r < 32; ++r) o.peer_group[r] = 1;  // nodes 2 and 3: another GPU type
+  Monitor m(o);
+  for (uint64_t s = 0; s < 10; ++s) {
+    std::vector<double> compute(32, 100.0), transfer(32, 20.0);
+    for (int r = 16; r < 32; ++r) {
+      compute[r] = 40;   // a faster GPU...
+      transfer[r] = 10;  // ...with a faster NIC
+    }
+    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+  }
+  const Beliefs b = m.beliefs();
+  CHECK(b.congested_nodes.empty());
+  CHECK(b.slow_ranks.empty());
+  for (double v : b.conditions.gpu_speed) CHECK(v == 1.0);
+  for (double v : b.conditions.node_inter_bw) CHECK(v == 1.0);
+}
