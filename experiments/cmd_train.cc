@@ -1,5 +1,6 @@
 // parapilot train: PPO training of the scheduling policy on a scenario, with a progress bar,
 // a CSV log, periodic and best checkpoints and a learning-curve PNG.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -65,7 +66,7 @@ std::string env_ids_of(const std::string& scenarios) {
 const char* kCsvHeader =
     "update,step,elapsed_s,steps_per_s,mean_reward,episode_reward,validation_score,policy_loss,"
     "value_loss,"
-    "entropy,approx_kl,clip_fraction,learning_rate";
+    "entropy,approx_kl,clip_fraction,learning_rate,cpu_s";
 
 // Keeps the CSV rows up to `update` (a resumed run rewrites what came after its checkpoint).
 void truncate_csv(const std::string& path, int64_t update) {
@@ -145,6 +146,14 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
 
   std::unique_ptr<agent::PpoTrainer> trainer;
   double best_score = -1;
+  // CPU seconds of the run, all threads, across resumes: its cost independent of machine load.
+  double cpu_before = 0;
+  auto cpu_s = [&cpu_before] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return cpu_before + static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  };
   if (o.resume) {
     const checkpoints::Checkpoint c = checkpoints::read_checkpoint(last);
     if (scenario_given && env_ids_of(o.scenario) != c.env_id) {
@@ -154,6 +163,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
     trainer = std::make_unique<agent::PpoTrainer>(c, steps_given ? o.steps : 0);
     if (auto it = c.metrics.find("best_validation_score"); it != c.metrics.end())
       best_score = it->second;
+    if (auto it = c.metrics.find("cpu_s"); it != c.metrics.end()) cpu_before = it->second;
     truncate_csv(csv, c.update);
     std::fprintf(stderr, "resuming %s at step %lld (update %lld)\n", last.c_str(),
                  static_cast<long long>(c.step), static_cast<long long>(c.update));
@@ -203,17 +213,19 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
         checkpoints::write_checkpoint(best,
                                       trainer->checkpoint({{"validation_score", score},
                                                            {"best_validation_score", best_score},
+                                                           {"cpu_s", cpu_s()},
                                                            {"mean_reward", r.mean_reward}}));
       }
     }
     log << r.update << ',' << r.step << ',' << r.elapsed_s << ',' << r.steps_per_s << ','
         << r.mean_reward << ',' << r.episode_reward << ',' << score << ',' << r.policy_loss << ','
         << r.value_loss << ',' << r.entropy << ',' << r.approx_kl << ',' << r.clip_fraction << ','
-        << r.learning_rate << '\n';
+        << r.learning_rate << ',' << cpu_s() << '\n';
     log.flush();
     if (r.update % o.checkpoint_every == 0 || final_update) {
       const checkpoints::Checkpoint c = trainer->checkpoint({{"validation_score", last_score},
                                                              {"best_validation_score", best_score},
+                                                             {"cpu_s", cpu_s()},
                                                              {"mean_reward", r.mean_reward}});
       checkpoints::write_checkpoint(last, c);
       if (o.keep) {

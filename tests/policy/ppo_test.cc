@@ -125,3 +125,16 @@ TEST_CASE("ppo: bad configs and env ids are input errors") {
   c.env_ids = "nosuchenv";
   CHECK_THROWS_AS(ag::PpoTrainer{c}, parapilot::InputError);
 }
+
+TEST_CASE("ppo: the shipped default policy loads and schedules the mixed family well") {
+  auto policy = ag::load_policy(ag::default_policy_path());
+  auto env = parapilot::env::make_env("sim:mixed");
+  double score = 0;
+  for (uint64_t seed = 1000; seed < 1003; ++seed) {
+    const double rl = ag::run_episode(*env, *policy, seed).throughput_tokens_per_s;
+    score += rl / ag::run_oracle(*env, seed).throughput_tokens_per_s / 3;
+  }
+  // Retrain and replace checkpoints/default-mixed.ckpt when the simulator or the observation
+  // changes enough to break this (docs/policy.md).
+  CHECK(score > 0.93);
+}
