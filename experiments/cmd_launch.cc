@@ -1,5 +1,6 @@
 // parapilot launch: a local live cluster of N training workers with an in-process agent bus, a
 // scripted or reactive action schedule, and fault injection (env/live/local_cluster.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +96,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   std::int64_t next_elastic = o.elastic_every;
   bool compressed = false;
   while (cluster.poll()) {
+    if (cluster.any_failed()) break;  // the others notice through their collectives
     if (o.timeout_s > 0 && cluster.elapsed_s() > o.timeout_s) {
       std::printf("timeout after %.1f s: stopping the workers\n", o.timeout_s);
       if (agent) agent->request_stop("launch timeout");
@@ -134,7 +136,10 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     }
     std::this_thread::sleep_for(20ms);
   }
-  const auto exits = cluster.wait(o.timeout_s > 0 ? cluster.elapsed_s() + 60 : 1e9, 30);
+  // A failed rank: the others stop on their next collective (or its timeout, or the rendezvous
+  // timeout when it failed before training started); terminate whoever is left after that.
+  const double grace = std::max(wo.collective_timeout_s, wo.rendezvous_timeout_s) + 10;
+  const auto exits = cluster.wait(cluster.elapsed_s() + (o.timeout_s > 0 ? 60 : 1e9), grace);
   bool ok = true;
   for (const auto& e : exits) {
     std::printf("%s\n", e.describe().c_str());

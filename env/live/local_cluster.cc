@@ -213,6 +213,12 @@ std::vector<RankExit> LocalCluster::wait(double timeout_s, double grace_s) {
   return exits_;
 }
 
+bool LocalCluster::any_failed() const {
+  for (std::size_t r = 0; r < exits_.size(); ++r)
+    if (done_[r] && (exits_[r].signal != 0 || exits_[r].code != 0)) return true;
+  return false;
+}
+
 void LocalCluster::kill_rank(int rank) {
   reap(false);
   if (rank >= 0 && rank < static_cast<int>(pids_.size()) && !done_[rank])

@@ -60,6 +60,8 @@ class LocalCluster {
   /// others get `grace_s` to notice (collective timeouts) before they are terminated. Returns
   /// one RankExit per rank; ranks still running at `timeout_s` are killed and reported so.
   std::vector<RankExit> wait(double timeout_s, double grace_s = 20);
+  /// True once some worker ended with a failure (non-zero exit or a signal).
+  bool any_failed() const;
   /// Sends SIGKILL to one worker now (what a kill fault does at its time).
   void kill_rank(int rank);
   /// Terminates every worker still running.

@@ -344,6 +344,10 @@ int run_worker(const WorkerOptions& o) {
     c10::intrusive_ptr<c10d::Store> store;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+    } catch (const c10::Error& e) {
+      std::fprintf(stderr, "%s: rendezvous at %s:%d failed: %s\n", tag.c_str(),
+                   o.master_addr.c_str(), o.master_port, e.what_without_backtrace());
+      return kWorkerCollectiveFailed;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: rendezvous at %s:%d failed: %s\n", tag.c_str(),
                    o.master_addr.c_str(), o.master_port, e.what());
@@ -363,6 +367,10 @@ int run_worker(const WorkerOptions& o) {
       try {
         coll = std::make_unique<GlooCollectives>(store, o.rank, o.world_size,
                                                  o.collective_timeout_s, o.master_addr);
+      } catch (const c10::Error& e) {
+        std::fprintf(stderr, "%s: gloo setup failed: %s\n", tag.c_str(),
+                     e.what_without_backtrace());
+        return kWorkerCollectiveFailed;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: gloo setup failed: %s\n", tag.c_str(), e.what());
         return kWorkerCollectiveFailed;
