@@ -286,7 +286,7 @@ int compression(Args a) {
            "(b0+b1+b2+b3+b4+b5+b6+b7+b8+b9)/10.0)\n"
         << "init(x) = (b0=b1=b2=b3=b4=b5=b6=b7=b8=b9=x)\n"
         << "plot x=init(3.6) '" << csv
-        << "' using 1:(mean(2)) every ::9 with lines lw 2 title 'uncompressed', "
+        << "' using 1:(mean(2)) every ::9 with lines lw 6 lc rgb '#f0a0a0' title 'uncompressed', "
         << "x=init(3.6) '" << csv
         << "' using 1:(mean(3)) every ::9 with lines lw 2 title 'adaptive (default selector)', "
         << "x=init(3.6) '" << csv

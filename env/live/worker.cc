@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -429,6 +430,7 @@ int run_worker(const WorkerOptions& o) {
     loss_log.open(o.loss_log);
     if (!loss_log) throw InputError("--loss-log '" + o.loss_log + "': cannot write");
     loss_log << "step,loss,tokens,dp_bytes,step_s\n";
+    loss_log << std::setprecision(9);
   }
 
   int exit_code = kWorkerOk;
