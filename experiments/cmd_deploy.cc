@@ -105,6 +105,7 @@ struct DeployFlags {
   int cooldown = 2;
   uint32_t prepare_deadline_ms = 30000;
   uint32_t commit_margin_steps = 3;
+  uint32_t commit_lead_ms = 500;
   std::string initial_layout = "planned";
   int run_intervals = 0;
 };
@@ -132,6 +133,7 @@ void run_deploy(const DeployFlags& f) {
   o.decider.run_intervals = f.run_intervals;
   o.migration.prepare_deadline_ms = f.prepare_deadline_ms;
   o.migration.commit_margin_steps = f.commit_margin_steps;
+  o.migration.commit_lead_ms = f.commit_lead_ms;
   auto out_mutex = std::make_shared<std::mutex>();
   o.log = [out_mutex](const std::string& line) {
     std::lock_guard lock(*out_mutex);
@@ -289,6 +291,10 @@ void add_deploy_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--commit-margin-steps", d->commit_margin_steps,
                   "the switch happens this many steps after the last PlanReady")
+      ->capture_default_str();
+  cmd->add_option("--commit-lead-ms", d->commit_lead_ms,
+                  "...and at least this much wall time of steps after it (so every rank holds the "
+                  "commit before the boundary)")
       ->capture_default_str();
   cmd->add_option("--initial-layout", d->initial_layout,
                   "the job's layout at start: planned | uniform-dp")

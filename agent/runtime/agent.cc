@@ -53,6 +53,8 @@ struct DeployAgent::Impl {
   AgentStats stats;
   std::deque<std::string> recent_evidence;
   double staging_predicted_s = 0;
+  double step_wall_ms_ = 0;  // EWMA of the wall time between closed steps
+  Clock::time_point last_close{};
   std::mutex decide_mutex;
 
   void log(const std::string& line) const {
@@ -111,7 +113,12 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
     }
     monitor->ingest(*t, now);
   } else if (auto* r = std::get_if<transport::PlanReady>(&m)) {
-    executor->on_ready(*r, monitor->newest_step(), now);
+    double step_wall_ms = 0;
+    {
+      std::lock_guard lock(mutex);
+      step_wall_ms = step_wall_ms_;
+    }
+    executor->on_ready(*r, monitor->newest_step(), now, step_wall_ms);
   } else if (auto* a = std::get_if<transport::Ack>(&m)) {
     executor->on_ack(*a, now);
   }
@@ -125,6 +132,12 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   std::vector<MonitorEvent> events = monitor->take_events();
   {
     std::lock_guard lock(mutex);
+    if (last_close.time_since_epoch().count() != 0 && callback_start > last_close) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(callback_start - last_close).count();
+      step_wall_ms_ = step_wall_ms_ == 0 ? ms : 0.9 * step_wall_ms_ + 0.1 * ms;
+    }
+    last_close = callback_start;
     for (const MonitorEvent& e : events) {
       if (e.kind == MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
       if (e.kind == MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;

@@ -56,7 +56,8 @@ struct AgentStats {
   std::vector<double> decision_latency_ms;  ///< every decision (most recent 100000).
   std::vector<double> prepare_latency_ms;   ///< decisions that sent a PlanPrepare.
   std::vector<double> step_close_ms;  ///< closing sample's arrival -> step callback (monitor).
-  std::vector<double> decide_ms;  ///< Decider::decide() alone (observation, policy, guardrails, log).
+  std::vector<double>
+      decide_ms;  ///< Decider::decide() alone (observation, policy, guardrails, log).
   std::vector<MigrationOutcome> outcomes;
   std::vector<MonitorEvent> events;  ///< detection events (most recent 1000).
   std::string policy;

@@ -1,5 +1,8 @@
 #include "agent/runtime/migration.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "agent/runtime/job.h"
 
 namespace parapilot::agent::runtime {
@@ -62,7 +65,7 @@ void MigrationExecutor::finish(bool committed, std::string reason, Clock::time_p
 }
 
 void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t newest_step,
-                                 Clock::time_point now) {
+                                 Clock::time_point now, double step_wall_ms) {
   std::optional<MigrationOutcome> out;
   {
     std::lock_guard lock(mutex_);
@@ -77,7 +80,12 @@ void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t new
       if (waiting_.empty()) {
         phase_ = Phase::committing;
         prepared_ = now;
-        switch_at_ = newest_step + 1 + o_.commit_margin_steps;
+        uint64_t margin = o_.commit_margin_steps;
+        if (step_wall_ms > 0) {
+          margin = std::max<uint64_t>(
+              margin, static_cast<uint64_t>(std::ceil(o_.commit_lead_ms / step_wall_ms)));
+        }
+        switch_at_ = newest_step + 1 + margin;
         waiting_ = members_;
         deadline_ = now + std::chrono::milliseconds(o_.ack_timeout_ms);
         send_(transport::PlanCommit{plan_id_, switch_at_});

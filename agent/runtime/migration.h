@@ -28,7 +28,8 @@ namespace parapilot::agent::runtime {
 
 struct MigrationOptions {
   uint32_t prepare_deadline_ms = 30000;  ///< every PlanReady must arrive within this.
-  uint32_t commit_margin_steps = 3;      ///< switch_at_step = newest step + 1 + this.
+  uint32_t commit_margin_steps = 3;      ///< switch_at_step = newest step + 1 + at least this...
+  uint32_t commit_lead_ms = 500;         ///< ...and at least this much wall time of steps ahead.
   uint32_t ack_timeout_ms = 30000;       ///< after the commit; a missing Ack is reported.
 };
 
@@ -54,7 +55,9 @@ class MigrationExecutor {
   /// when `ranks` is empty. Returns the plan id through `plan_id` when given.
   bool prepare(const Strategy& target, const std::set<uint32_t>& ranks, Clock::time_point now,
                uint64_t* plan_id = nullptr);
-  void on_ready(const transport::PlanReady& ready, uint64_t newest_step, Clock::time_point now);
+  /// `step_wall_ms`: the job's current wall time per step (0: unknown), for commit_lead_ms.
+  void on_ready(const transport::PlanReady& ready, uint64_t newest_step, Clock::time_point now,
+                double step_wall_ms = 0);
   void on_ack(const transport::Ack& ack, Clock::time_point now);
   void on_rank_lost(uint32_t rank, Clock::time_point now);
   /// Checks deadlines.

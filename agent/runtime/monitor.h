@@ -47,7 +47,7 @@ struct MonitorOptions {
   int min_samples = 3;
   /// Believed speeds and bandwidth factors within this relative distance of 1 are reported as 1:
   /// noise-level differences would otherwise reorder the planner's device mapping every re-plan.
-  double dead_band = 0.05;               ///< samples per rank before its speed is believed.
+  double dead_band = 0.05;  ///< samples per rank before its speed is believed.
 };
 
 /// Something the monitor noticed, with the numbers that made it say so.

@@ -54,17 +54,28 @@ Args parse(int argc, char** argv) {
   if (argc > 1) a.mode = argv[1];
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ranks") a.ranks = std::atoi(v.c_str());
-    else if (k == "--steps") a.steps = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--step-ms") a.step_ms = std::atof(v.c_str());
-    else if (k == "--interval-steps") a.interval_steps = std::atoi(v.c_str());
-    else if (k == "--steps-per-interval") a.steps_per_interval = std::atoi(v.c_str());
-    else if (k == "--scenario") a.scenario = v;
-    else if (k == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--port") a.port = static_cast<uint16_t>(std::atoi(v.c_str()));
-    else if (k == "--agent-io-threads") a.agent_io_threads = std::atoi(v.c_str());
-    else if (k == "--slow-rank") a.slow_rank = std::atoi(v.c_str());
-    else if (k == "--slow-from") a.slow_from = std::strtoull(v.c_str(), nullptr, 10);
+    if (k == "--ranks")
+      a.ranks = std::atoi(v.c_str());
+    else if (k == "--steps")
+      a.steps = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--step-ms")
+      a.step_ms = std::atof(v.c_str());
+    else if (k == "--interval-steps")
+      a.interval_steps = std::atoi(v.c_str());
+    else if (k == "--steps-per-interval")
+      a.steps_per_interval = std::atoi(v.c_str());
+    else if (k == "--scenario")
+      a.scenario = v;
+    else if (k == "--seed")
+      a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--port")
+      a.port = static_cast<uint16_t>(std::atoi(v.c_str()));
+    else if (k == "--agent-io-threads")
+      a.agent_io_threads = std::atoi(v.c_str());
+    else if (k == "--slow-rank")
+      a.slow_rank = std::atoi(v.c_str());
+    else if (k == "--slow-from")
+      a.slow_from = std::strtoull(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -76,7 +87,8 @@ Args parse(int argc, char** argv) {
 double q(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+  return v[std::min(v.size() - 1,
+                    static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
 }
 
 SimClusterOptions cluster_options(const Args& a) {
@@ -96,13 +108,13 @@ SimClusterOptions cluster_options(const Args& a) {
 int run_child(const Args& a) {
   std::atomic<bool> stop{false};
   const SimClusterReport r = run_simulated_cluster(cluster_options(a), stop, a.steps);
-  nlohmann::json j = {{"steps", r.steps},
-                      {"commits", r.commits},
-                      {"missed_commits", r.missed_commits},
-                      {"params_match_never_migrated",
-                       r.params == SimulatedCluster::reference_params(r.steps, 8)},
-                      {"replicas_agree", r.replicas_agree},
-                      {"telemetry_sent", r.telemetry_sent}};
+  nlohmann::json j = {
+      {"steps", r.steps},
+      {"commits", r.commits},
+      {"missed_commits", r.missed_commits},
+      {"params_match_never_migrated", r.params == SimulatedCluster::reference_params(r.steps, 8)},
+      {"replicas_agree", r.replicas_agree},
+      {"telemetry_sent", r.telemetry_sent}};
   std::printf("cluster: %s\n", j.dump().c_str());
   return 0;
 }
@@ -132,11 +144,25 @@ int run_latency(Args a, const char* self) {
   const pid_t child = fork();
   if (child == 0) {
     const std::string port = std::to_string(a.port);
-    const std::string args[] = {self, "child", "--ranks", std::to_string(a.ranks), "--steps",
-                                std::to_string(a.steps), "--step-ms", std::to_string(a.step_ms),
-                                "--steps-per-interval", std::to_string(a.steps_per_interval),
-                                "--scenario", a.scenario, "--seed", std::to_string(a.seed), "--port",
-                                port, "--slow-rank", std::to_string(a.slow_rank), "--slow-from",
+    const std::string args[] = {self,
+                                "child",
+                                "--ranks",
+                                std::to_string(a.ranks),
+                                "--steps",
+                                std::to_string(a.steps),
+                                "--step-ms",
+                                std::to_string(a.step_ms),
+                                "--steps-per-interval",
+                                std::to_string(a.steps_per_interval),
+                                "--scenario",
+                                a.scenario,
+                                "--seed",
+                                std::to_string(a.seed),
+                                "--port",
+                                port,
+                                "--slow-rank",
+                                std::to_string(a.slow_rank),
+                                "--slow-from",
                                 std::to_string(a.slow_from)};
     std::vector<char*> argv;
     for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
@@ -147,19 +173,23 @@ int run_latency(Args a, const char* self) {
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
   waitpid(child, &status, 0);
-  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const AgentStats s = agent.stats();
   const ProcessUsage usage = process_usage();
   const MonitorCounters mc = agent.monitor().counters();
-  std::printf("agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps, %d bus I/O thread(s), %u cores\n",
-              a.ranks, a.scenario.c_str(), static_cast<unsigned long long>(a.steps), a.step_ms,
-              a.interval_steps, a.agent_io_threads, std::thread::hardware_concurrency());
-  std::printf("  decisions %llu, switches %llu, committed %llu, aborted %llu, stragglers detected %llu\n",
-              static_cast<unsigned long long>(s.decisions),
-              static_cast<unsigned long long>(s.switches_decided),
-              static_cast<unsigned long long>(s.migrations_committed),
-              static_cast<unsigned long long>(s.migrations_aborted),
-              static_cast<unsigned long long>(s.stragglers_detected));
+  std::printf(
+      "agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps, %d bus I/O "
+      "thread(s), %u cores\n",
+      a.ranks, a.scenario.c_str(), static_cast<unsigned long long>(a.steps), a.step_ms,
+      a.interval_steps, a.agent_io_threads, std::thread::hardware_concurrency());
+  std::printf(
+      "  decisions %llu, switches %llu, committed %llu, aborted %llu, stragglers detected %llu\n",
+      static_cast<unsigned long long>(s.decisions),
+      static_cast<unsigned long long>(s.switches_decided),
+      static_cast<unsigned long long>(s.migrations_committed),
+      static_cast<unsigned long long>(s.migrations_aborted),
+      static_cast<unsigned long long>(s.stragglers_detected));
   std::printf("  decision latency ms: p50 %.3f  p99 %.3f  max %.3f  (n=%zu)\n",
               q(s.decision_latency_ms, 0.5), q(s.decision_latency_ms, 0.99),
               q(s.decision_latency_ms, 1.0), s.decision_latency_ms.size());
@@ -173,7 +203,8 @@ int run_latency(Args a, const char* self) {
   std::printf("  planner: %ld searches in the background, last %.1f ms\n", agent.decider().plans(),
               agent.decider().last_plan_ms());
   std::printf("  telemetry accepted %llu, rejected %llu, outliers %llu\n",
-              static_cast<unsigned long long>(mc.accepted), static_cast<unsigned long long>(mc.rejected),
+              static_cast<unsigned long long>(mc.accepted),
+              static_cast<unsigned long long>(mc.rejected),
               static_cast<unsigned long long>(mc.outliers));
   std::printf("  agent CPU %.2f s over %.1f s wall (%.0f%% of one core), peak RSS %.0f MiB\n",
               usage.cpu_s - at_start.cpu_s, wall_s, 100.0 * (usage.cpu_s - at_start.cpu_s) / wall_s,
@@ -246,24 +277,30 @@ int run_straggler(Args a) {
   const uint64_t commit_step = r.commit_steps.empty() ? a.steps : r.commit_steps.front();
   const Phases pw = phases(r.tokens_per_s_by_step, a.slow_from, commit_step);
   const Phases pb = phases(b.tokens_per_s_by_step, a.slow_from, commit_step);
-  auto ms = [](auto from, auto to) { return std::chrono::duration<double, std::milli>(to - from).count(); };
-  std::printf("straggler: %d ranks (%s), rank %d slowed 3x from step %llu, %.0f ms per step, a decision every %d steps\n",
-              a.ranks, a.scenario.c_str(), a.slow_rank, static_cast<unsigned long long>(a.slow_from),
-              a.step_ms, a.interval_steps);
+  auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  std::printf(
+      "straggler: %d ranks (%s), rank %d slowed 3x from step %llu, %.0f ms per step, a decision "
+      "every %d steps\n",
+      a.ranks, a.scenario.c_str(), a.slow_rank, static_cast<unsigned long long>(a.slow_from),
+      a.step_ms, a.interval_steps);
   std::printf("  detected at step %llu (%.0f ms wall after the slowdown began)\n",
               static_cast<unsigned long long>(detected_step), ms(slowed, detected));
   std::printf("  switch committed at step %llu (%.0f ms wall after the slowdown began) to %s\n",
               static_cast<unsigned long long>(commit_step), ms(slowed, committed),
               layout_name(r.layout).c_str());
-  std::printf("  true tokens/s   before    during     after   (steps [0,%llu) [%llu,%llu) [%llu,%llu))\n",
-              static_cast<unsigned long long>(a.slow_from), static_cast<unsigned long long>(a.slow_from),
-              static_cast<unsigned long long>(commit_step), static_cast<unsigned long long>(commit_step),
-              static_cast<unsigned long long>(a.steps));
+  std::printf(
+      "  true tokens/s   before    during     after   (steps [0,%llu) [%llu,%llu) [%llu,%llu))\n",
+      static_cast<unsigned long long>(a.slow_from), static_cast<unsigned long long>(a.slow_from),
+      static_cast<unsigned long long>(commit_step), static_cast<unsigned long long>(commit_step),
+      static_cast<unsigned long long>(a.steps));
   std::printf("  with agent    %9.0f %9.0f %9.0f\n", pw.before, pw.during, pw.after);
   std::printf("  without agent %9.0f %9.0f %9.0f\n", pb.before, pb.during, pb.after);
-  std::printf("  simulated job time for %llu steps: %.0f s with the agent, %.0f s without (%.2fx)\n",
-              static_cast<unsigned long long>(a.steps), r.sim_seconds, b.sim_seconds,
-              b.sim_seconds / std::max(r.sim_seconds, 1e-9));
+  std::printf(
+      "  simulated job time for %llu steps: %.0f s with the agent, %.0f s without (%.2fx)\n",
+      static_cast<unsigned long long>(a.steps), r.sim_seconds, b.sim_seconds,
+      b.sim_seconds / std::max(r.sim_seconds, 1e-9));
   std::printf("  exactly once: params match the never-migrated run: %s; replicas agree: %s\n",
               r.params == SimulatedCluster::reference_params(r.steps, 8) ? "yes" : "NO",
               r.replicas_agree ? "yes" : "NO");
@@ -277,6 +314,7 @@ int main(int argc, char** argv) {
   if (a.mode == "child") return run_child(a);
   if (a.mode == "latency") return run_latency(a, argv[0]);
   if (a.mode == "straggler") return run_straggler(a);
-  std::fprintf(stderr, "usage: bench_deploy latency|straggler [--ranks N] [--steps N] [--step-ms MS] ...\n");
+  std::fprintf(
+      stderr, "usage: bench_deploy latency|straggler [--ranks N] [--steps N] [--step-ms MS] ...\n");
   return 2;
 }
