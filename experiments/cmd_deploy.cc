@@ -1,7 +1,7 @@
 // parapilot deploy: the agent daemon beside a running job (agent/runtime/agent.h).
 // parapilot simcluster: N simulated ranks speaking the bus protocol (agent/runtime/sim_cluster.h).
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -67,30 +67,42 @@ transport::Secret load_secret(const std::string& file) {
   return std::move(*secret);
 }
 
-// Blocks SIGINT/SIGTERM in this thread (and the threads it starts); a watcher thread waits for
-// them and calls `on_signal`.
+// Calls `on_signal` (on a watcher thread) when SIGINT or SIGTERM arrives. The handlers are
+// process-wide, so it works whichever thread the kernel picks (libraries start their own).
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+}
+
 class SignalWatcher {
  public:
   explicit SignalWatcher(std::function<void()> on_signal) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGUSR2);  // private wake-up on normal exit
-    pthread_sigmask(SIG_BLOCK, &set, &old_);
-    thread_ = std::thread([set, on_signal = std::move(on_signal)] {
-      int sig = 0;
-      if (sigwait(&set, &sig) == 0 && sig != SIGUSR2) on_signal();
+    if (::pipe(g_signal_pipe) != 0) throw InputError("cannot create a pipe for signals");
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    thread_ = std::thread([on_signal = std::move(on_signal)] {
+      char c = 0;
+      if (::read(g_signal_pipe[0], &c, 1) == 1 && c != 0) on_signal();
     });
   }
   ~SignalWatcher() {
-    pthread_kill(thread_.native_handle(), SIGUSR2);
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    const char zero = 0;
+    [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &zero, 1);  // wakes the watcher
     thread_.join();
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
   }
 
  private:
-  sigset_t old_{};
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
   std::thread thread_;
 };
 

@@ -446,7 +446,10 @@ SimClusterReport SimulatedCluster::report() const {
 SimClusterReport run_simulated_cluster(const SimClusterOptions& options,
                                        const std::atomic<bool>& stop, uint64_t max_steps) {
   SimulatedCluster cluster(options);
-  cluster.wait_connected(std::chrono::seconds(30));
+  // Wait (up to 30 s) for the ranks to connect; training starts anyway, as a job would.
+  for (int i = 0; i < 300 && !stop.load(); ++i) {
+    if (cluster.wait_connected(std::chrono::milliseconds(100))) break;
+  }
   cluster.run(max_steps > 0 ? max_steps : UINT64_MAX, &stop);
   SimClusterReport r = cluster.report();
   cluster.stop();
