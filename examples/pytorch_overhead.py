@@ -35,6 +35,25 @@ def make_model(kind):
     return torch.nn.Sequential(*layers[:-1]), dims[0], dims[-1]
 
 
+def _time_bookkeeping(session):
+    """Accumulates the wall time of the session's own per-step work (step begin and end: timing
+    marks, gradient statistics, the plan agreement's launch and collection, building and queueing
+    the telemetry message) into session.bookkeeping_ms, one entry per step."""
+    session.bookkeeping_ms = []
+    begin, end = session._begin, session._end
+
+    def timed_begin():
+        t0 = time.perf_counter()
+        begin()
+        session._bk = time.perf_counter() - t0
+
+    def timed_end():
+        t0 = time.perf_counter()
+        end()
+        session.bookkeeping_ms.append((session._bk + time.perf_counter() - t0) * 1000)
+    session._begin, session._end = timed_begin, timed_end
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["small", "medium"], default="small")
@@ -58,6 +77,8 @@ def main():
                 ddp, opt, global_batch=args.global_batch,
                 agent=None if name == "session+agent" else "")
         variants[name] = (ddp, opt, session, [])
+        if session is not None:
+            _time_bookkeeping(session)
     if with_agent:
         variants["session+agent"][2].client.wait_connected(10)
     b = args.global_batch // world
@@ -99,6 +120,9 @@ def main():
                "overhead_ms": {k: round(med[k] - med["plain"], 4) for k in med if k != "plain"},
                "overhead_pct": {k: round(100 * (med[k] - med["plain"]) / med["plain"], 2)
                                 for k in med if k != "plain"},
+               "session_bookkeeping_ms_median": {
+                   k: round(statistics.median(v[2].bookkeeping_ms[args.warmup:]), 4)
+                   for k, v in variants.items() if v[2] is not None},
                "telemetry_frames_sent_rank0": sent}
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
