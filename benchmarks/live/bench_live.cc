@@ -1,7 +1,7 @@
 // bench_live: the live cluster's two measurements on this machine (real Gloo workers on
 // loopback), printed as figures.
 //
-//   bench_live elastic     [--workers 2] [--slow 3] [--steps 60]
+//   bench_live elastic     [--workers 2] [--slow 3] [--steps 40] [--rounds 3]
 //     (a) one rank slowed (it sleeps (f-1) x its compute per microbatch): throughput of a
 //     healthy cluster, of the slowed cluster on uniform shares, and on elastic shares that the
 //     agent sets from the measured per-rank speed after a warm-up; the share of the lost
@@ -38,6 +38,7 @@ struct Args {
   int workers = 2;
   double slow = 3;
   int steps = 0;
+  int rounds = 3;
   std::string out;
   std::string corpus = std::string(PARAPILOT_SOURCE_DIR) + "/docs";
 };
@@ -115,35 +116,53 @@ double run_elastic_case(const Args& a, bool slowed, bool elastic, int steps, int
   return sps * 16 * 64;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
 int elastic(Args a) {
-  if (a.steps == 0) a.steps = 60;
-  const int warmup = 10;
+  if (a.steps == 0) a.steps = 40;
+  const int warmup = 8;
   std::printf(
-      "elastic shares, %d Gloo workers on loopback, rank %d slowed %.1fx, %d steps of 16 x 64 "
-      "bytes (2-layer transformer, d=64)\n\n",
-      a.workers, a.workers - 1, a.slow, a.steps);
+      "elastic shares, %d Gloo workers on loopback, rank %d slowed %.1fx, %d measured steps "
+      "of 16 x 64 bytes (2-layer transformer, d=64), %d rounds of the three cases\n\n",
+      a.workers, a.workers - 1, a.slow, a.steps - warmup, a.rounds);
+  std::printf("%-6s %10s %10s %10s %10s %10s   %s\n", "round", "healthy", "uniform", "elastic",
+              "ideal", "recovered", "elastic shares");
   std::fflush(stdout);
-  std::vector<double> shares;
-  const double healthy = run_elastic_case(a, false, false, a.steps, warmup, nullptr);
-  const double uniform = run_elastic_case(a, true, false, a.steps, warmup, nullptr);
-  const double elastic_tps = run_elastic_case(a, true, true, a.steps + warmup, warmup, &shares);
-  // The best the slowed cluster can do: its compute capacity, (W - 1 + 1/f) / W of healthy.
+  std::vector<double> h, u, e, rec;
+  for (int round = 0; round < a.rounds; ++round) {
+    // The three cases back to back, so that they see similar background load.
+    std::vector<double> shares;
+    const double healthy = run_elastic_case(a, false, false, a.steps, warmup, nullptr);
+    const double uniform = run_elastic_case(a, true, false, a.steps, warmup, nullptr);
+    const double elastic_tps = run_elastic_case(a, true, true, a.steps + warmup, warmup, &shares);
+    // The best the slowed cluster can do: its compute capacity, (W - 1 + 1/f) / W of healthy.
+    const double ideal = healthy * (a.workers - 1 + 1 / a.slow) / a.workers;
+    const double recovered = (elastic_tps - uniform) / (ideal - uniform);
+    std::string s;
+    for (double v : shares) {
+      if (!s.empty()) s.push_back('/');
+      s.append(std::to_string(v).substr(0, 6));
+    }
+    std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %9.1f%%   %s\n", round + 1, healthy, uniform,
+                elastic_tps, ideal, 100 * recovered, s.c_str());
+    std::fflush(stdout);
+    h.push_back(healthy);
+    u.push_back(uniform);
+    e.push_back(elastic_tps);
+    rec.push_back(recovered);
+  }
+  const double healthy = median(h), uniform = median(u), elastic_tps = median(e);
   const double ideal = healthy * (a.workers - 1 + 1 / a.slow) / a.workers;
-  std::printf("%-34s %12s\n", "case", "tokens/s");
-  std::printf("%-34s %12.0f\n", "healthy, uniform shares", healthy);
-  std::printf("%-34s %12.0f\n", "slowed, uniform shares", uniform);
-  std::string s;
-  for (double v : shares) s += (s.empty() ? "" : "/") + std::to_string(v).substr(0, 6);
-  std::printf("%-34s %12.0f   (shares %s)\n", "slowed, elastic shares", elastic_tps, s.c_str());
-  std::printf("%-34s %12.0f\n", "slowed, ideal (capacity-bound)", ideal);
+  std::printf("%-6s %10.0f %10.0f %10.0f %10.0f %9.1f%%   (medians; tokens/s)\n", "median", healthy,
+              uniform, elastic_tps, ideal, 100 * median(rec));
   std::printf(
-      "\nrecovered: %.1f%% of the throughput uniform shares lose against the slowed "
-      "cluster's capacity ((elastic - uniform) / (ideal - uniform))\n",
-      100 * (elastic_tps - uniform) / (ideal - uniform));
-  std::printf(
-      "           %.1f%% of the throughput lost against the healthy cluster "
-      "((elastic - uniform) / (healthy - uniform); at most %.1f%%: the slow rank's "
-      "capacity is gone)\n",
+      "\nrecovered = (elastic - uniform) / (ideal - uniform): the share of the throughput that "
+      "uniform shares lose against the slowed cluster's capacity, which elastic shares win "
+      "back. Against the healthy cluster, (elastic - uniform) / (healthy - uniform) = %.1f%% "
+      "of at most %.1f%% (the slow rank's lost capacity cannot be won back).\n",
       100 * (elastic_tps - uniform) / (healthy - uniform),
       100 * (ideal - uniform) / (healthy - uniform));
   return 0;
