@@ -123,7 +123,7 @@ class ShareBatchSampler(Sampler):
         else:
             order = list(range(self.n))
         for start in range(0, self.n - b + 1, b):
-            counts = self.session.local_counts()
+            counts = self.session._hook.config.counts
             first = sum(counts[:self.session.rank])
             yield order[start + first:start + first + counts[self.session.rank]]
 
@@ -168,6 +168,7 @@ class PlanConfig:
     name: str = "initial"
     powersgd_states: Dict[int, Any] = field(default_factory=dict)  # rank r -> torch PowerSGDState
     uniform_powersgd: Optional[int] = None  # every layer PowerSGD with this rank
+    counts: List[int] = field(default_factory=list)  # samples per rank (split_batch of shares)
 
     def method_of(self, layer: int) -> Tuple[int, float]:
         return self.methods.get(layer, (NONE, 0.0))
@@ -352,8 +353,15 @@ def _comm_hook(state: "_HookState", bucket):  # no return annotation: DDP checks
         (method, param), = groups.keys()
         if method == NONE:
             buf.mul_(w)
-            fut = _allreduce_fut(buf, group).then(lambda f: f.value()[0])
-            return timed(fut, "all_reduce/dp", buf.numel() * buf.element_size())
+            fut = _allreduce_fut(buf, group)
+            if rec is None:
+                return fut.then(lambda f: f.value()[0])
+            nbytes = buf.numel() * buf.element_size()
+
+            def done(f):  # one Python callback per bucket: timing and the result together
+                rec.comm.append(("all_reduce/dp", nbytes, t0, clock.mark()))
+                return f.value()[0]
+            return fut.then(done)
         if method == FP16:
             half = buf.mul(w).to(torch.float16)
             fut = _allreduce_fut(half, group)
@@ -589,12 +597,11 @@ class Session:
 
     def local_counts(self) -> List[int]:
         """Samples per rank in the current step's global batch."""
-        shares = self._hook.config.shares or [1] * self.world_size
-        return split_batch(self.global_batch, shares)
+        return list(self._hook.config.counts)
 
     @property
     def local_batch(self) -> int:
-        return self.local_counts()[self.rank]
+        return self._hook.config.counts[self.rank]
 
     def batch_sampler(self, dataset, shuffle: bool = True, seed: int = 0) -> ShareBatchSampler:
         """A batch sampler giving this rank its share of every global batch (pass it to
@@ -725,6 +732,7 @@ class Session:
         if len(eff) != self.world_size:
             raise ValueError(f"{len(eff)} shares for {self.world_size} ranks")
         counts = split_batch(self.global_batch, eff)
+        cfg.counts = counts
         # Weight by the samples each rank actually gets (the shares after rounding to the global
         # batch), so the weighted average is exactly the full-batch average.
         cfg.weight = counts[self.rank] / float(sum(counts))
