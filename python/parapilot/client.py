@@ -14,6 +14,7 @@ I/O thread, one at a time, in arrival order; a slow handler delays the following
 from __future__ import annotations
 
 import collections
+import hmac
 import itertools
 import os
 import random
@@ -320,9 +321,8 @@ class Client:
             challenge = self._recv_message(sock, decoder, deadline)
             if not isinstance(challenge, wire.Challenge):
                 raise _Disconnect(f"expected challenge, got {wire.TYPE_NAMES[challenge.TYPE]}")
-            import hmac as _hmac
             expected = server_proof(self._secret, client_nonce, challenge.server_nonce)
-            if not _hmac.compare_digest(expected, challenge.server_proof):
+            if not hmac.compare_digest(expected, challenge.server_proof):
                 raise _Disconnect("server proof mismatch (wrong server or wrong secret)")
             proof = client_proof(self._secret, challenge.server_nonce, client_nonce)
             sock.sendall(wire.encode_frame(wire.Auth(proof), self._max_frame))

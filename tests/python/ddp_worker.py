@@ -8,7 +8,6 @@ exists), out (result path prefix), layers_compression_probe.
 """
 
 import json
-import os
 import sys
 import time
 
@@ -109,8 +108,6 @@ def main():
             if done:
                 break
         epoch += 1
-    # All ranks must leave at the same step: agree on it (the tests' stop rule is local).
-    t = torch.tensor([session.step_index], dtype=torch.int64)
     stats = session.client.stats() if session.client else None
     session.close()
     with torch.no_grad():

@@ -1,7 +1,6 @@
 """Bus client against the scripted C++ agent: handshake, telemetry, plan protocol, heartbeats,
 reconnects, the bounded telemetry buffer and a wrong secret."""
 
-import threading
 import time
 import unittest
 

@@ -2,7 +2,6 @@
 plans from the (scripted) agent are staged, committed and applied at the same step on every
 rank, compression cuts bytes as decided, and the agent going away leaves the job training."""
 
-import time
 import unittest
 
 import harness
