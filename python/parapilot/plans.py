@@ -114,6 +114,14 @@ class PlanBook:
             self.events.append(f"missed {plan_id}: {detail}")
         self._send(wire.PlanReady(plan_id, self.rank, False, detail[:wire.MAX_TEXT_BYTES]))
 
+    def drop_uncommitted(self, why: str) -> None:
+        """The agent was lost: forget plans it prepared but never committed (a restarted agent
+        starts its own plans; committed ones stay, the ranks may be switching to them)."""
+        with self._lock:
+            for pid in [pid for pid, p in self._plans.items() if not p.committed]:
+                del self._plans[pid]
+                self.events.append(f"dropped {pid}: {why}")
+
     @property
     def stop_reason(self) -> Optional[str]:
         with self._lock:

@@ -577,6 +577,8 @@ class Session:
             secret = self._load_secret(secret_file, secret_env)
             opts = dict(client_options or {})
             opts.setdefault("logger", self._log)
+            opts.setdefault("on_disconnect", lambda why: self.book.drop_uncommitted(
+                f"agent lost ({why})"))
             self.client = Client(address, secret, name=f"worker-{self.rank}", rank=self.rank,
                                  on_message=self.book.on_message, **opts)
 
