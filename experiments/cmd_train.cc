@@ -78,7 +78,11 @@ void truncate_csv(const std::string& path, int64_t update) {
       keep.push_back(kCsvHeader);
       continue;
     }
-    if (std::stoll(line.substr(0, line.find(','))) <= update) keep.push_back(line);
+    try {
+      if (std::stoll(line.substr(0, line.find(','))) <= update) keep.push_back(line);
+    } catch (const std::exception&) {
+      // A row cut short when the run was stopped: dropped, the resumed run writes it again.
+    }
   }
   if (keep.empty()) keep.push_back(kCsvHeader);
   std::ofstream out(path, std::ios::trunc);
