@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <deque>
@@ -42,7 +43,7 @@ class RobustEwma {
     double reject_k = 4.0;    ///< outlier threshold in robust deviations.
     double rel_floor = 0.05;  ///< deviation floor relative to the level (noise-free inputs).
     int confirm = 3;          ///< consecutive same-side outliers that make a level shift.
-    int window = 9;           ///< recent inliers kept for the MAD.
+    int window = 9;           ///< recent inliers kept for the MAD (at most 64).
   };
 
   RobustEwma() = default;
@@ -57,9 +58,7 @@ class RobustEwma {
       window_.push_back(x);
       return true;
     }
-    const double spread =
-        std::max(1.4826 * mad(std::vector<double>(window_.begin(), window_.end()), level_),
-                 o_.rel_floor * std::abs(level_));
+    const double spread = std::max(1.4826 * window_mad(), o_.rel_floor * std::abs(level_));
     const double dev = x - level_;
     if (std::abs(dev) > o_.reject_k * spread && spread > 0) {
       const int side = dev > 0 ? 1 : -1;
@@ -93,6 +92,17 @@ class RobustEwma {
   void reset() { *this = RobustEwma(o_); }
 
  private:
+  // MAD of the window around the level, without allocating (the window holds <= 64 samples).
+  double window_mad() const {
+    std::array<double, 64> d{};
+    const size_t n = std::min<size_t>(window_.size(), d.size());
+    for (size_t i = 0; i < n; ++i) d[i] = std::abs(window_[i] - level_);
+    const auto mid = d.begin() + static_cast<std::ptrdiff_t>(n / 2);
+    std::nth_element(d.begin(), mid, d.begin() + static_cast<std::ptrdiff_t>(n));
+    if (n % 2 == 1) return *mid;
+    return 0.5 * (*mid + *std::max_element(d.begin(), mid));
+  }
+
   Options o_;
   double level_ = 0;
   long count_ = 0;
