@@ -97,9 +97,12 @@ class DeployEndToEndTest(unittest.TestCase):
     def test_slow_rank_shares_from_deploy(self):
         env = {"PARAPILOT_AGENT": f"127.0.0.1:{self.port}",
                "PARAPILOT_SECRET_FILE": self.secret.path}
-        self.job = harness.launch(8, {"steps": 120, "global_batch": 64, "slow_rank": 3,
+        # Enough steps that the agent detects, plans and commits well before the job ends, even
+        # on a loaded machine.
+        steps = 240
+        self.job = harness.launch(8, {"steps": steps, "global_batch": 64, "slow_rank": 3,
                                       "slow_ms": 30, "reference": True},
-                                  env_extra=env, timeout=110)
+                                  env_extra=env, timeout=200)
         slow = self.wait_line(lambda e: e.get("event") == "slow_rank" and e.get("rank") == 3, 60)
         self.assertLess(slow["value"], 0.9)
         commit = self.wait_line(lambda e: e.get("event") == "migration"
@@ -111,11 +114,11 @@ class DeployEndToEndTest(unittest.TestCase):
         plan, at = commit["plan_id"], commit["switch_at_step"]
         for r in res:
             self.assertEqual(r["applied"][0], plan)
-            self.assertEqual(len(r["records"]), 120)  # trained to the end without the agent
+            self.assertEqual(len(r["records"]), steps)  # trained to the end without the agent
             first = [x["step"] for x in r["records"] if x["plan"] == plan]
             self.assertEqual(first[0], at)  # every rank switched at the committed step
             self.assertEqual(r["records"][-1]["plan"], r["applied"][-1])
-        for step in range(120):
+        for step in range(steps):
             self.assertEqual(sum(r["records"][step]["samples"] for r in res), 64)
         after = [x["samples"] for x in res[3]["records"] if x["plan"] == plan]
         self.assertLess(max(after), 8)  # the slow rank got less than an even share
