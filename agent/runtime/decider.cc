@@ -83,7 +83,7 @@ void Decider::plan_now(const Conditions& beliefs, const Strategy& current) {
   snap->current = current;
   snap->beliefs = beliefs;
   try {
-    snap->candidates = select_candidates(job_->planner->plan(request), current);
+    snap->candidates = env::select_candidates(job_->planner->plan(request), current);
   } catch (const InputError&) {
     // Nothing can be planned (e.g. every GPU lost): no candidates, keep.
   }
@@ -120,7 +120,7 @@ void Decider::update_beliefs(const Beliefs& beliefs) {
   have_beliefs_ = true;
   const bool layout_changed = snapshot_ && !(snapshot_->current == current_);
   if (!layout_changed &&
-      !beliefs_moved(beliefs.conditions, planned_beliefs_, job_->gpus(), job_->nodes())) {
+      !env::beliefs_moved(beliefs.conditions, planned_beliefs_, job_->gpus(), job_->nodes())) {
     return;
   }
   planned_beliefs_ = beliefs.conditions;
@@ -217,7 +217,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   const CostModel& cost = job_->planner->cost_model();
   const CostBreakdown current_cost = cost.evaluate(current, beliefs.conditions);
 
-  ObservationInputs in;
+  env::ObservationInputs in;
   in.beliefs = &beliefs.conditions;
   in.gpus = job_->gpus();
   in.nodes = job_->nodes();
@@ -238,7 +238,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.staging_left_s = staging_left_s;
   in.interval_s = o_.interval_s;
   in.staging_slowdown = job_->scenario.staging_slowdown;
-  d.observation = build_observation(in);
+  d.observation = env::build_observation(in);
 
   {
     std::lock_guard lock(policy_mutex_);

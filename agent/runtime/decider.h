@@ -27,7 +27,7 @@
 #include "agent/baselines.h"
 #include "agent/runtime/job.h"
 #include "agent/runtime/monitor.h"
-#include "agent/runtime/observation.h"
+#include "env/observation.h"
 
 namespace parapilot::agent::runtime {
 

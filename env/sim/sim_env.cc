@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "env/observation.h"
 #include "strategy/error.h"
 
 namespace parapilot::env {
@@ -27,8 +28,6 @@ std::string conditions_key(const Conditions& c, int seq_len) {
 }
 
 double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
-
-bool same_layout(const Strategy& a, const Strategy& b) { return a == b; }
 
 }  // namespace
 
@@ -139,12 +138,14 @@ void SimEnv::observe_telemetry() {
   const int gpus = scenario_.cluster.num_gpus();
   const int nodes = scenario_.cluster.num_nodes();
   const int sampled = t_ - scenario_.telemetry.delay_intervals;
-  const double min_speed_before = belief_.gpu_speed.empty()
-                                      ? 1.0
-                                      : *std::min_element(belief_.gpu_speed.begin(), belief_.gpu_speed.end());
-  const double min_bw_before = belief_.node_inter_bw.empty()
-                                   ? 1.0
-                                   : *std::min_element(belief_.node_inter_bw.begin(), belief_.node_inter_bw.end());
+  const double min_speed_before =
+      belief_.gpu_speed.empty()
+          ? 1.0
+          : *std::min_element(belief_.gpu_speed.begin(), belief_.gpu_speed.end());
+  const double min_bw_before =
+      belief_.node_inter_bw.empty()
+          ? 1.0
+          : *std::min_element(belief_.node_inter_bw.begin(), belief_.node_inter_bw.end());
   previous_min_speed_ = min_speed_before;
   previous_min_bw_ = min_bw_before;
   belief_.gpu_failed = truth_.conditions[std::min(t_, scenario_.horizon - 1)].gpu_failed;
@@ -182,24 +183,11 @@ void SimEnv::observe_telemetry() {
 
 void SimEnv::replan_if_needed(bool force) {
   const int seq_len = truth_.seq_len[std::min(t_, scenario_.horizon - 1)];
-  bool changed = force || seq_len != seq_len_at_plan_ ||
-                 belief_.gpu_failed != belief_at_plan_.gpu_failed;
-  const int gpus = scenario_.cluster.num_gpus();
-  const int nodes = scenario_.cluster.num_nodes();
-  for (int i = 0; i < gpus && !changed; ++i) {
-    changed = std::abs(std::log(at(belief_.gpu_speed, i) / at(belief_at_plan_.gpu_speed, i))) > 0.15;
-  }
-  for (int i = 0; i < nodes && !changed; ++i) {
-    changed = std::abs(std::log(at(belief_.node_inter_bw, i) / at(belief_at_plan_.node_inter_bw, i))) > 0.2;
-  }
+  const bool changed = force || seq_len != seq_len_at_plan_ ||
+                       beliefs_moved(belief_, belief_at_plan_, scenario_.cluster.num_gpus(),
+                                     scenario_.cluster.num_nodes());
   if (changed) {
-    const PlanResult r = plan(belief_, seq_len, current_);
-    candidates_.clear();
-    for (const Candidate& c : r.candidates) {
-      if (same_layout(c.strategy, current_)) continue;
-      if (static_cast<int>(candidates_.size()) == kMaxCandidates) break;
-      candidates_.push_back(c);
-    }
+    candidates_ = select_candidates(plan(belief_, seq_len, current_), current_);
     belief_at_plan_ = belief_;
     seq_len_at_plan_ = seq_len;
   }
@@ -225,8 +213,8 @@ StepResult SimEnv::step(int action) {
     result.info.restarted = true;
     last_migration_ = t;
   }
-  if (action >= 1 && action <= kMaxCandidates && action - 1 < static_cast<int>(candidates_.size()) &&
-      !target_ && !result.info.restarted) {
+  if (action >= 1 && action <= kMaxCandidates &&
+      action - 1 < static_cast<int>(candidates_.size()) && !target_ && !result.info.restarted) {
     const Candidate& c = candidates_[action - 1];
     target_ = c.strategy;
     staging_left_s_ = std::max(0.0, c.migration_s - kSwitchPauseS);
@@ -267,79 +255,29 @@ StepResult SimEnv::step(int action) {
 }
 
 Observation SimEnv::observation() {
-  Observation o;
-  auto& st = o.state;
-  const int gpus = scenario_.cluster.num_gpus();
-  const int nodes = scenario_.cluster.num_nodes();
-  double min_speed = 1.5, sum = 0, sum2 = 0, slowed = 0;
-  for (int i = 0; i < gpus; ++i) {
-    const double v = at(belief_.gpu_speed, i);
-    min_speed = std::min(min_speed, v);
-    sum += v;
-    sum2 += v * v;
-    slowed += v < 0.9;
-  }
-  const double mean = sum / gpus;
-  double min_bw = 1.5, bw_sum = 0, congested = 0;
-  for (int i = 0; i < nodes; ++i) {
-    const double v = at(belief_.node_inter_bw, i);
-    min_bw = std::min(min_bw, v);
-    bw_sum += v;
-    congested += v < 0.8;
-  }
-  double failed = 0;
-  for (bool f : belief_.gpu_failed) failed += f;
   const int H = scenario_.horizon;
-  const int t = std::min(t_, H - 1);
-  st[0] = static_cast<float>(min_speed);
-  st[1] = static_cast<float>(mean);
-  st[2] = static_cast<float>(std::min(1.0 / std::max(min_speed, 1e-3), 10.0) / 10.0);
-  st[3] = static_cast<float>(std::sqrt(std::max(0.0, sum2 / gpus - mean * mean)));
-  st[4] = static_cast<float>(slowed / gpus);
-  st[5] = static_cast<float>(min_bw);
-  st[6] = static_cast<float>(bw_sum / nodes);
-  st[7] = static_cast<float>(congested / nodes);
-  st[8] = static_cast<float>(failed / gpus);
-  st[9] = static_cast<float>(min_speed - previous_min_speed_);
-  st[10] = static_cast<float>(min_bw - previous_min_bw_);
-  st[11] = static_cast<float>(std::min(telemetry_age_, 4) / 4.0);
-  st[12] = static_cast<float>(missing_fraction_);
-  const CostBreakdown* cur = current_belief_cost_ ? &*current_belief_cost_ : nullptr;
-  const bool cur_ok = cur && cur->feasible && cur->fits_in_memory;
-  const double best_pred = candidates_.empty() ? 0.0 : candidates_.front().cost.tokens_per_s;
-  const double cur_pred = cur_ok ? cur->tokens_per_s : 0.0;
-  st[13] = static_cast<float>(std::max(best_pred, cur_pred) > 0 ? cur_pred / std::max(best_pred, cur_pred) : 1.0);
-  st[14] = cur && cur->feasible ? 1.0f : 0.0f;
-  st[15] = cur && cur->fits_in_memory ? 1.0f : 0.0f;
-  st[16] = static_cast<float>(last_migration_ < 0 ? 1.0 : std::min(1.0, (t_ - last_migration_) / static_cast<double>(H)));
-  st[17] = static_cast<float>(1.0 - static_cast<double>(t_) / H);
-  st[18] = target_ ? 1.0f : 0.0f;
-  st[19] = static_cast<float>(target_ ? std::min(1.0, staging_left_s_ / scenario_.interval_s) : 0.0);
-  st[20] = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
-  st[21] = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
-  st[22] = static_cast<float>(std::log2(static_cast<double>(truth_.seq_len[t]) / scenario_.model.seq_len) / 4.0);
-  st[23] = static_cast<float>(candidates_.size()) / kMaxCandidates;
-
-  const double remaining_s = (H - t_) * scenario_.interval_s;
-  for (size_t k = 0; k < candidates_.size(); ++k) {
-    const Candidate& c = candidates_[k];
-    float* f = &o.candidates[k * kCandidateDim];
-    const double gain = cur_pred > 0 ? c.cost.tokens_per_s / cur_pred : 10.0;
-    f[0] = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
-    f[1] = static_cast<float>(std::min(c.migration_s / scenario_.interval_s, 4.0));
-    f[2] = static_cast<float>(1.0 - c.cost.memory_gib / std::max(c.cost.memory_capacity_gib, 1e-9));
-    f[3] = c.strategy.tp != current_.tp ? 1.0f : 0.0f;
-    f[4] = c.strategy.pp != current_.pp ? 1.0f : 0.0f;
-    f[5] = c.strategy.dp != current_.dp ? 1.0f : 0.0f;
-    f[6] = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
-    // Payback: tokens gained over the rest of the run against tokens lost while switching.
-    const double gained = (c.cost.tokens_per_s - cur_pred) * remaining_s;
-    const double lost = std::max(cur_pred, c.cost.tokens_per_s) *
-                        (kSwitchPauseS + scenario_.staging_slowdown * c.migration_s) + 1.0;
-    f[7] = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
-    o.mask[k] = 1;
-  }
-  return o;
+  ObservationInputs in;
+  in.beliefs = &belief_;
+  in.gpus = scenario_.cluster.num_gpus();
+  in.nodes = scenario_.cluster.num_nodes();
+  in.previous_min_speed = previous_min_speed_;
+  in.previous_min_bw = previous_min_bw_;
+  in.telemetry_age_intervals = telemetry_age_;
+  in.missing_fraction = missing_fraction_;
+  in.current = &current_;
+  in.current_cost = current_belief_cost_;
+  in.candidates = &candidates_;
+  in.interval = t_;
+  in.horizon = H;
+  in.remaining_intervals = H - t_;
+  in.last_migration = last_migration_;
+  in.staging = target_.has_value();
+  in.staging_left_s = staging_left_s_;
+  in.interval_s = scenario_.interval_s;
+  in.seq_len_ratio =
+      static_cast<double>(truth_.seq_len[std::min(t_, H - 1)]) / scenario_.model.seq_len;
+  in.staging_slowdown = scenario_.staging_slowdown;
+  return build_observation(in);
 }
 
 std::optional<OracleResult> SimEnv::oracle() {

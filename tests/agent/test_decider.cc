@@ -67,8 +67,8 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
     request.current = current;
     request.top_k = env::kMaxCandidates + 1;
     const std::vector<Candidate> candidates =
-        select_candidates(job->planner->plan(request), current);
-    ObservationInputs in;
+        env::select_candidates(job->planner->plan(request), current);
+    env::ObservationInputs in;
     in.beliefs = &beliefs;
     in.gpus = 16;
     in.nodes = 2;
@@ -81,7 +81,7 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
     in.remaining_intervals = scenario.horizon - t;
     in.interval_s = scenario.interval_s;
     in.staging_slowdown = scenario.staging_slowdown;
-    return build_observation(in);
+    return env::build_observation(in);
   };
   // Interval 0: nominal beliefs. The simulator's telemetry age starts at 0 and grows by one
   // while no sample has arrived yet; with no delay it is 0.

@@ -1,6 +1,7 @@
-// The policy's observation built from live beliefs, feature for feature as the simulator builds
-// it (env/sim/sim_env.cc; docs/observation.md), so a policy trained in the simulator acts on a
-// deployed job unchanged. Also the simulator's candidate selection and re-plan thresholds.
+// The policy's observation (docs/observation.md), built from beliefs, the current layout and
+// the planner's candidates. The simulator and the deploy agent both build it here, so a policy
+// trained in the simulator acts on a deployed job unchanged. Also the shared candidate
+// selection and re-plan thresholds.
 //
 // Pure functions; safe from any thread.
 #pragma once
@@ -11,7 +12,7 @@
 #include "env/env.h"
 #include "strategy/planner.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::env {
 
 /// Everything one observation is made of. Pointers must be non-null.
 struct ObservationInputs {
@@ -36,7 +37,7 @@ struct ObservationInputs {
   double staging_slowdown = 0.1;
 };
 
-env::Observation build_observation(const ObservationInputs& in);
+Observation build_observation(const ObservationInputs& in);
 
 /// The planner's candidates minus the current layout, at most kMaxCandidates, best first.
 std::vector<Candidate> select_candidates(const PlanResult& result, const Strategy& current);
@@ -45,4 +46,4 @@ std::vector<Candidate> select_candidates(const PlanResult& result, const Strateg
 /// 15% for a GPU's speed, 20% for a node's bandwidth, or a change of the failed set).
 bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, int nodes);
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::env

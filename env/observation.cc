@@ -1,9 +1,9 @@
-#include "agent/runtime/observation.h"
+#include "env/observation.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace parapilot::agent::runtime {
+namespace parapilot::env {
 
 namespace {
 double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
@@ -13,7 +13,7 @@ std::vector<Candidate> select_candidates(const PlanResult& result, const Strateg
   std::vector<Candidate> out;
   for (const Candidate& c : result.candidates) {
     if (c.strategy == current) continue;
-    if (static_cast<int>(out.size()) == env::kMaxCandidates) break;
+    if (static_cast<int>(out.size()) == kMaxCandidates) break;
     out.push_back(c);
   }
   return out;
@@ -39,8 +39,8 @@ bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, i
   return false;
 }
 
-env::Observation build_observation(const ObservationInputs& in) {
-  env::Observation o;
+Observation build_observation(const ObservationInputs& in) {
+  Observation o;
   auto& st = o.state;
   const Conditions& belief = *in.beliefs;
   const int gpus = in.gpus;
@@ -96,13 +96,13 @@ env::Observation build_observation(const ObservationInputs& in) {
   st[20] = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
   st[21] = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
   st[22] = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
-  st[23] = static_cast<float>(candidates.size()) / env::kMaxCandidates;
+  st[23] = static_cast<float>(candidates.size()) / kMaxCandidates;
 
   const double remaining_s = in.remaining_intervals * in.interval_s;
   const Strategy& current = *in.current;
-  for (size_t k = 0; k < candidates.size() && k < static_cast<size_t>(env::kMaxCandidates); ++k) {
+  for (size_t k = 0; k < candidates.size() && k < static_cast<size_t>(kMaxCandidates); ++k) {
     const Candidate& c = candidates[k];
-    float* f = &o.candidates[k * env::kCandidateDim];
+    float* f = &o.candidates[k * kCandidateDim];
     const double gain = cur_pred > 0 ? c.cost.tokens_per_s / cur_pred : 10.0;
     f[0] = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
     f[1] = static_cast<float>(std::min(c.migration_s / in.interval_s, 4.0));
@@ -121,4 +121,4 @@ env::Observation build_observation(const ObservationInputs& in) {
   return o;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::env
