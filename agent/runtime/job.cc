@@ -58,6 +58,9 @@ transport::Layout to_wire(const Strategy& s) {
   l.pp = static_cast<uint32_t>(s.pp);
   const int per_replica = s.global_batch / std::max(1, s.dp * s.microbatch_size);
   l.micro_batches = static_cast<uint32_t>(std::clamp(per_replica, 1, 65536));
+  // Elastic shares travel in the structured field; the layout name repeats them (";sh=") for
+  // peers that read only the name.
+  l.dp_shares.assign(s.dp_shares.begin(), s.dp_shares.end());
   return l;
 }
 
