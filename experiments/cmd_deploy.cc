@@ -130,8 +130,10 @@ void run_deploy(const DeployFlags& f) {
   rt::AgentOptions o;
   o.job = rt::make_job(f.scenario, f.gpus);
   o.job->initial(f.initial_layout);  // validates the name
-  o.policy_path = f.policy;
+  // No --policy: the shipped default policy; "reactive": the reactive baseline on purpose.
+  o.policy_path = f.policy == "reactive" ? std::string() : f.policy;
 #ifdef PARAPILOT_DEPLOY_HAVE_RL
+  if (f.policy.empty()) o.policy_path = agent::default_policy_path();
   o.loader = [](const std::string& path) { return agent::load_policy(path); };
 #endif
   o.listen_address = host;
@@ -281,8 +283,9 @@ void add_deploy_command(CLI::App& app) {
       "Run the agent daemon: watch a job's ranks on the bus, decide with a policy, switch layouts "
       "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
   cmd->add_option("--policy", d->policy,
-                  "policy checkpoint; default: the reactive baseline (a missing or unreadable file "
-                  "falls back to reactive, logged and in the metrics)");
+                  "policy checkpoint (default: the shipped policy, checkpoints/default-mixed.ckpt), "
+                  "or \"reactive\" for the reactive baseline; a missing or unreadable file falls "
+                  "back to reactive, logged and in the metrics");
   cmd->add_option("--listen", d->listen, "bus address HOST:PORT (loopback unless told otherwise)")
       ->capture_default_str();
   cmd->add_option("--secret-file", d->secret_file,

@@ -47,6 +47,7 @@ class DeployEndToEndTest(unittest.TestCase):
         self.port = harness.free_port()
         self.deploy = subprocess.Popen(
             [self.exe, "deploy", "--scenario", "straggler", "--gpus", "8",
+             "--policy", "reactive",
              "--initial-layout", "uniform-dp", "--interval-steps", "5", "--cooldown", "1",
              "--listen", f"127.0.0.1:{self.port}", "--secret-file", self.secret.path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
