@@ -302,13 +302,16 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     rt.type = topo_.type_of_gpu[gpu0];
     double slow = 1.0;
     if (!c.gpu_speed.empty() || !c.gpu_failed.empty()) {
+      // The tensor-parallel group's GPUs are gpu0 .. gpu0 + tp - 1 under the placement orders,
+      // or listed one by one under an explicit placement.
+      const bool contiguous = s.gpus.empty();
       double speed = kInf;
       for (int i = 0; i < s.tp; ++i) {
-        const int g = s.gpu_of_rank(r, p, i);
-        if (c.failed(g)) rt.failed = true;
-        speed = std::min(speed, c.speed(g));
+        const int g = contiguous ? gpu0 + i : s.gpu_of_rank(r, p, i);
+        if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
+        if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
       }
-      slow = 1.0 / speed;
+      slow = speed == kInf ? 1.0 : 1.0 / speed;
     }
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
