@@ -10,6 +10,8 @@
 
 #include "agent/evaluate.h"
 #include "agent/ppo.h"
+#include "env/sim/sim_env.h"
+#include "env/trace/telemetry.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "strategy/error.h"
@@ -25,6 +27,7 @@ struct EvalOptions {
   std::string policies = "rl,static,reactive,uniform-dp,oracle";
   bool json = false;
   std::string plot;
+  std::string record;  // telemetry CSV of the first policy's first episode
 };
 
 // "straggler" -> "sim:straggler"; ids and .toml paths pass through.
@@ -122,6 +125,17 @@ void run_eval(const EvalOptions& o) {
     oracle.push_back(agent::run_oracle(*env, o.seed + static_cast<uint64_t>(e)));
   }
   const bool progress = ::isatty(STDERR_FILENO) != 0;
+  // --record: the simulator reports telemetry during the first non-oracle policy's first episode.
+  std::vector<trace::TelemetrySample> recorded;
+  auto* sim = dynamic_cast<env::SimEnv*>(env.get());
+  size_t record_policy = names.size();
+  if (!o.record.empty()) {
+    if (!sim) throw InputError("--record: env " + env->id() + " does not record telemetry");
+    for (size_t i = 0; i < names.size() && record_policy == names.size(); ++i) {
+      if (names[i] != "oracle") record_policy = i;
+    }
+    if (record_policy == names.size()) throw InputError("--record: name a policy besides oracle");
+  }
   std::vector<PolicyResult> results;
   for (size_t i = 0; i < names.size(); ++i) {
     PolicyResult r;
@@ -129,10 +143,13 @@ void run_eval(const EvalOptions& o) {
     for (int e = 0; e < o.episodes; ++e) {
       if (progress)
         std::fprintf(stderr, "\r%-12s episode %d/%d", names[i].c_str(), e + 1, o.episodes);
+      const bool recording = i == record_policy && e == 0;
+      if (recording) sim->record_telemetry(&recorded);
       const agent::EpisodeStats stats =
           names[i] == "oracle"
               ? oracle[e]
               : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
+      if (recording) sim->record_telemetry(nullptr);
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
@@ -146,6 +163,10 @@ void run_eval(const EvalOptions& o) {
   if (progress) std::fprintf(stderr, "\r%40s\r", "");
   env->reset(o.seed);
   if (!o.plot.empty()) write_plot(o.plot, results, env->events(), env->interval_s(), env->id());
+  if (!o.record.empty()) {
+    write_file_atomically(o.record,
+                          [&](std::ostream& out) { trace::write_telemetry(recorded, out); });
+  }
 
   if (o.json) {
     nlohmann::json j;
@@ -201,6 +222,9 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object keyed by policy");
   cmd->add_option("--plot", o->plot, "Write a PNG of throughput over time per policy (gnuplot)");
+  cmd->add_option("--record", o->record,
+                  "Write the simulated telemetry of the first policy's first episode as a CSV "
+                  "(the format `trace analyze` and the trace env read)");
   cmd->callback([o] { run_eval(*o); });
 }
 

@@ -237,6 +237,7 @@ StepResult SimEnv::step(int action) {
   }
   tokens += tps * remaining;
 
+  if (recording_) record_interval(t);
   const double best = best_tokens_per_s(t) * interval;
   result.info.tokens = tokens;
   result.info.best_tokens = best;
@@ -252,6 +253,42 @@ StepResult SimEnv::step(int action) {
   }
   result.observation = observation();
   return result;
+}
+
+void SimEnv::record_interval(int t) {
+  const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
+  const Conditions& truth = truth_.conditions[t];
+  const CostBreakdown b = cost.evaluate(current_, truth);
+  if (!b.feasible) return;  // the job is down this interval: no step to report
+  // Per-chunk compute of one microbatch at nominal speed (replicas are alike at nominal).
+  const PipelineTimings nominal = cost.pipeline_timings(current_, Conditions{});
+  const Strategy& s = current_;
+  const std::vector<int> shares = s.shares();
+  const double start = t * scenario_.interval_s;
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < s.pp; ++p) {
+      double speed = 1.0;
+      for (int i = 0; i < s.tp; ++i) speed = std::min(speed, truth.speed(s.gpu_of_rank(r, p, i)));
+      double per_microbatch = 0;
+      for (int k = 0; k < s.virtual_stages; ++k) {
+        const int chunk = k * s.pp + p;
+        per_microbatch += nominal.forward_s[chunk] + nominal.backward_s[chunk];
+      }
+      trace::TelemetrySample x;
+      x.rank = r * s.pp + p;
+      x.dp_rank = r;
+      x.stage = p;
+      x.step = t;
+      x.start_s = start;
+      x.end_s = start + b.iteration_time_s;
+      x.microbatches = shares[r] / s.microbatch_size;
+      x.compute_ms = 1e3 * x.microbatches * per_microbatch / std::max(speed, 1e-6);
+      x.dp_comm = {1e3 * b.dp_comm_s, 0};
+      x.pp_comm = {1e3 * b.pp_comm_s, 0};
+      x.tp_comm = {1e3 * b.tp_comm_s, 0};
+      recording_->push_back(x);
+    }
+  }
 }
 
 Observation SimEnv::observation() {

@@ -16,6 +16,7 @@
 
 #include "env/env.h"
 #include "env/sim/scenario.h"
+#include "env/trace/telemetry.h"
 #include "strategy/planner.h"
 
 namespace parapilot::env {
@@ -34,6 +35,13 @@ class SimEnv : public Env {
   StepResult step(int action) override;
   std::optional<OracleResult> oracle() override;
   std::vector<std::pair<int, std::string>> events() const override { return truth_.events; }
+
+  // Appends, from the next step on, one telemetry sample per pipeline position (replica,
+  // stage; a tensor-parallel group reports as one rank, at its slowest GPU's pace) per
+  // interval: one representative training step under the true conditions, in the recording
+  // format of env/trace/telemetry.h. nullptr stops recording. The sink must outlive the env's
+  // use of it.
+  void record_telemetry(std::vector<trace::TelemetrySample>* sink) { recording_ = sink; }
 
   const Scenario& scenario() const { return scenario_; }
   const Strategy& current_layout() const { return current_; }
@@ -66,14 +74,16 @@ class SimEnv : public Env {
   std::optional<Strategy> target_;
   double staging_left_s_ = 0;
   int last_migration_ = -1;
-  Conditions belief_;           // what the monitor believes now
-  Conditions belief_at_plan_;   // beliefs the candidates were planned under
+  Conditions belief_;          // what the monitor believes now
+  Conditions belief_at_plan_;  // beliefs the candidates were planned under
   int seq_len_at_plan_ = 0;
   double previous_min_speed_ = 1, previous_min_bw_ = 1;
   double missing_fraction_ = 0;
   int telemetry_age_ = 0;
   std::vector<Candidate> candidates_;
   std::optional<CostBreakdown> current_belief_cost_;
+  std::vector<trace::TelemetrySample>* recording_ = nullptr;
+  void record_interval(int t);
 };
 
 }  // namespace parapilot::env

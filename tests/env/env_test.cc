@@ -3,11 +3,14 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "agent/baselines.h"
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "env/sim/sim_env.h"
+#include "env/trace/telemetry.h"
+#include "env/trace/trace_analysis.h"
 #include "strategy/error.h"
 
 using namespace parapilot;
@@ -50,12 +53,14 @@ std::vector<double> rollout(Env& env, uint64_t seed, uint64_t action_seed, int* 
 TEST_CASE("conformance: every registered env is covered") {
   for (const auto& name : registered_envs()) {
     bool covered = false;
-    for (const std::string& id : kConformanceIds) covered = covered || parse_env_id(id).name == name;
+    for (const std::string& id : kConformanceIds)
+      covered = covered || parse_env_id(id).name == name;
     CHECK_MESSAGE(covered, name);
   }
 }
 
-TEST_CASE("conformance: same seed, same trajectory; truncation at the horizon; finite observations") {
+TEST_CASE(
+    "conformance: same seed, same trajectory; truncation at the horizon; finite observations") {
   for (const std::string& id : kConformanceIds) {
     INFO(id);
     auto a = make_env(id);
@@ -78,7 +83,8 @@ TEST_CASE("conformance: same seed, same trajectory; truncation at the horizon; f
         for (float v : r.observation.candidates) CHECK(std::abs(v) <= 10.0f);
         for (int k = 0; k < kMaxCandidates; ++k) {
           if (!r.observation.mask[k]) {
-            for (int f = 0; f < kCandidateDim; ++f) CHECK(r.observation.candidates[k * kCandidateDim + f] == 0.0f);
+            for (int f = 0; f < kCandidateDim; ++f)
+              CHECK(r.observation.candidates[k * kCandidateDim + f] == 0.0f);
           }
         }
         CHECK(r.truncated == (t == a->horizon() - 1));
@@ -93,7 +99,8 @@ TEST_CASE("env ids: parameters, scenario files and errors") {
   CHECK(id.variant == "straggler");
   CHECK(id.params.at("gpus") == "64");
   CHECK(id.params.at("seed") == "3");
-  CHECK(parse_env_id("experiments/scenarios/mixed.toml").variant == "experiments/scenarios/mixed.toml");
+  CHECK(parse_env_id("experiments/scenarios/mixed.toml").variant ==
+        "experiments/scenarios/mixed.toml");
   CHECK_THROWS_AS(make_env("nosuch:thing"), InputError);
   CHECK_THROWS_AS(make_env("sim:weather"), InputError);
   CHECK_THROWS_AS(make_env("sim:straggler(gpus=12)"), InputError);
@@ -174,4 +181,36 @@ TEST_CASE("trace env: replays the recorded per-rank speeds as the hidden truth")
   }
   CHECK_THROWS_AS(make_env("trace:" + kTraceDir + "trace-ST.csv"), InputError);  // no meta
   CHECK_THROWS_AS(make_env("trace:/nonexistent.csv(meta=x.yaml)"), InputError);
+}
+
+TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GPU") {
+  Scenario s = builtin_scenario(Family::kStraggler, 16);
+  Truth truth;
+  for (int t = 0; t < 8; ++t) {
+    Conditions c;
+    c.gpu_speed.assign(16, 1.0);
+    c.gpu_speed[5] = 0.4;
+    truth.conditions.push_back(c);
+    truth.seq_len.push_back(s.model.seq_len);
+  }
+  SimEnv env(s, "recorded", truth);
+  std::vector<trace::TelemetrySample> samples;
+  env.record_telemetry(&samples);
+  ResetOptions uniform;
+  uniform.initial_layout = "uniform-dp";
+  env.reset(1, uniform);
+  for (int t = 0; t < 8; ++t) env.step(0);
+  REQUIRE(samples.size() == 8u * 16u);  // one per replica (dp = 16, tp = pp = 1) per interval
+
+  // Through the recording format and back, then the what-if analysis.
+  std::stringstream csv;
+  trace::write_telemetry(samples, csv);
+  const trace::TelemetryTrace read = trace::read_telemetry(csv, "recorded.csv");
+  CHECK(read.samples == samples);
+  const trace::OpTrace ops = trace::telemetry_to_op_trace(read, trace::telemetry_layout(read));
+  const trace::TraceAnalysis a = trace::analyze_trace(ops);
+  REQUIRE_FALSE(a.stragglers.empty());
+  CHECK(a.stragglers.front().rank == 5);
+  CHECK(a.cause == "worker");
+  CHECK(a.slowdown > 1.5);
 }

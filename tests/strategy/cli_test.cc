@@ -198,3 +198,22 @@ TEST_CASE("trace analyze: the sample trace's what-if figures; malformed traces e
   CHECK(b.exit_code == 2);
   CHECK(b.out.find(bad.path()) != std::string::npos);
 }
+
+TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads") {
+  TempFile dir("", "unused");
+  const std::string csv = dir.dir() + "/telemetry.csv";
+  const Run r =
+      run("eval --scenario \"sim:straggler(gpus=16,horizon=6)\" --episodes 1 "
+          "--policies static,oracle --record " +
+          csv);
+  REQUIRE(r.exit_code == 0);
+  const Run a = run("trace analyze " + csv + " --json");
+  INFO(a.out);
+  REQUIRE(a.exit_code == 0);
+  const auto j = nlohmann::json::parse(a.out);
+  CHECK(j["measured_step_s"].get<double>() > 0);
+  const Run bad =
+      run("eval --scenario \"bandit:arms(horizon=4)\" --policies static --record " + csv);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("does not record telemetry") != std::string::npos);
+}
