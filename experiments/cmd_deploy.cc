@@ -282,10 +282,11 @@ void add_deploy_command(CLI::App& app) {
       "deploy",
       "Run the agent daemon: watch a job's ranks on the bus, decide with a policy, switch layouts "
       "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
-  cmd->add_option("--policy", d->policy,
-                  "policy checkpoint (default: the shipped policy, checkpoints/default-mixed.ckpt), "
-                  "or \"reactive\" for the reactive baseline; a missing or unreadable file falls "
-                  "back to reactive, logged and in the metrics");
+  cmd->add_option(
+      "--policy", d->policy,
+      "policy checkpoint (default: the shipped policy, checkpoints/default-mixed.ckpt), "
+      "or \"reactive\" for the reactive baseline; a missing or unreadable file falls "
+      "back to reactive, logged and in the metrics");
   cmd->add_option("--listen", d->listen, "bus address HOST:PORT (loopback unless told otherwise)")
       ->capture_default_str();
   cmd->add_option("--secret-file", d->secret_file,
@@ -345,6 +346,16 @@ void add_deploy_command(CLI::App& app) {
   sim->add_option("--io-threads", s->io_threads, "bus client I/O threads")->capture_default_str();
   sim->add_flag("--json", s->json, "one-line JSON report");
   sim->callback([s] { run_simcluster(*s); });
+}
+
+void run_simulated_ranks(int ranks, const std::string& scenario, const std::string& agent,
+                         const std::string& secret_file) {
+  SimFlags f;
+  f.ranks = ranks;
+  f.scenario = scenario;
+  f.agent = agent;
+  f.secret_file = secret_file;
+  run_simcluster(f);
 }
 
 }  // namespace parapilot::cli

@@ -37,6 +37,8 @@ struct LaunchOptions {
   std::string record;
   std::string log_dir;
   double timeout_s = 0;
+  int simulated = 0;  // > 0: simulated ranks on an external agent's bus instead of workers
+  std::string scenario = "straggler";
 };
 
 void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
@@ -195,7 +197,27 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--log-dir", options->log_dir, "Write worker-RANK.log files here");
   cmd->add_option("--timeout", options->timeout_s,
                   "Stop the job after this many seconds (0 = none)");
-  cmd->callback([options, cmd] { run_launch(*options, cmd->remaining()); });
+  cmd->add_option("--simulated", options->simulated,
+                  "Impersonate N ranks from the simulator instead of starting workers (with "
+                  "--agent HOST:PORT of a running deploy; the secret from --secret-file or "
+                  "PARAPILOT_SECRET)");
+  cmd->add_option("--scenario", options->scenario, "Scenario of the simulated ranks")
+      ->capture_default_str();
+  cmd->callback([options, cmd] {
+    if (options->simulated > 0) {
+      if (options->agent.find(':') == std::string::npos) {
+        throw InputError("--simulated needs --agent HOST:PORT of a running parapilot deploy");
+      }
+      std::string secret_file;
+      const auto extras = cmd->remaining();
+      for (size_t i = 0; i + 1 < extras.size(); ++i) {
+        if (extras[i] == "--secret-file") secret_file = extras[i + 1];
+      }
+      run_simulated_ranks(options->simulated, options->scenario, options->agent, secret_file);
+      return;
+    }
+    run_launch(*options, cmd->remaining());
+  });
 #else
   CLI::App* cmd = app.add_subcommand("launch", "Local live cluster (not in this build)");
   cmd->allow_extras();

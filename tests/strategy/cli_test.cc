@@ -217,3 +217,9 @@ TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("does not record telemetry") != std::string::npos);
 }
+
+TEST_CASE("launch --simulated needs an agent address") {
+  const Run r = run("launch --simulated 16");
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("--agent HOST:PORT") != std::string::npos);
+}
