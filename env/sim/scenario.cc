@@ -6,6 +6,7 @@
 #include <random>
 
 #include "strategy/error.h"
+#include "strategy/space.h"
 #include "strategy/spec_io.h"
 #include "strategy/toml_reader.h"
 
@@ -147,6 +148,8 @@ Scenario load_scenario(const std::string& path) {
     if (auto v = t.get_int("seq_len_factor", 1, 64)) s.phase.seq_len_factor = static_cast<int>(*v);
   });
   r.reject_unknown();
+  // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
+  if (root.get("space")) s.space = load_search_space(path, s.model);
   return s;
 }
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -45,8 +46,15 @@ class DeployEndToEndTest(unittest.TestCase):
             self.skipTest("parapilot (with the deploy command) is not built")
         self.secret = harness.SecretFile()
         self.port = harness.free_port()
+        # The job is pure data parallel: let the agent plan only such layouts, so that every
+        # plan it sends is one this job accepts (tp and pp stay 1; shares may change).
+        scenario = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+        scenario.write('[scenario]\nfamily = "straggler"\ngpus = 8\n\n[space]\ntp = [1]\npp = [1]\n')
+        scenario.close()
+        self.scenario_path = scenario.name
+        self.addCleanup(os.unlink, self.scenario_path)
         self.deploy = subprocess.Popen(
-            [self.exe, "deploy", "--scenario", "straggler", "--gpus", "8",
+            [self.exe, "deploy", "--scenario", self.scenario_path,
              "--policy", "reactive",
              "--initial-layout", "uniform-dp", "--interval-steps", "5", "--cooldown", "1",
              "--listen", f"127.0.0.1:{self.port}", "--secret-file", self.secret.path],
