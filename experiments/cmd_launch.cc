@@ -1,12 +1,15 @@
-// parapilot launch: a local live cluster of N training workers with an in-process agent bus, a
-// scripted or reactive action schedule, and fault injection (env/live/local_cluster.h).
+// parapilot launch: a local live cluster of N training workers with an in-process agent bus (a
+// scripted or reactive action schedule) or `parapilot deploy` beside it, and fault injection
+// (env/live/local_cluster.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include "experiments/cli_common.h"
@@ -31,6 +34,8 @@ struct LaunchOptions {
   std::string backend = "gloo";
   std::vector<std::string> inject;
   std::string agent = "builtin";
+  std::string agent_policy;     // --agent deploy: deploy's --policy (empty: its default)
+  int agent_interval_steps = 5;  // --agent deploy: training steps per decision
   std::vector<std::string> actions;  // STEP:ACTION
   int elastic_every = 0;
   std::int64_t auto_compress_at = -1;
@@ -41,14 +46,42 @@ struct LaunchOptions {
   std::string scenario = "straggler";
 };
 
+// The job as parapilot deploy sees it (a scenario TOML, docs/live.md "The agent beside the
+// cluster"): the workers' model, one node of `workers` GPUs, the global batch, and a search space
+// of what these workers can switch: pure data parallel with elastic shares.
+std::string job_scenario(const live::WorkerOptions& w, int workers, const std::string& dir) {
+  const live::ModelConfig& m = w.model;
+  const bool mlp = m.kind == "mlp";
+  std::ostringstream model;
+  model << "# The live workers' " << m.kind << " (parapilot launch --agent deploy).\n"
+        << "[model]\nname = \"live-" << m.kind << "\"\nlayers = " << m.layers
+        << "\nhidden = " << m.d_model << "\nheads = " << (mlp ? 1 : m.heads)
+        << "\nseq_len = " << (mlp ? m.context : m.seq_len) << "\nvocab = " << m.kVocab << "\n";
+  const std::string model_path = dir + "/model.toml";
+  write_file_atomically(model_path, [&](std::ostream& out) { out << model.str(); });
+  std::ostringstream job;
+  job << "# The local live cluster as parapilot deploy sees it (parapilot launch --agent deploy).\n"
+      << "[scenario]\nfamily = \"straggler\"\ngpus = 8\ncluster = \"1x" << workers
+      << "xa100-80g\"\nmodel = \"" << model_path << "\"\nglobal_batch = " << w.global_batch
+      << "\n\n# What the workers can switch: data-parallel shares.\n[space]\ntp = [1]\npp = [1]\n"
+      << "microbatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";
+  const std::string path = dir + "/job.toml";
+  write_file_atomically(path, [&](std::ostream& out) { out << job.str(); });
+  return path;
+}
+
 void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   // Validate everything before starting a process.
   std::vector<live::FaultSpec> faults;
   for (const auto& spec : o.inject) faults.push_back(live::parse_fault(spec));
   if (o.backend != "gloo" && o.backend != "nccl")
     throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
-  if (o.agent != "builtin" && o.agent != "none" && o.agent.find(':') == std::string::npos)
-    throw InputError("--agent: builtin, none or HOST:PORT");
+  const bool deploy = o.agent == "deploy";
+  if (o.agent != "builtin" && o.agent != "none" && !deploy && o.agent.find(':') == std::string::npos)
+    throw InputError("--agent: builtin, deploy, none or HOST:PORT");
+  if (!deploy && (!o.agent_policy.empty() || o.agent_interval_steps != 5))
+    throw InputError("--agent-policy and --agent-interval-steps need --agent deploy");
+  if (o.agent_interval_steps < 1) throw InputError("--agent-interval-steps: must be >= 1");
   std::map<std::int64_t, std::vector<live::LiveAction>> schedule;
   for (const auto& a : o.actions) {
     const auto colon = a.find(':');
@@ -59,11 +92,14 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     schedule[step].push_back(live::decode_action(a.substr(colon + 1)));
   }
   if (o.agent != "builtin" &&
-      (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0 || !o.record.empty()))
-    throw InputError(
-        "--action, --elastic-every, --auto-compress-at and --record need --agent builtin");
+      (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0))
+    throw InputError("--action, --elastic-every and --auto-compress-at need --agent builtin");
   worker_args.insert(worker_args.begin(), {"--backend", o.backend});
-  if (o.agent != "builtin" && o.agent != "none")
+  // Without the builtin agent, each worker records its own rows; they are merged at the end.
+  const std::string rank_record =
+      o.record.empty() || o.agent == "builtin" ? "" : o.record + ".rank{rank}.csv";
+  if (!rank_record.empty()) worker_args.insert(worker_args.end(), {"--record", rank_record});
+  if (o.agent != "builtin" && o.agent != "none" && !deploy)
     worker_args.insert(worker_args.end(), {"--agent", o.agent});
   // Parse the worker flags once here so that bad ones fail now with exit code 2.
   live::WorkerOptions wo;
@@ -88,10 +124,34 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   co.faults = faults;
   co.host_agent = o.agent == "builtin";
   co.log_dir = o.log_dir;
+  std::string job_dir;
+  if (deploy) {
+    if (!o.log_dir.empty()) {
+      job_dir = o.log_dir;
+      std::filesystem::create_directories(job_dir);
+    } else {
+      char dir[] = "/tmp/parapilot-job-XXXXXX";
+      if (!::mkdtemp(dir)) throw std::runtime_error("cannot create a folder for the job file");
+      job_dir = dir;
+    }
+    co.agent_command = {"/proc/self/exe", "deploy",
+                        "--scenario", job_scenario(wo, o.workers, job_dir),
+                        "--initial-layout", "uniform-dp",
+                        "--interval-steps", std::to_string(o.agent_interval_steps),
+                        "--cooldown", "1"};
+    if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});
+    if (!o.log_dir.empty()) co.agent_log = o.log_dir + "/agent.log";
+  }
   live::LocalCluster cluster(co);
   live::Controller* agent = cluster.controller();
-  std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
-              agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str() : "");
+  if (deploy)
+    std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml%s)\n",
+                o.workers, o.backend.c_str(), cluster.agent_port(), job_dir.c_str(),
+                co.agent_log.empty() ? "" : (", log " + co.agent_log).c_str());
+  else
+    std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
+                agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str()
+                      : "");
   std::fflush(stdout);
 
   std::vector<transport::Telemetry> window;
@@ -147,6 +207,33 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     std::printf("%s\n", e.describe().c_str());
     ok = ok && e.exited && e.signal == 0 && e.code == 0;
   }
+  if (!rank_record.empty()) {
+    std::vector<trace::TelemetrySample> rows;
+    for (int r = 0; r < o.workers; ++r) {
+      std::string path = rank_record;
+      path.replace(path.find("{rank}"), 6, std::to_string(r));
+      try {
+        auto t = trace::read_telemetry(path);
+        rows.insert(rows.end(), t.samples.begin(), t.samples.end());
+        std::filesystem::remove(path);
+      } catch (const std::exception& e) {
+        std::printf("rank %d recorded no telemetry (%s)\n", r, e.what());
+      }
+    }
+    std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return a.step != b.step ? a.step < b.step : a.rank < b.rank;
+    });
+    write_file_atomically(o.record,
+                          [&](std::ostream& out) { trace::write_telemetry(rows, out); });
+    std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
+  }
+  if (deploy) {
+    std::fflush(stdout);
+    const int code = cluster.stop_agent();
+    std::printf("parapilot deploy stopped (%s)\n",
+                code == 0 ? "exit 0" : ("exit " + std::to_string(code)).c_str());
+    ok = ok && code == 0;
+  }
   if (agent) {
     for (const auto& e : agent->events()) std::printf("event: %s\n", e.c_str());
     const auto rows = agent->recorded();
@@ -185,7 +272,13 @@ void add_launch_command(CLI::App& app) {
       "--inject", options->inject,
       "Fault: rank=2,slow=3x,at=100s,for=60s | rank=1,link-delay=20ms | rank=3,kill,at=50s");
   cmd->add_option("--agent", options->agent,
-                  "builtin (an in-process agent bus), none, or HOST:PORT of an external agent")
+                  "builtin (an in-process agent bus), deploy (start parapilot deploy beside the "
+                  "workers, docs/live.md), none, or HOST:PORT of an external agent")
+      ->capture_default_str();
+  cmd->add_option("--agent-policy", options->agent_policy,
+                  "--agent deploy: its --policy (default: the shipped policy)");
+  cmd->add_option("--agent-interval-steps", options->agent_interval_steps,
+                  "--agent deploy: training steps per decision")
       ->capture_default_str();
   cmd->add_option("--action", options->actions,
                   "Scripted action STEP:ACTION, e.g. 20:s=0.75/0.25 or 40:c=30h (docs/live.md)");

@@ -59,6 +59,7 @@ struct Sample {
   int rank = 0;
   uint64_t start_ns = 0;
   double compute_ms = 0;
+  double work = -1;  // samples this rank processed (info/samples); -1: not reported
   double wall_ms = 0;
   double inter_bytes = 0;
   double inter_ms = 0;
@@ -103,6 +104,7 @@ struct Monitor::State {
   MonitorCounters counters;
   std::vector<MonitorEvent> events;
   double median_wait_ms = 0;
+  bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
   int expected() const {
     if (!any_connected) return o.ranks;
@@ -172,6 +174,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
     x.wall_ms = static_cast<double>(t.step_end_ns - t.step_start_ns) / 1e6;
     x.queue = t.queue_depth;
     for (const auto& [name, c] : t.collectives) {
+      if (name == "info/samples") x.work = static_cast<double>(c.bytes);
       if (name.find("inter") == std::string::npos) continue;
       x.inter_bytes += static_cast<double>(c.bytes);
       x.inter_ms += c.ms;
@@ -230,7 +233,14 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   for (size_t i = 0; i < agg.samples.size(); ++i) {
     const Sample& x = agg.samples[i];
     RankStats& r = ranks[x.rank];
-    if (!r.compute.add(x.compute_ms)) ++counters.outliers;
+    // Speed compares compute per sample when ranks report their samples (elastic shares give
+    // ranks unequal work), else compute per step. A rank with no samples says nothing of speed.
+    if (x.work > 0) {
+      per_sample = true;
+      if (!r.compute.add(x.compute_ms / x.work)) ++counters.outliers;
+    } else if (x.work < 0 && !r.compute.add(x.compute_ms)) {
+      ++counters.outliers;
+    }
     r.wall.add(x.wall_ms);
     const double wait = last - arrivals[i];
     waits.push_back(wait);
@@ -262,7 +272,7 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
 void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
   const int n = o.ranks;
   const Clock::time_point now = Clock::now();
-  // Speed: the peer group's median compute level over this rank's.
+  // Speed: the peer group's reference compute level over this rank's.
   std::map<int, std::vector<double>> group_levels;
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
@@ -270,7 +280,13 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     group_levels[o.peer_group.empty() ? 0 : o.peer_group[r]].push_back(st.compute.value());
   }
   std::map<int, double> reference;
-  for (auto& [g, levels] : group_levels) reference[g] = median(std::move(levels));
+  // The reference is the lower median of the group's compute levels (the faster middle rank):
+  // in a group of two a slow rank must not drag its own reference halfway to itself.
+  for (auto& [g, levels] : group_levels) {
+    const auto mid = levels.begin() + static_cast<std::ptrdiff_t>((levels.size() - 1) / 2);
+    std::nth_element(levels.begin(), mid, levels.end());
+    reference[g] = *mid;
+  }
   Beliefs& b = beliefs;
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
@@ -292,9 +308,10 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
       char text[320];
       std::snprintf(
           text, sizeof text,
-          "compute-only %.1f ms vs peer median %.1f ms (%.2fx slower); arrives %.1f ms "
+          "compute-only %.2f ms%s vs peer median %.2f ms (%.2fx slower); arrives %.1f ms "
           "after the median rank at the collective; waits %.1f ms in it vs median %.1f ms",
-          st.compute.value(), reference[g], 1.0 / st.speed, st.lateness_ms, st.last_wait_ms,
+          st.compute.value(), per_sample ? " per sample" : "", reference[g], 1.0 / st.speed,
+          st.lateness_ms, st.last_wait_ms,
           median_wait_ms);
       events.push_back({MonitorEvent::Kind::slow_rank, r, -1, st.speed, step, now, text});
     } else if (st.slow && (lost || st.speed > o.recovered_speed)) {

@@ -66,7 +66,9 @@ const char* to_string(MonitorEvent::Kind kind);
 /// The monitor's current view (a snapshot; copying it is cheap enough once per step).
 struct Beliefs {
   Conditions conditions;  ///< gpu_speed per rank, node_inter_bw per node, gpu_failed = lost.
-  std::vector<double> rank_compute_ms;   ///< robust level of compute-only time (0: unknown).
+  /// Robust level of compute-only time per step, or per sample when ranks report their samples
+  /// (the "info/samples" telemetry entry); 0: unknown.
+  std::vector<double> rank_compute_ms;
   std::vector<double> rank_steps_per_s;  ///< from the rank's own step wall time.
   std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
   std::vector<double> rank_queue_depth;

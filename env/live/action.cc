@@ -76,6 +76,20 @@ double with_unit(std::string_view value, std::string_view unit, const std::strin
   return to_double(value, what);
 }
 
+Compression from_wire(transport::CompressionMethod m) {
+  switch (m) {
+    case transport::CompressionMethod::none:
+      return Compression::none;
+    case transport::CompressionMethod::fp16:
+      return Compression::fp16;
+    case transport::CompressionMethod::topk:
+      return Compression::topk;
+    case transport::CompressionMethod::powersgd:
+      return Compression::powersgd;
+  }
+  throw InputError("unknown compression method " + std::to_string(static_cast<int>(m)));
+}
+
 }  // namespace
 
 std::string_view compression_name(Compression c) {
@@ -201,6 +215,70 @@ LiveAction decode_action(std::string_view text) {
         break;
       default:
         throw InputError(where + ": unknown field '" + std::string(1, key) + "'");
+    }
+  }
+  return a;
+}
+
+bool is_action_text(std::string_view name) {
+  if (name == "keep") return true;
+  return name.size() >= 2 && name[1] == '=' &&
+         std::string_view("sckrbm").find(name[0]) != std::string_view::npos;
+}
+
+LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
+                            std::size_t layers) {
+  if (is_action_text(plan.layout_name)) return decode_action(plan.layout_name);
+  const transport::Layout& l = plan.layout;
+  const std::string what = "layout '" + plan.layout_name + "'";
+  if (l.tp != 1 || l.pp != 1)
+    throw InputError(what + ": this job runs pure data parallel (tp = pp = 1), not tp = " +
+                     std::to_string(l.tp) + ", pp = " + std::to_string(l.pp));
+  if (l.dp != static_cast<std::uint32_t>(world_size))
+    throw InputError(what + ": dp = " + std::to_string(l.dp) + ", but the job has " +
+                     std::to_string(world_size) + " ranks");
+  LiveAction a;
+  std::vector<double> per_replica(l.dp_shares.begin(), l.dp_shares.end());
+  if (per_replica.empty()) per_replica.assign(static_cast<std::size_t>(world_size), 1.0);
+  if (per_replica.size() != static_cast<std::size_t>(world_size))
+    throw InputError(what + ": " + std::to_string(per_replica.size()) + " shares for " +
+                     std::to_string(world_size) + " ranks");
+  // The device map ";g=..." of the layout name: replica i on rank g[i].
+  std::vector<int> device_of(per_replica.size());
+  std::iota(device_of.begin(), device_of.end(), 0);
+  for (std::string_view field : split(plan.layout_name, ';')) {
+    if (field.substr(0, 2) != "g=") continue;
+    device_of.clear();
+    for (std::string_view item : split(field.substr(2), ',')) {
+      const auto dash = item.find('-');
+      const std::int64_t first = to_int(item.substr(0, dash), what + " g");
+      const std::int64_t last =
+          dash == std::string_view::npos ? first : to_int(item.substr(dash + 1), what + " g");
+      if (first < 0 || last < first || last >= world_size)
+        throw InputError(what + ": device map entry '" + std::string(item) + "' is out of range");
+      for (std::int64_t g = first; g <= last; ++g) device_of.push_back(static_cast<int>(g));
+    }
+  }
+  std::vector<int> sorted = device_of;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i)
+    if (sorted.size() != per_replica.size() || sorted[i] != static_cast<int>(i))
+      throw InputError(what + ": the device map is not a permutation of the ranks");
+  const double total = std::accumulate(per_replica.begin(), per_replica.end(), 0.0);
+  if (!(total > 0)) throw InputError(what + ": shares sum to zero");
+  a.shares.assign(per_replica.size(), 0.0);
+  for (std::size_t i = 0; i < per_replica.size(); ++i)
+    a.shares[static_cast<std::size_t>(device_of[i])] = per_replica[i] / total;
+  if (!l.compression.empty()) {
+    a.compression.assign(layers, Compression::none);
+    for (const transport::LayerCompression& c : l.compression) {  // later entries override
+      if (c.first_layer >= layers) continue;
+      const std::size_t last = std::min<std::size_t>(c.last_layer, layers - 1);
+      for (std::size_t i = c.first_layer; i <= last; ++i)
+        a.compression[i] = from_wire(c.method);
+      if (c.method == transport::CompressionMethod::topk) a.topk_ratio = c.parameter;
+      if (c.method == transport::CompressionMethod::powersgd)
+        a.powersgd_rank = static_cast<int>(std::lround(c.parameter));
     }
   }
   return a;

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "transport/messages.h"
+
 namespace parapilot::live {
 
 /// How one layer's gradient is reduced across data-parallel ranks.
@@ -51,6 +53,23 @@ inline constexpr std::size_t kMaxActionTextBytes = 128;
 std::string encode_action(const LiveAction& a);
 /// Parses encode_action's text. Throws InputError naming the field on malformed text.
 LiveAction decode_action(std::string_view text);
+
+/// True when `name` is an action text (encode_action's form, "keep" included) rather than a
+/// layout name such as parapilot deploy's "dp8-tp1-pp1-mb1-z1;sc=1f1b;...".
+bool is_action_text(std::string_view name);
+
+/// The action a PlanPrepare asks of this pure data-parallel job of `world_size` ranks whose
+/// model has `layers` parameter tensors (docs/live.md, "Plans on the bus"):
+///  - layout_name is an action text (the live env, launch's builtin agent): that action;
+///  - otherwise (parapilot deploy) the structured Layout, which must be dp = world_size,
+///    tp = pp = 1. Its dp_shares (samples per replica; empty = equal) become the shares; when the
+///    name maps replicas to devices (";g=3,0-2": replica i runs on rank g[i]) each rank keeps its
+///    device and takes the share of the replica placed there. Compression ranges index the
+///    parameter tensors (a top-k fraction or PowerSGD rank applies to the whole job). The
+///    Layout's micro_batches count is the agent's model's and is not used.
+/// Throws InputError saying why this job cannot run the plan.
+LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
+                            std::size_t layers);
 
 /// Splits `microbatches` among ranks in proportion to `shares` (largest remainder; ties to the
 /// lower rank). Sums to `microbatches`. Throws InputError on negative shares or a zero sum.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -77,33 +78,97 @@ int free_loopback_port() {
   return port;
 }
 
+namespace {
+
+// A 0600 temporary file holding `secret`; returns its path.
+std::string write_secret_file(const transport::Secret& secret) {
+  char path[] = "/tmp/parapilot-secret-XXXXXX";
+  const int fd = ::mkstemp(path);  // mode 0600
+  if (fd < 0) throw std::runtime_error("cannot create the secret file");
+  const auto bytes = secret.bytes();
+  if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
+    ::close(fd);
+    ::unlink(path);
+    throw std::runtime_error("cannot write the secret file");
+  }
+  ::close(fd);
+  return path;
+}
+
+// Starts `args` with environment `env`, stdout and stderr to `log` (empty: inherited).
+pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const std::string& log) {
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    if (!log.empty()) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+        ::close(fd);
+      }
+    }
+    ::execve(argv[0], argv.data(), envp.data());
+    std::fprintf(stderr, "cannot start %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
 LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
   const int n = options_.workers;
   if (n < 1 || n > 64) throw InputError("--workers: must be in [1, 64]");
   if (options_.worker_command.empty()) throw std::logic_error("LocalCluster: no worker command");
+  if (options_.host_agent && !options_.agent_command.empty())
+    throw std::logic_error("LocalCluster: host_agent and agent_command exclude each other");
   for (const FaultSpec& f : options_.faults)
     if (f.rank >= n)
       throw InputError("--inject: rank " + std::to_string(f.rank) + " does not exist (" +
                        std::to_string(n) + " workers)");
+  for (const std::string& dir : {options_.log_dir, std::filesystem::path(options_.agent_log)
+                                                       .parent_path()
+                                                       .string()}) {
+    if (dir.empty()) continue;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw InputError("log folder '" + dir + "': " + ec.message());
+  }
   start_ = std::chrono::steady_clock::now();
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string key = kv.substr(0, kv.find('='));
+    if (key != "RANK" && key != "WORLD_SIZE" && key != "LOCAL_RANK" && key != "MASTER_ADDR" &&
+        key != "MASTER_PORT" && key != "LOCAL_WORLD_SIZE")
+      env.push_back(kv);
+  }
   std::vector<std::string> common = options_.worker_args;
-  if (options_.host_agent) {
-    ControllerOptions co;
-    co.world_size = n;
-    co.secret = random_secret();
-    controller_ = std::make_unique<Controller>(co);
-    char path[] = "/tmp/parapilot-secret-XXXXXX";
-    const int fd = ::mkstemp(path);  // mode 0600
-    if (fd < 0) throw std::runtime_error("cannot create the secret file");
-    const auto bytes = co.secret.bytes();
-    if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
-      ::close(fd);
-      throw std::runtime_error("cannot write the secret file");
+  if (options_.host_agent || !options_.agent_command.empty()) {
+    const transport::Secret secret = random_secret();
+    secret_path_ = write_secret_file(secret);
+    int port = 0;
+    if (options_.host_agent) {
+      ControllerOptions co;
+      co.world_size = n;
+      co.secret = secret;
+      controller_ = std::make_unique<Controller>(co);
+      port = controller_->port();
+    } else {
+      port = agent_port_ = free_loopback_port();
+      std::vector<std::string> args = options_.agent_command;
+      args.insert(args.end(), {"--listen", "127.0.0.1:" + std::to_string(port), "--secret-file",
+                               secret_path_});
+      agent_pid_ = spawn(args, env, options_.agent_log);
     }
-    ::close(fd);
-    secret_path_ = path;
-    common.insert(common.end(), {"--agent", "127.0.0.1:" + std::to_string(controller_->port()),
-                                 "--secret-file", secret_path_});
+    common.insert(common.end(),
+                  {"--agent", "127.0.0.1:" + std::to_string(port), "--secret-file", secret_path_});
   }
   const int master_port = free_loopback_port();
   exits_.resize(n);
@@ -117,46 +182,22 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
         auto extra = fault_flags(f);
         args.insert(args.end(), extra.begin(), extra.end());
       }
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e;
-      const std::string key = kv.substr(0, kv.find('='));
-      if (key != "RANK" && key != "WORLD_SIZE" && key != "LOCAL_RANK" && key != "MASTER_ADDR" &&
-          key != "MASTER_PORT" && key != "LOCAL_WORLD_SIZE")
-        env.push_back(kv);
-    }
-    env.insert(env.end(), {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n),
-                           "LOCAL_RANK=" + std::to_string(r),
-                           "LOCAL_WORLD_SIZE=" + std::to_string(n), "MASTER_ADDR=127.0.0.1",
-                           "MASTER_PORT=" + std::to_string(master_port), "OMP_NUM_THREADS=1"});
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string log =
-        options_.log_dir.empty() ? "" : options_.log_dir + "/worker-" + std::to_string(r) + ".log";
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
-    if (pid == 0) {
-      if (!log.empty()) {
-        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-          ::dup2(fd, 1);
-          ::dup2(fd, 2);
-          ::close(fd);
-        }
-      }
-      ::execve(argv[0], argv.data(), envp.data());
-      std::fprintf(stderr, "cannot start worker %s: %s\n", argv[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    pids_.push_back(pid);
+    std::vector<std::string> rank_env = env;
+    rank_env.insert(rank_env.end(),
+                    {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n),
+                     "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(n),
+                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(master_port),
+                     "OMP_NUM_THREADS=1"});
+    pids_.push_back(spawn(args, rank_env,
+                          options_.log_dir.empty()
+                              ? ""
+                              : options_.log_dir + "/worker-" + std::to_string(r) + ".log"));
   }
 }
 
 LocalCluster::~LocalCluster() {
   terminate();
+  stop_agent();
   if (!secret_path_.empty()) ::unlink(secret_path_.c_str());
 }
 
@@ -239,6 +280,22 @@ void LocalCluster::terminate() {
   for (std::size_t r = 0; r < pids_.size(); ++r)
     if (!done_[r]) ::kill(pids_[r], SIGKILL);
   reap(true);
+}
+
+int LocalCluster::stop_agent() {
+  if (agent_pid_ <= 0) return -1;
+  ::kill(agent_pid_, SIGINT);
+  int status = 0;
+  pid_t p = 0;
+  for (int i = 0; i < 500 && (p = ::waitpid(agent_pid_, &status, WNOHANG)) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (p == 0) {
+    ::kill(agent_pid_, SIGKILL);
+    p = ::waitpid(agent_pid_, &status, 0);
+  }
+  agent_pid_ = -1;
+  if (p < 0) return -1;
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
 }  // namespace parapilot::live

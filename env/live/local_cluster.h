@@ -26,6 +26,13 @@ struct LocalClusterOptions {
   std::vector<FaultSpec> faults;
   /// Host a Controller and pass --agent/--secret-file to the workers.
   bool host_agent = true;
+  /// Or start this agent process before the workers, e.g. {"/proc/self/exe", "deploy",
+  /// "--scenario", "job.toml"}: "--listen 127.0.0.1:PORT --secret-file FILE" are appended, the
+  /// workers get the same address and secret, and the agent is stopped (SIGINT, then SIGKILL
+  /// after 10 s) by stop_agent() or the destructor. Excludes host_agent.
+  std::vector<std::string> agent_command;
+  /// File for the agent process's stdout and stderr; empty = inherit this process's.
+  std::string agent_log;
   /// Folder for worker-RANK.log (stdout and stderr); empty = inherit this process's.
   std::string log_dir;
 };
@@ -66,6 +73,11 @@ class LocalCluster {
   void kill_rank(int rank);
   /// Terminates every worker still running.
   void terminate();
+  /// Stops the agent process (SIGINT, then SIGKILL after 10 s). Returns how it ended: its exit
+  /// code, or 128 + signal; -1 when there is none or it was already stopped.
+  int stop_agent();
+  /// The agent process's bus port (0 without agent_command).
+  int agent_port() const { return agent_port_; }
 
  private:
   void reap(bool block);
@@ -73,6 +85,8 @@ class LocalCluster {
   std::unique_ptr<Controller> controller_;
   std::string secret_path_;
   std::vector<pid_t> pids_;
+  pid_t agent_pid_ = -1;
+  int agent_port_ = 0;
   std::vector<RankExit> exits_;
   std::vector<bool> done_, kill_done_;
   std::chrono::steady_clock::time_point start_;

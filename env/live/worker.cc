@@ -381,19 +381,20 @@ int run_worker(const WorkerOptions& o) {
 
   std::unique_ptr<WorkerBus> bus;
   if (!o.agent.empty()) {
-    auto check = [&o, n_layers = layers.size()](const LiveAction& a) -> std::string {
+    auto read_plan = [&o, n_layers = layers.size()](const transport::PlanPrepare& p) {
+      LiveAction a = action_from_plan(p, o.world_size, n_layers);
       if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(o.world_size))
-        return "shares for " + std::to_string(a.shares.size()) + " ranks; the job has " +
-               std::to_string(o.world_size);
+        throw InputError("shares for " + std::to_string(a.shares.size()) + " ranks; the job has " +
+                         std::to_string(o.world_size));
       if (!a.compression.empty() && a.compression.size() != n_layers)
-        return "compression for " + std::to_string(a.compression.size()) +
-               " layers; the model has " + std::to_string(n_layers);
+        throw InputError("compression for " + std::to_string(a.compression.size()) +
+                         " layers; the model has " + std::to_string(n_layers));
       if (a.microbatch > 0 && o.global_batch % a.microbatch != 0)
-        return "microbatch " + std::to_string(a.microbatch) + " does not divide the global batch " +
-               std::to_string(o.global_batch);
-      return {};
+        throw InputError("microbatch " + std::to_string(a.microbatch) +
+                         " does not divide the global batch " + std::to_string(o.global_batch));
+      return a;
     };
-    bus = std::make_unique<WorkerBus>(o.agent, o.secret_file, o.rank, check);
+    bus = std::make_unique<WorkerBus>(o.agent, o.secret_file, o.rank, read_plan);
     bus->wait_connected(10000);
   }
 
@@ -593,6 +594,9 @@ int run_worker(const WorkerOptions& o) {
         t.collectives["info/loss_x1e6"] = {
             0, static_cast<std::uint64_t>(std::max(0.0, loss_t.item<double>()) * 1e6), 0};
         t.collectives["info/plan"] = {0, plan_id, 0};
+        // Samples this rank processed: the monitor compares ranks' compute per sample, so a
+        // rank given a smaller share does not look faster than it is.
+        t.collectives["info/samples"] = {0, static_cast<std::uint64_t>(mine) * microbatch, 0};
         t.layers = std::move(layer_stats);
         t.send_time_ns = wall_ns();
         bus->send(t);

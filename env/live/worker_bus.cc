@@ -24,8 +24,8 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& agent) {
 }  // namespace
 
 WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-                     std::function<std::string(const LiveAction&)> check)
-    : rank_(rank), check_(std::move(check)) {
+                     PlanReader read_plan)
+    : rank_(rank), read_plan_(std::move(read_plan)) {
   auto [host, port] = split_address(agent);
   if (secret_file.empty()) throw InputError("--agent needs --secret-file (the bus shared secret)");
   auto secret = transport::load_secret_from_file(secret_file);
@@ -90,15 +90,9 @@ void WorkerBus::on_message(transport::Message&& m) {
     ready.plan_id = prep->plan_id;
     ready.rank = static_cast<std::uint32_t>(rank_);
     try {
-      LiveAction a = decode_action(prep->layout_name);
-      const std::string why = check_ ? check_(a) : std::string();
-      if (!why.empty()) {
-        ready.ok = false;
-        ready.detail = why.substr(0, transport::kMaxTextBytes);
-      } else {
-        std::lock_guard lock(mu_);
-        plans_[prep->plan_id] = Plan{std::move(a), false, 0};
-      }
+      LiveAction a = read_plan_(*prep);
+      std::lock_guard lock(mu_);
+      plans_[prep->plan_id] = Plan{std::move(a), false, 0};
     } catch (const std::exception& e) {
       ready.ok = false;
       ready.detail = std::string(e.what()).substr(0, transport::kMaxTextBytes);

@@ -2,7 +2,7 @@
 // telemetry, and holds the plans the agent prepares and commits until the training loop applies
 // them at an iteration boundary. No libtorch here.
 //
-// Plan protocol (docs/live.md): PlanPrepare{plan_id, layout_name = encode_action(...)} ->
+// Plan protocol (docs/live.md): PlanPrepare{plan_id, layout (+ layout_name)} ->
 // PlanReady{ok, detail} -> PlanCommit{plan_id, switch_at_step} -> the ranks agree on the step
 // through a tiny max all-reduce at each boundary (so all switch at the same step even when a
 // commit reaches them at different times) -> Ack{plan_commit, plan_id, rank}. PlanAbort drops
@@ -28,10 +28,12 @@ class WorkerBus {
  public:
   /// Connects in the background to "host:port" with the secret read from `secret_file`.
   /// Throws InputError on a bad address or secret file.
-  /// `check` returns why an action cannot be applied by this job (empty: it can); a prepared
-  /// plan it rejects is answered PlanReady{ok = false, detail = reason}.
+  /// `read_plan` turns a PlanPrepare into the action this job will apply (action_from_plan plus
+  /// the job's own checks) and throws, saying why, when the job cannot run it; such a plan is
+  /// answered PlanReady{ok = false, detail = reason}.
+  using PlanReader = std::function<LiveAction(const transport::PlanPrepare&)>;
   WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-            std::function<std::string(const LiveAction&)> check = {});
+            PlanReader read_plan);
   ~WorkerBus();
   WorkerBus(const WorkerBus&) = delete;
   WorkerBus& operator=(const WorkerBus&) = delete;
@@ -60,7 +62,7 @@ class WorkerBus {
   void on_message(transport::Message&& m);
 
   int rank_;
-  std::function<std::string(const LiveAction&)> check_;
+  PlanReader read_plan_;
   mutable std::mutex mu_;
   std::map<std::uint64_t, Plan> plans_;
   bool stop_ = false;

@@ -215,3 +215,31 @@ TEST_CASE("nodes of another GPU type are compared with their own kind, not calle
   for (double v : b.conditions.gpu_speed) CHECK(v == 1.0);
   for (double v : b.conditions.node_inter_bw) CHECK(v == 1.0);
 }
+
+TEST_CASE("with reported samples, a slow rank given a smaller share still reads as slow") {
+  // Rank 2 is 3x slower per sample. Elastic shares give it a third of the others' samples, so
+  // its compute per step equals theirs: only compute per sample tells the two apart.
+  for (const bool reported : {true, false}) {
+    CAPTURE(reported);
+    Monitor m(options(4));
+    for (uint64_t s = 0; s < 12; ++s) {
+      const std::vector<double> samples{9, 9, 3, 9};
+      std::vector<double> compute;
+      for (int r = 0; r < 4; ++r) compute.push_back(samples[r] * (r == 2 ? 30.0 : 10.0));
+      for (auto t : sync_step(s, compute, std::vector<double>(4, 5.0))) {
+        if (reported) t.collectives["info/samples"] = {0, static_cast<uint64_t>(samples[t.rank]), 0};
+        CHECK(m.ingest(t) == "");
+      }
+    }
+    const Beliefs b = m.beliefs();
+    if (reported) {
+      CHECK(b.conditions.gpu_speed[2] == doctest::Approx(1.0 / 3).epsilon(0.02));
+      CHECK(b.rank_compute_ms[2] == doctest::Approx(30.0));
+      REQUIRE(b.slow_ranks.size() == 1);
+      CHECK(b.slow_ranks[0] == 2);
+    } else {
+      CHECK(b.conditions.gpu_speed[2] == 1.0);  // per step, every rank computes 90 ms
+      CHECK(b.slow_ranks.empty());
+    }
+  }
+}

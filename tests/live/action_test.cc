@@ -80,3 +80,54 @@ TEST_CASE("the compression selector keeps small and non-finite layers uncompress
   CHECK(s[0] == Compression::fp16);
   CHECK(s[4] == Compression::none);
 }
+
+TEST_CASE("a deploy plan (structured layout) becomes the live action of a data-parallel job") {
+  parapilot::transport::PlanPrepare p;
+  p.layout.dp = 4;
+  p.layout.dp_shares = {30, 30, 10, 30};
+  p.layout_name = "dp4-tp1-pp1-mb1-z1;sc=1f1b;rc=selective;sh=30*2,10,30";
+  LiveAction a = action_from_plan(p, 4, 6);
+  CHECK(a.shares == std::vector<double>{0.3, 0.3, 0.1, 0.3});
+  CHECK(a.compression.empty());
+  // Replicas placed on other devices: replica i runs on rank g[i], which takes its share.
+  p.layout_name = "dp4-tp1-pp1-mb1-z1;sc=1f1b;sh=30*2,10,30;g=2,0-1,3";
+  a = action_from_plan(p, 4, 6);
+  CHECK(a.shares == std::vector<double>{0.3, 0.1, 0.3, 0.3});  // replica 2 (10) on rank 1
+  // No shares: equal.
+  p.layout.dp_shares.clear();
+  p.layout_name = "dp4-tp1-pp1-mb1-z1";
+  CHECK(action_from_plan(p, 4, 6).shares == std::vector<double>(4, 0.25));
+  // Compression ranges index parameter tensors; later ranges override; past the end ignored.
+  using parapilot::transport::CompressionMethod;
+  p.layout.compression = {{0, 5, CompressionMethod::fp16, 0},
+                          {2, 3, CompressionMethod::powersgd, 4},
+                          {5, 9, CompressionMethod::topk, 0.01f}};
+  a = action_from_plan(p, 4, 6);
+  CHECK(a.compression == std::vector<Compression>{Compression::fp16, Compression::fp16,
+                                                  Compression::powersgd, Compression::powersgd,
+                                                  Compression::fp16, Compression::topk});
+  CHECK(a.powersgd_rank == 4);
+  CHECK(a.topk_ratio == doctest::Approx(0.01));
+  // An action text in the name (the live env's form) wins over the structured layout.
+  p.layout_name = "s=0.75/0.25";
+  CHECK(action_from_plan(p, 2, 6).shares == std::vector<double>{0.75, 0.25});
+  // What this job cannot run, with the reason.
+  p.layout_name = "dp2-tp2-pp1-mb1-z1";
+  p.layout.dp = 2;
+  p.layout.tp = 2;
+  CHECK_THROWS_WITH_AS(action_from_plan(p, 4, 6), doctest::Contains("pure data parallel"),
+                       parapilot::InputError);
+  p.layout.tp = 1;
+  CHECK_THROWS_WITH_AS(action_from_plan(p, 4, 6), doctest::Contains("job has 4 ranks"),
+                       parapilot::InputError);
+  p.layout.dp = 4;
+  p.layout.compression.clear();
+  p.layout_name = "dp4-tp1-pp1-mb1-z1;g=0-2,2";
+  CHECK_THROWS_WITH_AS(action_from_plan(p, 4, 6), doctest::Contains("permutation"),
+                       parapilot::InputError);
+  p.layout_name = "dp4-tp1-pp1-mb1-z1;g=0-4";
+  CHECK_THROWS_AS(action_from_plan(p, 4, 6), parapilot::InputError);
+  CHECK(is_action_text("keep"));
+  CHECK(is_action_text("c=3n"));
+  CHECK_FALSE(is_action_text("dp4-tp1-pp1-mb1-z1"));
+}
