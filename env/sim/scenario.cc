@@ -14,12 +14,18 @@ namespace parapilot::env {
 
 const char* to_string(Family family) {
   switch (family) {
-    case Family::kHetero: return "hetero";
-    case Family::kStraggler: return "straggler";
-    case Family::kCongestion: return "congestion";
-    case Family::kFailure: return "failure";
-    case Family::kPhase: return "phase";
-    case Family::kMixed: return "mixed";
+    case Family::kHetero:
+      return "hetero";
+    case Family::kStraggler:
+      return "straggler";
+    case Family::kCongestion:
+      return "congestion";
+    case Family::kFailure:
+      return "failure";
+    case Family::kPhase:
+      return "phase";
+    case Family::kMixed:
+      return "mixed";
   }
   return "?";
 }
@@ -46,7 +52,8 @@ SearchSpace default_space() {
   space.zero = {1};
   space.sp = {true};
   space.schedule = {Schedule::k1F1B};
-  space.compression = false;
+  // Compressed layouts are offered only where the scenario models gradient statistics.
+  space.compression = true;
   return space;
 }
 
@@ -66,8 +73,8 @@ Scenario builtin_scenario(Family family, int gpus) {
   s.name = to_string(family);
   s.model = *model_preset("llama2-7b");
   const bool mixed_gpus = family == Family::kHetero || family == Family::kMixed;
-  s.cluster = *cluster_preset(mixed_gpus ? mixed_cluster(gpus)
-                                         : std::to_string(gpus / 8) + "x8xa100-80g");
+  s.cluster =
+      *cluster_preset(mixed_gpus ? mixed_cluster(gpus) : std::to_string(gpus / 8) + "x8xa100-80g");
   s.space = default_space();
   // Families switch off the dynamics they do not model.
   if (family != Family::kStraggler && family != Family::kMixed) s.straggler.rate_per_gpu_hour = 0;
@@ -75,7 +82,20 @@ Scenario builtin_scenario(Family family, int gpus) {
     s.congestion.rate_per_node_hour = 0;
   }
   if (family != Family::kFailure && family != Family::kMixed) s.failure.rate_per_node_hour = 0;
-  if (family != Family::kPhase && family != Family::kMixed) s.phase.seq_len_factor = 1;
+  if (family != Family::kPhase && family != Family::kMixed) {
+    s.phase.seq_len_factor = 1;
+    s.phase.batch_start_fraction = 1;
+    s.phase.compression = false;
+  }
+  if (family == Family::kPhase) {
+    // A thinner network (200 Gb/s per node, as on many cloud and Ethernet clusters): the
+    // gradient reduction is exposed, so how well gradients compress matters.
+    for (NodeGroup& g : s.cluster.groups) g.inter_node_Gbps = 25;
+  }
+  if (s.phase.compression) {
+    // ZeRO-1's parameter all-gather cannot be compressed; a plain all-reduce can.
+    s.space.zero = {0, 1};
+  }
   if (family == Family::kCongestion) s.congestion.rate_per_node_hour = 0.08;
   if (family == Family::kFailure) s.failure.rate_per_node_hour = 0.03;
   return s;
@@ -86,8 +106,8 @@ Scenario load_scenario(const std::string& path) {
   const toml::node* node = root.get("scenario");
   if (!node || !node->as_table()) throw InputError(path + ": no [scenario] table in this file");
   TableReader r(*node->as_table(), path, "scenario");
-  const auto family_name = r.get_choice(
-      "family", {"hetero", "straggler", "congestion", "failure", "phase", "mixed"});
+  const auto family_name =
+      r.get_choice("family", {"hetero", "straggler", "congestion", "failure", "phase", "mixed"});
   if (!family_name) r.fail("family", "missing (required)");
   const int gpus = static_cast<int>(r.get_int("gpus", 8, 1 << 16).value_or(64));
   if (gpus % 8 != 0) r.fail("gpus", "must be a multiple of 8");
@@ -111,7 +131,8 @@ Scenario load_scenario(const std::string& path) {
   };
   sub("telemetry", [&](TableReader& t) {
     if (auto v = t.get_double("noise", 0, 1)) s.telemetry.noise = *v;
-    if (auto v = t.get_int("delay_intervals", 0, 100)) s.telemetry.delay_intervals = static_cast<int>(*v);
+    if (auto v = t.get_int("delay_intervals", 0, 100))
+      s.telemetry.delay_intervals = static_cast<int>(*v);
     if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
   });
   sub("straggler", [&](TableReader& t) {
@@ -125,7 +146,8 @@ Scenario load_scenario(const std::string& path) {
     if (auto v = t.get_double("persistent_median_h", 0, 1e4)) d.persistent_median_h = *v;
     if (auto v = t.get_double("persistent_sigma", 0, 10)) d.persistent_sigma = *v;
     if (d.slowdown_max < d.slowdown_min) t.fail("slowdown_max", "must be >= slowdown_min");
-    if (d.transient_s_max < d.transient_s_min) t.fail("transient_s_max", "must be >= transient_s_min");
+    if (d.transient_s_max < d.transient_s_min)
+      t.fail("transient_s_max", "must be >= transient_s_min");
   });
   sub("congestion", [&](TableReader& t) {
     auto& d = s.congestion;
@@ -144,13 +166,71 @@ Scenario load_scenario(const std::string& path) {
     if (auto v = t.get_double("repair_sigma", 0, 10)) d.repair_sigma = *v;
   });
   sub("phase", [&](TableReader& t) {
-    if (auto v = t.get_double("at_fraction", 0, 1)) s.phase.at_fraction = *v;
-    if (auto v = t.get_int("seq_len_factor", 1, 64)) s.phase.seq_len_factor = static_cast<int>(*v);
+    auto& d = s.phase;
+    if (auto v = t.get_double("at_fraction", 0, 1)) d.at_fraction = *v;
+    if (auto v = t.get_int("seq_len_factor", 1, 64)) d.seq_len_factor = static_cast<int>(*v);
+    if (auto v = t.get_double("batch_start_fraction", 1e-6, 1)) d.batch_start_fraction = *v;
+    if (auto v = t.get_double("batch_ramp_fraction", 0, 1)) d.batch_ramp_fraction = *v;
+    if (auto v = t.get_int("batch_ramp_steps", 1, 1024)) d.batch_ramp_steps = static_cast<int>(*v);
+    if (auto v = t.get_bool("compression")) d.compression = *v;
+    if (auto v = t.get_double("decay_at_fraction", 0, 1)) d.decay_at_fraction = *v;
+    if (auto v = t.get_double("topk_ratio", 1e-6, 0.5)) d.topk_ratio = *v;
+    if (auto v = t.get_int("powersgd_rank", 1, 1024)) d.powersgd_rank = static_cast<int>(*v);
+    if (auto v = t.get_double("topk_error_before", 0, 1)) d.topk_error_before = *v;
+    if (auto v = t.get_double("topk_error_after", 0, 1)) d.topk_error_after = *v;
+    if (auto v = t.get_double("powersgd_error_before", 0, 1)) d.powersgd_error_before = *v;
+    if (auto v = t.get_double("powersgd_error_after", 0, 1)) d.powersgd_error_after = *v;
+    if (auto v = t.get_double("error_budget", 0, 1)) d.error_budget = *v;
+    if (auto v = t.get_double("convergence_penalty", 0, 100)) d.convergence_penalty = *v;
+    if (d.compression && d.error_budget < GradientStats{}.fp16_error) {
+      t.fail("error_budget", "must be >= fp16's rounding error (4.9e-4) when compression is on");
+    }
   });
   r.reject_unknown();
+  s.space.zero = s.phase.compression ? std::vector<int>{0, 1} : std::vector<int>{1};
   // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
   if (root.get("space")) s.space = load_search_space(path, s.model);
   return s;
+}
+
+int final_global_batch(const Scenario& s) {
+  return s.global_batch > 0 ? s.global_batch : default_global_batch(s.cluster.num_gpus());
+}
+
+double compression_error(const Compression& c, const GradientStats& g, int layer) {
+  switch (c.kind) {
+    case Compression::Kind::kNone:
+      return 0.0;
+    case Compression::Kind::kFP16:
+      return g.fp16_error;
+    case Compression::Kind::kTopK: {
+      if (g.topk_energy.empty()) return 1.0;  // unmeasured: assume nothing is kept
+      const double kept = std::clamp(g.topk_energy[layer], 1e-12, 1.0);
+      if (c.topk_ratio >= 1) return 0.0;
+      if (g.topk_ratio <= 0 || g.topk_ratio >= 1 || c.topk_ratio <= 0) return 1.0 - kept;
+      // kept(r) = r^alpha through the measured (topk_ratio, kept) point.
+      return 1.0 - std::pow(kept, std::log(c.topk_ratio) / std::log(g.topk_ratio));
+    }
+    case Compression::Kind::kPowerSGD: {
+      if (g.lowrank_residual.empty()) return 1.0;
+      const double rank = std::max(c.powersgd_rank, 1);
+      return std::min(1.0, g.lowrank_residual[layer] * g.powersgd_rank / rank);
+    }
+  }
+  return 1.0;
+}
+
+double convergence_efficiency(const Strategy& s, int layers, const GradientStats& g,
+                              double penalty) {
+  if (layers <= 0) return 1.0;
+  if (s.compression_overrides.empty() && s.compression.kind == Compression::Kind::kNone) {
+    return 1.0;
+  }
+  double excess = 0;
+  for (int l = 0; l < layers; ++l) {
+    excess += std::max(0.0, compression_error(s.compression_of_layer(l), g, l) - g.error_budget);
+  }
+  return std::max(0.0, 1.0 - penalty * excess / layers);
 }
 
 namespace {
@@ -211,7 +291,8 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
     if (gpu_extra[gpu].empty()) gpu_extra[gpu].assign(H, 0.0);
     add_slowdown(gpu_extra[gpu], s.interval_s, start, start + duration, factor - 1);
     if (!transient) {
-      std::snprintf(text, sizeof text, "GPU %d %.1fx slower for %.1f h", gpu, factor, duration / 3600);
+      std::snprintf(text, sizeof text, "GPU %d %.1fx slower for %.1f h", gpu, factor,
+                    duration / 3600);
       truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
     }
   }
@@ -226,7 +307,8 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
     const double duration = lognormal(s.congestion.duration_median_s, s.congestion.duration_sigma);
     if (node_extra[node].empty()) node_extra[node].assign(H, 0.0);
     add_slowdown(node_extra[node], s.interval_s, start, start + duration, factor - 1);
-    std::snprintf(text, sizeof text, "node %d network /%.1f for %.0f min", node, factor, duration / 60);
+    std::snprintf(text, sizeof text, "node %d network /%.1f for %.0f min", node, factor,
+                  duration / 60);
     truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
   }
   // Failures: a GPU or a whole node is lost, then repaired.
@@ -248,9 +330,61 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
         failed[i][gpu] = true;
       }
     }
-    if (whole_node) std::snprintf(text, sizeof text, "node %d lost for %.0f min", node, (end - start) / 60);
-    else std::snprintf(text, sizeof text, "GPU %d lost for %.0f min", gpu, (end - start) / 60);
+    if (whole_node)
+      std::snprintf(text, sizeof text, "node %d lost for %.0f min", node, (end - start) / 60);
+    else
+      std::snprintf(text, sizeof text, "GPU %d lost for %.0f min", gpu, (end - start) / 60);
     truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
+  }
+  // Phase: a global-batch ramp over the first part of the run.
+  const int final_batch = final_global_batch(s);
+  truth.global_batch.assign(H, final_batch);
+  if (s.phase.batch_start_fraction < 1) {
+    const int steps = s.phase.batch_ramp_steps;
+    const int start = std::min(
+        final_batch,
+        std::max(gpus, static_cast<int>(s.phase.batch_start_fraction * final_batch) / gpus * gpus));
+    const int ramp_end =
+        std::clamp(static_cast<int>(std::lround(s.phase.batch_ramp_fraction * H)), 0, H);
+    int previous = 0;
+    for (int k = 0; k <= steps && start < final_batch; ++k) {
+      const int from = k == 0 ? 0 : static_cast<int>(static_cast<int64_t>(ramp_end) * k / steps);
+      const int batch = k == steps
+                            ? final_batch
+                            : std::clamp((start + (final_batch - start) * k / steps) / gpus * gpus,
+                                         start, final_batch);
+      for (int i = from; i < H; ++i) truth.global_batch[i] = batch;
+      if (batch != previous && from < H) {
+        std::snprintf(text, sizeof text, "global batch %d", batch);
+        truth.events.emplace_back(from, text);
+      }
+      previous = batch;
+    }
+  }
+  // Phase: gradients compress better after the learning-rate decay.
+  if (s.phase.compression) {
+    const int layers = s.model.layers;
+    auto regime = [&](double topk_error, double powersgd_error) {
+      GradientStats g;
+      g.topk_ratio = s.phase.topk_ratio;
+      g.topk_energy.assign(layers, 1.0 - topk_error);
+      g.powersgd_rank = s.phase.powersgd_rank;
+      g.lowrank_residual.assign(layers, powersgd_error);
+      g.error_budget = s.phase.error_budget;
+      return g;
+    };
+    truth.gradient_regimes = {regime(s.phase.topk_error_before, s.phase.powersgd_error_before),
+                              regime(s.phase.topk_error_after, s.phase.powersgd_error_after)};
+    const int decay = std::clamp(static_cast<int>(s.phase.decay_at_fraction * H), 0, H);
+    truth.gradient_regime.assign(H, 0);
+    for (int i = decay; i < H; ++i) truth.gradient_regime[i] = 1;
+    if (decay < H) {
+      std::snprintf(text, sizeof text,
+                    "learning-rate decay: top-k error %.2f -> %.2f, PowerSGD %.2f -> %.2f",
+                    s.phase.topk_error_before, s.phase.topk_error_after,
+                    s.phase.powersgd_error_before, s.phase.powersgd_error_after);
+      truth.events.emplace_back(decay, text);
+    }
   }
   // Phase: a long-context stage multiplies the sequence length.
   if (s.phase.seq_len_factor > 1) {

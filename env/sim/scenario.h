@@ -20,8 +20,8 @@ enum class Family { kHetero, kStraggler, kCongestion, kFailure, kPhase, kMixed }
 const char* to_string(Family family);
 
 struct TelemetryModel {
-  double noise = 0.05;       // relative noise (lognormal sigma) of each speed / bandwidth sample
-  int delay_intervals = 1;   // samples describe the interval this many steps ago
+  double noise = 0.05;         // relative noise (lognormal sigma) of each speed / bandwidth sample
+  int delay_intervals = 1;     // samples describe the interval this many steps ago
   double missing_prob = 0.05;  // chance a GPU's or node's sample is missing in an interval
 };
 
@@ -36,7 +36,7 @@ struct StragglerDynamics {
 };
 
 struct CongestionDynamics {
-  double rate_per_node_hour = 0.03;  // onset rate of congestion per node
+  double rate_per_node_hour = 0.03;        // onset rate of congestion per node
   double factor_min = 2, factor_max = 10;  // bandwidth divided by this much
   double duration_median_s = 1200;
   double duration_sigma = 1.0;
@@ -51,8 +51,31 @@ struct FailureDynamics {
 
 struct PhaseDynamics {
   // At this fraction of the run the sequence length is multiplied (a long-context stage).
-  double at_fraction = 0.5;
+  double at_fraction = 0.75;
   int seq_len_factor = 4;
+
+  // Global-batch ramp: the run starts at batch_start_fraction of the scenario's global batch
+  // (rounded down to a multiple of the GPU count, never below one sample per GPU) and reaches
+  // it in batch_ramp_steps equal steps, the last at batch_ramp_fraction of the run.
+  // batch_start_fraction = 1 turns the ramp off.
+  double batch_start_fraction = 0.25;
+  double batch_ramp_fraction = 0.25;
+  int batch_ramp_steps = 3;
+
+  // Gradient compressibility. When `compression` is on, the monitor measures per-block
+  // gradient statistics (top-k's and PowerSGD's relative error) and the planner may offer
+  // compressed layouts whose error stays within error_budget, the error the run tolerates.
+  // From decay_at_fraction of the run (the learning-rate decay) the gradients compress
+  // better: the errors drop from *_before to *_after. Tokens of a layout whose compression
+  // error exceeds the budget count at convergence_efficiency() (docs/scenarios.md).
+  bool compression = true;
+  double decay_at_fraction = 0.5;
+  double topk_ratio = 0.01;  // the fraction of entries the monitor's top-k statistic keeps
+  int powersgd_rank = 4;     // the rank the monitor's low-rank statistic uses
+  double topk_error_before = 0.30, topk_error_after = 0.05;
+  double powersgd_error_before = 0.25, powersgd_error_after = 0.04;
+  double error_budget = 0.10;
+  double convergence_penalty = 2.0;  // progress lost per unit of error above the budget
 };
 
 struct Scenario {
@@ -60,10 +83,10 @@ struct Scenario {
   Family family = Family::kStraggler;
   ModelSpec model;
   ClusterSpec cluster;
-  int horizon = 96;         // decision intervals per episode
-  double interval_s = 300;  // seconds of training per interval
-  int global_batch = 0;     // 0: default_global_batch(gpus)
-  double restart_s = 900;   // a crash (failed GPU, out of memory): reload and lost work
+  int horizon = 96;               // decision intervals per episode
+  double interval_s = 300;        // seconds of training per interval
+  int global_batch = 0;           // 0: default_global_batch(gpus)
+  double restart_s = 900;         // a crash (failed GPU, out of memory): reload and lost work
   double staging_slowdown = 0.1;  // training slows this much while a switch is staged
   TelemetryModel telemetry;
   StragglerDynamics straggler;
@@ -81,12 +104,34 @@ Scenario load_scenario(const std::string& path);
 // Parses a family name; throws InputError listing the families.
 Family parse_family(const std::string& name);
 
-// The hidden ground truth of one episode.
+// The hidden ground truth of one episode. Recorded truths may leave global_batch and the
+// gradient fields empty: the scenario's batch throughout, and no compression modelled.
 struct Truth {
   std::vector<Conditions> conditions;  // per interval: what the cluster really does
   std::vector<int> seq_len;            // per interval: the workload's sequence length
+  std::vector<int> global_batch;       // per interval: sequences per iteration
+  // The gradient statistics of each regime (before and after the learning-rate decay) with
+  // the run's error budget; empty when compression is not modelled.
+  std::vector<GradientStats> gradient_regimes;
+  std::vector<int> gradient_regime;                 // per interval: index into gradient_regimes
   std::vector<std::pair<int, std::string>> events;  // (interval, description)
 };
 Truth generate_truth(const Scenario& scenario, uint64_t seed);
+
+// The global batch of a scenario before any ramp: its global_batch, else
+// default_global_batch(gpus).
+int final_global_batch(const Scenario& scenario);
+
+// Relative gradient error of one block sent with compression `c`, under statistics `g`
+// (measured at g.topk_ratio and g.powersgd_rank). Other top-k ratios follow the power law
+// through the measured point (kept energy = ratio^alpha), other ranks error ∝ 1 / rank;
+// fp16 costs g.fp16_error, no compression 0.
+double compression_error(const Compression& c, const GradientStats& g, int layer);
+
+// The share of a layout's tokens that counts as training progress under statistics `g`:
+// 1 - penalty * (mean over the model's blocks of max(0, error - g.error_budget)), at least 0.
+// 1 for a layout that compresses nothing beyond the budget.
+double convergence_efficiency(const Strategy& s, int layers, const GradientStats& g,
+                              double penalty);
 
 }  // namespace parapilot::env

@@ -11,10 +11,10 @@ namespace parapilot::env {
 
 namespace {
 
-std::string conditions_key(const Conditions& c, int seq_len) {
+std::string conditions_key(const Conditions& c, int seq_len, int global_batch, int regime) {
   std::ostringstream key;
   key.precision(4);
-  key << seq_len << '|';
+  key << seq_len << '|' << global_batch << '|' << regime << '|';
   for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
     if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
   }
@@ -28,6 +28,65 @@ std::string conditions_key(const Conditions& c, int seq_len) {
 }
 
 double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
+
+// Whether statistics g let the planner choose top-k or PowerSGD for some block (as its
+// compression step does: relative error within the budget).
+bool admits_strong_compression(const GradientStats& g, int layers) {
+  if (g.empty()) return false;
+  for (int l = 0; l < layers; ++l) {
+    if (!g.topk_energy.empty() && 1.0 - g.topk_energy[l] <= g.error_budget) return true;
+    if (!g.lowrank_residual.empty() && g.lowrank_residual[l] <= g.error_budget) return true;
+  }
+  return false;
+}
+
+// The same layout run at another global batch (a batch ramp changes the batch under a running
+// layout): uniform shares when the batch divides evenly, trying smaller microbatches first;
+// otherwise shares proportional to the old ones (largest remainder, whole microbatches).
+// nullopt when no legal variant exists.
+std::optional<Strategy> with_global_batch(const Strategy& s, int batch, const ModelSpec& model,
+                                          const ClusterSpec& cluster) {
+  if (s.global_batch == batch) return s;
+  auto legal = [&](const Strategy& r) { return !find_problem(r, model, cluster); };
+  if (s.dp_shares.empty()) {
+    for (int mb = s.microbatch_size; mb >= 1; --mb) {
+      if (s.microbatch_size % mb != 0 || batch % (mb * s.dp) != 0) continue;
+      Strategy r = s;
+      r.global_batch = batch;
+      r.microbatch_size = mb;
+      if (legal(r)) return r;
+    }
+  }
+  const std::vector<int> old = s.shares();
+  double old_total = 0;
+  for (int share : old) old_total += share;
+  for (int mb = s.microbatch_size; mb >= 1; --mb) {
+    if (s.microbatch_size % mb != 0) continue;
+    const int unit = mb * (s.schedule == Schedule::kInterleaved ? s.pp : 1);
+    if (batch % unit != 0 || batch / unit < s.dp) continue;
+    const int units = batch / unit;
+    // Every replica keeps one unit; the rest is shared in proportion to the old shares.
+    std::vector<int> shares(s.dp, 1);
+    std::vector<std::pair<double, int>> remainder;
+    int given = s.dp;
+    for (int r = 0; r < s.dp; ++r) {
+      const double want = (units - s.dp) * old[r] / old_total;
+      const int whole = static_cast<int>(want);
+      shares[r] += whole;
+      given += whole;
+      remainder.emplace_back(-(want - whole), r);
+    }
+    std::sort(remainder.begin(), remainder.end());
+    for (int i = 0; given < units; ++i, ++given) ++shares[remainder[i % s.dp].second];
+    Strategy r = s;
+    r.global_batch = batch;
+    r.microbatch_size = mb;
+    r.dp_shares.clear();
+    for (int share : shares) r.dp_shares.push_back(share * unit);
+    if (legal(r)) return r;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -45,6 +104,25 @@ SimEnv::SimEnv(Scenario scenario, std::string id, Truth recorded)
   recorded_ = std::move(recorded);
 }
 
+const GradientStats& SimEnv::true_gradients(int t) const {
+  static const GradientStats kNone;
+  if (truth_.gradient_regimes.empty()) return kNone;
+  return truth_.gradient_regimes[truth_.gradient_regime[t]];
+}
+
+int SimEnv::measured_regime() const {
+  if (truth_.gradient_regimes.empty()) return -1;
+  const int sampled =
+      std::clamp(t_ - scenario_.telemetry.delay_intervals, 0, scenario_.horizon - 1);
+  return truth_.gradient_regime[sampled];
+}
+
+const GradientStats& SimEnv::measured_gradients() const {
+  static const GradientStats kNone;
+  const int regime = measured_regime();
+  return regime < 0 ? kNone : truth_.gradient_regimes[regime];
+}
+
 const Planner& SimEnv::planner_for(int seq_len) {
   auto it = planners_.find(seq_len);
   if (it == planners_.end()) {
@@ -55,15 +133,51 @@ const Planner& SimEnv::planner_for(int seq_len) {
   return *it->second;
 }
 
-PlanResult SimEnv::plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current,
-                        int top_k) {
+PlanResult SimEnv::plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
+                        const std::optional<Strategy>& current, int top_k) {
   PlanRequest request;
   request.conditions = c;
+  request.gradients = g;
   request.space = scenario_.space;
+  request.space.global_batch = global_batch;
   request.current = current;
   request.top_k = top_k;
   try {
-    return planner_for(seq_len).plan(request);
+    PlanResult result = planner_for(seq_len).plan(request);
+    // The planner compresses each layout family's best plan, which is a ZeRO-1 one whenever
+    // that is faster uncompressed; but ZeRO-1's parameter all-gather cannot be compressed and
+    // a plain all-reduce can. When the statistics admit top-k or PowerSGD, search the plain
+    // all-reduce layouts too and keep the faster of each family.
+    const std::vector<int>& zero = request.space.zero;
+    const bool plain_allowed =
+        zero.size() > 1 && std::find(zero.begin(), zero.end(), 0) != zero.end();
+    if (plain_allowed && admits_strong_compression(g, scenario_.model.layers)) {
+      request.space.zero = {0};
+      // Compression is tried on the leaders only: look at enough of them.
+      request.top_k = std::max(top_k, kMaxCandidates + 1);
+      PlanResult plain = planner_for(seq_len).plan(request);
+      std::vector<Candidate> all = std::move(result.candidates);
+      result.candidates.clear();
+      all.insert(all.end(), plain.candidates.begin(), plain.candidates.end());
+      std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+        return a.cost.tokens_per_s > b.cost.tokens_per_s;
+      });
+      for (const Candidate& cand : all) {
+        if (static_cast<int>(result.candidates.size()) == top_k) break;
+        const bool same_family = std::any_of(
+            result.candidates.begin(), result.candidates.end(), [&](const Candidate& o) {
+              const Strategy& x = o.strategy;
+              const Strategy& y = cand.strategy;
+              return x.tp == y.tp && x.pp == y.pp && x.dp == y.dp && x.sp == y.sp &&
+                     x.schedule == y.schedule && x.recompute == y.recompute;
+            });
+        if (!same_family) result.candidates.push_back(cand);
+      }
+      result.evaluated += plain.evaluated;
+      result.pruned += plain.pruned;
+      result.search_ms += plain.search_ms;
+    }
+    return result;
   } catch (const InputError&) {
     return PlanResult{};  // nothing can run (e.g. every GPU is lost): the job stalls
   }
@@ -71,16 +185,32 @@ PlanResult SimEnv::plan(const Conditions& c, int seq_len, const std::optional<St
 
 double SimEnv::true_tokens_per_s(const Strategy& s, int t) {
   const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
-  const CostBreakdown b = cost.evaluate(s, truth_.conditions[t]);
-  return b.feasible && b.fits_in_memory ? b.tokens_per_s : 0.0;
+  const int batch = truth_.global_batch[t];
+  CostBreakdown b;
+  if (s.global_batch == batch) {
+    b = cost.evaluate(s, truth_.conditions[t]);
+  } else {
+    const std::optional<Strategy> rebatched =
+        with_global_batch(s, batch, scenario_.model, scenario_.cluster);
+    if (!rebatched) return 0.0;
+    b = cost.evaluate(*rebatched, truth_.conditions[t]);
+  }
+  if (!b.feasible || !b.fits_in_memory) return 0.0;
+  if (truth_.gradient_regimes.empty()) return b.tokens_per_s;
+  return b.tokens_per_s * convergence_efficiency(s, scenario_.model.layers, true_gradients(t),
+                                                 scenario_.phase.convergence_penalty);
 }
 
 double SimEnv::best_tokens_per_s(int t) {
-  const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
+  const int regime = truth_.gradient_regimes.empty() ? -1 : truth_.gradient_regime[t];
+  const std::string key =
+      conditions_key(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t], regime);
   auto it = best_cache_.find(key);
   if (it != best_cache_.end()) return it->second;
-  // Only the best layout matters here: a top-1 search prunes hardest.
-  const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt, 1);
+  // Only the best layout matters here: a top-1 search prunes hardest. The planner keeps
+  // compression within the true error budget, so its best layout loses no progress.
+  const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t],
+                            true_gradients(t), std::nullopt, 1);
   const double best = r.candidates.empty() ? 0.0 : r.candidates.front().cost.tokens_per_s;
   best_cache_.emplace(key, best);
   return best;
@@ -88,6 +218,7 @@ double SimEnv::best_tokens_per_s(int t) {
 
 Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   truth_ = recorded_ ? *recorded_ : generate_truth(scenario_, seed);
+  if (truth_.global_batch.empty()) truth_.global_batch.assign(scenario_.horizon, global_batch_);
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
   best_cache_.clear();
   t_ = 0;
@@ -101,7 +232,10 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
 
   // The layout a team picks before the run: the best plan for the nominal cluster, or pure
   // data parallel with equal shares.
-  const PlanResult nominal = plan(Conditions{}, scenario_.model.seq_len, std::nullopt);
+  // A team plans for the run's full batch; a batch ramp runs that layout at smaller batches.
+  const int full_batch = *std::max_element(truth_.global_batch.begin(), truth_.global_batch.end());
+  const PlanResult nominal =
+      plan(Conditions{}, scenario_.model.seq_len, full_batch, true_gradients(0), std::nullopt);
   if (nominal.candidates.empty()) {
     throw InputError("scenario " + scenario_.name + ": no layout fits this model on this cluster");
   }
@@ -109,7 +243,7 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   {
     Strategy dp;
     dp.dp = scenario_.cluster.num_gpus();
-    dp.global_batch = global_batch_;
+    dp.global_batch = truth_.global_batch[0];
     dp.zero = 1;
     dp.microbatch_size = 1;
     dp.recompute = scenario_.space.recompute.empty() ? Recompute::kSelective
@@ -127,7 +261,7 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
     throw InputError("unknown initial layout \"" + options.initial_layout +
                      "\" (planned | uniform-dp)");
   }
-  current_ = initial_;
+  current_ = chosen_ = initial_;
   replan_if_needed(true);
   return observation();
 }
@@ -182,14 +316,30 @@ void SimEnv::observe_telemetry() {
 }
 
 void SimEnv::replan_if_needed(bool force) {
-  const int seq_len = truth_.seq_len[std::min(t_, scenario_.horizon - 1)];
-  const bool changed = force || seq_len != seq_len_at_plan_ ||
+  const int t = std::min(t_, scenario_.horizon - 1);
+  const int seq_len = truth_.seq_len[t];
+  const int batch = truth_.global_batch[t];
+  // The job runs the interval's batch: the running layout follows the ramp (a layout that
+  // cannot run it crashes at the next step and is restarted).
+  if (current_.global_batch != batch) {
+    // From the layout as chosen, so that a ramp keeps its shares and microbatch where the
+    // batch allows them.
+    if (auto r = with_global_batch(chosen_, batch, scenario_.model, scenario_.cluster)) {
+      current_ = *r;
+    }
+  }
+  const int regime = measured_regime();
+  const bool changed = force || seq_len != seq_len_at_plan_ || batch != batch_at_plan_ ||
+                       regime != regime_at_plan_ ||
                        beliefs_moved(belief_, belief_at_plan_, scenario_.cluster.num_gpus(),
                                      scenario_.cluster.num_nodes());
   if (changed) {
-    candidates_ = select_candidates(plan(belief_, seq_len, current_), current_);
+    candidates_ =
+        select_candidates(plan(belief_, seq_len, batch, measured_gradients(), current_), current_);
     belief_at_plan_ = belief_;
     seq_len_at_plan_ = seq_len;
+    batch_at_plan_ = batch;
+    regime_at_plan_ = regime;
   }
   current_belief_cost_ = planner_for(seq_len).cost_model().evaluate(current_, belief_);
 }
@@ -205,8 +355,9 @@ StepResult SimEnv::step(int action) {
     // failed GPUs (what an operator does), losing restart_s.
     Conditions known = belief_;
     known.gpu_failed = truth_.conditions[t].gpu_failed;
-    const PlanResult r = plan(known, truth_.seq_len[t], std::nullopt);
-    if (!r.candidates.empty()) current_ = r.candidates.front().strategy;
+    const PlanResult r =
+        plan(known, truth_.seq_len[t], truth_.global_batch[t], measured_gradients(), std::nullopt);
+    if (!r.candidates.empty()) current_ = chosen_ = r.candidates.front().strategy;
     target_.reset();
     time = std::min(interval, scenario_.restart_s);
     tps = true_tokens_per_s(current_, t);
@@ -228,7 +379,11 @@ StepResult SimEnv::step(int action) {
     remaining -= stage;
     if (staging_left_s_ <= 0 && remaining > 0) {
       remaining -= std::min(kSwitchPauseS, remaining);
-      current_ = *target_;
+      current_ = chosen_ = *target_;
+      if (auto r = with_global_batch(current_, truth_.global_batch[t], scenario_.model,
+                                     scenario_.cluster)) {
+        current_ = *r;
+      }
       target_.reset();
       tps = true_tokens_per_s(current_, t);
       result.info.migration_committed = true;
@@ -325,10 +480,14 @@ std::optional<OracleResult> SimEnv::oracle() {
   if (!(uniform_dp_ == planned_initial_)) layouts.push_back(uniform_dp_);
   std::map<std::string, bool> seen;
   for (int t = 0; t < H; ++t) {
-    const std::string key = conditions_key(truth_.conditions[t], truth_.seq_len[t]);
+    const int regime = truth_.gradient_regimes.empty() ? -1 : truth_.gradient_regime[t];
+    const std::string key =
+        conditions_key(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t], regime);
     if (!seen.emplace(key, true).second) continue;
-    const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], std::nullopt);
+    const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t],
+                              true_gradients(t), std::nullopt);
     for (const Candidate& c : r.candidates) {
+      // true_tokens_per_s runs each layout at every interval's batch of a ramp.
       if (std::find(layouts.begin(), layouts.end(), c.strategy) == layouts.end()) {
         layouts.push_back(c.strategy);
       }

@@ -4,7 +4,8 @@
 // and keeps its layout or switches. Switching costs what it costs on the real links: the new
 // layout is staged in the background (training continues, slowed), then a switch pause.
 // Reward = tokens processed in the interval / tokens the best layout under the true conditions
-// would have processed (docs/observation.md).
+// would have processed (docs/observation.md); where the scenario models gradient
+// compressibility, tokens count at the layout's convergence efficiency (docs/scenarios.md).
 //
 // Not thread-safe (one episode at a time); deterministic for (scenario, seed).
 #pragma once
@@ -44,16 +45,29 @@ class SimEnv : public Env {
   void record_telemetry(std::vector<trace::TelemetrySample>* sink) { recording_ = sink; }
 
   const Scenario& scenario() const { return scenario_; }
+  // The running layout, at the current interval's global batch.
   const Strategy& current_layout() const { return current_; }
   const Truth& truth() const { return truth_; }
 
+  // Tokens per second that count in interval t (of the episode since the last reset) for a
+  // layout run at that interval's global batch under the true conditions: the cost model's
+  // throughput times the convergence efficiency of its gradient compression
+  // (docs/scenarios.md); 0 when it crashes (failed GPU, out of memory) or cannot run the batch.
+  // The reward's numerator and the oracle's currency.
+  double true_tokens_per_s(const Strategy& s, int t);
+
  private:
   const Planner& planner_for(int seq_len);
-  // True tokens/s of a layout in interval t; 0 when it crashes (failed GPU, out of memory).
-  double true_tokens_per_s(const Strategy& s, int t);
   double best_tokens_per_s(int t);
-  PlanResult plan(const Conditions& c, int seq_len, const std::optional<Strategy>& current,
-                  int top_k = kMaxCandidates + 1);
+  // Plans for interval-t's workload (sequence length, global batch) under conditions c with
+  // gradient statistics g (empty: no compression).
+  PlanResult plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
+                  const std::optional<Strategy>& current, int top_k = kMaxCandidates + 1);
+  // The gradient statistics of interval t (empty when compression is not modelled), and what
+  // the monitor has measured of them at the current interval (one telemetry delay late).
+  const GradientStats& true_gradients(int t) const;
+  const GradientStats& measured_gradients() const;
+  int measured_regime() const;
   void observe_telemetry();
   void replan_if_needed(bool force);
   Observation observation();
@@ -67,7 +81,8 @@ class SimEnv : public Env {
   std::optional<Truth> recorded_;
   std::mt19937_64 rng_;
   int t_ = 0;
-  Strategy current_;
+  Strategy current_;          // the running layout, at this interval's global batch
+  Strategy chosen_;           // the same layout as planned (a ramp rebatches from it)
   Strategy initial_;          // this episode's start layout
   Strategy planned_initial_;  // the best plan for the nominal cluster
   Strategy uniform_dp_;       // pure data parallel, equal shares
@@ -77,6 +92,8 @@ class SimEnv : public Env {
   Conditions belief_;          // what the monitor believes now
   Conditions belief_at_plan_;  // beliefs the candidates were planned under
   int seq_len_at_plan_ = 0;
+  int batch_at_plan_ = 0;
+  int regime_at_plan_ = -1;
   double previous_min_speed_ = 1, previous_min_bw_ = 1;
   double missing_fraction_ = 0;
   int telemetry_age_ = 0;
