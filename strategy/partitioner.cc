@@ -12,45 +12,114 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kBisectionSteps = 200;
 
-// Most blocks rank p can hold with its time <= t (over every row), capped at `limit`.
-int capacity(const RankCost* costs, int rows, int pp, int p, double t, int limit) {
-  int cap = limit;
-  for (int j = 0; j < rows; ++j) {
-    const RankCost& c = costs[j * pp + p];
-    cap = std::min(cap, c.max_blocks);
-    if (c.per_block_s <= 0) {
-      if (c.fixed_s > t) return -1;
-      continue;
+// The rows of one call, reduced per rank to the lines that can be the slowest: row j's line
+// (fixed_s, per_block_s) at rank p is dropped when another row's line is at least as large in
+// both (then it is never above it for any block count >= 0, in floating point too, since
+// rounding is monotone). Rank p's lines are line[first[p]..first[p + 1]); limit[p] is the
+// smallest max_blocks over all rows. With one row per replica that differs only by noise,
+// this leaves a handful of lines per rank instead of one per replica.
+struct Envelope {
+  std::vector<RankCost> line;
+  std::vector<int> first;
+  std::vector<int> limit;
+
+  void build(const RankCost* costs, int rows, int pp) {
+    line.clear();
+    first.assign(pp + 1, 0);
+    limit.assign(pp, INT_MAX);
+    for (int p = 0; p < pp; ++p) {
+      first[p] = static_cast<int>(line.size());
+      for (int j = 0; j < rows; ++j) {
+        const RankCost& c = costs[j * pp + p];
+        limit[p] = std::min(limit[p], c.max_blocks);
+        line.push_back(c);
+      }
+      if (rows > 1) prune(first[p]);
     }
-    const double room = (t - c.fixed_s) / c.per_block_s;
-    if (room < 0) return -1;
-    int n = room >= limit ? limit : static_cast<int>(std::floor(room));
-    // Floating-point guard: accept n + 1 when its time is exactly representable as <= t.
-    if (n < limit && c.fixed_s + c.per_block_s * (n + 1) <= t) ++n;
-    while (n >= 0 && c.fixed_s + c.per_block_s * n > t) --n;
-    cap = std::min(cap, n);
+    first[pp] = static_cast<int>(line.size());
   }
-  return cap;
-}
 
-double rank_time(const RankCost* costs, int rows, int pp, int p, int blocks) {
-  double t = 0;
-  for (int j = 0; j < rows; ++j) {
-    const RankCost& c = costs[j * pp + p];
-    t = std::max(t, c.fixed_s + c.per_block_s * blocks);
+  // Drops the dominated lines among line[from..end). Incremental (each line is compared with
+  // the few kept so far) while few are kept; a sort and sweep otherwise.
+  void prune(int from) {
+    constexpr int kIncrementalMax = 32;
+    const auto dominates = [](const RankCost& a, const RankCost& b) {
+      return a.fixed_s >= b.fixed_s && a.per_block_s >= b.per_block_s;
+    };
+    int kept = from;  // line[from..kept) are mutually non-dominated
+    for (int i = from; i < static_cast<int>(line.size()); ++i) {
+      const RankCost c = line[i];
+      bool dominated = false;
+      for (int k = from; k < kept && !dominated; ++k) dominated = dominates(line[k], c);
+      if (dominated) continue;
+      int w = from;
+      for (int k = from; k < kept; ++k) {
+        if (!dominates(c, line[k])) line[w++] = line[k];
+      }
+      line[w++] = c;
+      kept = w;
+      if (kept - from > kIncrementalMax) {
+        // Many lines survive: sort by per-block time (largest first, ties: largest fixed
+        // first) and keep a line only when its fixed time exceeds every kept line's.
+        line.erase(line.begin() + kept, line.begin() + i + 1);
+        const auto begin = line.begin() + from;
+        std::sort(begin, line.end(), [](const RankCost& a, const RankCost& b) {
+          if (a.per_block_s != b.per_block_s) return a.per_block_s > b.per_block_s;
+          return a.fixed_s > b.fixed_s;
+        });
+        auto out = begin;
+        double max_fixed = -kInf;
+        for (auto it = begin; it != line.end(); ++it) {
+          if (it->fixed_s > max_fixed) {
+            max_fixed = it->fixed_s;
+            *out++ = *it;
+          }
+        }
+        line.erase(out, line.end());
+        return;
+      }
+    }
+    line.resize(kept);
   }
-  return t;
-}
 
-bool feasible(const RankCost* costs, int rows, int pp, int blocks, int min_blocks, double t) {
-  long total = 0;
-  for (int p = 0; p < pp; ++p) {
-    const int cap = capacity(costs, rows, pp, p, t, blocks);
-    if (cap < min_blocks) return false;
-    total += cap;
+  // Most blocks rank p can hold with its time <= t (over every row), capped at `most`.
+  int capacity(int p, double t, int most) const {
+    int cap = std::min(most, limit[p]);
+    for (int i = first[p]; i < first[p + 1]; ++i) {
+      const RankCost& c = line[i];
+      if (c.per_block_s <= 0) {
+        if (c.fixed_s > t) return -1;
+        continue;
+      }
+      const double room = (t - c.fixed_s) / c.per_block_s;
+      if (room < 0) return -1;
+      int n = room >= most ? most : static_cast<int>(std::floor(room));
+      // Floating-point guard: accept n + 1 when its time is exactly representable as <= t.
+      if (n < most && c.fixed_s + c.per_block_s * (n + 1) <= t) ++n;
+      while (n >= 0 && c.fixed_s + c.per_block_s * n > t) --n;
+      cap = std::min(cap, n);
+    }
+    return cap;
   }
-  return total >= blocks;
-}
+
+  double rank_time(int p, int blocks) const {
+    double t = 0;
+    for (int i = first[p]; i < first[p + 1]; ++i) {
+      t = std::max(t, line[i].fixed_s + line[i].per_block_s * blocks);
+    }
+    return t;
+  }
+
+  bool feasible(int pp, int blocks, int min_blocks, double t) const {
+    long total = 0;
+    for (int p = 0; p < pp; ++p) {
+      const int cap = capacity(p, t, blocks);
+      if (cap < min_blocks) return false;
+      total += cap;
+    }
+    return total >= blocks;
+  }
+};
 
 }  // namespace
 
@@ -58,16 +127,17 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
                       double* bottleneck_s) {
   assert(rows >= 1 && pp >= 1 && min_blocks >= 1);
   if (static_cast<long>(pp) * min_blocks > blocks) return false;
+  thread_local Envelope env;
+  env.build(costs, rows, pp);
   // Memory limits alone: every rank needs min_blocks and together they must hold all blocks.
   long room = 0;
   double lo = 0, hi = 0;
   for (int p = 0; p < pp; ++p) {
-    int limit = blocks - (pp - 1) * min_blocks;
-    for (int j = 0; j < rows; ++j) limit = std::min(limit, costs[j * pp + p].max_blocks);
+    const int limit = std::min(blocks - (pp - 1) * min_blocks, env.limit[p]);
     if (limit < min_blocks) return false;
     room += limit;
-    lo = std::max(lo, rank_time(costs, rows, pp, p, min_blocks));
-    hi = std::max(hi, rank_time(costs, rows, pp, p, limit));
+    lo = std::max(lo, env.rank_time(p, min_blocks));
+    hi = std::max(hi, env.rank_time(p, limit));
   }
   if (room < blocks) return false;
   double min_step = kInf;  // smallest time of one block anywhere
@@ -94,18 +164,18 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
       const double relaxed = (blocks + weighted_fixed) / inverse_sum;
       lo = std::max(lo, std::min(relaxed, hi));
       const double upper = relaxed + max_step;
-      if (upper < hi && feasible(costs, rows, pp, blocks, min_blocks, upper)) hi = upper;
+      if (upper < hi && env.feasible(pp, blocks, min_blocks, upper)) hi = upper;
     }
   }
 
-  if (!feasible(costs, rows, pp, blocks, min_blocks, lo)) {
+  if (!env.feasible(pp, blocks, min_blocks, lo)) {
     // Invariant: lo infeasible, hi feasible. Once hi is within half a block of the optimum,
     // each rank holds at most one block more than at the optimum and the trim below is exact.
     for (int step = 0;
          step < kBisectionSteps && hi - lo > 1e-15 * hi && !(hi - lo < 0.5 * min_step); ++step) {
       const double mid = lo + (hi - lo) / 2;
       if (mid <= lo || mid >= hi) break;
-      if (feasible(costs, rows, pp, blocks, min_blocks, mid))
+      if (env.feasible(pp, blocks, min_blocks, mid))
         hi = mid;
       else
         lo = mid;
@@ -117,7 +187,7 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
   // Counts at hi, then give back the surplus from the slowest ranks first.
   long total = 0;
   for (int p = 0; p < pp; ++p) {
-    out[p] = capacity(costs, rows, pp, p, hi, blocks);
+    out[p] = env.capacity(p, hi, blocks);
     total += out[p];
   }
   // Removing a block from the slowest rank that can spare one keeps the result optimal: the
@@ -126,7 +196,7 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
     thread_local std::vector<std::pair<double, int>> heap;
     heap.clear();
     for (int p = 0; p < pp; ++p) {
-      if (out[p] > min_blocks) heap.emplace_back(rank_time(costs, rows, pp, p, out[p]), -p);
+      if (out[p] > min_blocks) heap.emplace_back(env.rank_time(p, out[p]), -p);
     }
     std::make_heap(heap.begin(), heap.end());
     for (long surplus = total - blocks; surplus > 0; --surplus) {
@@ -136,14 +206,14 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
       heap.pop_back();
       --out[p];
       if (out[p] > min_blocks) {
-        heap.emplace_back(rank_time(costs, rows, pp, p, out[p]), -p);
+        heap.emplace_back(env.rank_time(p, out[p]), -p);
         std::push_heap(heap.begin(), heap.end());
       }
     }
   }
   double bottleneck = 0;
   for (int p = 0; p < pp; ++p) {
-    bottleneck = std::max(bottleneck, rank_time(costs, rows, pp, p, out[p]));
+    bottleneck = std::max(bottleneck, env.rank_time(p, out[p]));
   }
   *bottleneck_s = bottleneck;
   return true;
@@ -257,6 +327,10 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
 void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
                            int total, int unit, int* out) {
   assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
+  if (total == replicas * unit) {  // one unit each: the only allocation
+    for (int r = 0; r < replicas; ++r) out[r] = unit;
+    return;
+  }
   thread_local std::vector<RankCost> costs;
   costs.resize(replicas);
   for (int r = 0; r < replicas; ++r) {

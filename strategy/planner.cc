@@ -178,6 +178,7 @@ class Search {
   std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> block_cache_;
   std::vector<int> flat_gpus_;  // GPUs of the current tp's groups, group after group
   std::vector<Group> groups_;
+  std::vector<int> speed_order_;  // groups_ indices, fastest first (stable)
   std::vector<Placement> placements_;
   std::vector<Shape> shapes_;
   std::map<Family, Candidate> best_;  // best layout per family
@@ -288,15 +289,16 @@ void Search::make_groups(int tp) {
   for (auto& g : groups_) {
     g.speed_proxy = 1.0 / (block_costs(g.type, tp, 1, false, Recompute::kNone).block_s * g.slow);
   }
+  speed_order_.resize(groups_.size());
+  for (size_t i = 0; i < speed_order_.size(); ++i) speed_order_[i] = static_cast<int>(i);
+  std::stable_sort(speed_order_.begin(), speed_order_.end(), [&](int a, int b) {
+    return groups_[a].speed_proxy > groups_[b].speed_proxy * (1 + 1e-12);
+  });
 }
 
 void Search::add_placements(int tp, int pp, int dp) {
   const int used = dp * pp;
-  std::vector<int> order(groups_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return groups_[a].speed_proxy > groups_[b].speed_proxy * (1 + 1e-12);
-  });
+  const std::vector<int>& order = speed_order_;
 
   auto finish = [&](Placement& pl) {
     pl.dp = dp;
@@ -630,36 +632,32 @@ void Search::evaluate_shape(const Shape& shape) {
     }
   }
 
-  // Distinct replicas (identical rank costs), weighted by their microbatch counts.
+  // One row per replica, weighted by its microbatch count; a single row when every replica is
+  // identical. partition_blocks drops rows that can never be the slowest, so rows that differ
+  // (e.g. by measured speed noise) cost little.
+  bool replicas_alike = true;
+  for (int r = 1; r < dp && replicas_alike; ++r) {
+    for (int p = 0; p < pp && replicas_alike; ++p) {
+      replicas_alike = costs[r * pp + p].fixed_s == costs[p].fixed_s &&
+                       costs[r * pp + p].per_block_s == costs[p].per_block_s;
+    }
+  }
   std::vector<int> micro(dp, total / dp);
   std::vector<RankCost> rows;
   auto build_rows = [&]() {
-    rows.clear();
-    std::vector<std::pair<double, int>> seen;  // (weight, replica) kept
-    for (int r = 0; r < dp; ++r) {
-      bool duplicate = false;
-      for (const auto& [w, q] : seen) {
-        if (w != micro[r]) continue;
-        bool same = true;
-        for (int p = 0; p < pp && same; ++p) {
-          same = costs[r * pp + p].fixed_s == costs[q * pp + p].fixed_s &&
-                 costs[r * pp + p].per_block_s == costs[q * pp + p].per_block_s;
-        }
-        if (same) {
-          duplicate = true;
-          break;
-        }
-      }
-      if (duplicate) continue;
-      seen.emplace_back(micro[r], r);
+    bool one = replicas_alike;
+    for (int r = 1; r < dp && one; ++r) one = micro[r] == micro[0];
+    const int count = one ? 1 : dp;
+    rows.resize(static_cast<size_t>(count) * pp);
+    for (int r = 0; r < count; ++r) {
       for (int p = 0; p < pp; ++p) {
         RankCost w = costs[r * pp + p];
         w.fixed_s *= micro[r];
         w.per_block_s *= micro[r];
-        rows.push_back(w);
+        rows[r * pp + p] = w;
       }
     }
-    return static_cast<int>(seen.size());
+    return count;
   };
   auto shares_from_partition = [&]() {
     std::vector<double> per_mb(dp), fixed(dp);

@@ -1,11 +1,12 @@
 // Simulator env steps per second, candidate generation (planning) and episode resets
 // included: one thread, and vectorised on 2 threads, at 64 and 1024 GPUs. Prints figures;
-// not a test. Usage: bench_env [seconds_per_case]
+// not a test. Usage: bench_env [seconds_per_case] [env id...] (default: the four cases below)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "env/env.h"
 
@@ -14,7 +15,9 @@ using namespace parapilot::env;
 namespace {
 
 // A policy that mostly keeps its layout and sometimes switches, as a learner does.
-int action_for(std::mt19937_64& rng) { return rng() % 10 == 0 ? 1 + static_cast<int>(rng() % kMaxCandidates) : 0; }
+int action_for(std::mt19937_64& rng) {
+  return rng() % 10 == 0 ? 1 + static_cast<int>(rng() % kMaxCandidates) : 0;
+}
 
 double single(const std::string& id, double seconds) {
   auto env = make_env(id);
@@ -60,11 +63,17 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   std::printf("simulator env steps/s (planning and resets included; 10%% of actions switch)\n");
   std::printf("%-34s %14s %22s\n", "env", "1 thread", "8 envs on 2 threads");
-  for (const char* id : {"sim:straggler(gpus=64)", "sim:mixed(gpus=64)", "sim:straggler(gpus=1024)",
-                         "sim:mixed(gpus=1024)"}) {
+  std::vector<std::string> ids;
+  for (int i = 2; i < argc; ++i) ids.emplace_back(argv[i]);
+  if (ids.empty()) {
+    ids = {"sim:straggler(gpus=64)", "sim:mixed(gpus=64)", "sim:straggler(gpus=1024)",
+           "sim:mixed(gpus=1024)"};
+  }
+  for (const std::string& id : ids) {
     const double one = single(id, seconds);
     const double two = vectorised(id, 8, 2, seconds);
-    std::printf("%-34s %14.0f %22.0f\n", id, one, two);
+    std::printf("%-34s %14.0f %22.0f\n", id.c_str(), one, two);
+    std::fflush(stdout);
   }
   std::printf("targets: >= 5000 steps/s per core at 64 GPUs, >= 500 at 1024\n");
   return 0;

@@ -118,6 +118,86 @@ TEST_CASE("planner: partition_blocks equals brute force on randomised instances"
   }
 }
 
+TEST_CASE("planner: partition_blocks with many replica rows equals brute force") {
+  // One row per replica, as the planner passes them: many rows differing by noise, exact
+  // duplicates, and sets where no row dominates another (fixed cost rising while the
+  // per-block cost falls), which exercise both ways of dropping rows that are never slowest.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  std::lognormal_distribution<double> noise(0.0, 0.05);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int pp = 1 + static_cast<int>(rng() % 4);
+    const int v = 1 + static_cast<int>(rng() % 2);
+    const int rows = 2 + static_cast<int>(rng() % 80);
+    const int blocks = pp * v + static_cast<int>(rng() % 9);
+    const int kind = trial % 3;
+    std::vector<RankCost> base(pp);
+    for (auto& c : base) {
+      c.fixed_s = rng() % 2 ? u(rng) : 0.0;
+      c.per_block_s = u(rng);
+    }
+    std::vector<RankCost> costs(rows * pp);
+    for (int j = 0; j < rows; ++j) {
+      for (int p = 0; p < pp; ++p) {
+        RankCost& c = costs[j * pp + p];
+        if (kind == 0) {  // noisy copies of one replica
+          c.fixed_s = base[p].fixed_s * noise(rng);
+          c.per_block_s = base[p].per_block_s * noise(rng);
+        } else if (kind == 1) {  // a few distinct replicas, many duplicates
+          c = costs[(static_cast<int>(rng() % 3) % (j + 1)) * pp + p];
+          if (j < 3) c = RankCost{base[p].fixed_s * noise(rng), base[p].per_block_s * noise(rng)};
+        } else {  // anti-correlated: every row is on the upper envelope somewhere
+          const double x = static_cast<double>(j) / rows;
+          c.fixed_s = base[p].fixed_s + x;
+          c.per_block_s = base[p].per_block_s * (1.5 - x);
+        }
+        c.max_blocks = rng() % 8 == 0 ? v + static_cast<int>(rng() % 5) : INT_MAX;
+      }
+    }
+    double brute = std::numeric_limits<double>::infinity();
+    compositions(blocks - pp * (v - 1), pp, [&](const std::vector<int>& parts) {
+      double worst = 0;
+      for (int p = 0; p < pp; ++p) {
+        const int n = parts[p] + v - 1;
+        for (int j = 0; j < rows; ++j) {
+          const RankCost& c = costs[j * pp + p];
+          if (n > c.max_blocks) worst = std::numeric_limits<double>::infinity();
+          worst = std::max(worst, c.fixed_s + c.per_block_s * n);
+        }
+      }
+      brute = std::min(brute, worst);
+    });
+    std::vector<int> out(pp);
+    double bottleneck = 0;
+    const bool ok = partition_blocks(costs.data(), rows, pp, blocks, v, out.data(), &bottleneck);
+    CAPTURE(trial);
+    CAPTURE(kind);
+    REQUIRE(ok == std::isfinite(brute));
+    if (!ok) continue;
+    CHECK(bottleneck == doctest::Approx(brute).epsilon(1e-12));
+    int sum = 0;
+    for (int p = 0; p < pp; ++p) {
+      CHECK(out[p] >= v);
+      sum += out[p];
+    }
+    CHECK(sum == blocks);
+    // Appending a copy of every row with half its fixed time (never the slowest) changes
+    // nothing.
+    std::vector<RankCost> more = costs;
+    for (int i = 0; i < rows * pp; ++i) {
+      RankCost c = costs[i];
+      c.fixed_s *= 0.5;
+      c.max_blocks = INT_MAX;
+      more.push_back(c);
+    }
+    std::vector<int> out2(pp);
+    double bottleneck2 = 0;
+    REQUIRE(partition_blocks(more.data(), 2 * rows, pp, blocks, v, out2.data(), &bottleneck2));
+    CHECK(out2 == out);
+    CHECK(bottleneck2 == bottleneck);
+  }
+}
+
 TEST_CASE("planner: partition_chain with per-layer costs equals brute force") {
   std::mt19937 rng(11);
   std::uniform_real_distribution<double> u(0.05, 3.0);
