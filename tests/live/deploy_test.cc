@@ -1,0 +1,156 @@
+// parapilot deploy driving real Gloo workers (parapilot launch --agent deploy, or an external
+// deploy): the closed loop and the agent going away. Runs the built `parapilot` binary.
+// Assertions never depend on machine speed; every wait has a timeout.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "env/trace/telemetry.h"
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("parapilot-deploy-live-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+// A model whose steps take tens of milliseconds, so that an injected slowdown stands well out
+// of scheduling noise.
+const char* kWorkerFlags =
+    " --layers 2 --d-model 64 --heads 4 --seq-len 64 --global-batch 16 --microbatch 2"
+    " --threads 1 --collective-timeout 60 --corpus " PARAPILOT_SOURCE_DIR "/docs";
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+int run(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+}  // namespace
+
+TEST_CASE("parapilot deploy drives live Gloo workers: a slowed rank gets a smaller share") {
+  const std::string dir = temp_dir("loop");
+  const std::string cmd = std::string(PARAPILOT_BIN) +
+                          " launch --workers 2 --agent deploy --agent-policy reactive"
+                          " --inject rank=1,slow=4x,at=3s --steps 70 --log-dir " + dir +
+                          " --record " + dir + "/telemetry.csv" + kWorkerFlags + " > " + dir +
+                          "/launch.log 2>&1";
+  INFO("logs in " << dir);
+  REQUIRE(run(cmd) == 0);  // workers and the agent ended cleanly
+
+  // The agent saw the slow rank and committed a switch after it.
+  const auto lines = json_lines(dir + "/agent.log");
+  REQUIRE(!lines.empty());
+  CHECK(lines.front()["event"] == "agent_started");
+  CHECK(lines.front()["ranks"] == 2);
+  bool slow_seen = false;
+  long switch_step = -1;
+  for (const auto& e : lines) {
+    if (e["event"] == "slow_rank" && e["rank"] == 1 && e["value"].get<double>() < 0.5)
+      slow_seen = true;
+    if (slow_seen && switch_step < 0 && e["event"] == "migration" &&
+        e["outcome"] == "committed")
+      switch_step = e["switch_at_step"].get<long>();
+  }
+  REQUIRE(slow_seen);
+  REQUIRE(switch_step > 0);
+  CHECK(lines.back()["event"] == "agent_stopped");
+
+  // Every step ran exactly once on each rank, and its 8 microbatches were split without loss
+  // or repetition, across every switch.
+  const auto trace = parapilot::trace::read_telemetry(dir + "/telemetry.csv");
+  std::map<long, std::map<int, int>> mb;  // step -> rank -> microbatches
+  for (const auto& s : trace.samples) {
+    CHECK(mb[s.step].count(s.rank) == 0);
+    mb[s.step][s.rank] = s.microbatches;
+  }
+  REQUIRE(mb.size() == 70);
+  for (const auto& [step, ranks] : mb) {
+    CAPTURE(step);
+    REQUIRE(ranks.size() == 2);
+    CHECK(ranks.at(0) + ranks.at(1) == 8);
+  }
+  // The switch the agent committed after the slowdown moved work off rank 1.
+  if (switch_step < 70) {
+    CAPTURE(switch_step);
+    CHECK(mb[switch_step][1] < mb[switch_step][0]);
+    CHECK(mb[switch_step - 1] != mb[switch_step]);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the agent killed: live workers train on, reconnect to a new agent, finish cleanly") {
+  const std::string dir = temp_dir("restart");
+  const std::string bin = PARAPILOT_BIN;
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  {
+    std::ofstream(dir + "/secret") << "a-test-secret-of-at-least-16-bytes\n";
+    std::filesystem::permissions(dir + "/secret", std::filesystem::perms::owner_read |
+                                                      std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::replace);
+    std::ofstream(dir + "/model.toml")
+        << "[model]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 64\nvocab = 256\n";
+    std::ofstream(dir + "/job.toml")
+        << "[scenario]\nfamily = \"straggler\"\ngpus = 8\ncluster = \"1x2xa100-80g\"\n"
+        << "model = \"" << dir << "/model.toml\"\nglobal_batch = 16\n[space]\ntp = [1]\n"
+        << "pp = [1]\nmicrobatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";
+  }
+  const std::string deploy = bin + " deploy --policy reactive --scenario " + dir +
+                             "/job.toml --secret-file " + dir + "/secret --listen 127.0.0.1:" +
+                             std::to_string(port);
+  // Wait (at most `s` seconds) until FILE has a decision line.
+  auto wait_decision = [](const std::string& file, int s) {
+    return "for i in $(seq " + std::to_string(s * 10) + "); do grep -q '\"decision\"' " + file +
+           " 2>/dev/null && break; sleep 0.1; done; ";
+  };
+  // Agent A runs until the workers report to it, then dies (SIGKILL). The workers train on;
+  // agent B starts on the same address, and the workers report to it until they finish.
+  const std::string script =
+      deploy + " > " + dir + "/a.log 2>&1 & A=$!; sleep 0.5; " + bin +
+      " launch --workers 2 --agent 127.0.0.1:" + std::to_string(port) + " --secret-file " + dir +
+      "/secret --steps 0 --max-seconds 25" + kWorkerFlags + " > " + dir +
+      "/launch.log 2>&1 & L=$!; " + wait_decision(dir + "/a.log", 60) +
+      "kill -9 $A; wait $A; sleep 1; " + deploy + " > " + dir + "/b.log 2>&1 & B=$!; " +
+      wait_decision(dir + "/b.log", 60) + "wait $L; echo $? > " + dir +
+      "/launch.rc; kill -INT $B; wait $B; echo $? > " + dir + "/b.rc";
+  std::ofstream(dir + "/run.sh") << script << "\n";
+  INFO("logs in " << dir);
+  run("bash " + dir + "/run.sh");
+  auto read_int = [](const std::string& path) {
+    int v = -1;
+    std::ifstream(path) >> v;
+    return v;
+  };
+  CHECK(read_int(dir + "/launch.rc") == 0);  // every worker finished; none was lost
+  CHECK(read_int(dir + "/b.rc") == 0);
+  bool a_decided = false, b_decided = false;
+  for (const auto& e : json_lines(dir + "/a.log")) a_decided |= e["event"] == "decision";
+  for (const auto& e : json_lines(dir + "/b.log")) b_decided |= e["event"] == "decision";
+  CHECK(a_decided);
+  CHECK(b_decided);  // the workers reconnected and reported to the new agent
+  std::filesystem::remove_all(dir);
+}
