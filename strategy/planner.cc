@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include "strategy/error.h"
@@ -37,6 +38,15 @@ struct BlockCosts {
   double embedding_s = 0;
   double logits_s = 0;
 };
+
+}  // namespace
+
+struct BlockCostCache {
+  std::mutex mutex;
+  std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> costs;
+};
+
+namespace {
 
 // A tensor-parallel group: tp usable GPUs inside one node.
 struct Group {
@@ -106,7 +116,10 @@ bool tp_legal(int tp, const ModelSpec& model) {
 }  // namespace
 
 Planner::Planner(ModelSpec model, ClusterSpec cluster)
-    : model_(std::move(model)), cluster_(std::move(cluster)), cost_(model_, cluster_) {
+    : model_(std::move(model)),
+      cluster_(std::move(cluster)),
+      cost_(model_, cluster_),
+      block_cache_(std::make_shared<BlockCostCache>()) {
   const ClusterTopology& topo = cost_.topology();
   int max_node = 1;
   for (const auto& n : topo.nodes) max_node = std::max(max_node, n.gpus);
@@ -143,10 +156,11 @@ namespace {
 class Search {
  public:
   Search(const ModelSpec& model, const CostModel& cost, const std::vector<CostModel>& probes,
-         const PlanRequest& request)
+         BlockCostCache& shared_block_costs, const PlanRequest& request)
       : model_(model),
         cost_(cost),
         probes_(probes),
+        shared_block_costs_(shared_block_costs),
         topo_(cost.topology()),
         req_(request),
         c_(request.conditions),
@@ -170,6 +184,7 @@ class Search {
   const ModelSpec& model_;
   const CostModel& cost_;
   const std::vector<CostModel>& probes_;
+  BlockCostCache& shared_block_costs_;
   const ClusterTopology& topo_;
   const PlanRequest& req_;
   const Conditions& c_;
@@ -193,6 +208,13 @@ const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompu
   auto key = std::make_tuple(type, tp, mb, sp, rc);
   auto it = block_cache_.find(key);
   if (it != block_cache_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(shared_block_costs_.mutex);
+    auto shared = shared_block_costs_.costs.find(key);
+    if (shared != shared_block_costs_.costs.end()) {
+      return block_cache_.emplace(key, shared->second).first->second;
+    }
+  }
   const CostModel& probe = probes_[type];
   Strategy s;
   s.dp = 1;
@@ -219,6 +241,10 @@ const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompu
   out.block_s = first2 - first1 - tpc;
   out.embedding_s = std::max(0.0, first1 - out.block_s - tpc);
   out.logits_s = std::max(0.0, all_compute - 3.0 * out.block_s - out.embedding_s);
+  {
+    std::lock_guard<std::mutex> lock(shared_block_costs_.mutex);
+    shared_block_costs_.costs.emplace(key, out);
+  }
   return block_cache_.emplace(key, out).first->second;
 }
 
@@ -304,6 +330,11 @@ void Search::add_placements(int tp, int pp, int dp) {
     pl.dp = dp;
     pl.pp = pp;
     pl.gpus.resize(static_cast<size_t>(used) * tp);
+    for (auto* v : {&pl.node, &pl.type, &pl.gpu0, &pl.slot_link}) v->reserve(used);
+    for (auto* v : {&pl.slow, &pl.next_latency_s, &pl.next_s_per_byte, &pl.prev_latency_s,
+                    &pl.prev_s_per_byte}) {
+      v->reserve(used);
+    }
     for (int slot = 0; slot < used; ++slot) {
       const Group& g = groups_[pl.group[slot]];
       pl.node.push_back(g.node);
@@ -936,7 +967,7 @@ PlanResult Planner::plan(const PlanRequest& request) const {
     space.global_batch =
         request.current ? request.current->global_batch : default_global_batch(cluster_.num_gpus());
   }
-  Search search(model_, cost_, probes_, resolved);
+  Search search(model_, cost_, probes_, *block_cache_, resolved);
   PlanResult result = search.run();
   if (request.current) {
     for (auto& cand : result.candidates) {

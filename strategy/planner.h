@@ -8,6 +8,7 @@
 // threads (the RL loop does). It is meant to run online, in milliseconds.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -75,6 +76,10 @@ class Planner {
   // One per GPU type present: a three-block copy of the model on a single node of that type,
   // used to read per-block, embedding and logits times off the cost model.
   std::vector<CostModel> probes_;
+  // Per-block, embedding and logits times read off the probes, by (GPU type, tp, microbatch,
+  // sp, recompute): they do not depend on the conditions, so every plan() call shares them.
+  // Guarded by its own mutex; shared by copies of this planner.
+  std::shared_ptr<struct BlockCostCache> block_cache_;
 };
 
 // Constant pause of a layout switch (communicator rebuild, barrier), in seconds.
