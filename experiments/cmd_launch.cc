@@ -61,7 +61,7 @@ std::string job_scenario(const live::WorkerOptions& w, int workers, const std::s
   write_file_atomically(model_path, [&](std::ostream& out) { out << model.str(); });
   std::ostringstream job;
   job << "# The local live cluster as parapilot deploy sees it (parapilot launch --agent deploy).\n"
-      << "[scenario]\nfamily = \"straggler\"\ngpus = 8\ncluster = \"1x" << workers
+      << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x" << workers
       << "xa100-80g\"\nmodel = \"" << model_path << "\"\nglobal_batch = " << w.global_batch
       << "\n\n# What the workers can switch: data-parallel shares.\n[space]\ntp = [1]\npp = [1]\n"
       << "microbatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "strategy/error.h"
@@ -109,12 +110,21 @@ Scenario load_scenario(const std::string& path) {
   const auto family_name =
       r.get_choice("family", {"hetero", "straggler", "congestion", "failure", "phase", "mixed"});
   if (!family_name) r.fail("family", "missing (required)");
-  const int gpus = static_cast<int>(r.get_int("gpus", 8, 1 << 16).value_or(64));
-  if (gpus % 8 != 0) r.fail("gpus", "must be a multiple of 8");
-  Scenario s = builtin_scenario(parse_family(*family_name), gpus);
+  // The size: `gpus` builds the family's cluster of 8-GPU nodes; a `cluster` (preset or spec
+  // file) gives its own, of any size, and `gpus`, when also given, must agree with it.
+  const auto gpus_value = r.get_int("gpus", 1, 1 << 16);
+  const auto cluster_name = r.get_string("cluster");
+  std::optional<ClusterSpec> cluster;
+  if (cluster_name) cluster = load_cluster(*cluster_name);
+  if (cluster && gpus_value && *gpus_value != cluster->num_gpus())
+    r.fail("gpus", "is " + std::to_string(*gpus_value) + " but the cluster has " +
+                       std::to_string(cluster->num_gpus()) + " GPUs");
+  const int gpus = static_cast<int>(gpus_value.value_or(64));
+  if (!cluster && gpus % 8 != 0) r.fail("gpus", "must be a multiple of 8 (or give a cluster)");
+  Scenario s = builtin_scenario(parse_family(*family_name), cluster ? 8 : gpus);
+  if (cluster) s.cluster = *cluster;
   s.name = r.get_string("name").value_or(s.name);
   if (auto m = r.get_string("model")) s.model = load_model(*m);
-  if (auto c = r.get_string("cluster")) s.cluster = load_cluster(*c);
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
   if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
   if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);

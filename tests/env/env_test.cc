@@ -1,7 +1,11 @@
 // The env conformance suite every registered env passes, plus simulator and baseline checks.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <random>
 #include <sstream>
 
@@ -107,6 +111,32 @@ TEST_CASE("env ids: parameters, scenario files and errors") {
   CHECK_THROWS_AS(make_env("sim:straggler(gpus=abc)"), InputError);
   CHECK_THROWS_AS(make_env("sim:straggler(colour=red)"), InputError);
   CHECK_THROWS_AS(make_env("sim:straggler(gpus"), InputError);
+}
+
+TEST_CASE("scenario files: a cluster of any size, and gpus must agree with it") {
+  const std::string path = "/tmp/parapilot-env-test-scenario-" + std::to_string(::getpid()) +
+                           ".toml";
+  auto load = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return load_scenario(path);
+  };
+  const Scenario four = load("[scenario]\nfamily = \"straggler\"\ncluster = \"1x4xa100-80g\"\n");
+  CHECK(four.cluster.num_gpus() == 4);
+  CHECK(four.family == Family::kStraggler);
+  CHECK(load("[scenario]\nfamily = \"failure\"\ngpus = 4\ncluster = \"1x4xa100-80g\"\n")
+            .cluster.num_gpus() == 4);
+  CHECK_THROWS_WITH_AS(
+      load("[scenario]\nfamily = \"straggler\"\ngpus = 8\ncluster = \"1x4xa100-80g\"\n"),
+      doctest::Contains("the cluster has 4 GPUs"), InputError);
+  CHECK_THROWS_WITH_AS(load("[scenario]\nfamily = \"straggler\"\ngpus = 12\n"),
+                       doctest::Contains("multiple of 8"), InputError);
+  // A 4-GPU scenario is a working env.
+  std::ofstream(path) << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x4xa100-80g\"\n"
+                         "horizon = 4\n";
+  auto small = make_env(path);
+  small->reset(3);
+  for (int t = 0; t < 4; ++t) CHECK(std::isfinite(small->step(0).reward));
+  std::remove(path.c_str());
 }
 
 TEST_CASE("vectorised runner: same per-env trajectories as sequential stepping") {
