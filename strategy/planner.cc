@@ -607,10 +607,13 @@ void Search::evaluate_shape(const Shape& shape) {
   thread_local std::vector<int> counts;
   costs.assign(static_cast<size_t>(dp) * pp, RankCost{});
   counts.assign(pp, 0);
-  std::vector<int> max_blocks(pp, layers);
+  thread_local std::vector<int> max_blocks;
+  max_blocks.assign(pp, layers);
   {
     s.stage_layers.assign(static_cast<size_t>(pp) * v, 1);
-    std::vector<double> m1(pp), m2(pp);
+    thread_local std::vector<double> m1, m2;
+    m1.assign(pp, 0);
+    m2.assign(pp, 0);
     for (int p = 0; p < pp; ++p) m1[p] = cost_.memory(s, 0, p).total_gib();
     s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
     for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
@@ -673,8 +676,9 @@ void Search::evaluate_shape(const Shape& shape) {
                        costs[r * pp + p].per_block_s == costs[p].per_block_s;
     }
   }
-  std::vector<int> micro(dp, total / dp);
-  std::vector<RankCost> rows;
+  thread_local std::vector<int> micro, before;
+  thread_local std::vector<RankCost> rows;
+  micro.assign(dp, total / dp);
   auto build_rows = [&]() {
     bool one = replicas_alike;
     for (int r = 1; r < dp && one; ++r) one = micro[r] == micro[0];
@@ -691,7 +695,9 @@ void Search::evaluate_shape(const Shape& shape) {
     return count;
   };
   auto shares_from_partition = [&]() {
-    std::vector<double> per_mb(dp), fixed(dp);
+    thread_local std::vector<double> per_mb, fixed;
+    per_mb.assign(dp, 0);
+    fixed.assign(dp, 0);
     for (int r = 0; r < dp; ++r) {
       double max = 0, sum = 0;
       for (int p = 0; p < pp; ++p) {
@@ -707,13 +713,18 @@ void Search::evaluate_shape(const Shape& shape) {
   };
 
   double bottleneck = 0;
+  thread_local std::vector<int> counts_before;
   for (int round = 0; round < 2; ++round) {
     const int row_count = build_rows();
     if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
       no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
       return;
     }
-    const std::vector<int> before = micro;
+    // The shares depend only on the counts: the same counts as the previous round give the
+    // same shares again.
+    if (round > 0 && counts == counts_before) break;
+    counts_before = counts;
+    before = micro;
     shares_from_partition();
     if (micro == before) break;
   }
