@@ -18,7 +18,8 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 find_one() { # first of NAME under the CUDA toolkit, the Python packages, /usr
   local site
   site=$($py -c "import site; print(' '.join(site.getsitepackages()))" 2>/dev/null)
-  find "$cuda" $site /usr/include /usr/lib /opt 2>/dev/null -name "$1" | head -1
+  find -H "$cuda" $site /usr/include /usr/lib /opt 2>/dev/null -name "$1" -not -path '*triton*' |
+    head -1
 }
 nccl_h=$(find_one nccl.h); nccl_so=$(find_one 'libnccl.so*'); cudart_h=$(find_one cuda_runtime.h)
 cudart_so=$(find_one 'libcudart.so*')

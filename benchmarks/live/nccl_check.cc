@@ -6,7 +6,7 @@
 //
 //   nccl_check [--ranks N] [--mib M]
 //
-// Prints one line per rank and exits 0 when every rank's results were exact.
+// Prints one line per rank and exits 0 when every rank's results were exact (2: no GPU).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,13 +109,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: nccl_check [--ranks N (1..64)] [--mib M (1..4096)]\n");
     return 2;
   }
-  std::string why;
-  const int devices = parapilot::live::cuda_device_count(&why);
-  if (devices == 0) {
-    std::printf("nccl_check: %s\n", why.c_str());
-    return 2;
-  }
-  std::printf("nccl_check: %d rank(s) on %d GPU(s)\n", ranks, devices);
+  // CUDA must not be initialised before fork (a child could not use it): the ranks ask.
+  std::printf("nccl_check: %d rank(s)\n", ranks);
   std::fflush(stdout);
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("parapilot-nccl-check-" + std::to_string(::getpid())))
@@ -125,6 +120,13 @@ int main(int argc, char** argv) {
   for (int r = 0; r < ranks; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      std::string why;
+      const int devices = parapilot::live::cuda_device_count(&why);
+      if (devices == 0) {
+        std::printf("rank %d: %s\n", r, why.c_str());
+        std::fflush(stdout);
+        ::_exit(2);
+      }
       const int code = run_rank(r, ranks, devices, dir, mib);
       std::fflush(stdout);
       ::_exit(code);
