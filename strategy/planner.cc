@@ -920,7 +920,25 @@ PlanResult Search::run() {
   // Compression can reorder the leaders: apply it to twice as many as returned.
   const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * req_.top_k));
   ranked.resize(keep);
-  for (auto& cand : ranked) choose_compression(cand);
+  // Compression only shortens the exposed DP reduction (the cost model's one term that depends
+  // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
+  // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
+  const int k = req_.top_k;
+  std::vector<double> final_tps;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    Candidate& cand = ranked[i];
+    if (static_cast<int>(i) >= k) {
+      std::nth_element(final_tps.begin(), final_tps.begin() + (k - 1), final_tps.end(),
+                       std::greater<double>());
+      const double kth = final_tps[k - 1];
+      const double floor_s = cand.cost.iteration_time_s - cand.cost.dp_comm_s;
+      const double best_case =
+          floor_s > 0 ? cand.cost.tokens_per_s * cand.cost.iteration_time_s / floor_s : kInf;
+      if (best_case * (1 + 1e-9) < kth) continue;
+    }
+    choose_compression(cand);
+    final_tps.push_back(cand.cost.tokens_per_s);
+  }
   std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
   if (static_cast<int>(ranked.size()) > req_.top_k) ranked.resize(req_.top_k);
   result.candidates = std::move(ranked);

@@ -566,6 +566,53 @@ TEST_CASE("planner: compression only when it pays and stays within the error bud
   }
 }
 
+TEST_CASE("planner: compression changes only the exposed DP reduction (the search relies on it)") {
+  // The planner skips compressing a family whose time without any DP reduction cannot reach
+  // the K-th best; that is exact only while compression leaves iteration - dp_comm unchanged.
+  const ModelSpec model = *model_preset("llama2-7b");
+  const ClusterSpec cluster = *cluster_preset("4x8xa100-80g");
+  const Planner planner(model, cluster);
+  Conditions congested;
+  congested.node_inter_bw.assign(4, 0.05);
+  congested.gpu_speed.assign(32, 1.0);
+  congested.gpu_speed[3] = 0.6;
+  std::vector<Compression> methods(4);
+  methods[1].kind = Compression::Kind::kFP16;
+  methods[2].kind = Compression::Kind::kTopK;
+  methods[2].topk_ratio = 0.01;
+  methods[3].kind = Compression::Kind::kPowerSGD;
+  methods[3].powersgd_rank = 4;
+  for (const auto& [tp, pp, zero] : {std::tuple{8, 1, 1}, {4, 2, 0}, {2, 4, 1}, {1, 1, 2}}) {
+    Strategy s;
+    s.tp = tp;
+    s.pp = pp;
+    s.dp = 32 / (tp * pp);
+    s.zero = zero;
+    s.global_batch = 64;
+    s.microbatch_size = 1;
+    s.recompute = Recompute::kSelective;
+    REQUIRE(!find_problem(s, model, cluster));
+    const CostBreakdown plain = planner.cost_model().evaluate(s, congested);
+    for (size_t m = 1; m < methods.size(); ++m) {
+      for (bool some_layers : {false, true}) {
+        Strategy c = s;
+        if (some_layers) {
+          c.compression_overrides.push_back(CompressionOverride{2, 9, methods[m]});
+        } else {
+          c.compression = methods[m];
+        }
+        const CostBreakdown b = planner.cost_model().evaluate(c, congested);
+        CAPTURE(tp);
+        CAPTURE(pp);
+        CAPTURE(m);
+        CHECK(b.iteration_time_s - b.dp_comm_s ==
+              doctest::Approx(plain.iteration_time_s - plain.dp_comm_s).epsilon(1e-12));
+        CHECK(b.fits_in_memory == plain.fits_in_memory);
+      }
+    }
+  }
+}
+
 TEST_CASE("planner: migration cost is zero for the same layout and grows with what moves") {
   const ModelSpec model = *model_preset("llama2-7b");
   const ClusterSpec cluster = *cluster_preset("2x8xa100-80g");
