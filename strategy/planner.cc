@@ -95,6 +95,30 @@ struct Shape {
   int global_batch;
 };
 
+using FitKey = std::tuple<int, int, bool, Schedule, int, Recompute, int>;
+
+// One ranking of layout families: the search keeps one for every layout in the space and, when
+// ZeRO-0 variants are searched as well (docs/planner.md), one for the ZeRO-0 layouts alone.
+// Each prunes by its own K-th best family, exactly as a search over its layouts alone would.
+struct Track {
+  int top_k = 1;
+  bool zero0_only = false;
+  std::map<Family, Candidate> best;  // best layout per family
+  std::vector<double> top;           // best throughput per family, for the K-th best
+  std::map<FitKey, int> no_fit_mb;   // smallest microbatch known not to fit, per shape kind
+  double kth = 0;     // K-th best family throughput so far (0 until K families are known)
+  bool done = false;  // no remaining layout can enter its top K
+  bool covers(const Shape& shape) const { return !zero0_only || shape.zero == 0; }
+};
+
+// What evaluating one shape gave: nothing to record, a layout that cannot fit (memory or
+// partition), or a costed layout.
+struct Outcome {
+  enum class Kind { kNone, kNoFit, kEvaluated } kind = Kind::kNone;
+  Strategy strategy;
+  CostBreakdown cost;
+};
+
 // Blocks per chunk of the balanced layout, as the cost model resolves an empty stage list:
 // as even as possible, the remainder on the middle chunks (the ends carry embedding and logits).
 std::vector<int> balanced_chunks(int layers, int chunks) {
@@ -107,6 +131,25 @@ std::vector<int> balanced_chunks(int layers, int chunks) {
 
 std::vector<int> resolved_chunks(const Strategy& s, int layers) {
   return s.stage_layers.empty() ? balanced_chunks(layers, s.num_chunks()) : s.stage_layers;
+}
+
+// Whether the search keeps ZeRO-0 variants as well (docs/planner.md): the request asks for it,
+// compression may be chosen, the statistics let some block take top-k or PowerSGD (error
+// within the budget, as choose_compression requires) and the space has ZeRO 0 next to other
+// stages.
+bool searches_zero0_variants(const PlanRequest& req, int layers) {
+  const SearchSpace& space = req.space;
+  const GradientStats& g = req.gradients;
+  if (!req.zero0_variants || !space.compression || g.empty()) return false;
+  const std::vector<int>& zero = space.zero;
+  const bool zero0_and_more =
+      zero.empty() || (zero.size() > 1 && std::find(zero.begin(), zero.end(), 0) != zero.end());
+  if (!zero0_and_more) return false;
+  for (int l = 0; l < layers; ++l) {
+    if (!g.topk_energy.empty() && 1.0 - g.topk_energy[l] <= g.error_budget) return true;
+    if (!g.lowrank_residual.empty() && g.lowrank_residual[l] <= g.error_budget) return true;
+  }
+  return false;
 }
 
 bool tp_legal(int tp, const ModelSpec& model) {
@@ -176,9 +219,9 @@ class Search {
   void make_groups(int tp);
   void add_placements(int tp, int pp, int dp);
   void add_shapes(int placement_index, int tp);
-  void evaluate_shape(const Shape& shape);
-  void consider(const Strategy& s, const CostBreakdown& b);
-  double kth_best() const;
+  Outcome evaluate_shape(const Shape& shape);
+  void record(Track& track, const Shape& shape, const Outcome& outcome);
+  std::vector<Candidate> finish(const Track& track);
   void choose_compression(Candidate& c);
 
   const ModelSpec& model_;
@@ -196,10 +239,10 @@ class Search {
   std::vector<int> speed_order_;  // groups_ indices, fastest first (stable)
   std::vector<Placement> placements_;
   std::vector<Shape> shapes_;
-  std::map<Family, Candidate> best_;  // best layout per family
-  std::vector<double> top_;           // best throughput per family, for the K-th best
-  std::map<std::tuple<int, int, bool, Schedule, int, Recompute, int>, int> no_fit_mb_;
-  double kth_ = 0;  // K-th best family throughput so far (0 until K families are known)
+  std::vector<Track> tracks_;
+  // Compression chosen per candidate, shared by the tracks (a family's best layout is often
+  // its best ZeRO-0 one too).
+  std::vector<std::pair<Candidate, Candidate>> compressed_;
   long evaluated_ = 0;
   long pruned_ = 0;
 };
@@ -545,35 +588,41 @@ void Search::add_shapes(int placement_index, int tp) {
   }
 }
 
-double Search::kth_best() const { return kth_; }
-
-void Search::consider(const Strategy& s, const CostBreakdown& b) {
-  if (!b.feasible || !b.fits_in_memory) return;
+void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
+  if (outcome.kind == Outcome::Kind::kNone) return;
+  const CostBreakdown& b = outcome.cost;
+  if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
+    const FitKey key = std::make_tuple(shape.placement, shape.tp, shape.sp, shape.schedule, shape.v,
+                                       shape.recompute, shape.zero);
+    auto [it, inserted] = track.no_fit_mb.emplace(key, shape.mb);
+    if (!inserted) it->second = std::min(it->second, shape.mb);
+  }
+  if (outcome.kind != Outcome::Kind::kEvaluated || !b.feasible || !b.fits_in_memory) return;
+  const Strategy& s = outcome.strategy;
   const Family f{s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute};
-  auto it = best_.find(f);
-  if (it == best_.end()) {
-    best_.emplace(f, Candidate{s, b, 0, 0});
+  auto it = track.best.find(f);
+  if (it == track.best.end()) {
+    track.best.emplace(f, Candidate{s, b, 0, 0});
   } else if (b.tokens_per_s > it->second.cost.tokens_per_s) {
     it->second = Candidate{s, b, 0, 0};
   } else {
     return;
   }
-  top_.clear();
-  for (const auto& [key, cand] : best_) top_.push_back(cand.cost.tokens_per_s);
-  if (static_cast<int>(top_.size()) >= req_.top_k) {
-    std::nth_element(top_.begin(), top_.begin() + (req_.top_k - 1), top_.end(),
+  track.top.clear();
+  for (const auto& [key, cand] : track.best) track.top.push_back(cand.cost.tokens_per_s);
+  if (static_cast<int>(track.top.size()) >= track.top_k) {
+    std::nth_element(track.top.begin(), track.top.begin() + (track.top_k - 1), track.top.end(),
                      std::greater<double>());
-    kth_ = top_[req_.top_k - 1];
+    track.kth = track.top[track.top_k - 1];
   }
 }
 
-void Search::evaluate_shape(const Shape& shape) {
+Outcome Search::evaluate_shape(const Shape& shape) {
   const Placement& pl = placements_[shape.placement];
   const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const int layers = model_.layers;
-  const auto fit_key = std::make_tuple(shape.placement, tp, shape.sp, shape.schedule, v,
-                                       shape.recompute, shape.zero);
-  if (auto it = no_fit_mb_.find(fit_key); it != no_fit_mb_.end() && mb >= it->second) return;
+  Outcome no_fit;
+  no_fit.kind = Outcome::Kind::kNoFit;
 
   Strategy s;
   s.dp = dp;
@@ -626,10 +675,7 @@ void Search::evaluate_shape(const Shape& shape) {
       const double base = m1[p] - per_block * v;
       const double room = per_block > 0 ? (capacity - base) / per_block : layers;
       max_blocks[p] = room >= layers ? layers : static_cast<int>(std::floor(room + 1e-9));
-      if (max_blocks[p] < v) {
-        no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
-        return;
-      }
+      if (max_blocks[p] < v) return no_fit;
     }
   }
 
@@ -717,8 +763,7 @@ void Search::evaluate_shape(const Shape& shape) {
   for (int round = 0; round < 2; ++round) {
     const int row_count = build_rows();
     if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
-      no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
-      return;
+      return no_fit;
     }
     // The shares depend only on the counts: the same counts as the previous round give the
     // same shares again.
@@ -739,13 +784,13 @@ void Search::evaluate_shape(const Shape& shape) {
     s.dp_shares.resize(dp);
     for (int r = 0; r < dp; ++r) s.dp_shares[r] = micro[r] * mb;
   }
-  if (uniform && !even) return;  // cannot happen: an uneven total has no uniform split
+  if (uniform && !even) return {};  // cannot happen: an uneven total has no uniform split
   ++evaluated_;
-  const CostBreakdown b = cost_.evaluate(s, c_);
-  if (b.feasible && !b.fits_in_memory) {
-    no_fit_mb_[fit_key] = std::min(mb, no_fit_mb_.count(fit_key) ? no_fit_mb_[fit_key] : mb);
-  }
-  consider(s, b);
+  Outcome out;
+  out.kind = Outcome::Kind::kEvaluated;
+  out.cost = cost_.evaluate(s, c_);
+  out.strategy = std::move(s);
+  return out;
 }
 
 // Per-layer compression: among the methods whose error stays within the budget, the one that
@@ -835,6 +880,50 @@ void Search::choose_compression(Candidate& cand) {
   cand = best;
 }
 
+// A track's top K families, the leaders compressed where it pays, best first.
+std::vector<Candidate> Search::finish(const Track& track) {
+  std::vector<Candidate> ranked;
+  for (const auto& [family, cand] : track.best) ranked.push_back(cand);
+  auto by_throughput = [](const Candidate& a, const Candidate& b) {
+    return a.cost.tokens_per_s > b.cost.tokens_per_s;
+  };
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  // Compression can reorder the leaders: apply it to twice as many as returned.
+  const int k = track.top_k;
+  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * k));
+  ranked.resize(keep);
+  // Compression only shortens the exposed DP reduction (the cost model's one term that depends
+  // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
+  // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
+  std::vector<double> final_tps;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    Candidate& cand = ranked[i];
+    if (static_cast<int>(i) >= k) {
+      std::nth_element(final_tps.begin(), final_tps.begin() + (k - 1), final_tps.end(),
+                       std::greater<double>());
+      const double kth = final_tps[k - 1];
+      const double floor_s = cand.cost.iteration_time_s - cand.cost.dp_comm_s;
+      const double best_case =
+          floor_s > 0 ? cand.cost.tokens_per_s * cand.cost.iteration_time_s / floor_s : kInf;
+      if (best_case * (1 + 1e-9) < kth) continue;
+    }
+    auto done = std::find_if(compressed_.begin(), compressed_.end(), [&](const auto& entry) {
+      return entry.first.strategy == cand.strategy;
+    });
+    if (done != compressed_.end()) {
+      cand = done->second;
+    } else {
+      const Candidate plain = cand;
+      choose_compression(cand);
+      compressed_.emplace_back(plain, cand);
+    }
+    final_tps.push_back(cand.cost.tokens_per_s);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  if (static_cast<int>(ranked.size()) > k) ranked.resize(k);
+  return ranked;
+}
+
 PlanResult Search::run() {
   const auto start = std::chrono::steady_clock::now();
   const int gpus = topo_.num_gpus();
@@ -899,48 +988,70 @@ PlanResult Search::run() {
     }
   }
 
-  // Best bound first; stop once no remaining layout can enter the top K.
+  // Each track ranks its families as a search over its layouts alone would.
+  tracks_.emplace_back();
+  tracks_.back().top_k = req_.top_k;
+  const bool with_zero0 = searches_zero0_variants(req_, model_.layers);
+  if (with_zero0) {
+    tracks_.emplace_back();
+    tracks_.back().top_k = std::max(req_.top_k, req_.zero0_top_k);
+    tracks_.back().zero0_only = true;
+  }
+
+  // Best bound first; a track stops once no remaining layout can enter its top K. A shape is
+  // evaluated once, whichever tracks take it.
   std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {
     return a.upper_tokens_per_s > b.upper_tokens_per_s;
   });
   for (size_t i = 0; i < shapes_.size(); ++i) {
-    if (shapes_[i].upper_tokens_per_s <= kth_best()) {
+    const Shape& shape = shapes_[i];
+    bool taken = false, computed = false, all_done = true;
+    Outcome outcome;
+    for (Track& track : tracks_) {
+      if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
+      all_done = all_done && track.done;
+      if (track.done || !track.covers(shape)) continue;
+      taken = true;
+      const FitKey key = std::make_tuple(shape.placement, shape.tp, shape.sp, shape.schedule,
+                                         shape.v, shape.recompute, shape.zero);
+      if (auto it = track.no_fit_mb.find(key);
+          it != track.no_fit_mb.end() && shape.mb >= it->second) {
+        continue;
+      }
+      if (!computed) {
+        outcome = evaluate_shape(shape);
+        computed = true;
+      }
+      record(track, shape, outcome);
+    }
+    if (all_done) {
       pruned_ += static_cast<long>(shapes_.size() - i);
       break;
     }
-    evaluate_shape(shapes_[i]);
+    if (!taken) ++pruned_;
   }
 
-  std::vector<Candidate> ranked;
-  for (auto& [family, cand] : best_) ranked.push_back(cand);
-  auto by_throughput = [](const Candidate& a, const Candidate& b) {
-    return a.cost.tokens_per_s > b.cost.tokens_per_s;
-  };
-  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
-  // Compression can reorder the leaders: apply it to twice as many as returned.
-  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * req_.top_k));
-  ranked.resize(keep);
-  // Compression only shortens the exposed DP reduction (the cost model's one term that depends
-  // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
-  // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
-  const int k = req_.top_k;
-  std::vector<double> final_tps;
-  for (size_t i = 0; i < ranked.size(); ++i) {
-    Candidate& cand = ranked[i];
-    if (static_cast<int>(i) >= k) {
-      std::nth_element(final_tps.begin(), final_tps.begin() + (k - 1), final_tps.end(),
-                       std::greater<double>());
-      const double kth = final_tps[k - 1];
-      const double floor_s = cand.cost.iteration_time_s - cand.cost.dp_comm_s;
-      const double best_case =
-          floor_s > 0 ? cand.cost.tokens_per_s * cand.cost.iteration_time_s / floor_s : kInf;
-      if (best_case * (1 + 1e-9) < kth) continue;
+  std::vector<Candidate> ranked = finish(tracks_[0]);
+  if (with_zero0) {
+    // The faster of each family's variants, best first (the first track's on a tie).
+    std::vector<Candidate> all = std::move(ranked);
+    const std::vector<Candidate> zero0 = finish(tracks_[1]);
+    all.insert(all.end(), zero0.begin(), zero0.end());
+    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+      return a.cost.tokens_per_s > b.cost.tokens_per_s;
+    });
+    ranked.clear();
+    for (const Candidate& cand : all) {
+      if (static_cast<int>(ranked.size()) == req_.top_k) break;
+      const Strategy& y = cand.strategy;
+      const bool same_family = std::any_of(ranked.begin(), ranked.end(), [&](const Candidate& o) {
+        const Strategy& x = o.strategy;
+        return Family{x.tp, x.pp, x.dp, x.sp, x.schedule, x.recompute}.key() ==
+               Family{y.tp, y.pp, y.dp, y.sp, y.schedule, y.recompute}.key();
+      });
+      if (!same_family) ranked.push_back(cand);
     }
-    choose_compression(cand);
-    final_tps.push_back(cand.cost.tokens_per_s);
   }
-  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
-  if (static_cast<int>(ranked.size()) > req_.top_k) ranked.resize(req_.top_k);
   result.candidates = std::move(ranked);
 
   result.evaluated = evaluated_;

@@ -26,6 +26,14 @@ struct PlanRequest {
   SearchSpace space;                // default: every legal layout
   std::optional<Strategy> current;  // the running layout, when there is one (must be legal)
   int top_k = 5;                    // how many diverse candidates to return (>= 1)
+  // ZeRO-1's parameter all-gather cannot be compressed; a plain all-reduce can. When true, the
+  // gradients admit top-k or PowerSGD for some block and the space allows ZeRO 0 next to other
+  // stages, the search also ranks each family's best ZeRO-0 layout among the ZeRO-0 layouts
+  // alone (max(top_k, zero0_top_k) of them), compresses those leaders too and returns the
+  // faster variant of each family: the same candidates as merging a search of the whole space
+  // with one restricted to ZeRO 0 (docs/planner.md).
+  bool zero0_variants = true;
+  int zero0_top_k = 0;
 };
 
 struct Candidate {

@@ -29,17 +29,6 @@ std::string conditions_key(const Conditions& c, int seq_len, int global_batch, i
 
 double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
 
-// Whether statistics g let the planner choose top-k or PowerSGD for some block (as its
-// compression step does: relative error within the budget).
-bool admits_strong_compression(const GradientStats& g, int layers) {
-  if (g.empty()) return false;
-  for (int l = 0; l < layers; ++l) {
-    if (!g.topk_energy.empty() && 1.0 - g.topk_energy[l] <= g.error_budget) return true;
-    if (!g.lowrank_residual.empty() && g.lowrank_residual[l] <= g.error_budget) return true;
-  }
-  return false;
-}
-
 // The same layout run at another global batch (a batch ramp changes the batch under a running
 // layout): uniform shares when the batch divides evenly, trying smaller microbatches first;
 // otherwise shares proportional to the old ones (largest remainder, whole microbatches).
@@ -142,42 +131,12 @@ PlanResult SimEnv::plan(const Conditions& c, int seq_len, int global_batch, cons
   request.space.global_batch = global_batch;
   request.current = current;
   request.top_k = top_k;
+  // While the gradients admit top-k or PowerSGD the planner also compresses each family's best
+  // plain all-reduce (ZeRO-0) layout; compression is tried on the leaders only, so it ranks
+  // enough of those even for a top-1 search.
+  request.zero0_top_k = kMaxCandidates + 1;
   try {
-    PlanResult result = planner_for(seq_len).plan(request);
-    // The planner compresses each layout family's best plan, which is a ZeRO-1 one whenever
-    // that is faster uncompressed; but ZeRO-1's parameter all-gather cannot be compressed and
-    // a plain all-reduce can. When the statistics admit top-k or PowerSGD, search the plain
-    // all-reduce layouts too and keep the faster of each family.
-    const std::vector<int>& zero = request.space.zero;
-    const bool plain_allowed =
-        zero.size() > 1 && std::find(zero.begin(), zero.end(), 0) != zero.end();
-    if (plain_allowed && admits_strong_compression(g, scenario_.model.layers)) {
-      request.space.zero = {0};
-      // Compression is tried on the leaders only: look at enough of them.
-      request.top_k = std::max(top_k, kMaxCandidates + 1);
-      PlanResult plain = planner_for(seq_len).plan(request);
-      std::vector<Candidate> all = std::move(result.candidates);
-      result.candidates.clear();
-      all.insert(all.end(), plain.candidates.begin(), plain.candidates.end());
-      std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
-        return a.cost.tokens_per_s > b.cost.tokens_per_s;
-      });
-      for (const Candidate& cand : all) {
-        if (static_cast<int>(result.candidates.size()) == top_k) break;
-        const bool same_family = std::any_of(
-            result.candidates.begin(), result.candidates.end(), [&](const Candidate& o) {
-              const Strategy& x = o.strategy;
-              const Strategy& y = cand.strategy;
-              return x.tp == y.tp && x.pp == y.pp && x.dp == y.dp && x.sp == y.sp &&
-                     x.schedule == y.schedule && x.recompute == y.recompute;
-            });
-        if (!same_family) result.candidates.push_back(cand);
-      }
-      result.evaluated += plain.evaluated;
-      result.pruned += plain.pruned;
-      result.search_ms += plain.search_ms;
-    }
-    return result;
+    return planner_for(seq_len).plan(request);
   } catch (const InputError&) {
     return PlanResult{};  // nothing can run (e.g. every GPU is lost): the job stalls
   }

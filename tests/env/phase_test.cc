@@ -2,14 +2,19 @@
 // change of gradient compressibility after the learning-rate decay (docs/scenarios.md).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "agent/baselines.h"
 #include "agent/evaluate.h"
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
+#include "strategy/planner.h"
 
 using namespace parapilot;
 using namespace parapilot::env;
@@ -262,4 +267,92 @@ TEST_CASE("phase: [scenario.phase] keys are read and validated with their locati
   CHECK(load_error("error_budget = 0.0001\n").find("fp16") != std::string::npos);
   CHECK(load_error("batch_ramp = 3\n").find("batch_ramp") != std::string::npos);
   CHECK(load_error("convergence_penalty = -1\n").find("convergence_penalty") != std::string::npos);
+}
+
+// SimEnv plans with one planner search (ZeRO-0 variants, docs/planner.md); it used to merge a
+// search of the scenario's space with one over ZeRO 0 alone. Both give the same candidates on
+// the phase and mixed scenarios' requests.
+TEST_CASE("phase: one planner search equals the two-search merge on phase and mixed requests") {
+  auto same_family = [](const Strategy& x, const Strategy& y) {
+    return x.tp == y.tp && x.pp == y.pp && x.dp == y.dp && x.sp == y.sp &&
+           x.schedule == y.schedule && x.recompute == y.recompute;
+  };
+  auto two_search_merge = [&](const Planner& planner, PlanRequest req) {
+    const int top_k = req.top_k;
+    req.zero0_variants = false;
+    PlanResult result = planner.plan(req);
+    // Only while some block may take top-k or PowerSGD, and the space has ZeRO 0 and more.
+    const GradientStats& g = req.gradients;
+    bool strong = false;
+    for (size_t l = 0; l < g.topk_energy.size(); ++l)
+      strong |= 1.0 - g.topk_energy[l] <= g.error_budget;
+    for (double r : g.lowrank_residual) strong |= r <= g.error_budget;
+    const std::vector<int>& zero = req.space.zero;
+    const bool zero0_and_more =
+        zero.empty() || (zero.size() > 1 && std::find(zero.begin(), zero.end(), 0) != zero.end());
+    if (g.empty() || !strong || !zero0_and_more || !req.space.compression) return result;
+    req.space.zero = {0};
+    req.top_k = std::max(top_k, req.zero0_top_k);
+    const PlanResult plain = planner.plan(req);
+    std::vector<Candidate> all = std::move(result.candidates);
+    all.insert(all.end(), plain.candidates.begin(), plain.candidates.end());
+    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+      return a.cost.tokens_per_s > b.cost.tokens_per_s;
+    });
+    result.candidates.clear();
+    for (const Candidate& cand : all) {
+      if (static_cast<int>(result.candidates.size()) == top_k) break;
+      const bool seen =
+          std::any_of(result.candidates.begin(), result.candidates.end(),
+                      [&](const Candidate& o) { return same_family(o.strategy, cand.strategy); });
+      if (!seen) result.candidates.push_back(cand);
+    }
+    return result;
+  };
+  int compared = 0, strong = 0;
+  for (Family family : {Family::kPhase, Family::kMixed}) {
+    for (int gpus : {16, 64}) {
+      Scenario s = builtin_scenario(family, gpus);
+      s.horizon = 48;
+      const Truth truth = generate_truth(s, 3);
+      REQUIRE(truth.gradient_regimes.size() == 2u);
+      std::map<int, std::unique_ptr<Planner>> planners;
+      for (int t = 0; t < s.horizon; t += 3) {
+        auto& planner = planners[truth.seq_len[t]];
+        if (!planner) {
+          ModelSpec model = s.model;
+          model.seq_len = truth.seq_len[t];
+          planner = std::make_unique<Planner>(model, s.cluster);
+        }
+        PlanRequest req;
+        req.conditions = truth.conditions[t];
+        req.gradients = truth.gradient_regimes[(t / 3) % 2];
+        req.space = s.space;
+        req.space.global_batch = truth.global_batch[t];
+        req.top_k = t % 2 ? 1 : kMaxCandidates + 1;
+        req.zero0_top_k = kMaxCandidates + 1;
+        CAPTURE(to_string(family));
+        CAPTURE(gpus);
+        CAPTURE(t);
+        PlanResult single, merged;
+        try {
+          single = planner->plan(req);
+        } catch (const InputError&) {
+          CHECK_THROWS_AS(two_search_merge(*planner, req), InputError);
+          continue;
+        }
+        merged = two_search_merge(*planner, req);
+        REQUIRE(single.candidates.size() == merged.candidates.size());
+        for (size_t i = 0; i < single.candidates.size(); ++i) {
+          CAPTURE(i);
+          CHECK(single.candidates[i].strategy == merged.candidates[i].strategy);
+          CHECK(single.candidates[i].cost.tokens_per_s == merged.candidates[i].cost.tokens_per_s);
+          strong += compresses_beyond_fp16(single.candidates[i].strategy, s.model.layers);
+        }
+        ++compared;
+      }
+    }
+  }
+  MESSAGE(compared << " requests compared, " << strong << " candidates with top-k or PowerSGD");
+  CHECK(strong > 0);
 }
