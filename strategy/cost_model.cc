@@ -1,6 +1,7 @@
 #include "strategy/cost_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -48,7 +49,22 @@ struct CostModel::BlockTimes {
 };
 
 CostModel::CostModel(ModelSpec model, ClusterSpec cluster)
-    : model_(std::move(model)), cluster_(std::move(cluster)), topo_(cluster_) {}
+    : model_(std::move(model)), cluster_(std::move(cluster)), topo_(cluster_) {
+  static std::atomic<unsigned long long> next_id{0};
+  id_ = ++next_id;
+  struct Key {
+    int type;
+    double intra_GBps, inter_GBps;
+    bool operator==(const Key&) const = default;
+  };
+  std::vector<Key> keys;
+  for (const ClusterTopology::Node& node : topo_.nodes) {
+    const Key key{node.type, node.intra_GBps, node.inter_GBps};
+    const auto it = std::find(keys.begin(), keys.end(), key);
+    node_class_.push_back(static_cast<int>(it - keys.begin()));
+    if (it == keys.end()) keys.push_back(key);
+  }
+}
 
 CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const {
   const GpuType& gpu = topo_.types[type];
@@ -121,6 +137,7 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
 struct CostModel::Work {
   CostBreakdown result;
   PipelineTimings* timings = nullptr;  // filled when non-null
+  bool exhaustive = false;             // time every replica, sharing nothing between them
 };
 
 namespace {
@@ -145,6 +162,128 @@ struct ChunkLayout {
 };
 
 }  // namespace
+
+// What a layout (dp x pp x tp ranks on given GPUs) fixes regardless of conditions.
+struct CostModel::Layout {
+  unsigned long long model_id = 0;
+  int dp = 0, tp = 0, pp = 0;
+  PlacementOrder placement = PlacementOrder::kTpPpDp;
+  std::vector<int> gpus;  // the explicit placement, if any
+  // Per replica: the first replica with the same link pattern, rank by rank (the node class
+  // of the rank's first GPU, and whether its pipeline neighbours sit on the same node or else
+  // their node classes). Replicas of one class time alike under nominal conditions.
+  std::vector<int> replica_class;
+  std::vector<int> replica_of_gpu;  // per cluster GPU: the replica using it, or -1
+  // Per pipeline rank: how its data-parallel group spreads over nodes.
+  struct DpGroup {
+    int nodes_spanned = 0;
+    int min_members = 0;                    // fewest members on one node
+    double inter_GBps = 0, intra_GBps = 0;  // slowest nominal node links among those spanned
+    int first_node = 0, end_node = 0;       // the nodes spanned: spanned_nodes[first, end)
+  };
+  std::vector<DpGroup> dp_groups;
+  std::vector<int> spanned_nodes;
+  double peak_flops = 0;  // sum of the peaks of the GPUs used
+};
+
+const CostModel::Layout& CostModel::layout(const Strategy& s) const {
+  constexpr int kEntries = 32;
+  thread_local Layout cache[kEntries];
+  thread_local int next_entry = 0;
+  for (const Layout& entry : cache) {
+    if (entry.model_id == id_ && entry.dp == s.dp && entry.tp == s.tp && entry.pp == s.pp &&
+        entry.placement == s.placement && entry.gpus == s.gpus)
+      return entry;
+  }
+  Layout& l = cache[next_entry];
+  next_entry = (next_entry + 1) % kEntries;
+  l.model_id = id_;
+  l.dp = s.dp;
+  l.tp = s.tp;
+  l.pp = s.pp;
+  l.placement = s.placement;
+  l.gpus = s.gpus;
+
+  const int pp = s.pp;
+  l.replica_of_gpu.assign(topo_.num_gpus(), -1);
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      for (int i = 0; i < s.tp; ++i) l.replica_of_gpu[s.gpu_of_rank(r, p, i)] = r;
+    }
+  }
+  // Node of each rank's first GPU, rank (r, p) at r * pp + p.
+  thread_local std::vector<int> rank_node;
+  rank_node.resize(static_cast<size_t>(s.dp) * pp);
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < pp; ++p) rank_node[r * pp + p] = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
+  }
+  // Link pattern of each rank; replicas are compared with the first replica of each class
+  // found so far (few: a replica beyond kMaxClasses classes stands alone).
+  thread_local std::vector<unsigned long long> keys;
+  keys.resize(static_cast<size_t>(s.dp) * pp);
+  constexpr int kMaxClasses = 16;
+  int firsts[kMaxClasses];
+  int class_count = 0;
+  l.replica_class.resize(s.dp);
+  for (int r = 0; r < s.dp; ++r) {
+    const int* nodes = &rank_node[static_cast<size_t>(r) * pp];
+    unsigned long long* key = &keys[static_cast<size_t>(r) * pp];
+    for (int p = 0; p < pp; ++p) {
+      const int node = nodes[p];
+      const int next = nodes[(p + 1) % pp];
+      const int prev = nodes[(p + pp - 1) % pp];
+      key[p] = static_cast<unsigned long long>(node_class_[node]) << 42 |
+               static_cast<unsigned long long>(next == node ? 0 : 1 + node_class_[next]) << 21 |
+               static_cast<unsigned long long>(prev == node ? 0 : 1 + node_class_[prev]);
+    }
+    l.replica_class[r] = r;
+    for (int k = 0; k < class_count; ++k) {
+      if (std::equal(key, key + pp, &keys[static_cast<size_t>(firsts[k]) * pp])) {
+        l.replica_class[r] = firsts[k];
+        break;
+      }
+    }
+    if (l.replica_class[r] == r && class_count < kMaxClasses) firsts[class_count++] = r;
+  }
+
+  l.dp_groups.assign(s.pp, {});
+  l.spanned_nodes.clear();
+  thread_local std::vector<int> per_node;
+  per_node.assign(topo_.nodes.size(), 0);
+  for (int p = 0; p < s.pp; ++p) {
+    Layout::DpGroup& group = l.dp_groups[p];
+    group.first_node = static_cast<int>(l.spanned_nodes.size());
+    group.min_members = s.dp;
+    group.inter_GBps = group.intra_GBps = kInf;
+    for (int r = 0; r < s.dp; ++r) {
+      const int node = rank_node[r * pp + p];
+      if (per_node[node]++ == 0) {
+        ++group.nodes_spanned;
+        l.spanned_nodes.push_back(node);
+        group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
+        group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
+      }
+    }
+    for (int r = 0; r < s.dp; ++r) {
+      int& count = per_node[rank_node[r * pp + p]];
+      if (count > 0) group.min_members = std::min(group.min_members, count);
+      count = 0;
+    }
+    group.end_node = static_cast<int>(l.spanned_nodes.size());
+  }
+
+  l.peak_flops = s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
+  if (topo_.types.size() > 1) {
+    l.peak_flops = 0;
+    for (int r = 0; r < s.dp; ++r) {
+      for (int p = 0; p < s.pp; ++p) {
+        l.peak_flops +=
+            s.tp * topo_.types[topo_.nodes[rank_node[r * pp + p]].type].peak_tflops * 1e12;
+      }
+    }
+  }
+  return l;
+}
 
 MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) const {
   const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
@@ -263,15 +402,33 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   };
   thread_local std::vector<NodeLinks> node_links;
   node_links.resize(topo_.nodes.size());
-  for (size_t n = 0; n < topo_.nodes.size(); ++n) {
-    const int node = static_cast<int>(n);
+  auto links_of = [&](int n, double intra_factor, double inter_factor) {
+    NodeLinks links;
     const double intra_Bps =
-        topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * c.intra(node);
-    node_links[n].intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
-    node_links[n].inter_s_per_byte =
-        1.0 / (topo_.nodes[n].inter_GBps * c.inter(node) * 1e9 * topo_.inter_efficiency);
-    node_links[n].tp_collective_s =
-        ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
+        topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * intra_factor;
+    links.intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
+    links.inter_s_per_byte =
+        1.0 / (topo_.nodes[n].inter_GBps * inter_factor * 1e9 * topo_.inter_efficiency);
+    links.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
+    return links;
+  };
+  // Nodes at nominal bandwidth share their class's links (computed once per class).
+  constexpr int kMaxNodeClasses = 16;
+  NodeLinks class_links[kMaxNodeClasses];
+  int class_node[kMaxNodeClasses];
+  std::fill(class_node, class_node + kMaxNodeClasses, -1);
+  for (int n = 0; n < topo_.num_nodes(); ++n) {
+    const double intra = c.intra(n), inter = c.inter(n);
+    const int k = node_class_[n];
+    if (intra != 1.0 || inter != 1.0 || k >= kMaxNodeClasses || work.exhaustive) {
+      node_links[n] = links_of(n, intra, inter);
+      continue;
+    }
+    if (class_node[k] < 0) {
+      class_node[k] = n;
+      class_links[k] = links_of(n, 1.0, 1.0);
+    }
+    node_links[n] = class_links[k];
   }
   // One p2p message between two GPUs: NVLink inside a node, else the slower network end.
   auto link_s = [&](int gpu_a, int gpu_b) {
@@ -354,9 +511,78 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
                          c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
   const int replicas_to_time = symmetric ? 1 : s.dp;
+
+  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
+  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
+  // like an earlier clean replica with the same share and the same layout class (same node
+  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
+  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
+  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
+  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
+  bool nominal_nodes = true;
+  for (int n = 0; n < topo_.num_nodes() && nominal_nodes; ++n)
+    nominal_nodes = c.inter(n) == 1.0 && c.intra(n) == 1.0;
+  const bool by_class = !symmetric && layout_info;
+  thread_local std::vector<char> unclean;
+  if (by_class) {
+    unclean.assign(s.dp, 0);
+    auto mark = [&](int g) {
+      const int r = layout_info->replica_of_gpu[g];
+      if (r >= 0) unclean[r] = 1;
+    };
+    const int speeds = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_speed.size()));
+    for (int g = 0; g < speeds; ++g) {
+      if (c.gpu_speed[g] != 1.0) mark(g);
+    }
+    const int failures = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_failed.size()));
+    for (int g = 0; g < failures; ++g) {
+      if (c.gpu_failed[g]) mark(g);
+    }
+    for (int n = 0; n < topo_.num_nodes() && !nominal_nodes; ++n) {
+      if (c.inter(n) == 1.0 && c.intra(n) == 1.0) continue;
+      const ClusterTopology::Node& node = topo_.nodes[n];
+      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) mark(g);
+    }
+  }
+  struct ReplicaClass {
+    int layout_class;
+    int share;
+  };
+  constexpr int kMaxClasses = 16;
+  ReplicaClass classes[kMaxClasses];
+  int class_count = 0;
+
+  constexpr int kMaxMemoryShares = 8;
+  int memory_shares[kMaxMemoryShares];
+  int memory_shares_count = 0;
+  thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
+
   for (int r = 0; r < replicas_to_time; ++r) {
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+    const bool clean = by_class && !unclean[r];
+    if (clean) {
+      const ReplicaClass mine{layout_info->replica_class[r], share};
+      bool seen = false;
+      for (int k = 0; k < class_count && !seen; ++k)
+        seen = classes[k].layout_class == mine.layout_class && classes[k].share == mine.share;
+      if (seen) continue;
+      if (class_count < kMaxClasses) classes[class_count++] = mine;
+    }
     const int m = share / s.microbatch_size;
+    // Memory depends on the replica only through its share: once per distinct share.
+    int memory_slot = -1;
+    if (!work.exhaustive) {
+      for (int k = 0; k < memory_shares_count && memory_slot < 0; ++k) {
+        if (memory_shares[k] == share) memory_slot = k;
+      }
+      if (memory_slot < 0 && memory_shares_count < kMaxMemoryShares) {
+        memory_slot = memory_shares_count++;
+        memory_shares[memory_slot] = share;
+        memory_totals.resize(static_cast<size_t>(memory_shares_count) * pp);
+        for (int p = 0; p < pp; ++p)
+          memory_totals[memory_slot * pp + p] = memory(s, r, p).total_gib();
+      }
+    }
     double sum = 0, max = 0;
     for (int p = 0; p < pp; ++p) {
       const RankTime rt = rank_time(r, p);
@@ -372,14 +598,15 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       // Memory differs between replicas only through microbatch counts and GPU types; the
       // uniform case needs replica 0 only.
       if (r == 0 || explicit_shares || topo_.types.size() > 1) {
-        const MemoryBreakdown mem = memory(s, r, p);
+        const double total =
+            memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
         const double capacity = topo_.types[rt.type].memory_gib;
-        const double ratio = mem.total_gib() / capacity;
+        const double ratio = total / capacity;
         if (ratio > worst_memory_ratio) {
           worst_memory_ratio = ratio;
           out.memory_capacity_gib = capacity;
         }
-        out.memory_gib = std::max(out.memory_gib, mem.total_gib());
+        out.memory_gib = std::max(out.memory_gib, total);
       }
     }
     const double pipeline = m * max + (sum - max) / v;
@@ -412,7 +639,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   for (int i = 0; i < 4; ++i) matrix_params += mat_rows[i] * mat_cols[i];
 
   thread_local std::vector<int> per_node;
-  per_node.assign(topo_.nodes.size(), 0);
+  if (!layout_info) per_node.assign(topo_.nodes.size(), 0);
   for (int p = 0; p < pp; ++p) {
     const RankTime rt = rank_time(critical, p);
     if (rt.total() > bottleneck.total()) bottleneck = rt;
@@ -473,18 +700,34 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       // The DP group of this pipeline rank: how it spreads over nodes sets its bandwidth.
       int nodes_spanned = 0, min_members = s.dp;
       double inter_bw = kInf, intra_bw = kInf;
-      for (int r = 0; r < s.dp; ++r) {
-        const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
-        if (per_node[node]++ == 0) {
-          ++nodes_spanned;
-          inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
-          intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+      if (layout_info) {
+        const Layout::DpGroup& group = layout_info->dp_groups[p];
+        nodes_spanned = group.nodes_spanned;
+        min_members = group.min_members;
+        inter_bw = group.inter_GBps;
+        intra_bw = group.intra_GBps;
+        if (!nominal_nodes) {
+          inter_bw = intra_bw = kInf;
+          for (int i = group.first_node; i < group.end_node; ++i) {
+            const int node = layout_info->spanned_nodes[i];
+            inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
+            intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+          }
         }
-      }
-      for (int r = 0; r < s.dp; ++r) {
-        int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)]];
-        if (count > 0) min_members = std::min(min_members, count);
-        count = 0;
+      } else {
+        for (int r = 0; r < s.dp; ++r) {
+          const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
+          if (per_node[node]++ == 0) {
+            ++nodes_spanned;
+            inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
+            intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+          }
+        }
+        for (int r = 0; r < s.dp; ++r) {
+          int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)]];
+          if (count > 0) min_members = std::min(min_members, count);
+          count = 0;
+        }
       }
       double bw, latency;
       if (nodes_spanned == 1) {
@@ -548,7 +791,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   const int gpus = s.num_gpus();
   double peak_sum = gpus * topo_.types[0].peak_tflops * 1e12;
-  if (topo_.types.size() > 1) {
+  if (layout_info) {
+    peak_sum = layout_info->peak_flops;
+  } else if (topo_.types.size() > 1) {
     peak_sum = 0;
     for (int r = 0; r < s.dp; ++r) {
       for (int p = 0; p < pp; ++p) {
@@ -593,6 +838,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
 CostBreakdown CostModel::evaluate(const Strategy& s, const Conditions& c) const {
   Work work;
+  run(s, c, work);
+  return std::move(work.result);
+}
+
+CostBreakdown CostModel::evaluate_exhaustive(const Strategy& s, const Conditions& c) const {
+  Work work;
+  work.exhaustive = true;
   run(s, c, work);
   return std::move(work.result);
 }

@@ -2,8 +2,8 @@
 // (model, cluster, strategy) under runtime conditions. Documented in docs/cost-model.md.
 //
 // CostModel is immutable after construction and evaluate() is const, allocation-free on the
-// common path and safe to call concurrently from many threads: the planner and the RL loop
-// call it millions of times.
+// common path (once its per-thread caches are warm) and safe to call concurrently from many
+// threads: the planner and the RL loop call it millions of times.
 #pragma once
 
 #include <string>
@@ -88,6 +88,12 @@ class CostModel {
   // feasible = false and an infinite iteration time.
   CostBreakdown evaluate(const Strategy& s, const Conditions& c = {}) const;
 
+  // The same prediction as evaluate(), obtained by timing every replica and pipeline rank one
+  // by one instead of once per class of identical replicas (nominal conditions on one GPU type
+  // with uniform shares still time replica 0 only, as evaluate() does). Slower; the reference
+  // the tests hold evaluate() to.
+  CostBreakdown evaluate_exhaustive(const Strategy& s, const Conditions& c = {}) const;
+
   // Memory of the GPUs of one pipeline rank in one replica.
   MemoryBreakdown memory(const Strategy& s, int replica, int pp_rank) const;
 
@@ -97,12 +103,19 @@ class CostModel {
  private:
   struct BlockTimes;
   struct Work;
+  struct Layout;
+  // What a layout's replicas share regardless of conditions (cached per thread; the
+  // reference returned stays valid until the calling thread's next call).
+  const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
   void run(const Strategy& s, const Conditions& c, Work& work) const;
 
   ModelSpec model_;
   ClusterSpec cluster_;
   ClusterTopology topo_;
+  // Per node: an id shared by the nodes of one GPU type and the same link bandwidths.
+  std::vector<int> node_class_;
+  unsigned long long id_;  // names this model's topology in the per-thread layout cache
 };
 
 }  // namespace parapilot

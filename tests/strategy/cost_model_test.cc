@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
+#include <string>
 
 #include "strategy/cost_model.h"
+#include "strategy/spec_io.h"
 
 using namespace parapilot;
 
@@ -286,4 +289,118 @@ TEST_CASE("balanced stages: every layer placed once, remainder in the middle, as
       CHECK(*hi - *lo <= 1);
     }
   }
+}
+
+TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts and conditions") {
+  // evaluate() times one replica per class of identical replicas; evaluate_exhaustive() times
+  // every replica and rank. They must agree bit for bit.
+  ModelSpec m = small_gpt();
+  m.layers = 24;
+  const char* clusters[] = {"16x8xa100-80g", "4x8xa100-80g+4x8xh100+4x8xa100-40g",
+                            "6x4xv100+2x8xh200+3x8xa100-80g",
+                            "3x4xh100+3x4xa100-80g+3x4xh100+3x4xv100"};
+  std::mt19937_64 rng(20261129);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  int compared = 0, infeasible = 0, conditioned = 0;
+  for (const char* name : clusters) {
+    const ClusterSpec cluster = *cluster_preset(name);
+    const CostModel cost(m, cluster);
+    const int gpus = cluster.num_gpus();
+    for (int attempt = 0; attempt < 4000; ++attempt) {
+      Strategy s;
+      s.tp = 1 << pick(4);
+      s.pp = std::vector<int>{1, 2, 3, 4, 6, 8}[pick(6)];
+      const int max_dp = gpus / (s.tp * s.pp);
+      if (max_dp < 1) continue;
+      s.dp = 1 + pick(max_dp);
+      s.sp = s.tp > 1 && chance(0.5);
+      s.microbatch_size = 1 << pick(2);
+      s.global_batch = s.dp * s.microbatch_size * (1 + pick(8));
+      s.recompute = static_cast<Recompute>(pick(3));
+      s.zero = pick(4);
+      s.overlap_grad_reduce = chance(0.7);
+      s.placement = chance(0.5) ? PlacementOrder::kTpPpDp : PlacementOrder::kTpDpPp;
+      if (s.pp > 1 && chance(0.3)) {
+        s.schedule = Schedule::kInterleaved;
+        s.virtual_stages = 2;
+      } else if (chance(0.2)) {
+        s.schedule = Schedule::kGPipe;
+      }
+      if (s.pp > 1 && chance(0.3)) {
+        // Uneven stages: move one block between two chunks.
+        s.stage_layers = s.layers_per_chunk(m.layers);
+        const int from = pick(s.num_chunks()), to = pick(s.num_chunks());
+        if (s.stage_layers[from] > 1) --s.stage_layers[from], ++s.stage_layers[to];
+      }
+      if (s.dp > 1 && chance(0.4)) {
+        // Elastic shares in a few distinct sizes.
+        const int unit = s.microbatch_size;
+        s.dp_shares.assign(s.dp, 0);
+        int total = 0;
+        for (int& share : s.dp_shares) total += share = unit * (1 + pick(3));
+        s.global_batch = total;
+      }
+      const Compression kinds[] = {{},
+                                   {Compression::Kind::kFP16, 0, 0},
+                                   {Compression::Kind::kTopK, 0.01, 0},
+                                   {Compression::Kind::kPowerSGD, 0, 4}};
+      s.compression = kinds[pick(4)];
+      if (chance(0.2)) s.compression_overrides.push_back({0, 3, kinds[pick(4)]});
+      if (chance(0.15)) {
+        // An explicit placement: a random choice of GPUs, whole tp groups kept in one node.
+        std::vector<int> groups(gpus / s.tp);
+        std::iota(groups.begin(), groups.end(), 0);
+        std::shuffle(groups.begin(), groups.end(), rng);
+        for (int i = 0; i < s.dp * s.pp; ++i)
+          for (int j = 0; j < s.tp; ++j) s.gpus.push_back(groups[i] * s.tp + j);
+      }
+      if (find_problem(s, m, cluster)) continue;
+
+      Conditions c;
+      const int shape = pick(5);  // nominal, slowed, congested, failed, everything at once
+      if (shape == 1 || shape == 4 || chance(0.1)) {
+        c.gpu_speed.assign(gpus, 1.0);
+        for (int k = pick(4); k > 0; --k) c.gpu_speed[pick(gpus)] = 0.3 + 0.6 * chance(0.5);
+      }
+      if (shape == 2 || shape == 4) {
+        c.node_inter_bw.assign(cluster.num_nodes(), 1.0);
+        c.node_intra_bw.assign(cluster.num_nodes(), 1.0);
+        for (int k = pick(3); k > 0; --k) c.node_inter_bw[pick(cluster.num_nodes())] = 0.25;
+        if (chance(0.5)) c.node_intra_bw[pick(cluster.num_nodes())] = 0.5;
+      }
+      if (shape == 3 || (shape == 4 && chance(0.3))) {
+        c.gpu_failed.assign(gpus, false);
+        c.gpu_failed[pick(gpus)] = true;
+      }
+      conditioned += shape != 0;
+
+      const CostBreakdown fast = cost.evaluate(s, c);
+      const CostBreakdown ref = cost.evaluate_exhaustive(s, c);
+      INFO(name, " shape ", shape, "\n", strategy_to_toml(s));
+      REQUIRE(fast.feasible == ref.feasible);
+      CHECK(fast.reason == ref.reason);
+      CHECK(fast.iteration_time_s == ref.iteration_time_s);
+      infeasible += !ref.feasible;
+      ++compared;
+      if (!ref.feasible) continue;
+      CHECK(fast.compute_s == ref.compute_s);
+      CHECK(fast.recompute_s == ref.recompute_s);
+      CHECK(fast.tp_comm_s == ref.tp_comm_s);
+      CHECK(fast.pp_comm_s == ref.pp_comm_s);
+      CHECK(fast.bubble_s == ref.bubble_s);
+      CHECK(fast.dp_comm_s == ref.dp_comm_s);
+      CHECK(fast.optimizer_s == ref.optimizer_s);
+      CHECK(fast.memory_gib == ref.memory_gib);
+      CHECK(fast.memory_capacity_gib == ref.memory_capacity_gib);
+      CHECK(fast.fits_in_memory == ref.fits_in_memory);
+      CHECK(fast.model_flops == ref.model_flops);
+      CHECK(fast.tflops_per_gpu == ref.tflops_per_gpu);
+      CHECK(fast.mfu == ref.mfu);
+      CHECK(fast.tokens_per_s == ref.tokens_per_s);
+    }
+  }
+  CHECK(compared > 1000);
+  CHECK(infeasible > 20);
+  CHECK(conditioned > 500);
 }
