@@ -1069,12 +1069,26 @@ struct Holding {
   double opt_lo, opt_hi;        // slice of the optimizer state it owns (ZeRO), in [0, 1)
 };
 
-void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count,
-                 std::vector<std::vector<Holding>>& out) {
-  out.assign(gpu_count, {});
+// The holdings of every GPU, flat: GPU g holds items[first[g]] .. items[first[g + 1] - 1].
+struct Holdings {
+  std::vector<Holding> items;
+  std::vector<int> first;
+};
+
+void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
   const std::vector<int> chunks = resolved_chunks(s, model.layers);
   std::vector<int> first(chunks.size());
   for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
+  // Count per GPU, then fill in (replica, stage, tp rank, virtual stage) order, the order in
+  // which a GPU's holdings are listed.
+  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
+  for (int r = 0; r < s.dp; ++r)
+    for (int p = 0; p < s.pp; ++p)
+      for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t) + 1] += s.virtual_stages;
+  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
+  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
+  thread_local std::vector<int> cursor;
+  cursor.assign(out.first.begin(), out.first.end() - 1);
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < s.pp; ++p) {
       for (int t = 0; t < s.tp; ++t) {
@@ -1087,7 +1101,7 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count,
           int a = first[c], b = first[c] + chunks[c] - 1;
           if (c == 0) a = -1;
           if (c == s.num_chunks() - 1) b = model.layers;
-          out[gpu].push_back(Holding{a, b, lo, hi, olo, ohi});
+          out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
         }
       }
     }
@@ -1098,32 +1112,11 @@ double overlap(double a0, double a1, double b0, double b1) {
   return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
 }
 
-}  // namespace
-
-PlanResult Planner::plan(const PlanRequest& request) const {
-  PlanRequest resolved = request;
-  SearchSpace& space = resolved.space;
-  if (space.global_batch == 0 && space.global_batch_max == 0) {
-    space.global_batch =
-        request.current ? request.current->global_batch : default_global_batch(cluster_.num_gpus());
-  }
-  Search search(model_, cost_, probes_, *block_cache_, resolved);
-  PlanResult result = search.run();
-  if (request.current) {
-    for (auto& cand : result.candidates) {
-      const Migration m = migration(*request.current, cand.strategy, request.conditions);
-      cand.migration_bytes = m.max_bytes;
-      cand.migration_s = m.time_s;
-    }
-  }
-  return result;
-}
-
-Migration Planner::migration(const Strategy& from, const Strategy& to, const Conditions& c) const {
-  const ClusterTopology& topo = cost_.topology();
+// Migration from a layout whose holdings are `before` to `to` (Planner::migration).
+Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
+                         const Conditions& c, const ModelSpec& model_, const ClusterTopology& topo) {
   const int gpus = topo.num_gpus();
-  std::vector<std::vector<Holding>> before, after;
-  holdings_of(from, model_, gpus, before);
+  thread_local Holdings after;
   holdings_of(to, model_, gpus, after);
   const double weight_bytes = 2.0;
   const double grad_bytes = grad_bytes_per_param(model_);
@@ -1162,9 +1155,11 @@ Migration Planner::migration(const Strategy& from, const Strategy& to, const Con
   double slowest = 0;
   for (int g = 0; g < gpus; ++g) {
     double need = 0;
-    for (const Holding& h : after[g]) {
+    for (int i = after.first[g]; i < after.first[g + 1]; ++i) {
+      const Holding& h = after.items[static_cast<size_t>(i)];
       need += bytes_of(h, nullptr);
-      for (const Holding& old : before[g]) need -= bytes_of(h, &old);
+      for (int j = before.first[g]; j < before.first[g + 1]; ++j)
+        need -= bytes_of(h, &before.items[static_cast<size_t>(j)]);
     }
     need = std::max(0.0, need);
     if (need <= 0) continue;
@@ -1176,6 +1171,38 @@ Migration Planner::migration(const Strategy& from, const Strategy& to, const Con
   }
   if (m.total_bytes > 0 || !(from == to)) m.time_s = slowest + kSwitchPauseS;
   return m;
+}
+
+
+}  // namespace
+
+PlanResult Planner::plan(const PlanRequest& request) const {
+  PlanRequest resolved = request;
+  SearchSpace& space = resolved.space;
+  if (space.global_batch == 0 && space.global_batch_max == 0) {
+    space.global_batch =
+        request.current ? request.current->global_batch : default_global_batch(cluster_.num_gpus());
+  }
+  Search search(model_, cost_, probes_, *block_cache_, resolved);
+  PlanResult result = search.run();
+  if (request.current) {
+    thread_local Holdings current;
+    holdings_of(*request.current, model_, cost_.topology().num_gpus(), current);
+    for (auto& cand : result.candidates) {
+      const Migration m =
+          migration_from(current, *request.current, cand.strategy, request.conditions, model_,
+                         cost_.topology());
+      cand.migration_bytes = m.max_bytes;
+      cand.migration_s = m.time_s;
+    }
+  }
+  return result;
+}
+
+Migration Planner::migration(const Strategy& from, const Strategy& to, const Conditions& c) const {
+  thread_local Holdings before;
+  holdings_of(from, model_, cost_.topology().num_gpus(), before);
+  return migration_from(before, from, to, c, model_, cost_.topology());
 }
 
 }  // namespace parapilot
