@@ -15,6 +15,7 @@
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
 #include "strategy/planner.h"
+#include "tests/strategy/two_search_merge.h"
 
 using namespace parapilot;
 using namespace parapilot::env;
@@ -273,42 +274,7 @@ TEST_CASE("phase: [scenario.phase] keys are read and validated with their locati
 // search of the scenario's space with one over ZeRO 0 alone. Both give the same candidates on
 // the phase and mixed scenarios' requests.
 TEST_CASE("phase: one planner search equals the two-search merge on phase and mixed requests") {
-  auto same_family = [](const Strategy& x, const Strategy& y) {
-    return x.tp == y.tp && x.pp == y.pp && x.dp == y.dp && x.sp == y.sp &&
-           x.schedule == y.schedule && x.recompute == y.recompute;
-  };
-  auto two_search_merge = [&](const Planner& planner, PlanRequest req) {
-    const int top_k = req.top_k;
-    req.zero0_variants = false;
-    PlanResult result = planner.plan(req);
-    // Only while some block may take top-k or PowerSGD, and the space has ZeRO 0 and more.
-    const GradientStats& g = req.gradients;
-    bool strong = false;
-    for (size_t l = 0; l < g.topk_energy.size(); ++l)
-      strong |= 1.0 - g.topk_energy[l] <= g.error_budget;
-    for (double r : g.lowrank_residual) strong |= r <= g.error_budget;
-    const std::vector<int>& zero = req.space.zero;
-    const bool zero0_and_more =
-        zero.empty() || (zero.size() > 1 && std::find(zero.begin(), zero.end(), 0) != zero.end());
-    if (g.empty() || !strong || !zero0_and_more || !req.space.compression) return result;
-    req.space.zero = {0};
-    req.top_k = std::max(top_k, req.zero0_top_k);
-    const PlanResult plain = planner.plan(req);
-    std::vector<Candidate> all = std::move(result.candidates);
-    all.insert(all.end(), plain.candidates.begin(), plain.candidates.end());
-    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
-      return a.cost.tokens_per_s > b.cost.tokens_per_s;
-    });
-    result.candidates.clear();
-    for (const Candidate& cand : all) {
-      if (static_cast<int>(result.candidates.size()) == top_k) break;
-      const bool seen =
-          std::any_of(result.candidates.begin(), result.candidates.end(),
-                      [&](const Candidate& o) { return same_family(o.strategy, cand.strategy); });
-      if (!seen) result.candidates.push_back(cand);
-    }
-    return result;
-  };
+  using parapilot::testing::two_search_merge;
   int compared = 0, strong = 0;
   for (Family family : {Family::kPhase, Family::kMixed}) {
     for (int gpus : {16, 64}) {
