@@ -59,17 +59,36 @@ struct Group {
 
 // Which group runs (replica, pipeline rank): group[r * pp + p].
 struct Placement {
-  int dp = 0, pp = 0;
-  std::vector<int> group;  // index into the groups of its tp (valid while they are current)
-  // Per slot r * pp + p: the group's node, GPU type, slowness and first GPU.
-  std::vector<int> node, type, gpu0;
+  int dp = 0, pp = 0, tp = 0;
+  std::vector<int> group;  // index into the groups of its tp
+  // Per slot r * pp + p: the group's GPU type and slowness.
+  std::vector<int> type;
   std::vector<double> slow;
+  unsigned types_used = 0;  // bit k: some slot has GPU type k (k < 8)
+  // Distinct NVLink speeds among the slots (tp collectives differ only by those).
+  std::vector<int> slot_link, link_node;
+  // Filled when a shape of the placement is first evaluated (most never are):
+  bool detailed = false;
   // Point-to-point link of each slot to its pipeline successor and predecessor (cyclic, for
   // interleaving): latency and seconds per byte.
   std::vector<double> next_latency_s, next_s_per_byte, prev_latency_s, prev_s_per_byte;
-  // Distinct NVLink speeds among the slots (tp collectives differ only by those).
-  std::vector<int> slot_link, link_node;
   std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
+};
+
+// Buffers the searches of one thread reuse (a search never runs inside another).
+struct SearchScratch {
+  std::vector<Placement> placements;        // the running search's first placement_count_
+  std::vector<std::vector<Group>> groups;   // per tp: its tensor-parallel groups
+  std::vector<std::vector<int>> flat_gpus;  // per tp: the GPUs of its groups, group after group
+  // Per tp: group indices fastest first (stable), and the group speeds it was sorted by.
+  std::vector<std::vector<int>> speed_order;
+  std::vector<std::vector<double>> speed_order_keys;
+  // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
+  // the network when the node's end is the slower one.
+  std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
+  std::vector<int> usable, chosen, replicas;
+  std::vector<std::vector<int>> by_type;
+  std::vector<double> type_block_s, link_speed;
 };
 
 struct Family {
@@ -207,19 +226,28 @@ class Search {
         topo_(cost.topology()),
         req_(request),
         c_(request.conditions),
-        space_(request.space) {}
+        space_(request.space),
+        scratch_(thread_scratch()) {}
 
   PlanResult run();
 
  private:
   const BlockCosts& block_costs(int type, int tp, int mb, bool sp, Recompute rc);
   double tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const;
-  double link_s(int gpu_a, int gpu_b, double bytes) const;
+  double link_s(int node_a, int node_b, double bytes) const;
+  int slower_end(int node_a, int node_b) const;
+  double network_link_s(int slower_node, double bytes) const;
   std::vector<int> global_batches(int dp, int mb, int unit) const;
   void make_groups(int tp);
   void add_placements(int tp, int pp, int dp);
   void add_shapes(int placement_index, int tp);
+  Placement& new_placement(int tp, int pp, int dp);
+  const Placement& detailed(int placement_index);
   Outcome evaluate_shape(const Shape& shape);
+  static SearchScratch& thread_scratch() {
+    thread_local SearchScratch scratch;
+    return scratch;
+  }
   void record(Track& track, const Shape& shape, const Outcome& outcome);
   std::vector<Candidate> finish(const Track& track);
   void choose_compression(Candidate& c);
@@ -234,10 +262,9 @@ class Search {
   const SearchSpace& space_;
 
   std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> block_cache_;
-  std::vector<int> flat_gpus_;  // GPUs of the current tp's groups, group after group
-  std::vector<Group> groups_;
-  std::vector<int> speed_order_;  // groups_ indices, fastest first (stable)
-  std::vector<Placement> placements_;
+  SearchScratch& scratch_;
+  size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
+  bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
   std::vector<Shape> shapes_;
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often
@@ -300,16 +327,24 @@ double Search::tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const
   return collectives * ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s);
 }
 
-double Search::link_s(int gpu_a, int gpu_b, double bytes) const {
-  const int na = topo_.node_of_gpu[gpu_a];
-  const int nb = topo_.node_of_gpu[gpu_b];
+double Search::link_s(int na, int nb, double bytes) const {
   if (na == nb) {
     const double bw = topo_.nodes[na].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(na);
     return topo_.intra_latency_s + bytes / bw;
   }
-  const double bw = std::min(topo_.nodes[na].inter_GBps * c_.inter(na),
-                             topo_.nodes[nb].inter_GBps * c_.inter(nb)) *
-                    1e9 * topo_.inter_efficiency;
+  return network_link_s(slower_end(na, nb), bytes);
+}
+
+// The node whose network bandwidth a link between two nodes runs at (std::min's choice).
+int Search::slower_end(int na, int nb) const {
+  const double a = topo_.nodes[na].inter_GBps * c_.inter(na);
+  const double b = topo_.nodes[nb].inter_GBps * c_.inter(nb);
+  return b < a ? nb : na;
+}
+
+double Search::network_link_s(int slower, double bytes) const {
+  const double bw =
+      topo_.nodes[slower].inter_GBps * c_.inter(slower) * 1e9 * topo_.inter_efficiency;
   return topo_.inter_latency_s + bytes / bw;
 }
 
@@ -333,9 +368,17 @@ std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
 }
 
 void Search::make_groups(int tp) {
-  groups_.clear();
-  flat_gpus_.clear();
-  std::vector<int> usable;
+  if (scratch_.groups.size() <= static_cast<size_t>(tp)) {
+    scratch_.groups.resize(tp + 1);
+    scratch_.flat_gpus.resize(tp + 1);
+    scratch_.speed_order.resize(tp + 1);
+    scratch_.speed_order_keys.resize(tp + 1);
+  }
+  std::vector<Group>& groups = scratch_.groups[tp];
+  std::vector<int>& flat_gpus = scratch_.flat_gpus[tp];
+  groups.clear();
+  flat_gpus.clear();
+  std::vector<int>& usable = scratch_.usable;
   for (int n = 0; n < topo_.num_nodes(); ++n) {
     const auto& node = topo_.nodes[n];
     usable.clear();
@@ -344,91 +387,105 @@ void Search::make_groups(int tp) {
     }
     for (size_t i = 0; i + tp <= usable.size(); i += tp) {
       Group g;
-      g.first = static_cast<int>(flat_gpus_.size());
+      g.first = static_cast<int>(flat_gpus.size());
       g.node = n;
       g.type = node.type;
       g.slow = 0;
       for (int t = 0; t < tp; ++t) {
-        flat_gpus_.push_back(usable[i + t]);
+        flat_gpus.push_back(usable[i + t]);
         g.slow = std::max(g.slow, 1.0 / c_.speed(usable[i + t]));
       }
-      groups_.push_back(g);
+      groups.push_back(g);
     }
   }
-  for (auto& g : groups_) {
-    g.speed_proxy = 1.0 / (block_costs(g.type, tp, 1, false, Recompute::kNone).block_s * g.slow);
+  // One block time per GPU type (negative: not looked up yet).
+  std::vector<double>& type_block_s = scratch_.type_block_s;
+  type_block_s.assign(topo_.types.size(), -1.0);
+  for (auto& g : groups) {
+    double& block_s = type_block_s[g.type];
+    if (block_s < 0) block_s = block_costs(g.type, tp, 1, false, Recompute::kNone).block_s;
+    g.speed_proxy = 1.0 / (block_s * g.slow);
   }
-  speed_order_.resize(groups_.size());
-  for (size_t i = 0; i < speed_order_.size(); ++i) speed_order_[i] = static_cast<int>(i);
-  std::stable_sort(speed_order_.begin(), speed_order_.end(), [&](int a, int b) {
-    return groups_[a].speed_proxy > groups_[b].speed_proxy * (1 + 1e-12);
+  // The order depends on the sequence of speeds alone: the same speeds as the last sort for
+  // this tp (on this thread) give the same order.
+  std::vector<int>& order = scratch_.speed_order[tp];
+  std::vector<double>& keys = scratch_.speed_order_keys[tp];
+  bool same = keys.size() == groups.size() && order.size() == groups.size();
+  for (size_t i = 0; i < groups.size() && same; ++i) same = keys[i] == groups[i].speed_proxy;
+  if (same) return;
+  keys.clear();  // until the order below is complete
+  const size_t n = groups.size();
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return groups[a].speed_proxy > groups[b].speed_proxy * (1 + 1e-12);
   });
+  keys.resize(n);
+  for (size_t i = 0; i < groups.size(); ++i) keys[i] = groups[i].speed_proxy;
+}
+
+// The next placement of this search, its per-slot vectors sized for dp * pp slots.
+Placement& Search::new_placement(int tp, int pp, int dp) {
+  std::vector<Placement>& pool = scratch_.placements;
+  if (placement_count_ == pool.size()) pool.emplace_back();
+  Placement& pl = pool[placement_count_++];
+  const size_t used = static_cast<size_t>(dp) * pp;
+  pl.dp = dp;
+  pl.pp = pp;
+  pl.tp = tp;
+  pl.group.resize(used);
+  pl.type.resize(used);
+  pl.slow.resize(used);
+  pl.slot_link.resize(used);
+  pl.link_node.clear();
+  pl.types_used = 0;
+  pl.detailed = false;
+  return pl;
 }
 
 void Search::add_placements(int tp, int pp, int dp) {
   const int used = dp * pp;
-  const std::vector<int>& order = speed_order_;
+  const std::vector<int>& order = scratch_.speed_order[tp];
+  const std::vector<Group>& groups = scratch_.groups[tp];
 
+  // Per-slot type, slowness and NVLink speed class of a placement whose groups are set.
   auto finish = [&](Placement& pl) {
-    pl.dp = dp;
-    pl.pp = pp;
-    pl.gpus.resize(static_cast<size_t>(used) * tp);
-    for (auto* v : {&pl.node, &pl.type, &pl.gpu0, &pl.slot_link}) v->reserve(used);
-    for (auto* v : {&pl.slow, &pl.next_latency_s, &pl.next_s_per_byte, &pl.prev_latency_s,
-                    &pl.prev_s_per_byte}) {
-      v->reserve(used);
-    }
+    std::vector<double>& link_speed = scratch_.link_speed;
+    link_speed.clear();
+    int last_node = -1, last_link = 0;
     for (int slot = 0; slot < used; ++slot) {
-      const Group& g = groups_[pl.group[slot]];
-      pl.node.push_back(g.node);
-      pl.type.push_back(g.type);
-      pl.slow.push_back(g.slow);
-      pl.gpu0.push_back(flat_gpus_[g.first]);
-    }
-    std::vector<double> link_speed;
-    for (int slot = 0; slot < used; ++slot) {
-      const int r = slot / pp, p = slot % pp;
-      const int next = pl.gpu0[r * pp + (p + 1) % pp], prev = pl.gpu0[r * pp + (p + pp - 1) % pp];
-      const double base = link_s(pl.gpu0[slot], next, 0.0);
-      pl.next_latency_s.push_back(base);
-      pl.next_s_per_byte.push_back(link_s(pl.gpu0[slot], next, 1.0) - base);
-      const double base_prev = link_s(pl.gpu0[slot], prev, 0.0);
-      pl.prev_latency_s.push_back(base_prev);
-      pl.prev_s_per_byte.push_back(link_s(pl.gpu0[slot], prev, 1.0) - base_prev);
-      const int node = pl.node[slot];
-      const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
-      size_t i = 0;
-      while (i < link_speed.size() && link_speed[i] != speed) ++i;
-      if (i == link_speed.size()) {
-        link_speed.push_back(speed);
-        pl.link_node.push_back(node);
-      }
-      pl.slot_link.push_back(static_cast<int>(i));
-    }
-    bool identity = used * tp == topo_.num_gpus();
-    for (int r = 0; r < dp; ++r) {
-      for (int p = 0; p < pp; ++p) {
-        const Group& g = groups_[pl.group[r * pp + p]];
-        for (int t = 0; t < tp; ++t) {
-          const int rank = (r * pp + p) * tp + t;
-          pl.gpus[rank] = flat_gpus_[g.first + t];
-          identity = identity && pl.gpus[rank] == rank;
+      const Group& g = groups[pl.group[slot]];
+      pl.type[slot] = g.type;
+      pl.slow[slot] = g.slow;
+      if (g.type < 8) pl.types_used |= 1u << g.type;
+      const int node = g.node;
+      if (node != last_node) {  // the same node has the same speed, hence the same class
+        const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
+        size_t i = 0;
+        while (i < link_speed.size() && link_speed[i] != speed) ++i;
+        if (i == link_speed.size()) {
+          link_speed.push_back(speed);
+          pl.link_node.push_back(node);
         }
+        last_node = node;
+        last_link = static_cast<int>(i);
       }
+      pl.slot_link[slot] = last_link;
     }
-    if (identity) pl.gpus.clear();
-    placements_.push_back(std::move(pl));
   };
 
   // Packed: replicas of similar speed (slow groups together; elastic shares absorb the rest).
-  std::vector<int> chosen;
+  std::vector<int>& chosen = scratch_.chosen;
   if (space_.mixed_types_in_pipeline) {
     chosen.assign(order.begin(), order.begin() + used);
   } else {
     // Whole replicas per GPU type, fastest groups of each type first.
-    std::vector<std::vector<int>> by_type(topo_.types.size());
-    for (int g : order) by_type[groups_[g].type].push_back(g);
-    std::vector<int> replicas(by_type.size());
+    std::vector<std::vector<int>>& by_type = scratch_.by_type;
+    by_type.resize(topo_.types.size());
+    for (auto& list : by_type) list.clear();
+    for (int g : order) by_type[groups[g].type].push_back(g);
+    std::vector<int>& replicas = scratch_.replicas;
+    replicas.assign(by_type.size(), 0);
     int total = 0;
     for (size_t k = 0; k < by_type.size(); ++k) {
       replicas[k] = static_cast<int>(by_type[k].size()) / pp;
@@ -441,7 +498,7 @@ void Search::add_placements(int tp, int pp, int dp) {
       double worst_speed = kInf;
       for (size_t k = 0; k < by_type.size(); ++k) {
         if (replicas[k] == 0) continue;
-        const double speed = groups_[by_type[k][replicas[k] * pp - 1]].speed_proxy;
+        const double speed = groups[by_type[k][replicas[k] * pp - 1]].speed_proxy;
         if (speed < worst_speed) {
           worst_speed = speed;
           worst = static_cast<int>(k);
@@ -449,29 +506,28 @@ void Search::add_placements(int tp, int pp, int dp) {
       }
       --replicas[worst];
     }
+    chosen.clear();
     for (size_t k = 0; k < by_type.size(); ++k) {
       chosen.insert(chosen.end(), by_type[k].begin(), by_type[k].begin() + replicas[k] * pp);
     }
   }
   {
-    Placement pl;
-    pl.group.resize(used);
+    Placement& pl = new_placement(tp, pp, dp);
+    std::copy(chosen.begin(), chosen.begin() + used, pl.group.begin());
     for (int r = 0; r < dp; ++r) {
-      std::vector<int> members(chosen.begin() + r * pp, chosen.begin() + (r + 1) * pp);
-      std::sort(members.begin(), members.end());  // node order inside a replica
-      for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = members[p];
+      // Node order inside a replica.
+      std::sort(pl.group.begin() + r * pp, pl.group.begin() + (r + 1) * pp);
     }
     finish(pl);
   }
   // Spread: every replica gets the same mix, stage p from the p-th speed tier.
   bool uniform = true;
-  for (int i = 1; i < used; ++i) {
-    uniform = uniform && std::abs(groups_[chosen[i]].speed_proxy / groups_[chosen[0]].speed_proxy -
-                                  1.0) < 1e-9;
+  for (int i = 1; i < used && uniform; ++i) {
+    uniform = uniform &&
+              std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) < 1e-9;
   }
   if (!uniform && dp > 1 && pp > 1 && space_.mixed_types_in_pipeline) {
-    Placement pl;
-    pl.group.resize(used);
+    Placement& pl = new_placement(tp, pp, dp);
     for (int r = 0; r < dp; ++r) {
       for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = chosen[p * dp + r];
     }
@@ -479,40 +535,158 @@ void Search::add_placements(int tp, int pp, int dp) {
   }
 }
 
+// A placement with its point-to-point links and GPU list, computed on first use.
+const Placement& Search::detailed(int placement_index) {
+  Placement& pl = scratch_.placements[placement_index];
+  if (pl.detailed) return pl;
+  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, used = dp * pp;
+  const std::vector<Group>& groups = scratch_.groups[tp];
+  const std::vector<int>& flat_gpus = scratch_.flat_gpus[tp];
+  for (auto* v :
+       {&pl.next_latency_s, &pl.next_s_per_byte, &pl.prev_latency_s, &pl.prev_s_per_byte}) {
+    v->resize(used);
+  }
+  std::vector<double>& intra_latency_s = scratch_.intra_latency_s;
+  std::vector<double>& intra_s_per_byte = scratch_.intra_s_per_byte;
+  std::vector<double>& inter_latency_s = scratch_.inter_latency_s;
+  std::vector<double>& inter_s_per_byte = scratch_.inter_s_per_byte;
+  if (!links_ready_) {
+    const int nodes = topo_.num_nodes();
+    for (auto* v : {&intra_latency_s, &intra_s_per_byte, &inter_latency_s, &inter_s_per_byte}) {
+      v->resize(nodes);
+    }
+    for (int n = 0; n < nodes; ++n) {
+      intra_latency_s[n] = link_s(n, n, 0.0);
+      intra_s_per_byte[n] = link_s(n, n, 1.0) - intra_latency_s[n];
+      inter_latency_s[n] = network_link_s(n, 0.0);
+      inter_s_per_byte[n] = network_link_s(n, 1.0) - inter_latency_s[n];
+    }
+    links_ready_ = true;
+  }
+  // The link between the first GPUs of two slots' groups: latency and seconds per byte.
+  auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
+    const int na = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
+    const int nb = topo_.node_of_gpu[flat_gpus[groups[pl.group[other]].first]];
+    if (na == nb) {
+      latency_s = intra_latency_s[na];
+      s_per_byte = intra_s_per_byte[na];
+    } else {
+      const int slower = slower_end(na, nb);
+      latency_s = inter_latency_s[slower];
+      s_per_byte = inter_s_per_byte[slower];
+    }
+  };
+  for (int slot = 0; slot < used; ++slot) {
+    const int r = slot / pp, p = slot % pp;
+    link(slot, r * pp + (p + 1) % pp, pl.next_latency_s[slot], pl.next_s_per_byte[slot]);
+    link(slot, r * pp + (p + pp - 1) % pp, pl.prev_latency_s[slot], pl.prev_s_per_byte[slot]);
+  }
+  pl.gpus.resize(static_cast<size_t>(used) * tp);
+  bool identity = used * tp == topo_.num_gpus();
+  for (int r = 0; r < dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      const Group& g = groups[pl.group[r * pp + p]];
+      for (int t = 0; t < tp; ++t) {
+        const int rank = (r * pp + p) * tp + t;
+        pl.gpus[rank] = flat_gpus[g.first + t];
+        identity = identity && pl.gpus[rank] == rank;
+      }
+    }
+  }
+  if (identity) pl.gpus.clear();
+  pl.detailed = true;
+  return pl;
+}
+
 void Search::add_shapes(int placement_index, int tp) {
-  const Placement& pl = placements_[placement_index];
+  const Placement& pl = scratch_.placements[placement_index];
   const int dp = pl.dp, pp = pl.pp;
   const int layers = model_.layers;
 
-  std::vector<bool> sps = space_.sp;
+  thread_local std::vector<bool> sps;
+  sps = space_.sp;
   if (sps.empty()) sps = {false, true};
   // Sequence parallelism splits inside a tensor-parallel group: without one (tp = 1) it does
   // not exist, so a space asking only for sp = true still allows tp = 1 layouts.
   if (tp == 1) sps = {false};
-  std::vector<Recompute> rcs = space_.recompute;
+  thread_local std::vector<Recompute> rcs;
+  rcs = space_.recompute;
   if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  std::vector<int> zeros = space_.zero;
+  thread_local std::vector<int> zeros;
+  zeros = space_.zero;
   if (zeros.empty()) zeros = {0, 1, 2, 3};
-  std::vector<Schedule> schedules = space_.schedule;
+  thread_local std::vector<Schedule> schedules;
+  schedules = space_.schedule;
   if (schedules.empty()) schedules = {Schedule::k1F1B, Schedule::kInterleaved};
   // GPipe runs as fast as 1F1B in the cost model and never needs less memory.
   const bool has_1f1b =
       std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
 
-  bool type_used[8] = {};
-  for (int slot = 0; slot < dp * pp; ++slot) type_used[pl.type[slot]] = true;
+  bool type_used[8];
+  for (int k = 0; k < 8; ++k) type_used[k] = (pl.types_used >> k & 1u) != 0;
   const std::vector<int>& slot_link = pl.slot_link;
   const std::vector<int>& link_node = pl.link_node;
-  std::vector<double> link_tp_s(link_node.size());
+  thread_local std::vector<double> link_tp_s;
+  link_tp_s.resize(link_node.size());
+  thread_local std::vector<int> vs;
+  // (microbatch, global batch) pairs of one v, the same for every ZeRO stage and recompute.
+  thread_local std::vector<std::pair<int, int>> batches;
+  // Bounds of one v, per (recompute, pair): the same for every ZeRO stage.
+  thread_local std::vector<double> bounds;
+  // Per (recompute, microbatch) of one sp: each replica's sum of 1 / beta and fastest beta,
+  // which every schedule and v share.
+  struct Rates {
+    Recompute rc;
+    int mb;
+    double sum_rate;
+    size_t at;  // rate_store[at + 2r] = replica r's rate, rate_store[at + 2r + 1] its beta_min
+  };
+  thread_local std::vector<Rates> rates;
+  thread_local std::vector<double> rate_store;
+  auto rates_of = [&](bool sp, Recompute rc, int mb) -> const Rates& {
+    for (const Rates& e : rates) {
+      if (e.rc == rc && e.mb == mb) return e;
+    }
+    if (pp == 1) {  // one v only: nothing to share
+      rates.clear();
+      rate_store.clear();
+    }
+    double block_s[8];
+    for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
+      block_s[t] = type_used[t] ? block_costs(static_cast<int>(t), tp, mb, sp, rc).block_s : 0;
+    }
+    for (size_t n = 0; n < link_node.size(); ++n) {
+      link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, mb, rc);
+    }
+    const size_t at = rate_store.size();
+    rate_store.resize(at + 2 * static_cast<size_t>(dp));
+    double sum_rate = 0;
+    for (int r = 0; r < dp; ++r) {
+      double rate = 0, beta_min = kInf;
+      for (int p = 0; p < pp; ++p) {
+        const int slot = r * pp + p;
+        const double beta = block_s[pl.type[slot]] * pl.slow[slot] + link_tp_s[slot_link[slot]];
+        rate += 1.0 / beta;
+        beta_min = std::min(beta_min, beta);
+      }
+      rate_store[at + 2 * r] = rate;
+      rate_store[at + 2 * r + 1] = beta_min;
+      sum_rate += rate;
+    }
+    rates.push_back(Rates{rc, mb, sum_rate, at});
+    return rates.back();
+  };
 
   for (bool sp : sps) {
     if (sp && (tp == 1 || model_.seq_len % tp != 0)) continue;
     if (!sp && tp > 1 && space_.sp.empty() && model_.seq_len % tp == 0) {
       continue;  // sequence parallelism: less memory and less element-wise time, same traffic
     }
+    rates.clear();
+    rate_store.clear();
     for (Schedule sched : schedules) {
       if (sched == Schedule::kGPipe && has_1f1b) continue;
-      std::vector<int> vs = {1};
+      vs.assign(1, 1);
       if (sched == Schedule::kInterleaved) {
         if (pp < 2) continue;
         vs.clear();
@@ -526,62 +700,71 @@ void Search::add_shapes(int placement_index, int tp) {
       }
       for (int v : vs) {
         const int unit = sched == Schedule::kInterleaved ? pp : 1;
+        // Microbatch sizes: listed, or every divisor of the largest batch in play.
+        batches.clear();
+        auto add_batches = [&](int mb) {
+          for (int batch : global_batches(dp, mb, unit)) batches.emplace_back(mb, batch);
+        };
+        if (!space_.microbatch_size.empty()) {
+          for (int mb : space_.microbatch_size) add_batches(mb);
+        } else {
+          const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
+          for (int mb = 1; mb * dp * unit <= b; ++mb) {
+            if (space_.global_batch_max > 0 || b % mb == 0) add_batches(mb);
+            if (space_.global_batch_max > 0 && mb >= 64) break;
+          }
+        }
+        bounds.clear();
+        bool have_bounds = false;
         for (int zero : zeros) {
           if (zero >= 2 && pp > 1) continue;
           if (zero > 0 && dp == 1 && space_.zero.empty()) continue;  // nothing to shard
+          size_t k = 0;
           for (Recompute rc : rcs) {
-            // Microbatch sizes: listed, or every divisor of the largest batch in play.
-            std::vector<int> mbs = space_.microbatch_size;
-            if (mbs.empty()) {
-              const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
-              for (int mb = 1; mb * dp * unit <= b; ++mb) {
-                if (space_.global_batch_max > 0 || b % mb == 0) mbs.push_back(mb);
-                if (space_.global_batch_max > 0 && mb >= 64) break;
-              }
-            }
-            for (int mb : mbs) {
-              for (int batch : global_batches(dp, mb, unit)) {
+            bool have_rates = false;
+            int last_mb = 0;
+            double sum_rate = 0, weighted = 0;
+            for (const auto& [mb, batch] : batches) {
+              double upper_tokens_per_s;
+              if (have_bounds) {
+                upper_tokens_per_s = bounds[k];
+              } else {
                 // Bound: no stage can beat L / sum(1/beta) per microbatch and replica; the
                 // pipeline adds at least (sum - max) / v (see docs/planner.md).
-                const int total = batch / mb;
-                double block_s[8];
-                for (size_t k = 0; k < topo_.types.size() && k < 8; ++k) {
-                  block_s[k] =
-                      type_used[k] ? block_costs(static_cast<int>(k), tp, mb, sp, rc).block_s : 0;
-                }
-                for (size_t n = 0; n < link_node.size(); ++n) {
-                  link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, mb, rc);
-                }
-                double sum_rate = 0, weighted = 0;
-                for (int r = 0; r < dp; ++r) {
-                  double rate = 0, beta_min = kInf;
-                  for (int p = 0; p < pp; ++p) {
-                    const int slot = r * pp + p;
-                    const double beta =
-                        block_s[pl.type[slot]] * pl.slow[slot] + link_tp_s[slot_link[slot]];
-                    rate += 1.0 / beta;
-                    beta_min = std::min(beta_min, beta);
+                // The rates depend on the microbatch, not the batch.
+                if (!have_rates || mb != last_mb) {
+                  const Rates& e = rates_of(sp, rc, mb);
+                  const double* rate_beta = rate_store.data() + e.at;
+                  sum_rate = e.sum_rate;
+                  weighted = 0;
+                  for (int r = 0; r < dp; ++r) {
+                    weighted += layers * rate_beta[2 * r + 1] / v * rate_beta[2 * r];
                   }
-                  sum_rate += rate;
-                  weighted += layers * beta_min / v * rate;
+                  have_rates = true;
+                  last_mb = mb;
                 }
+                const int total = batch / mb;
                 const double bound_s =
                     (layers * (total - static_cast<double>(dp) / v) + weighted) / sum_rate;
-                Shape shape;
-                shape.upper_tokens_per_s = static_cast<double>(batch) * model_.seq_len / bound_s;
-                shape.placement = placement_index;
-                shape.tp = tp;
-                shape.sp = sp;
-                shape.schedule = sched;
-                shape.v = v;
-                shape.recompute = rc;
-                shape.zero = zero;
-                shape.mb = mb;
-                shape.global_batch = batch;
-                shapes_.push_back(shape);
+                upper_tokens_per_s = static_cast<double>(batch) * model_.seq_len / bound_s;
+                bounds.push_back(upper_tokens_per_s);
               }
+              ++k;
+              Shape shape;
+              shape.upper_tokens_per_s = upper_tokens_per_s;
+              shape.placement = placement_index;
+              shape.tp = tp;
+              shape.sp = sp;
+              shape.schedule = sched;
+              shape.v = v;
+              shape.recompute = rc;
+              shape.zero = zero;
+              shape.mb = mb;
+              shape.global_batch = batch;
+              shapes_.push_back(shape);
             }
           }
+          have_bounds = true;
         }
       }
     }
@@ -618,7 +801,7 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
 }
 
 Outcome Search::evaluate_shape(const Shape& shape) {
-  const Placement& pl = placements_[shape.placement];
+  const Placement& pl = detailed(shape.placement);
   const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const int layers = model_.layers;
   Outcome no_fit;
@@ -964,7 +1147,7 @@ PlanResult Search::run() {
   for (int tp : tps) {
     if (!tp_legal(tp, model_)) continue;
     make_groups(tp);
-    const int groups = static_cast<int>(groups_.size());
+    const int groups = static_cast<int>(scratch_.groups[tp].size());
     if (groups == 0) continue;
     // Healthy group count: pipeline depths that divide it are the defaults.
     int healthy = 0;
@@ -981,9 +1164,9 @@ PlanResult Search::run() {
       if (dps.empty()) dps.push_back(groups / pp);
       for (int dp : dps) {
         if (dp < 1 || dp * pp > groups) continue;
-        const size_t first = placements_.size();
+        const size_t first = placement_count_;
         add_placements(tp, pp, dp);
-        for (size_t i = first; i < placements_.size(); ++i) add_shapes(static_cast<int>(i), tp);
+        for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i), tp);
       }
     }
   }
