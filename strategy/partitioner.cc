@@ -22,64 +22,68 @@ struct Envelope {
   std::vector<RankCost> line;
   std::vector<int> first;
   std::vector<int> limit;
+  double min_step = kInf;  // smallest positive per-block time over every row and rank
 
+  // Reads each rank's rows straight from costs, keeping only the lines not dominated so far,
+  // so rows that duplicate or fall below a kept line are never copied.
   void build(const RankCost* costs, int rows, int pp) {
+    constexpr int kIncrementalMax = 32;
     line.clear();
     first.assign(pp + 1, 0);
     limit.assign(pp, INT_MAX);
+    min_step = kInf;
+    const auto dominates = [](const RankCost& a, const RankCost& b) {
+      return a.fixed_s >= b.fixed_s && a.per_block_s >= b.per_block_s;
+    };
     for (int p = 0; p < pp; ++p) {
-      first[p] = static_cast<int>(line.size());
+      const int from = static_cast<int>(line.size());
+      first[p] = from;
+      bool many = false;  // more than kIncrementalMax lines kept: sort and sweep at the end
       for (int j = 0; j < rows; ++j) {
         const RankCost& c = costs[j * pp + p];
         limit[p] = std::min(limit[p], c.max_blocks);
+        if (c.per_block_s > 0) min_step = std::min(min_step, c.per_block_s);
+        if (rows == 1 || many) {
+          line.push_back(c);
+          continue;
+        }
+        // line[from..end) are mutually non-dominated.
+        const int end = static_cast<int>(line.size());
+        bool dominated = false;
+        for (int k = from; k < end && !dominated; ++k) dominated = dominates(line[k], c);
+        if (dominated) continue;
+        int w = from;
+        for (int k = from; k < end; ++k) {
+          if (!dominates(c, line[k])) line[w++] = line[k];
+        }
+        line.resize(w);
         line.push_back(c);
+        // Many lines survive: take the rest unfiltered and sort and sweep below.
+        if (w + 1 - from > kIncrementalMax) many = true;
       }
-      if (rows > 1) prune(first[p]);
+      if (many) sweep(from);
     }
     first[pp] = static_cast<int>(line.size());
   }
 
-  // Drops the dominated lines among line[from..end). Incremental (each line is compared with
-  // the few kept so far) while few are kept; a sort and sweep otherwise.
-  void prune(int from) {
-    constexpr int kIncrementalMax = 32;
-    const auto dominates = [](const RankCost& a, const RankCost& b) {
-      return a.fixed_s >= b.fixed_s && a.per_block_s >= b.per_block_s;
-    };
-    int kept = from;  // line[from..kept) are mutually non-dominated
-    for (int i = from; i < static_cast<int>(line.size()); ++i) {
-      const RankCost c = line[i];
-      bool dominated = false;
-      for (int k = from; k < kept && !dominated; ++k) dominated = dominates(line[k], c);
-      if (dominated) continue;
-      int w = from;
-      for (int k = from; k < kept; ++k) {
-        if (!dominates(c, line[k])) line[w++] = line[k];
-      }
-      line[w++] = c;
-      kept = w;
-      if (kept - from > kIncrementalMax) {
-        // Many lines survive: sort by per-block time (largest first, ties: largest fixed
-        // first) and keep a line only when its fixed time exceeds every kept line's.
-        line.erase(line.begin() + kept, line.begin() + i + 1);
-        const auto begin = line.begin() + from;
-        std::sort(begin, line.end(), [](const RankCost& a, const RankCost& b) {
-          if (a.per_block_s != b.per_block_s) return a.per_block_s > b.per_block_s;
-          return a.fixed_s > b.fixed_s;
-        });
-        auto out = begin;
-        double max_fixed = -kInf;
-        for (auto it = begin; it != line.end(); ++it) {
-          if (it->fixed_s > max_fixed) {
-            max_fixed = it->fixed_s;
-            *out++ = *it;
-          }
-        }
-        line.erase(out, line.end());
-        return;
+  // Drops the dominated lines among line[from..end): sorted by per-block time (largest first,
+  // ties: largest fixed first), a line is kept only when its fixed time exceeds every kept
+  // line's.
+  void sweep(int from) {
+    const auto begin = line.begin() + from;
+    std::sort(begin, line.end(), [](const RankCost& a, const RankCost& b) {
+      if (a.per_block_s != b.per_block_s) return a.per_block_s > b.per_block_s;
+      return a.fixed_s > b.fixed_s;
+    });
+    auto out = begin;
+    double max_fixed = -kInf;
+    for (auto it = begin; it != line.end(); ++it) {
+      if (it->fixed_s > max_fixed) {
+        max_fixed = it->fixed_s;
+        *out++ = *it;
       }
     }
-    line.resize(kept);
+    line.erase(out, line.end());
   }
 
   // Most blocks rank p can hold with its time <= t (over every row), capped at `most`.
@@ -140,10 +144,7 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
     hi = std::max(hi, env.rank_time(p, limit));
   }
   if (room < blocks) return false;
-  double min_step = kInf;  // smallest time of one block anywhere
-  for (int i = 0; i < rows * pp; ++i) {
-    if (costs[i].per_block_s > 0) min_step = std::min(min_step, costs[i].per_block_s);
-  }
+  const double min_step = env.min_step;  // smallest time of one block anywhere
 
   // With one row the continuous relaxation brackets the optimum tightly: giving rank p
   // (t - fixed_p) / per_p blocks for all p and solving for t gives a lower bound t*, and at
@@ -324,6 +325,83 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
   return true;
 }
 
+namespace {
+
+// Elastic shares without bisection. The allocation partition_blocks returns for one row does not
+// depend on where its bisection stops: the counts at any feasible bound, trimmed by taking
+// blocks off the slowest rank first (ties: the lowest rank first), keep exactly the smallest
+// candidate blocks in the order (time, then highest rank first), each replica's first unit
+// always kept. So this picks those blocks directly: every replica's blocks up to the
+// continuous relaxation's bottleneck, then the few still missing from the replicas' next
+// blocks. The times are the same expressions as partition_blocks', so the counts are
+// bit-identical. Returns false (out untouched) when a case falls outside what this handles
+// (non-positive or odd costs, a replica the relaxation gives less than one unit, or missing
+// blocks beyond each replica's next one); the caller then runs partition_blocks.
+bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int replicas,
+                     int blocks, int unit, int* out) {
+  struct Next {
+    double time_s;
+    int replica;
+  };
+  thread_local std::vector<double> per, fixed, inverse;
+  thread_local std::vector<Next> next;
+  per.resize(replicas);
+  fixed.resize(replicas);
+  inverse.resize(replicas);
+  double inverse_sum = 0, weighted_fixed = 0;
+  for (int r = 0; r < replicas; ++r) {
+    const double a = per_microbatch_s[r] * unit;
+    const double f = fixed_s ? fixed_s[r] : 0.0;
+    if (!(std::isnormal(a) && a > 0 && std::isfinite(f) && f >= 0)) return false;
+    per[r] = a;
+    fixed[r] = f;
+    inverse[r] = 1.0 / a;
+    inverse_sum += inverse[r];
+    weighted_fixed += f * inverse[r];
+  }
+  const double relaxed = (blocks + weighted_fixed) / inverse_sum;
+  if (!std::isfinite(relaxed)) return false;
+
+  // Blocks per replica with time <= relaxed (at least one), and the time of each one's next.
+  next.resize(replicas);
+  long kept = 0;
+  for (int r = 0; r < replicas; ++r) {
+    const double a = per[r], f = fixed[r];
+    int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
+    if (f <= relaxed) {
+      const double room = (relaxed - f) * inverse[r];
+      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
+      while (n >= 0 && f + a * n > relaxed) --n;
+    }
+    n = std::max(n, 1);
+    out[r] = n;
+    kept += n;
+    next[r] = {n < blocks ? f + a * (n + 1) : kInf, r};
+  }
+  if (kept > blocks) return false;
+  const long missing = blocks - kept;
+  if (missing == 0) return true;
+
+  // The `missing` smallest next blocks, provided no replica's block after its next one comes
+  // before the last of them.
+  const auto smaller = [](const Next& x, const Next& y) {
+    return x.time_s < y.time_s || (x.time_s == y.time_s && x.replica > y.replica);
+  };
+  std::nth_element(next.begin(), next.begin() + (missing - 1), next.end(), smaller);
+  const Next last = next[missing - 1];
+  if (!(last.time_s < kInf)) return false;
+  for (int r = 0; r < replicas; ++r) {
+    if (out[r] + 2 > blocks) continue;
+    const Next after{fixed[r] + per[r] * (out[r] + 2), r};
+    if (!smaller(last, after)) return false;
+  }
+  for (long i = 0; i < missing; ++i) ++out[next[i].replica];
+  return true;
+}
+
+}  // namespace
+
 void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
                            int total, int unit, int* out) {
   assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
@@ -331,17 +409,19 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     for (int r = 0; r < replicas; ++r) out[r] = unit;
     return;
   }
-  thread_local std::vector<RankCost> costs;
-  costs.resize(replicas);
-  for (int r = 0; r < replicas; ++r) {
-    costs[r].fixed_s = fixed_s ? fixed_s[r] : 0.0;
-    costs[r].per_block_s = per_microbatch_s[r] * unit;
-    costs[r].max_blocks = INT_MAX;
+  if (!allocate_direct(per_microbatch_s, fixed_s, replicas, total / unit, unit, out)) {
+    thread_local std::vector<RankCost> costs;
+    costs.resize(replicas);
+    for (int r = 0; r < replicas; ++r) {
+      costs[r].fixed_s = fixed_s ? fixed_s[r] : 0.0;
+      costs[r].per_block_s = per_microbatch_s[r] * unit;
+      costs[r].max_blocks = INT_MAX;
+    }
+    double bottleneck = 0;
+    const bool ok = partition_blocks(costs.data(), 1, replicas, total / unit, 1, out, &bottleneck);
+    assert(ok);
+    (void)ok;
   }
-  double bottleneck = 0;
-  const bool ok = partition_blocks(costs.data(), 1, replicas, total / unit, 1, out, &bottleneck);
-  assert(ok);
-  (void)ok;
   for (int r = 0; r < replicas; ++r) out[r] *= unit;
 }
 

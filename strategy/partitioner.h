@@ -52,8 +52,9 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
 
 // Elastic data parallel: integer microbatch counts m[r] (multiples of `unit`, at least `unit`,
 // summing to `total`) minimising max_r (m[r] * per_microbatch_s[r] + fixed_s[r]), i.e. the
-// replicas finish together as closely as integers allow. Exact (bisection plus a final
-// greedy trim). `total` must be a positive multiple of unit with total >= replicas * unit.
+// replicas finish together as closely as integers allow. Exact, and the same allocation as
+// partition_blocks with one row (ties go to the higher replicas). `total` must be a positive
+// multiple of unit with total >= replicas * unit.
 void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
                            int total, int unit, int* out);
 
