@@ -11,10 +11,23 @@ namespace parapilot::env {
 
 namespace {
 
-std::string conditions_key(const Conditions& c, int seq_len, int global_batch, int regime) {
+// The gradient regime of interval t; -1 when compression is not modelled.
+int regime_at(const Truth& truth, int t) {
+  return truth.gradient_regimes.empty() ? -1 : truth.gradient_regime[t];
+}
+
+// The statistics of a regime (empty for -1).
+const GradientStats& gradients_of(const Truth& truth, int regime) {
+  static const GradientStats kNone;
+  return regime < 0 ? kNone : truth.gradient_regimes[regime];
+}
+
+// What interval t's true best layout depends on: its conditions, workload and gradient regime.
+std::string interval_key(const Truth& truth, int t) {
+  const Conditions& c = truth.conditions[t];
   std::ostringstream key;
   key.precision(4);
-  key << seq_len << '|' << global_batch << '|' << regime << '|';
+  key << truth.seq_len[t] << '|' << truth.global_batch[t] << '|' << regime_at(truth, t) << '|';
   for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
     if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
   }
@@ -81,8 +94,7 @@ std::optional<Strategy> with_global_batch(const Strategy& s, int batch, const Mo
 
 SimEnv::SimEnv(Scenario scenario, std::string id)
     : scenario_(std::move(scenario)), id_(std::move(id)) {
-  global_batch_ = scenario_.global_batch > 0 ? scenario_.global_batch
-                                             : default_global_batch(scenario_.cluster.num_gpus());
+  global_batch_ = final_global_batch(scenario_);
   scenario_.space.global_batch = global_batch_;
   planner_for(scenario_.model.seq_len);
 }
@@ -94,22 +106,16 @@ SimEnv::SimEnv(Scenario scenario, std::string id, Truth recorded)
 }
 
 const GradientStats& SimEnv::true_gradients(int t) const {
-  static const GradientStats kNone;
-  if (truth_.gradient_regimes.empty()) return kNone;
-  return truth_.gradient_regimes[truth_.gradient_regime[t]];
+  return gradients_of(truth_, regime_at(truth_, t));
 }
 
 int SimEnv::measured_regime() const {
-  if (truth_.gradient_regimes.empty()) return -1;
-  const int sampled =
-      std::clamp(t_ - scenario_.telemetry.delay_intervals, 0, scenario_.horizon - 1);
-  return truth_.gradient_regime[sampled];
+  return regime_at(truth_,
+                   std::clamp(t_ - scenario_.telemetry.delay_intervals, 0, scenario_.horizon - 1));
 }
 
 const GradientStats& SimEnv::measured_gradients() const {
-  static const GradientStats kNone;
-  const int regime = measured_regime();
-  return regime < 0 ? kNone : truth_.gradient_regimes[regime];
+  return gradients_of(truth_, measured_regime());
 }
 
 const Planner& SimEnv::planner_for(int seq_len) {
@@ -161,9 +167,7 @@ double SimEnv::true_tokens_per_s(const Strategy& s, int t) {
 }
 
 double SimEnv::best_tokens_per_s(int t) {
-  const int regime = truth_.gradient_regimes.empty() ? -1 : truth_.gradient_regime[t];
-  const std::string key =
-      conditions_key(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t], regime);
+  const std::string key = interval_key(truth_, t);
   auto it = best_cache_.find(key);
   if (it != best_cache_.end()) return it->second;
   // Only the best layout matters here: a top-1 search prunes hardest. The planner keeps
@@ -439,10 +443,7 @@ std::optional<OracleResult> SimEnv::oracle() {
   if (!(uniform_dp_ == planned_initial_)) layouts.push_back(uniform_dp_);
   std::map<std::string, bool> seen;
   for (int t = 0; t < H; ++t) {
-    const int regime = truth_.gradient_regimes.empty() ? -1 : truth_.gradient_regime[t];
-    const std::string key =
-        conditions_key(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t], regime);
-    if (!seen.emplace(key, true).second) continue;
+    if (!seen.emplace(interval_key(truth_, t), true).second) continue;
     const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t],
                               true_gradients(t), std::nullopt);
     for (const Candidate& c : r.candidates) {
