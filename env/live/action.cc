@@ -261,9 +261,9 @@ LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
   }
   std::vector<int> sorted = device_of;
   std::sort(sorted.begin(), sorted.end());
-  for (std::size_t i = 0; i < sorted.size(); ++i)
-    if (sorted.size() != per_replica.size() || sorted[i] != static_cast<int>(i))
-      throw InputError(what + ": the device map is not a permutation of the ranks");
+  std::vector<int> ranks(per_replica.size());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  if (sorted != ranks) throw InputError(what + ": the device map is not a permutation of the ranks");
   const double total = std::accumulate(per_replica.begin(), per_replica.end(), 0.0);
   if (!(total > 0)) throw InputError(what + ": shares sum to zero");
   a.shares.assign(per_replica.size(), 0.0);
