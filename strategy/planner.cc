@@ -98,7 +98,12 @@ struct Family {
   Recompute recompute;
   auto key() const { return std::tie(tp, pp, dp, sp, schedule, recompute); }
   bool operator<(const Family& o) const { return key() < o.key(); }
+  bool operator==(const Family& o) const { return key() == o.key(); }
 };
+
+Family family_of(const Strategy& s) {
+  return Family{s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute};
+}
 
 // One layout to evaluate before its boundaries and shares are chosen.
 struct Shape {
@@ -114,7 +119,14 @@ struct Shape {
   int global_batch;
 };
 
+// Shapes that differ only in microbatch and global batch: a microbatch that does not fit rules
+// out every larger one.
 using FitKey = std::tuple<int, int, bool, Schedule, int, Recompute, int>;
+
+FitKey fit_key(const Shape& shape) {
+  return {shape.placement, shape.tp,        shape.sp,  shape.schedule,
+          shape.v,         shape.recompute, shape.zero};
+}
 
 // One ranking of layout families: the search keeps one for every layout in the space and, when
 // ZeRO-0 variants are searched as well (docs/planner.md), one for the ZeRO-0 layouts alone.
@@ -234,7 +246,7 @@ class Search {
  private:
   const BlockCosts& block_costs(int type, int tp, int mb, bool sp, Recompute rc);
   double tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const;
-  double link_s(int node_a, int node_b, double bytes) const;
+  double nvlink_s(int node, double bytes) const;
   int slower_end(int node_a, int node_b) const;
   double network_link_s(int slower_node, double bytes) const;
   std::vector<int> global_batches(int dp, int mb, int unit) const;
@@ -269,7 +281,7 @@ class Search {
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often
   // its best ZeRO-0 one too).
-  std::vector<std::pair<Candidate, Candidate>> compressed_;
+  std::vector<std::pair<Strategy, Candidate>> compressed_;  // (uncompressed layout, result)
   long evaluated_ = 0;
   long pruned_ = 0;
 };
@@ -327,12 +339,10 @@ double Search::tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const
   return collectives * ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s);
 }
 
-double Search::link_s(int na, int nb, double bytes) const {
-  if (na == nb) {
-    const double bw = topo_.nodes[na].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(na);
-    return topo_.intra_latency_s + bytes / bw;
-  }
-  return network_link_s(slower_end(na, nb), bytes);
+// One p2p message between two GPUs of a node.
+double Search::nvlink_s(int node, double bytes) const {
+  const double bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(node);
+  return topo_.intra_latency_s + bytes / bw;
 }
 
 // The node whose network bandwidth a link between two nodes runs at (std::min's choice).
@@ -556,8 +566,8 @@ const Placement& Search::detailed(int placement_index) {
       v->resize(nodes);
     }
     for (int n = 0; n < nodes; ++n) {
-      intra_latency_s[n] = link_s(n, n, 0.0);
-      intra_s_per_byte[n] = link_s(n, n, 1.0) - intra_latency_s[n];
+      intra_latency_s[n] = nvlink_s(n, 0.0);
+      intra_s_per_byte[n] = nvlink_s(n, 1.0) - intra_latency_s[n];
       inter_latency_s[n] = network_link_s(n, 0.0);
       inter_s_per_byte[n] = network_link_s(n, 1.0) - inter_latency_s[n];
     }
@@ -775,14 +785,12 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
   if (outcome.kind == Outcome::Kind::kNone) return;
   const CostBreakdown& b = outcome.cost;
   if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
-    const FitKey key = std::make_tuple(shape.placement, shape.tp, shape.sp, shape.schedule, shape.v,
-                                       shape.recompute, shape.zero);
-    auto [it, inserted] = track.no_fit_mb.emplace(key, shape.mb);
+    auto [it, inserted] = track.no_fit_mb.emplace(fit_key(shape), shape.mb);
     if (!inserted) it->second = std::min(it->second, shape.mb);
   }
   if (outcome.kind != Outcome::Kind::kEvaluated || !b.feasible || !b.fits_in_memory) return;
   const Strategy& s = outcome.strategy;
-  const Family f{s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute};
+  const Family f = family_of(s);
   auto it = track.best.find(f);
   if (it == track.best.end()) {
     track.best.emplace(f, Candidate{s, b, 0, 0});
@@ -1090,13 +1098,12 @@ std::vector<Candidate> Search::finish(const Track& track) {
           floor_s > 0 ? cand.cost.tokens_per_s * cand.cost.iteration_time_s / floor_s : kInf;
       if (best_case * (1 + 1e-9) < kth) continue;
     }
-    auto done = std::find_if(compressed_.begin(), compressed_.end(), [&](const auto& entry) {
-      return entry.first.strategy == cand.strategy;
-    });
+    auto done = std::find_if(compressed_.begin(), compressed_.end(),
+                             [&](const auto& entry) { return entry.first == cand.strategy; });
     if (done != compressed_.end()) {
       cand = done->second;
     } else {
-      const Candidate plain = cand;
+      const Strategy plain = cand.strategy;
       choose_compression(cand);
       compressed_.emplace_back(plain, cand);
     }
@@ -1195,9 +1202,7 @@ PlanResult Search::run() {
       all_done = all_done && track.done;
       if (track.done || !track.covers(shape)) continue;
       taken = true;
-      const FitKey key = std::make_tuple(shape.placement, shape.tp, shape.sp, shape.schedule,
-                                         shape.v, shape.recompute, shape.zero);
-      if (auto it = track.no_fit_mb.find(key);
+      if (auto it = track.no_fit_mb.find(fit_key(shape));
           it != track.no_fit_mb.end() && shape.mb >= it->second) {
         continue;
       }
@@ -1226,11 +1231,9 @@ PlanResult Search::run() {
     ranked.clear();
     for (const Candidate& cand : all) {
       if (static_cast<int>(ranked.size()) == req_.top_k) break;
-      const Strategy& y = cand.strategy;
+      const Family family = family_of(cand.strategy);
       const bool same_family = std::any_of(ranked.begin(), ranked.end(), [&](const Candidate& o) {
-        const Strategy& x = o.strategy;
-        return Family{x.tp, x.pp, x.dp, x.sp, x.schedule, x.recompute}.key() ==
-               Family{y.tp, y.pp, y.dp, y.sp, y.schedule, y.recompute}.key();
+        return family_of(o.strategy) == family;
       });
       if (!same_family) ranked.push_back(cand);
     }
@@ -1297,20 +1300,20 @@ double overlap(double a0, double a1, double b0, double b1) {
 
 // Migration from a layout whose holdings are `before` to `to` (Planner::migration).
 Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
-                         const Conditions& c, const ModelSpec& model_, const ClusterTopology& topo) {
+                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo) {
   const int gpus = topo.num_gpus();
   thread_local Holdings after;
-  holdings_of(to, model_, gpus, after);
+  holdings_of(to, model, gpus, after);
   const double weight_bytes = 2.0;
-  const double grad_bytes = grad_bytes_per_param(model_);
+  const double grad_bytes = grad_bytes_per_param(model);
   const double optimizer_bytes = 12.0;
   auto layer_params = [&](int layer) {
-    if (layer < 0) return static_cast<double>(model_.embedding_params());
-    if (layer >= model_.layers) {
-      return model_.tied_embeddings ? static_cast<double>(model_.vocab) * model_.hidden
-                                    : static_cast<double>(model_.output_params());
+    if (layer < 0) return static_cast<double>(model.embedding_params());
+    if (layer >= model.layers) {
+      return model.tied_embeddings ? static_cast<double>(model.vocab) * model.hidden
+                                   : static_cast<double>(model.output_params());
     }
-    return static_cast<double>(model_.params_per_layer());
+    return static_cast<double>(model.params_per_layer());
   };
   // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
   // of its ZeRO slice), optionally intersected with another holding.
@@ -1320,11 +1323,11 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
     if (a > b) return 0.0;
     double params = 0;
     if (a < 0) params += layer_params(-1);
-    const int blocks = std::min(b, model_.layers - 1) - std::max(a, 0) + 1;
-    if (blocks > 0) params += blocks * static_cast<double>(model_.params_per_layer());
+    const int blocks = std::min(b, model.layers - 1) - std::max(a, 0) + 1;
+    if (blocks > 0) params += blocks * static_cast<double>(model.params_per_layer());
     // A tied output layer on the embedding's own GPU is the same tensor.
-    if (b >= model_.layers && !(a < 0 && model_.tied_embeddings)) {
-      params += layer_params(model_.layers);
+    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) {
+      params += layer_params(model.layers);
     }
     const double width =
         other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
@@ -1356,7 +1359,6 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
   return m;
 }
 
-
 }  // namespace
 
 PlanResult Planner::plan(const PlanRequest& request) const {
@@ -1372,9 +1374,8 @@ PlanResult Planner::plan(const PlanRequest& request) const {
     thread_local Holdings current;
     holdings_of(*request.current, model_, cost_.topology().num_gpus(), current);
     for (auto& cand : result.candidates) {
-      const Migration m =
-          migration_from(current, *request.current, cand.strategy, request.conditions, model_,
-                         cost_.topology());
+      const Migration m = migration_from(current, *request.current, cand.strategy,
+                                         request.conditions, model_, cost_.topology());
       cand.migration_bytes = m.max_bytes;
       cand.migration_s = m.time_s;
     }
