@@ -133,7 +133,12 @@ class DeployEndToEndTest(unittest.TestCase):
             self.assertEqual(sum(r["records"][step]["samples"] for r in res), 64)
         after = [x["samples"] for x in res[3]["records"] if x["plan"] == plan]
         self.assertLess(max(after), 8)  # the slow rank got less than an even share
-        self.assertLess(res[0]["max_diff"], 1e-5)  # weighted update == full-batch update
+        # Weighted update == full-batch update. On failure, say where it first diverged.
+        big = [(x["step"], x["plan"], [r["records"][x["step"]]["samples"] for r in res], x["diff"])
+               for x in res[0]["records"] if x.get("diff", 0) > 1e-5][:3]
+        self.assertLess(res[0]["max_diff"], 1e-5,
+                        f"first diverging steps (step, plan, samples per rank, diff): {big}; "
+                        f"plans applied {res[0]['applied']}, committed {plan} at step {at}")
 
 
 if __name__ == "__main__":
