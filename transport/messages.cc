@@ -75,6 +75,12 @@ void visit_fields(V& v, M& m, const char*) {
   v(m.method, "compression.method");
   v(m.parameter, "compression.parameter");
 }
+template <class V, class M>
+requires std::is_same_v<std::remove_const_t<M>, LayerInfo>
+void visit_fields(V& v, M& m, const char*) {
+  v(m.params, "layer_info.params");
+  v(m.grad_bytes, "layer_info.grad_bytes");
+}
 // Plain numbers as vector elements (dp_shares).
 template <class V, class M>
 requires std::is_arithmetic_v<std::remove_const_t<M>>
@@ -84,6 +90,7 @@ void visit_fields(V& v, M& m, const char* name) { v(m, name); }
 constexpr std::size_t min_encoded_bytes(const CollectiveStat*) { return 8 + 8 + 4; }
 constexpr std::size_t min_encoded_bytes(const LayerGradStat*) { return 4 + 4 + 4 + 4; }
 constexpr std::size_t min_encoded_bytes(const LayerCompression*) { return 4 + 4 + 1 + 4; }
+constexpr std::size_t min_encoded_bytes(const LayerInfo*) { return 8 + 8; }
 constexpr std::size_t min_encoded_bytes(const std::uint32_t*) { return 4; }
 
 struct Writer {
@@ -252,6 +259,13 @@ void visit_message(V& v, M& m) {
     v(m.rank, "ack.rank");
   } else if constexpr (std::is_same_v<T, Shutdown>) {
     v(m.reason, "shutdown.reason", kMaxTextBytes);
+  } else if constexpr (std::is_same_v<T, JobInfo>) {
+    v(m.rank, "job_info.rank");
+    v(m.world_size, "job_info.world_size");
+    v(m.global_batch, "job_info.global_batch");
+    v(m.capabilities, "job_info.capabilities");
+    v(m.framework, "job_info.framework", kMaxNameBytes);
+    v(m.layers, "job_info.layers", kMaxLayers);
   } else {
     static_assert(!sizeof(T), "message type missing from visit_message");
   }
@@ -375,6 +389,15 @@ std::string validate_one(const Ack& m) {
 std::string validate_one(const Shutdown& m) {
   return check_len(m.reason, kMaxTextBytes, "shutdown.reason");
 }
+std::string validate_one(const JobInfo& m) {
+  if (m.world_size == 0 || m.world_size > kMaxRanks) return "job_info.world_size is out of range";
+  if (m.rank >= m.world_size) return "job_info.rank is not below job_info.world_size";
+  if (m.global_batch > (1u << 30)) return "job_info.global_batch is too large";
+  if ((m.capabilities & ~kKnownCapabilities) != 0) return "job_info.capabilities has unknown bits";
+  if (auto e = check_len(m.framework, kMaxNameBytes, "job_info.framework"); !e.empty()) return e;
+  if (m.layers.size() > kMaxLayers) return "job_info.layers has too many entries";
+  return {};
+}
 
 template <std::size_t I = 0>
 Message make_default(std::size_t index) {
@@ -416,6 +439,8 @@ std::string_view type_name(MessageType t) {
       return "ack";
     case MessageType::shutdown:
       return "shutdown";
+    case MessageType::job_info:
+      return "job_info";
   }
   return "unknown";
 }

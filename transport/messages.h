@@ -38,9 +38,10 @@ enum class MessageType : std::uint8_t {
   plan_abort = 10,
   ack = 11,
   shutdown = 12,
+  job_info = 13,
 };
 inline constexpr std::uint8_t kMinMessageType = 1;
-inline constexpr std::uint8_t kMaxMessageType = 12;
+inline constexpr std::uint8_t kMaxMessageType = 13;
 
 /// Which kind of adapter a client is. Values are part of the wire format.
 enum class PeerRole : std::uint8_t { worker = 1, trace_replay = 2, simulator = 3, tool = 4 };
@@ -200,9 +201,39 @@ struct Shutdown {
   bool operator==(const Shutdown&) const = default;
 };
 
+/// What a job can switch without stopping (JobInfo::capabilities, a bit set). Values are part of
+/// the wire format.
+enum Capability : std::uint32_t {
+  kCapDpShares = 1u << 0,     ///< per-replica batch shares (Layout::dp_shares).
+  kCapCompression = 1u << 1,  ///< per-layer gradient compression (Layout::compression).
+  kCapTensor = 1u << 2,       ///< tensor-parallel degree (Layout::tp).
+  kCapPipeline = 1u << 3,     ///< pipeline-parallel degree and stages (Layout::pp).
+  kCapMicroBatches = 1u << 4, ///< micro-batches per step (Layout::micro_batches).
+};
+inline constexpr std::uint32_t kKnownCapabilities = (1u << 5) - 1;
+
+/// Size of one layer's parameters, as the job sees them.
+struct LayerInfo {
+  std::uint64_t params = 0;      ///< parameter count.
+  std::uint64_t grad_bytes = 0;  ///< bytes of its gradient in the data-parallel reduction.
+  bool operator==(const LayerInfo&) const = default;
+};
+
+/// Worker -> agent, once per connection before its first telemetry: what the job is and what it
+/// can switch, so the agent can plan for it without a scenario file.
+struct JobInfo {
+  std::uint32_t rank = 0;          ///< < kMaxRanks, < world_size.
+  std::uint32_t world_size = 1;    ///< ranks of the job, in [1, kMaxRanks].
+  std::uint32_t global_batch = 0;  ///< samples per step over all ranks, <= 2^30; 0: unknown.
+  std::uint32_t capabilities = 0;  ///< Capability bits; no unknown bits.
+  std::string framework;           ///< e.g. "pytorch-ddp 1.13.1"; <= kMaxNameBytes.
+  std::vector<LayerInfo> layers;   ///< per layer of the agent's layer numbering; <= kMaxLayers.
+  bool operator==(const JobInfo&) const = default;
+};
+
 /// Any message. The variant index + 1 equals the MessageType value.
 using Message = std::variant<Hello, Challenge, Auth, Welcome, Heartbeat, Telemetry, PlanPrepare,
-                             PlanReady, PlanCommit, PlanAbort, Ack, Shutdown>;
+                             PlanReady, PlanCommit, PlanAbort, Ack, Shutdown, JobInfo>;
 
 /// Type id of a message.
 MessageType type_of(const Message& m);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -33,12 +34,33 @@ void push_bounded(std::vector<T>& v, T x, size_t cap) {
   v.push_back(std::move(x));
 }
 
+// A data-parallel layout with these samples per rank (a learned job's only knob).
+Strategy shares_layout(const std::vector<int>& counts, int global_batch) {
+  Strategy s;
+  s.dp = static_cast<int>(counts.size());
+  s.global_batch = global_batch;
+  s.microbatch_size = std::max(1, global_batch / std::max(1, s.dp));
+  s.dp_shares = counts;
+  return s;
+}
+
+std::string counts_text(const std::vector<int>& counts) {
+  std::string out;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(counts[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct DeployAgent::Impl {
   AgentOptions o;
-  std::unique_ptr<Monitor> monitor;
+  std::unique_ptr<Monitor> monitor_owner;
+  std::atomic<Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
+  std::unique_ptr<DataParallelDecider> dp;  // a learned job, once known
   std::unique_ptr<MigrationExecutor> executor;
   std::unique_ptr<transport::Server> server;
   std::unique_ptr<MetricsHttpServer> metrics;
@@ -56,6 +78,13 @@ struct DeployAgent::Impl {
   double step_wall_ms_ = 0;  // EWMA of the wall time between closed steps
   Clock::time_point last_close{};
   std::mutex decide_mutex;
+  // What the ranks announced (JobInfo). For a learned job the first announcement defines it.
+  std::optional<transport::JobInfo> job_info;
+  uint32_t capabilities = ~0u;  // AND over the ranks' announcements
+  std::string mismatch;         // non-empty: a rank disagrees with the job; no plans are sent
+  uint64_t before_job_info = 0; // telemetry of a learned job before its first JobInfo
+  bool pending_revert = false;  // the switch in flight undoes the last one
+  std::vector<int> pending_counts;
 
   void log(const std::string& line) const {
     if (o.log) {
@@ -69,18 +98,39 @@ struct DeployAgent::Impl {
   void on_message(transport::PeerId id, transport::Message&& m);
   void on_step(uint64_t step, Clock::time_point last_arrival);
   void on_outcome(const MigrationOutcome& r);
+  void on_job_info(transport::PeerId id, const transport::JobInfo& info);
+  void decide_learned(uint64_t step, Clock::time_point last_arrival, Clock::time_point start,
+                      const Beliefs& beliefs, const std::vector<std::string>& evidence,
+                      const std::set<uint32_t>& ranks);
+  bool job_can_run(const Strategy& s) const;  // under the lock
+  int ranks_of_job() const;                   // under the lock; 0: not known yet
   std::string render() const;
 };
 
+int DeployAgent::Impl::ranks_of_job() const {
+  if (o.job) return o.job->gpus();
+  return job_info ? static_cast<int>(job_info->world_size) : 0;
+}
+
+bool DeployAgent::Impl::job_can_run(const Strategy& s) const {
+  if (!job_info) return true;  // nothing announced: the ranks will say what they refuse
+  if (s.tp > 1 && !(capabilities & transport::kCapTensor)) return false;
+  if (s.pp > 1 && !(capabilities & transport::kCapPipeline)) return false;
+  if (!s.dp_shares.empty() && !(capabilities & transport::kCapDpShares)) return false;
+  return true;
+}
+
 void DeployAgent::Impl::on_connect(const transport::PeerInfo& p) {
-  if (p.rank == transport::kNoRank || p.rank >= static_cast<uint32_t>(o.job->gpus())) return;
+  if (p.rank == transport::kNoRank) return;
   {
     std::lock_guard lock(mutex);
+    const int n = ranks_of_job();
+    if (n > 0 && p.rank >= static_cast<uint32_t>(n)) return;
     peer_rank[p.id] = p.rank;
     ++rank_connections[p.rank];
     live.insert(p.rank);
   }
-  monitor->rank_connected(static_cast<int>(p.rank));
+  if (Monitor* m = monitor.load()) m->rank_connected(static_cast<int>(p.rank));
 }
 
 void DeployAgent::Impl::on_disconnect(transport::PeerId id, std::string_view reason) {
@@ -96,7 +146,7 @@ void DeployAgent::Impl::on_disconnect(transport::PeerId id, std::string_view rea
     ++stats.ranks_lost;
   }
   if (stopping) return;
-  monitor->rank_lost(static_cast<int>(rank));
+  if (Monitor* m = monitor.load()) m->rank_lost(static_cast<int>(rank));
   nlohmann::json j = {{"event", "rank_lost"}, {"rank", rank}, {"reason", std::string(reason)}};
   log(j.dump());
   executor->on_rank_lost(rank, Clock::now());
@@ -110,26 +160,125 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
       std::lock_guard lock(mutex);
       auto it = peer_rank.find(id);
       if (it == peer_rank.end() || it->second != t->rank) return;
+      if (!monitor.load()) {
+        ++before_job_info;
+        return;
+      }
     }
-    monitor->ingest(*t, now);
+    monitor.load()->ingest(*t, now);
+  } else if (auto* info = std::get_if<transport::JobInfo>(&m)) {
+    on_job_info(id, *info);
   } else if (auto* r = std::get_if<transport::PlanReady>(&m)) {
     double step_wall_ms = 0;
     {
       std::lock_guard lock(mutex);
       step_wall_ms = step_wall_ms_;
     }
-    executor->on_ready(*r, monitor->newest_step(), now, step_wall_ms);
+    Monitor* mon = monitor.load();
+    executor->on_ready(*r, mon ? mon->newest_step() : 0, now, step_wall_ms);
   } else if (auto* a = std::get_if<transport::Ack>(&m)) {
     executor->on_ack(*a, now);
   }
 }
 
+void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobInfo& info) {
+  std::string warning;
+  bool learned_now = false;
+  {
+    std::lock_guard lock(mutex);
+    auto it = peer_rank.find(id);
+    if (it == peer_rank.end() || it->second != info.rank) return;  // a rank speaks for itself
+    if (o.job) {
+      if (static_cast<int>(info.world_size) != o.job->gpus()) {
+        warning = "deploy's job has " + std::to_string(o.job->gpus()) + " ranks but rank " +
+                  std::to_string(info.rank) + " belongs to a job of " +
+                  std::to_string(info.world_size) +
+                  ": no plans will be sent (start deploy without --scenario to learn the job "
+                  "from its ranks, or give a scenario of the job's size)";
+      }
+    } else if (!job_info) {
+      if (info.global_batch < info.world_size) {
+        warning = "rank " + std::to_string(info.rank) + " announced global batch " +
+                  std::to_string(info.global_batch) + " for " + std::to_string(info.world_size) +
+                  " ranks: deploy cannot split it and only observes";
+      } else if (!(info.capabilities & transport::kCapDpShares)) {
+        warning = "the job cannot switch batch shares: deploy only observes";
+      }
+      job_info = info;
+      capabilities = info.capabilities;
+      learned_now = warning.empty();
+      if (!learned_now) mismatch = warning;
+    } else if (info.world_size != job_info->world_size ||
+               info.global_batch != job_info->global_batch) {
+      warning = "rank " + std::to_string(info.rank) + " announced " +
+                std::to_string(info.world_size) + " ranks and global batch " +
+                std::to_string(info.global_batch) + ", but the job is " +
+                std::to_string(job_info->world_size) + " ranks, global batch " +
+                std::to_string(job_info->global_batch) + ": no plans will be sent";
+    }
+    if (o.job || (job_info && !learned_now)) {
+      if (!job_info) job_info = info;
+      capabilities &= info.capabilities;
+    }
+    if (!warning.empty()) mismatch = warning;
+  }
+  if (!warning.empty()) {
+    log(nlohmann::json{{"event", "job_mismatch"}, {"rank", info.rank}, {"reason", warning}}
+            .dump());
+    // Tell the rank too: PlanAbort of plan 0 is a notice that no plan will come, and why.
+    if (server) server->send(id, transport::PlanAbort{0, warning});
+    return;
+  }
+  if (!learned_now) return;
+  // The first announcement of a learned job: now it can be watched and planned for.
+  MonitorOptions mo = o.monitor;
+  mo.ranks = static_cast<int>(info.world_size);
+  mo.gpus_per_node = mo.ranks;  // nodes are unknown: one peer group, one "node"
+  mo.peer_group.clear();
+  monitor_owner = std::make_unique<Monitor>(mo);
+  DataParallelOptions dpo = o.data_parallel;
+  dpo.ranks = mo.ranks;
+  dpo.global_batch = static_cast<int>(info.global_batch);
+  dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
+  dp = std::make_unique<DataParallelDecider>(dpo);
+  monitor_owner->set_step_callback([this](uint64_t step, Clock::time_point t) { on_step(step, t); });
+  std::set<uint32_t> ranks;
+  {
+    std::lock_guard lock(mutex);
+    ranks = live;
+  }
+  for (uint32_t r : ranks) {
+    if (r < info.world_size) monitor_owner->rank_connected(static_cast<int>(r));
+  }
+  monitor.store(monitor_owner.get());
+  uint64_t params = 0, grad_bytes = 0;
+  for (const auto& l : info.layers) {
+    params += l.params;
+    grad_bytes += l.grad_bytes;
+  }
+  nlohmann::json j = {{"event", "job_learned"},
+                      {"ranks", info.world_size},
+                      {"global_batch", info.global_batch},
+                      {"framework", info.framework},
+                      {"layers", info.layers.size()},
+                      {"params", params},
+                      {"grad_bytes", grad_bytes},
+                      {"can_switch",
+                       {{"dp_shares", (info.capabilities & transport::kCapDpShares) != 0},
+                        {"compression", (info.capabilities & transport::kCapCompression) != 0},
+                        {"tp", (info.capabilities & transport::kCapTensor) != 0},
+                        {"pp", (info.capabilities & transport::kCapPipeline) != 0}}},
+                      {"shares", counts_text(dp->counts())}};
+  log(j.dump());
+}
+
 void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   if (stopping) return;
+  Monitor* mon = monitor.load();
   const auto callback_start = Clock::now();
-  const Beliefs beliefs = monitor->beliefs();
-  decider->update_beliefs(beliefs);
-  std::vector<MonitorEvent> events = monitor->take_events();
+  const Beliefs beliefs = mon->beliefs();
+  if (decider) decider->update_beliefs(beliefs);
+  std::vector<MonitorEvent> events = mon->take_events();
   {
     std::lock_guard lock(mutex);
     if (last_close.time_since_epoch().count() != 0 && callback_start > last_close) {
@@ -154,32 +303,50 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
         {"value", e.value},           {"evidence", e.evidence}};
     log(j.dump());
   }
+  std::lock_guard decide_lock(decide_mutex);
+  if (dp) dp->observe_step(step, beliefs.last_step_ms);
   if (o.interval_steps <= 0 || (step + 1) % static_cast<uint64_t>(o.interval_steps) != 0) return;
 
-  std::lock_guard decide_lock(decide_mutex);
-  const auto now = Clock::now();
   const bool staging = executor->busy();
   std::vector<std::string> evidence;
   std::set<uint32_t> ranks;
   double staging_left = 0;
+  std::string blocked;
   {
     std::lock_guard lock(mutex);
     evidence.assign(recent_evidence.begin(), recent_evidence.end());
     recent_evidence.clear();
     ranks = live;
-    staging_left =
-        staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(now)) : 0.0;
+    staging_left = staging
+                       ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(
+                                                                Clock::now()))
+                       : 0.0;
+    blocked = mismatch;
+  }
+  const MonitorCounters mc = mon->counters();
+  nlohmann::json rejected = nlohmann::json::object();
+  for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
+  if (dp) {
+    decide_learned(step, last_arrival, callback_start, beliefs, evidence, ranks);
+    return;
   }
   const auto decide_start = Clock::now();
   Decision d = decider->decide(step, staging, staging_left, evidence);
   const auto decided = Clock::now();
   bool prepared = false;
+  std::string held;
   if (d.action > 0 && d.target) {
     {
       std::lock_guard lock(mutex);
+      if (!blocked.empty()) {
+        held = blocked;
+      } else if (!job_can_run(d.target->strategy)) {
+        held = "the job announced it cannot switch to " + layout_name(d.target->strategy);
+      }
+      if (!held.empty()) ++stats.held_back;
       staging_predicted_s = std::max(0.0, d.target->migration_s - kSwitchPauseS);
     }
-    prepared = executor->prepare(d.target->strategy, ranks, decided);
+    if (held.empty()) prepared = executor->prepare(d.target->strategy, ranks, decided);
   }
   const auto sent = Clock::now();
   {
@@ -198,17 +365,108 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
                    std::chrono::duration<double, std::milli>(sent - last_arrival).count(), 100000);
     }
   }
-  log(d.log_line);
+  nlohmann::json j = nlohmann::json::parse(d.log_line, nullptr, false);
+  if (j.is_object()) {
+    j["telemetry_rejected"] = rejected;
+    if (!held.empty()) j["held_back"] = held;
+    log(j.dump());
+  } else {
+    log(d.log_line);
+  }
+}
+
+void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arrival,
+                                       Clock::time_point start, const Beliefs& beliefs,
+                                       const std::vector<std::string>& evidence,
+                                       const std::set<uint32_t>& ranks) {
+  const bool staging = executor->busy();
+  DataParallelDecision d = dp->decide(beliefs, staging);
+  const auto decided = Clock::now();
+  std::string blocked;
+  int global_batch = 0;
+  {
+    std::lock_guard lock(mutex);
+    blocked = mismatch;
+    global_batch = static_cast<int>(job_info->global_batch);
+  }
+  bool prepared = false;
+  if (d.kind != DataParallelDecision::Kind::keep) {
+    if (!blocked.empty()) {
+      d.reason = "held back: " + blocked + "; " + d.reason;
+    } else {
+      {
+        std::lock_guard lock(mutex);
+        pending_revert = d.kind == DataParallelDecision::Kind::revert;
+        pending_counts = d.counts;
+        staging_predicted_s = 0;
+      }
+      prepared = executor->prepare(shares_layout(d.counts, global_batch), ranks, decided);
+    }
+  }
+  const auto sent = Clock::now();
+  {
+    std::lock_guard lock(mutex);
+    ++stats.decisions;
+    push_bounded(stats.step_close_ms,
+                 std::chrono::duration<double, std::milli>(start - last_arrival).count(), 100000);
+    push_bounded(stats.decide_ms,
+                 std::chrono::duration<double, std::milli>(decided - start).count(), 100000);
+    push_bounded(stats.decision_latency_ms,
+                 std::chrono::duration<double, std::milli>(decided - last_arrival).count(), 100000);
+    if (prepared) {
+      ++stats.switches_decided;
+      if (d.kind == DataParallelDecision::Kind::revert) ++stats.reverts_decided;
+      push_bounded(stats.prepare_latency_ms,
+                   std::chrono::duration<double, std::milli>(sent - last_arrival).count(), 100000);
+    }
+  }
+  const MonitorCounters mc = monitor.load()->counters();
+  nlohmann::json rejected = nlohmann::json::object();
+  for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
+  const double sps = d.current_step_ms > 0 ? 1000.0 * global_batch / d.current_step_ms : 0.0;
+  nlohmann::json j = {{"event", "decision"},
+                      {"step", step},
+                      {"action", prepared || d.kind == DataParallelDecision::Kind::keep
+                                     ? to_string(d.kind)
+                                     : "keep"},
+                      {"reason", d.reason},
+                      {"shares", counts_text(dp->counts())},
+                      {"step_ms", d.current_step_ms},
+                      {"samples_per_s", sps},
+                      {"slow_ranks", beliefs.slow_ranks},
+                      {"missing_fraction", beliefs.missing_fraction},
+                      {"telemetry_rejected", rejected},
+                      {"evidence", evidence}};
+  if (d.kind != DataParallelDecision::Kind::keep) {
+    j["target_shares"] = counts_text(d.counts);
+    if (d.kind == DataParallelDecision::Kind::rebalance) {
+      j["predicted_gain"] = d.predicted_gain;
+      j["predicted_compute_ms"] = {d.predicted_now_ms, d.predicted_new_ms};
+    }
+    if (!prepared && blocked.empty()) j["not_sent"] = "a switch is already in flight";
+  }
+  log(j.dump());
 }
 
 void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
+  bool revert = false;
+  {
+    std::lock_guard lock(mutex);
+    revert = pending_revert;
+    pending_revert = false;
+  }
+  std::lock_guard decide_lock(decide_mutex);
   if (r.committed) {
-    decider->committed(r.target);
-    monitor->layout_changed();
+    if (decider) decider->committed(r.target);
+    if (dp) dp->committed(r.target.dp_shares, r.switch_at_step, revert);
+    monitor.load()->layout_changed();
+  } else if (dp) {
+    dp->aborted();
   }
   {
     std::lock_guard lock(mutex);
     ++(r.committed ? stats.migrations_committed : stats.migrations_aborted);
+    if (r.committed && revert) ++stats.reverts_committed;
     push_bounded(stats.outcomes, r, 1000);
   }
   nlohmann::json j = {{"event", "migration"},
@@ -219,12 +477,17 @@ void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
                       {"reason", r.reason},
                       {"prepare_ms", r.prepare_ms},
                       {"total_ms", r.total_ms}};
+  if (dp) {
+    j["shares"] = counts_text(r.target.dp_shares);
+    j["revert"] = revert;
+  }
   log(j.dump());
 }
 
 std::string DeployAgent::Impl::render() const {
-  const MonitorCounters mc = monitor->counters();
-  const Beliefs b = monitor->beliefs();
+  const Monitor* mon = monitor.load();
+  const MonitorCounters mc = mon ? mon->counters() : MonitorCounters{};
+  const Beliefs b = mon ? mon->beliefs() : Beliefs{};
   AgentStats s;
   {
     std::lock_guard lock(mutex);
@@ -244,6 +507,8 @@ std::string DeployAgent::Impl::render() const {
   out << "parapilot_migrations_total{outcome=\"aborted\"} " << s.migrations_aborted << '\n';
   metric("parapilot_migration_aborts_total", "counter", "Layout switches aborted.");
   out << "parapilot_migration_aborts_total " << s.migrations_aborted << '\n';
+  metric("parapilot_reverts_total", "counter", "Switches undone after they measured slower.");
+  out << "parapilot_reverts_total " << s.reverts_committed << '\n';
   metric("parapilot_stragglers_detected_total", "counter", "Slow-rank detections.");
   out << "parapilot_stragglers_detected_total " << s.stragglers_detected << '\n';
   metric("parapilot_congested_links_detected_total", "counter", "Congested-link detections.");
@@ -276,12 +541,19 @@ std::string DeployAgent::Impl::render() const {
     out << "parapilot_rank_steps_per_second{rank=\"" << r << "\"} " << b.rank_steps_per_s[r]
         << '\n';
   }
-  const double tokens_per_step =
-      static_cast<double>(o.job->global_batch) * o.job->scenario.model.seq_len / o.job->gpus();
-  metric("parapilot_rank_tokens_per_second", "gauge", "Per-rank tokens per second (equal shares).");
-  for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
-    out << "parapilot_rank_tokens_per_second{rank=\"" << r << "\"} "
-        << b.rank_steps_per_s[r] * tokens_per_step << '\n';
+  if (o.job) {
+    const double tokens_per_step =
+        static_cast<double>(o.job->global_batch) * o.job->scenario.model.seq_len / o.job->gpus();
+    metric("parapilot_rank_tokens_per_second", "gauge",
+           "Per-rank tokens per second (equal shares).");
+    for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
+      out << "parapilot_rank_tokens_per_second{rank=\"" << r << "\"} "
+          << b.rank_steps_per_s[r] * tokens_per_step << '\n';
+    }
+  }
+  metric("parapilot_rank_samples", "gauge", "Samples in each rank's last step.");
+  for (size_t r = 0; r < b.rank_samples.size(); ++r) {
+    out << "parapilot_rank_samples{rank=\"" << r << "\"} " << b.rank_samples[r] << '\n';
   }
   metric("parapilot_rank_speed", "gauge",
          "Believed per-rank compute speed (1 = as fast as peers).");
@@ -298,32 +570,42 @@ std::string DeployAgent::Impl::render() const {
 DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.o = std::move(options);
-  if (!m.o.job) throw InputError("deploy: no job");
   if (m.o.interval_steps < 1) throw InputError("--interval-steps must be >= 1");
-  const Job& job = *m.o.job;
-  MonitorOptions mo = m.o.monitor;
-  mo.ranks = job.gpus();
-  mo.gpus_per_node =
-      job.scenario.cluster.groups.empty() ? 8 : job.scenario.cluster.groups.front().gpus_per_node;
-  mo.peer_group = job.planner->cost_model().topology().type_of_gpu;
-  m.monitor = std::make_unique<Monitor>(mo);
-  LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
-  m.stats.fallback = policy.fallback;
-  m.stats.fallback_reason = policy.fallback_reason;
-  if (policy.fallback) {
-    nlohmann::json j = {
-        {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback_reason}};
-    m.log(j.dump());
+  if (m.o.data_parallel.min_gain < 1) throw InputError("--min-gain must be >= 1");
+  if (m.o.job) {
+    const Job& job = *m.o.job;
+    MonitorOptions mo = m.o.monitor;
+    mo.ranks = job.gpus();
+    mo.gpus_per_node = job.scenario.cluster.groups.empty()
+                           ? 8
+                           : job.scenario.cluster.groups.front().gpus_per_node;
+    mo.peer_group = job.planner->cost_model().topology().type_of_gpu;
+    m.monitor_owner = std::make_unique<Monitor>(mo);
+    m.monitor.store(m.monitor_owner.get());
+    LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
+    m.stats.fallback = policy.fallback;
+    m.stats.fallback_reason = policy.fallback_reason;
+    if (policy.fallback) {
+      nlohmann::json j = {{"event", "policy_fallback"},
+                          {"policy", "reactive"},
+                          {"reason", policy.fallback_reason}};
+      m.log(j.dump());
+    }
+    m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), m.o.decider);
+    m.stats.policy = m.decider->policy_name();
+  } else {
+    m.stats.policy = "measured-shares";
   }
-  m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), m.o.decider);
-  m.stats.policy = m.decider->policy_name();
   m.executor = std::make_unique<MigrationExecutor>(
       m.o.migration,
       [&m](const transport::Message& msg) {
         if (m.server) m.server->broadcast(msg);
       },
       [&m](const MigrationOutcome& r) { m.on_outcome(r); });
-  m.monitor->set_step_callback([&m](uint64_t step, Clock::time_point t) { m.on_step(step, t); });
+  if (m.monitor_owner) {
+    m.monitor_owner->set_step_callback(
+        [&m](uint64_t step, Clock::time_point t) { m.on_step(step, t); });
+  }
 
   transport::ServerHandlers h;
   h.on_connect = [&m](const transport::PeerInfo& p) { m.on_connect(p); };
@@ -369,8 +651,10 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
                       {"metrics_port", metrics_port()},
                       {"policy", m.stats.policy},
                       {"fallback", m.stats.fallback},
-                      {"ranks", job.gpus()},
-                      {"layout", layout_name(m.decider->current())}};
+                      {"ranks", m.o.job ? nlohmann::json(m.o.job->gpus()) : nlohmann::json()},
+                      {"job", m.o.job ? "described by the scenario"
+                                      : "learned from the ranks' JobInfo when they connect"},
+                      {"layout", m.decider ? layout_name(m.decider->current()) : "the job's own"}};
   m.log(j.dump());
 }
 
@@ -388,9 +672,15 @@ void DeployAgent::stop() {
 uint16_t DeployAgent::port() const { return impl_->server ? impl_->server->port() : 0; }
 uint16_t DeployAgent::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 std::string DeployAgent::metrics_text() const { return impl_->render(); }
-Monitor& DeployAgent::monitor() { return *impl_->monitor; }
+Monitor* DeployAgent::monitor() { return impl_->monitor.load(); }
 Decider& DeployAgent::decider() { return *impl_->decider; }
-Strategy DeployAgent::current_layout() const { return impl_->decider->current(); }
+Strategy DeployAgent::current_layout() const {
+  if (impl_->decider) return impl_->decider->current();
+  std::lock_guard lock(impl_->decide_mutex);
+  std::lock_guard state_lock(impl_->mutex);
+  if (!impl_->dp || !impl_->job_info) return Strategy{};
+  return shares_layout(impl_->dp->counts(), static_cast<int>(impl_->job_info->global_batch));
+}
 
 AgentStats DeployAgent::stats() const {
   std::lock_guard lock(impl_->mutex);

@@ -1,6 +1,18 @@
 // DeployAgent: the deploy daemon. Runs the bus server the job's ranks connect to, feeds their
-// telemetry to the Monitor, asks the Decider once per decision interval (every `interval_steps`
-// closed steps), and drives the MigrationExecutor's two-phase switch. Serves Prometheus metrics
+// telemetry to the Monitor, decides once per decision interval (every `interval_steps` closed
+// steps), and drives the MigrationExecutor's two-phase switch.
+//
+// Two kinds of job:
+// * Described: AgentOptions::job (a scenario: model, cluster, search space). The Decider plans
+//   hybrid layouts with the cost model and the policy chooses. Plans that need a degree the ranks
+//   announced they cannot switch (JobInfo::capabilities) are held back by a guardrail.
+// * Learned (job empty): the ranks' JobInfo announcements say what the job is (world size,
+//   global batch, what it can switch). Until the first one arrives the agent only listens. The
+//   DataParallelDecider rebalances batch shares from the job's own telemetry, in its own units,
+//   and reverts a switch that made steps slower.
+// Ranks whose JobInfo disagrees with the job (another world size, another global batch) are
+// warned in the log and told why by PlanAbort{plan_id = 0, reason}; no plan is sent to a job in
+// disagreement. Serves Prometheus metrics
 // (decisions, migrations, aborts, detected stragglers and congested links, rejected telemetry,
 // per-rank throughput, decision latency, the agent's CPU and memory) and writes one JSON line
 // per decision, migration outcome and monitor event.
@@ -17,6 +29,7 @@
 #include <vector>
 
 #include "agent/runtime/decider.h"
+#include "agent/runtime/dp_decider.h"
 #include "agent/runtime/job.h"
 #include "agent/runtime/migration.h"
 #include "agent/runtime/monitor.h"
@@ -25,7 +38,8 @@
 namespace parapilot::agent::runtime {
 
 struct AgentOptions {
-  std::shared_ptr<const Job> job;  ///< required.
+  std::shared_ptr<const Job> job;  ///< empty: learn the job from the ranks' JobInfo.
+  DataParallelOptions data_parallel;  ///< a learned job: min_gain, cool-down, verification.
   std::string policy_path;         ///< empty: the reactive baseline.
   PolicyLoader loader;             ///< how to load policy_path (the CLI passes the RL loader).
   /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.
@@ -49,6 +63,9 @@ struct AgentStats {
   uint64_t switches_decided = 0;
   uint64_t migrations_committed = 0;
   uint64_t migrations_aborted = 0;
+  uint64_t reverts_decided = 0;  ///< switches back after a switch measured slower.
+  uint64_t reverts_committed = 0;
+  uint64_t held_back = 0;        ///< policy switches the job could not run (capabilities).
   uint64_t stragglers_detected = 0;
   uint64_t congested_links_detected = 0;
   uint64_t ranks_lost = 0;
@@ -79,8 +96,9 @@ class DeployAgent {
   std::string metrics_text() const;
   AgentStats stats() const;
   Strategy current_layout() const;
-  Monitor& monitor();
-  Decider& decider();
+  /// The monitor; nullptr for a learned job until its first JobInfo.
+  Monitor* monitor();
+  Decider& decider();  ///< a described job only.
   /// Starts a switch to `target` outside the policy (operators, tests). False while one is in
   /// flight or no rank is connected.
   bool request_switch(const Strategy& target);

@@ -61,6 +61,7 @@ struct Sample {
   double compute_ms = 0;
   double work = -1;  // samples this rank processed (info/samples); -1: not reported
   double wall_ms = 0;
+  double wait_ms = -1;  // measured wait in the gradient collectives (wait/dp); -1: not reported
   double inter_bytes = 0;
   double inter_ms = 0;
   double queue = 0;
@@ -122,12 +123,18 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   if (options.ranks < 1 || options.gpus_per_node < 1) {
     throw std::invalid_argument("MonitorOptions: ranks and gpus_per_node must be >= 1");
   }
+  if (!(options.compute_alpha > 0 && options.compute_alpha <= 1)) {
+    throw std::invalid_argument("MonitorOptions: compute_alpha must be in (0, 1]");
+  }
   if (!options.peer_group.empty() && static_cast<int>(options.peer_group.size()) != options.ranks) {
     throw std::invalid_argument("MonitorOptions: peer_group must have one entry per rank");
   }
   s_->o = options;
   s_->nodes = (options.ranks + options.gpus_per_node - 1) / options.gpus_per_node;
+  RobustEwma::Options compute_options;
+  compute_options.alpha = options.compute_alpha;
   s_->ranks.resize(options.ranks);
+  for (RankStats& r : s_->ranks) r.compute = RobustEwma(compute_options);
   s_->node_bw.assign(s_->nodes, 1.0);
   s_->node_congested.assign(s_->nodes, false);
   s_->beliefs.conditions.gpu_speed.assign(options.ranks, 1.0);
@@ -136,6 +143,8 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   s_->beliefs.rank_steps_per_s.assign(options.ranks, 0.0);
   s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
+  s_->beliefs.rank_wait_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_samples.assign(options.ranks, 0.0);
 }
 
 Monitor::~Monitor() = default;
@@ -175,6 +184,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
     x.queue = t.queue_depth;
     for (const auto& [name, c] : t.collectives) {
       if (name == "info/samples") x.work = static_cast<double>(c.bytes);
+      if (name == "wait/dp") x.wait_ms = c.ms;
       if (name.find("inter") == std::string::npos) continue;
       x.inter_bytes += static_cast<double>(c.bytes);
       x.inter_ms += c.ms;
@@ -227,8 +237,9 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   }
   const double last = arrivals.empty() ? 0 : *std::max_element(arrivals.begin(), arrivals.end());
   const double mid = median(arrivals);
-  std::vector<double> waits;
+  std::vector<double> waits, walls;
   waits.reserve(arrivals.size());
+  walls.reserve(arrivals.size());
   std::map<uint32_t, std::vector<double>> layer_norms;
   for (size_t i = 0; i < agg.samples.size(); ++i) {
     const Sample& x = agg.samples[i];
@@ -242,7 +253,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
       ++counters.outliers;
     }
     r.wall.add(x.wall_ms);
-    const double wait = last - arrivals[i];
+    walls.push_back(x.wall_ms);
+    beliefs.rank_samples[x.rank] = std::max(0.0, x.work);
+    const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
+    beliefs.rank_wait_ms[x.rank] = wait;
     waits.push_back(wait);
     r.last_wait_ms = wait;
     r.lateness_ms =
@@ -257,6 +271,8 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     for (const auto& [layer, norm] : x.layer_norms) layer_norms[layer].push_back(norm);
   }
   median_wait_ms = median(waits);
+  beliefs.last_step_ms = median(std::move(walls));
+  beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
   for (auto& [layer, norms] : layer_norms) {
     if (beliefs.layer_grad_norm.size() <= layer) beliefs.layer_grad_norm.resize(layer + 1, 0.0);

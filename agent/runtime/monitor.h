@@ -4,9 +4,12 @@
 //
 // The synchronous all-reduce trap: inside a collective the fast ranks wait for the slow one, so
 // every rank's step (or backward) time looks the same. The monitor therefore only trusts
-// compute-only time (Telemetry::compute_ms) for speed, measures arrival skew at the collective
-// (arrival = step_start + compute), and subtracts each rank's wait for the last arrival from its
-// collective time before turning it into bandwidth. All per-rank series go through RobustEwma
+// compute-only time (Telemetry::compute_ms: everything a rank did in the step except waiting in
+// collectives) for speed, measures arrival skew at the collective (arrival = step_start +
+// compute), and subtracts each rank's wait for the last arrival from its collective time before
+// turning it into bandwidth. A rank that measures its own wait in the gradient collectives
+// (the "wait/dp" telemetry entry) is believed over the estimate: the rank that waits least is the
+// straggler, wherever in its step the slowdown sits. All per-rank series go through RobustEwma
 // (median/MAD outlier rejection; a level shift needs several samples in a row).
 //
 // Rank r is assumed to run on GPU r of the job's ClusterSpec (node r / gpus_per_node); speed is
@@ -47,7 +50,9 @@ struct MonitorOptions {
   int min_samples = 3;
   /// Believed speeds and bandwidth factors within this relative distance of 1 are reported as 1:
   /// noise-level differences would otherwise reorder the planner's device mapping every re-plan.
-  double dead_band = 0.05;  ///< samples per rank before its speed is believed.
+  double dead_band = 0.05;
+  /// Weight of a new compute sample in a rank's level (RobustEwma::Options::alpha).
+  double compute_alpha = 0.3;
 };
 
 /// Something the monitor noticed, with the numbers that made it say so.
@@ -73,6 +78,10 @@ struct Beliefs {
   std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
   std::vector<double> rank_queue_depth;
   std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
+  std::vector<double> rank_wait_ms;     ///< measured wait in the gradient collectives, last step.
+  std::vector<double> rank_samples;     ///< samples in the rank's last step; 0: not reported.
+  bool compute_per_sample = false;      ///< rank_compute_ms is per sample.
+  double last_step_ms = 0;              ///< the last closed step's wall time (median over ranks).
   uint64_t nonfinite_gradients = 0;     ///< summed over all accepted telemetry.
   double missing_fraction = 0;          ///< of the last closed step's expected samples.
   uint64_t last_closed_step = 0;

@@ -177,7 +177,7 @@ int run_latency(Args a, const char* self) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const AgentStats s = agent.stats();
   const ProcessUsage usage = process_usage();
-  const MonitorCounters mc = agent.monitor().counters();
+  const MonitorCounters mc = agent.monitor()->counters();
   std::printf(
       "agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps, %d bus I/O "
       "thread(s), %u cores\n",

@@ -6,11 +6,11 @@
 See docs/pytorch.md and docs/wire-format.md.
 """
 
-from .auth import Secret, SecretError, load_secret_from_env, load_secret_from_file
-from .client import Client, ClientStats
+from .auth import Secret, SecretError, load_secret, load_secret_from_env, load_secret_from_file
+from .client import Client, ClientStats, logging_logger
 from .plans import PlanBook
 from . import wire
 
 __version__ = "0.1.0"
-__all__ = ["wire", "Client", "ClientStats", "PlanBook", "Secret", "SecretError",
-           "load_secret_from_env", "load_secret_from_file", "__version__"]
+__all__ = ["wire", "Client", "ClientStats", "PlanBook", "Secret", "SecretError", "load_secret",
+           "load_secret_from_env", "load_secret_from_file", "logging_logger", "__version__"]

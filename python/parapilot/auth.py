@@ -3,7 +3,8 @@
 The secret is loaded from a file or an environment variable with the C++ rules
 (transport/auth.cc): one trailing "\\n" or "\\r\\n" is removed, and it must be at least 16 bytes.
 It is held in a Secret, whose repr never shows the bytes; errors name the file or variable,
-never the content.
+never the content. load_secret() applies the worker's lookup order (a file, $PARAPILOT_SECRET_FILE,
+then $PARAPILOT_SECRET) and says how to provide a secret when there is none.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from typing import Optional
 
 MIN_SECRET_BYTES = 16
 _SERVER_LABEL = b"parapilot/1 server"
@@ -75,6 +77,30 @@ def load_secret_from_env(name: str) -> Secret:
     if value is None:
         raise SecretError(f"environment variable {name} is not set")
     return _finish(value, f"environment variable {name}")
+
+
+def secret_help(secret_env: str = "PARAPILOT_SECRET",
+                file_env: str = "PARAPILOT_SECRET_FILE") -> str:
+    """How to provide the bus secret (one sentence, for error messages)."""
+    return (f"set {file_env} to a file holding the secret `parapilot deploy` was given with "
+            f"--secret-file (make one with `head -c 32 /dev/urandom | base64 > secret`), or "
+            f"{secret_env} to the secret itself (at least {MIN_SECRET_BYTES} bytes)")
+
+
+def load_secret(secret_file: Optional[str] = None, secret_env: str = "PARAPILOT_SECRET",
+                file_env: str = "PARAPILOT_SECRET_FILE") -> Secret:
+    """The bus secret from `secret_file`, else the file named by $file_env, else the variable
+    `secret_env`. Raises SecretError naming both variables and how to make a secret when none
+    is set or the one found cannot be used (missing file, empty, too short)."""
+    path = secret_file or os.environ.get(file_env)
+    try:
+        if path:
+            return load_secret_from_file(path)
+        if os.environ.get(secret_env) is None:
+            raise SecretError(f"no bus secret: neither {file_env} nor {secret_env} is set")
+        return load_secret_from_env(secret_env)
+    except SecretError as e:
+        raise SecretError(f"{e}; {secret_help(secret_env, file_env)}") from None
 
 
 def server_proof(secret: Secret, client_nonce: bytes, server_nonce: bytes) -> bytes:

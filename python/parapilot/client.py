@@ -5,7 +5,9 @@ socket: it connects, runs the HMAC challenge-response handshake (checking the se
 first), writes queued frames (coalesced into one write), sends heartbeats when idle, declares the
 server dead after heartbeat_timeout_ms of silence, and reconnects with exponential backoff and
 jitter until stopped. Telemetry is best effort: it waits in a bounded buffer that drops the
-oldest telemetry when full; control messages are never dropped. Messages keep their send order.
+oldest telemetry when full; control messages are never dropped. Messages keep their send order,
+except that messages sent from inside on_connect are written first on that connection (before
+anything queued earlier), so a client can introduce itself before its buffered telemetry.
 
 Thread-safety: every public method may be called from any thread. Handlers run on the client's
 I/O thread, one at a time, in arrival order; a slow handler delays the following messages.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import hmac
 import itertools
+import logging
 import os
 import random
 import select
@@ -24,7 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, Optional, Tuple
+from typing import Callable, Deque, Optional, Tuple, Union
 
 from . import wire
 from .auth import Secret, client_proof, server_proof
@@ -39,6 +42,23 @@ def stderr_logger(min_level: str = "warn") -> Logger:
     def log(level: str, line: str) -> None:
         if order.get(level, 3) >= order[min_level]:
             print(f"parapilot [{level}] {line}", file=sys.stderr, flush=True)
+
+    return log
+
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+           "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def logging_logger(logger: Union[logging.Logger, str] = "parapilot", prefix: str = ""
+                   ) -> Logger:
+    """A Logger that writes each (level, line) to the standard `logging` logger (a Logger or its
+    name), "warn" as WARNING, unknown levels as ERROR, with `prefix` before the line. Configures
+    no handler or level: that is the application's choice."""
+    target = logging.getLogger(logger) if isinstance(logger, str) else logger
+
+    def log(level: str, line: str) -> None:
+        target.log(_LEVELS.get(level, logging.ERROR), "%s%s", prefix, line)
 
     return log
 
@@ -77,7 +97,10 @@ class Client:
 
     Parameters mirror transport::ClientOptions (times in milliseconds). `on_message(msg)` gets
     every message from the server except heartbeats; `on_connect(peer_id)` runs after each
-    successful handshake, `on_disconnect(reason)` after each loss or refusal.
+    successful handshake, before anything else is written on that connection: what it sends goes
+    out first (and is dropped, not resent, if that connection fails before writing it);
+    `on_disconnect(reason)` runs after each loss or failed attempt. autostart=False: nothing
+    happens until start() (lets callbacks use the Client object itself).
     """
 
     def __init__(self, address: str, secret: Secret, *, name: str = "worker",
@@ -89,7 +112,8 @@ class Client:
                  reconnect_initial_ms: int = 50, reconnect_max_ms: int = 5000,
                  connect_timeout_ms: int = 5000, heartbeat_interval_ms: int = 1000,
                  heartbeat_timeout_ms: int = 5000, telemetry_buffer_capacity: int = 8192,
-                 telemetry_linger_ms: int = 20, logger: Optional[Logger] = None):
+                 telemetry_linger_ms: int = 20, logger: Optional[Logger] = None,
+                 autostart: bool = True):
         self.host, self.port = split_address(address)
         if not isinstance(secret, Secret) or len(secret) < 16:
             raise ValueError("the bus secret must be a Secret of at least 16 bytes")
@@ -117,6 +141,8 @@ class Client:
         self._seq = itertools.count()
         self._control: Deque[Tuple[int, wire.Message]] = collections.deque()
         self._telemetry: Deque[Tuple[int, wire.Message]] = collections.deque()
+        self._first: Deque[Tuple[int, wire.Message]] = collections.deque()  # from on_connect
+        self._announcing = False  # the I/O thread is inside on_connect
         self._telemetry_cap = telemetry_buffer_capacity
         # Telemetry waits up to this long to be written with later messages: one wake-up of the
         # I/O thread per batch instead of per message (fewer GIL hand-offs on the training
@@ -133,9 +159,19 @@ class Client:
         self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._run, name=f"parapilot-bus-{name}",
                                         daemon=True)
-        self._thread.start()
+        self._started = False
+        if autostart:
+            self.start()
 
     # ---- public API ----
+
+    def start(self) -> None:
+        """Starts the background thread (connect, serve, reconnect). Idempotent."""
+        with self._lock:
+            if self._started or self._stopping:
+                return
+            self._started = True
+        self._thread.start()
 
     def send(self, m: wire.Message) -> bool:
         """Queues `m`; False if it is invalid, internal (handshake/heartbeat) or stopped.
@@ -146,6 +182,9 @@ class Client:
             if self._stopping:
                 return False
             item = (next(self._seq), m, time.monotonic())
+            if self._announcing and threading.current_thread() is self._thread:
+                self._first.append(item)
+                return True  # the I/O thread writes it as soon as on_connect returns
             if m.TYPE == MessageType.TELEMETRY:
                 was_empty = not self._telemetry
                 if len(self._telemetry) >= self._telemetry_cap:
@@ -163,6 +202,12 @@ class Client:
     def connected(self) -> bool:
         with self._lock:
             return self._connected
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame this connection may carry (the smaller of ours and the server's)."""
+        with self._lock:
+            return self._server_max_frame
 
     @property
     def peer_id(self) -> int:
@@ -186,7 +231,7 @@ class Client:
             self._flush_requested = True
         self._wake()
         with self._lock:
-            while self._control or self._telemetry or self._in_flight:
+            while self._control or self._telemetry or self._first or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopping:
                     return False
@@ -196,7 +241,8 @@ class Client:
     def stats(self) -> ClientStats:
         with self._lock:
             s = ClientStats(**vars(self._stats))
-            s.queued = len(self._control) + len(self._telemetry) + self._in_flight
+            s.queued = (len(self._control) + len(self._telemetry) + len(self._first) +
+                        self._in_flight)
             return s
 
     def stop(self) -> None:
@@ -207,7 +253,7 @@ class Client:
             self._stopping = True
             self._lock.notify_all()
         self._wake()
-        if threading.current_thread() is not self._thread:
+        if threading.current_thread() is not self._thread and self._started:
             self._thread.join(timeout=10)
         for s in (self._wake_r, self._wake_w):
             try:
@@ -263,6 +309,7 @@ class Client:
                 was_connected = self._connected
                 self._connected = False
                 self._in_flight = 0
+                self._first.clear()  # they belonged to that connection
                 self._lock.notify_all()
             if self._stopped():
                 break
@@ -343,7 +390,15 @@ class Client:
             self._lock.notify_all()
         self._log("info", f"bus: connected to {self.host}:{self.port} as peer {welcome.peer_id}")
         if self._on_connect:
-            self._on_connect(welcome.peer_id)
+            with self._lock:
+                self._announcing = True
+            try:
+                self._on_connect(welcome.peer_id)
+            except Exception as e:  # noqa: BLE001 - a handler bug must not kill the bus
+                self._log("error", f"on_connect raised {type(e).__name__}: {e}")
+            finally:
+                with self._lock:
+                    self._announcing = False
         return sock
 
     def _take_batch(self, limit_bytes: int) -> bytes:
@@ -351,8 +406,10 @@ class Client:
         out = []
         size = 0
         with self._lock:
-            while (self._control or self._telemetry) and size < limit_bytes:
-                if self._control and (not self._telemetry or
+            while (self._first or self._control or self._telemetry) and size < limit_bytes:
+                if self._first:
+                    _, m, _ = self._first.popleft()
+                elif self._control and (not self._telemetry or
                                       self._control[0][0] < self._telemetry[0][0]):
                     _, m, _ = self._control.popleft()
                 else:
@@ -388,7 +445,7 @@ class Client:
             if not pending:
                 with self._lock:
                     oldest = self._telemetry[0][2] if self._telemetry else None
-                    due = bool(self._control or self._flush_requested or
+                    due = bool(self._first or self._control or self._flush_requested or
                                (oldest is not None and now - oldest >= self._linger))
                     self._flush_requested = False
                 if due:

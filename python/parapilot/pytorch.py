@@ -13,10 +13,15 @@ Add to an existing DDP script (see docs/pytorch.md):
     session.close()
 
 What it does:
-* Telemetry: forward, backward (to the last gradient bucket ready), the exposed wait for the
-  gradient collectives, optimizer, each collective's time/bytes/calls, the step's wall clock and
-  (every grad_stats_every steps) per-layer gradient norms. CPU timings use the monotonic clock;
-  CUDA timings use CUDA events read back once they have completed (never a device sync).
+* Telemetry per step: the cycle (from the end of the previous step to the end of this one, so
+  data loading between steps counts), the wait in the gradient collectives (last gradient bucket
+  ready to the optimizer step), compute = cycle - wait (everything the rank did itself: data,
+  host work, forward, backward, optimizer), the phases, each collective's time (the union of
+  its buckets' intervals), bytes and calls, and (every grad_stats_every steps) per-layer
+  gradient norms. CPU timings use the monotonic clock; CUDA timings use CUDA events read back
+  once they have completed (never a device sync).
+* On every connection to the agent, a JobInfo: rank, world size, global batch, what this job can
+  switch (batch shares, compression), per-layer parameter and gradient sizes.
 * A DDP communication hook that averages gradients with the agent's per-rank batch shares as
   weights (each rank multiplies its gradient by share_r / sum(shares), then a SUM all-reduce) and
   applies per-layer compression: fp16, top-k with error feedback, PowerSGD (torch's own
@@ -27,6 +32,8 @@ What it does:
   all-reduce on a separate Gloo group (CPU), then acknowledged.
 * The agent going away changes nothing: the job keeps training on its last plan while the client
   reconnects in the background.
+* What happens (connection, outages, plans applied, refused or aborted, a summary at close) is
+  logged, one line each, to logging.getLogger("parapilot"); no handler is configured here.
 
 What it never changes: the model, the loss, the optimizer and its hyper-parameters, the global
 batch size, the data order (only which rank reads which slice of each global batch).
@@ -38,9 +45,12 @@ modified until the step boundary).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -50,8 +60,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from . import wire
-from .auth import Secret, load_secret_from_env, load_secret_from_file
-from .client import Client, stderr_logger
+from .auth import Secret, SecretError, load_secret
+from .client import Client, logging_logger
 from .plans import PlanBook
 
 __all__ = ["Session", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
@@ -265,9 +275,10 @@ class _StepRecord:
     step: int
     plan_id: int
     samples: int
-    start_ns: int = 0
+    start_ns: int = 0  # the cycle's start (the previous step's end_ns, or the entry)
     end_ns: int = 0
-    t_start: Any = None
+    t_start: Any = None  # mark of the cycle's start (the previous step's t_end, or t_enter)
+    t_enter: Any = None  # entry into session.step()
     t_fwd0: Any = None
     t_fwd1: Any = None
     t_last_bucket: Any = None
@@ -517,6 +528,10 @@ class Session:
         variable named by secret_env, default PARAPILOT_SECRET).
     layers: modules that are the agent's layers 0..n-1 (default: every parameter-owning module).
     grad_stats_every: per-layer gradient norms every this many steps (0: never).
+    log: a (level, line) callable for what the session says (default: the "parapilot" logger of
+        the logging module); the bus client's own lines go to it at "debug".
+    client_options: keyword arguments of parapilot.Client (its on_connect / on_disconnect run
+        after the session's own).
     """
 
     def __init__(self, ddp_model: torch.nn.parallel.DistributedDataParallel,
@@ -542,7 +557,7 @@ class Session:
         self.step_index = start_step
         self.should_stop = False
         self.stop_reason: Optional[str] = None
-        self._log = log or stderr_logger("warn")
+        self._log = log or logging_logger(logging.getLogger("parapilot"))
         module = ddp_model.module if hasattr(ddp_model, "module") else ddp_model
         self._layer_of = layer_map(module, layers)
         self._n_layers = max(self._layer_of.values()) + 1 if self._layer_of else 0
@@ -562,25 +577,61 @@ class Session:
         ddp_model.register_comm_hook(self._hook, _comm_hook)
         self._record: Optional[_StepRecord] = None
         self._pending: List[_StepRecord] = []
-        self._last_end_ns: Optional[int] = None
+        self._prev_end: Optional[Tuple[int, Any]] = None  # (end_ns, t_end) of the last step
+        self._cycles_ms: collections.deque = collections.deque(maxlen=1 << 16)
+        self._steps_run = 0
+        self._summarised = False
+        self._refused: List[int] = []
         self._hooks = [ddp_model.register_forward_pre_hook(self._on_forward_pre),
                        ddp_model.register_forward_hook(self._on_forward)]
         self._orig_step = None
         if optimizer is not None:
             self._wrap_optimizer(optimizer)
         self.applied_plans: List[int] = []
+        self.framework = f"pytorch-ddp {torch.__version__}"
+        self._layer_sizes = self._layer_infos()
 
         self.client: Optional[Client] = None
         self.book = PlanBook(self.rank, self._send, check=self._check, stage=self._stage)
         address = agent if agent is not None else os.environ.get("PARAPILOT_AGENT", "")
+        self.agent_address = address
+        self._agent_state = "never connected"  # then "connected" / "lost"
+        self._outage_since: Optional[float] = None  # monotonic time the current outage began
         if address:
-            secret = self._load_secret(secret_file, secret_env)
+            try:
+                secret = self._load_secret(secret_file, secret_env)
+            except SecretError as e:
+                raise SecretError(f"the agent at {address} needs the bus secret: {e}") from None
+        if address:
+            where = f"agent at {address}"
+        elif agent is None:
+            where = "no agent configured (PARAPILOT_AGENT unset)"
+        else:
+            where = 'no agent configured (agent="")'
+        n_params = sum(l.params for l in self._layer_sizes)
+        self._say("info", f"session started: world size {self.world_size}, global batch "
+                          f"{self.global_batch}, {self._n_layers} layers ({n_params:,} "
+                          f"parameters), {where}")
+        if address:
             opts = dict(client_options or {})
-            opts.setdefault("logger", self._log)
-            opts.setdefault("on_disconnect", lambda why: self.book.drop_uncommitted(
-                f"agent lost ({why})"))
+            user_connect = opts.pop("on_connect", None)
+            user_disconnect = opts.pop("on_disconnect", None)
+            opts.pop("autostart", None)
+            opts.setdefault("logger", self._client_log)
+
+            def on_connect(peer_id: int) -> None:
+                self._on_connect(peer_id)
+                if user_connect is not None:
+                    user_connect(peer_id)
+
+            def on_disconnect(why: str) -> None:
+                self._on_disconnect(why)
+                if user_disconnect is not None:
+                    user_disconnect(why)
             self.client = Client(address, secret, name=f"worker-{self.rank}", rank=self.rank,
-                                 on_message=self.book.on_message, **opts)
+                                 on_message=self._on_message, on_connect=on_connect,
+                                 on_disconnect=on_disconnect, autostart=False, **opts)
+            self.client.start()
 
     # ---- public API ----
 
@@ -620,13 +671,31 @@ class Session:
         finally:
             self._end()
 
+    def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
+        """The JobInfo this rank announces on each connection: per-layer sizes of layers
+        0..n-1 (params: elements; grad_bytes: bytes of the gradients, parameters that require
+        them), at most wire.MAX_LAYERS of them and as many as fit in one frame of
+        max_frame_bytes (the list is informational: a truncated list is still valid)."""
+        m = wire.JobInfo(self.rank, self.world_size, self.global_batch,
+                         wire.Capability.DP_SHARES | wire.Capability.COMPRESSION,
+                         self.framework.encode("utf-8")[:wire.MAX_NAME_BYTES].decode(
+                             "utf-8", "ignore"), [])
+        room = (max_frame_bytes - wire.FRAME_HEADER_BYTES - len(wire.encode_payload(m))) // 16
+        m.layers = list(self._layer_sizes[:max(0, room)])
+        return m
+
     def close(self, flush_timeout: float = 2.0) -> None:
-        """Sends pending telemetry (up to flush_timeout s) and disconnects. Hooks stay (DDP does
-        not allow unregistering a comm hook); the last plan stays in force."""
+        """Sends pending telemetry (up to flush_timeout s), logs a one-line summary and
+        disconnects. Hooks stay (DDP does not allow unregistering a comm hook); the last plan
+        stays in force. A step after close() starts a new cycle at its own entry."""
         self._emit(force=True)
+        self._prev_end = None
         if self._ctl_work is not None:  # every rank started it; finish it before leaving
             self._ctl_work.wait()
             self._ctl_work = None
+        if not self._summarised:
+            self._summarised = True
+            self._say("info", self._summary())
         if self.client is not None:
             self.client.flush(flush_timeout)
             self.client.stop()
@@ -648,8 +717,12 @@ class Session:
 
     def _begin(self) -> None:
         rec = _StepRecord(self.step_index, self.plan_id, self.local_batch)
-        rec.start_ns = time.time_ns()
-        rec.t_start = self._clock.mark()
+        now_ns = time.time_ns()
+        rec.t_enter = self._clock.mark()
+        if self._prev_end is not None:  # the cycle began where the previous step ended
+            rec.start_ns, rec.t_start = self._prev_end
+        else:
+            rec.start_ns, rec.t_start = now_ns, rec.t_enter
         self._record = rec
 
     def _end(self) -> None:
@@ -658,6 +731,10 @@ class Session:
             return
         rec.t_end = self._clock.mark()
         rec.end_ns = time.time_ns()
+        self._prev_end = (rec.end_ns, rec.t_end)
+        self._cycles_ms.append(max(0.0, (rec.end_ns - rec.start_ns) / 1e6))
+        self._steps_run += 1
+        self._summarised = False
         if self.grad_stats_every and rec.step % self.grad_stats_every == 0:
             rec.layers = self._grad_stats()
         self._record = None
@@ -696,22 +773,40 @@ class Session:
         missing = torch.tensor([0 if staged is not None else 1], dtype=torch.int64)
         dist.all_reduce(missing, op=dist.ReduceOp.MAX, group=self._control_group)
         if int(missing[0]):
+            self._refused.append(plan_id)
+            self._say("warn", f"plan {plan_id} refused: committed but not staged on every "
+                              f"rank; staying on plan {current}")
             self.book.missed(plan_id, f"rank {self.rank}: plan {plan_id} was committed but "
                              f"not staged on every rank; staying on plan {current}")
             return
-        self._hook.config = staged.staged
+        cfg = staged.staged
+        self._hook.config = cfg
         self.applied_plans.append(plan_id)
         self.book.applied(plan_id)
+        shares = ",".join(str(x) for x in cfg.shares) if cfg.shares else "even"
+        self._say("info", f"plan {plan_id} applied at step {self.step_index}: this rank takes "
+                          f"{cfg.counts[self.rank]} of {self.global_batch} samples (shares "
+                          f"{shares}), compression: {_describe_methods(cfg.methods)}")
 
     # ---- plans ----
 
     def _check(self, p: wire.PlanPrepare) -> str:
+        why = self._layout_problem(p)
+        if why:
+            self._refused.append(p.plan_id)
+            self._say("warn", f"plan {p.plan_id} refused: {why}")
+        return why
+
+    def _layout_problem(self, p: wire.PlanPrepare) -> str:
         lay = p.layout
         if lay.tp != 1 or lay.pp != 1:
             return (f"layout tp={lay.tp} pp={lay.pp}: this PyTorch DDP job only runs pure data "
                     "parallel layouts")
         if lay.dp != self.world_size:
-            return f"layout dp={lay.dp} but the job has {self.world_size} ranks"
+            w = self.world_size
+            return (f"layout dp={lay.dp} but the job has {w} ranks: the agent planned for a "
+                    f"world size of {lay.dp}, not this job's {w} (start parapilot deploy with "
+                    f"--gpus {w}, or a scenario whose cluster has {w} GPUs)")
         try:
             shares = plan_shares(p)
             gpus = _device_map_from_layout_name(p.layout_name)
@@ -724,8 +819,13 @@ class Session:
         return ""
 
     def _stage(self, p: wire.PlanPrepare) -> PlanConfig:
-        return self._build_config(p.plan_id, plan_shares(p), p.layout.compression,
-                                  p.layout_name)
+        try:
+            return self._build_config(p.plan_id, plan_shares(p), p.layout.compression,
+                                      p.layout_name)
+        except Exception as e:  # the book refuses the plan with the same text
+            self._refused.append(p.plan_id)
+            self._say("warn", f"plan {p.plan_id} refused: {type(e).__name__}: {e}")
+            raise
 
     def _build_config(self, plan_id: int, shares: List[int],
                       compression: Sequence[wire.LayerCompression], name: str) -> PlanConfig:
@@ -822,30 +922,50 @@ class Session:
         self._pending = keep[-64:]  # never hold more than a few steps of unresolved events
 
     def _telemetry(self, rec: _StepRecord) -> wire.Telemetry:
+        """The step's Telemetry. Every duration is in [0, cycle], cycle = step_end - step_start
+        (on CUDA the events' own cycle when shorter). wait = last gradient bucket ready ->
+        optimizer step (else the step's end); compute = cycle - wait; arrive/dp = cycle start ->
+        last bucket ready; per collective key: the union of its [ready, done] intervals."""
         c = self._clock
-        fwd = c.ms(rec.t_fwd0, rec.t_fwd1)
-        fwd_end = rec.t_fwd1 if rec.t_fwd1 is not None else rec.t_start
-        last = rec.t_last_bucket if rec.t_last_bucket is not None else (rec.t_opt0 or rec.t_end)
-        bwd = c.ms(fwd_end, last)
-        wait = c.ms(last, rec.t_opt0 if rec.t_opt0 is not None else rec.t_end)
-        opt = c.ms(rec.t_opt0, rec.t_opt1)
-        wall_ms = max(0.0, (rec.end_ns - rec.start_ns) / 1e6)
-        compute = min(fwd + bwd, wall_ms)
+        wall = max(0.0, (rec.end_ns - rec.start_ns) / 1e6)
+        cycle = wall if not c.cuda else min(wall, c.ms(rec.t_start, rec.t_end))
+
+        def at(mark: Any) -> float:  # ms since the cycle start, within the cycle
+            return min(max(c.ms(rec.t_start, mark), 0.0), cycle)
+
+        def span(a: Any, b: Any) -> float:
+            return min(c.ms(a, b), cycle)
+
+        fwd = span(rec.t_fwd0, rec.t_fwd1)
+        fwd_end = rec.t_fwd1 if rec.t_fwd1 is not None else rec.t_enter
+        reduced = rec.t_opt0 if rec.t_opt0 is not None else rec.t_end
+        last = rec.t_last_bucket if rec.t_last_bucket is not None else reduced
+        bwd = span(fwd_end, last)
+        wait = span(last, reduced)
+        arrive = at(last)
+        opt = span(rec.t_opt0, rec.t_opt1)
+        compute = min(max(cycle - wait, 0.0), cycle)
+        spans: Dict[str, List[Tuple[float, float]]] = {}
         coll: Dict[str, wire.CollectiveStat] = {}
         for key, nbytes, t0, t1 in rec.comm:
             s = coll.setdefault(key, wire.CollectiveStat())
-            s.ms += c.ms(t0, t1)
+            a = at(t0)
+            spans.setdefault(key, []).append((a, max(a, at(t1))))
             s.bytes += nbytes
             s.calls += 1
+        for key, intervals in spans.items():
+            coll[key].ms = _union_length(intervals)
         coll["all_reduce/control"] = wire.CollectiveStat(rec.control_ms, 16, 1)
         coll["phase/forward"] = wire.CollectiveStat(fwd, 0, 1)
         coll["phase/backward"] = wire.CollectiveStat(bwd, 0, 1)
         coll["phase/comm_wait"] = wire.CollectiveStat(wait, 0, 1)
         coll["phase/optimizer"] = wire.CollectiveStat(opt, 0, 1)
+        coll["wait/dp"] = wire.CollectiveStat(wait, 0, 1)
+        coll["arrive/dp"] = wire.CollectiveStat(arrive, 0, 1)
         coll["info/plan"] = wire.CollectiveStat(0.0, rec.plan_id, 0)
         coll["info/samples"] = wire.CollectiveStat(0.0, rec.samples, 0)
         for s in coll.values():
-            s.ms = min(max(s.ms, 0.0), wire.MAX_DURATION_MS)
+            s.ms = min(max(s.ms, 0.0), cycle, wire.MAX_DURATION_MS)
         return wire.Telemetry(rank=self.rank, step=rec.step, step_start_ns=rec.start_ns,
                               step_end_ns=max(rec.end_ns, rec.start_ns),
                               send_time_ns=time.time_ns(), compute_ms=compute, queue_depth=0,
@@ -858,7 +978,101 @@ class Session:
 
     @staticmethod
     def _load_secret(secret_file: Optional[str], secret_env: str) -> Secret:
-        path = secret_file or os.environ.get("PARAPILOT_SECRET_FILE")
-        if path:
-            return load_secret_from_file(path)
-        return load_secret_from_env(secret_env)
+        return load_secret(secret_file, secret_env)
+
+    def _on_connect(self, peer_id: int) -> None:
+        """After each handshake (I/O thread): announce the job, then say so."""
+        client = self.client
+        if client is not None and not client.send(self.job_info(client.max_frame_bytes)):
+            self._say("warn", "could not send the JobInfo (invalid for the wire format)")
+        if self._outage_since is not None and self._agent_state != "never connected":
+            again = f" again after {time.monotonic() - self._outage_since:.1f} s without it"
+        else:
+            again = ""
+        self._agent_state = "connected"
+        self._outage_since = None
+        self._say("info", f"connected to the agent at {self.agent_address}{again}")
+
+    def _on_disconnect(self, why: str) -> None:
+        """After each lost connection or failed attempt (I/O thread): one warning per outage."""
+        self.book.drop_uncommitted(f"agent lost ({why})")
+        if self._agent_state == "connected":
+            self._agent_state = "lost"
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self._say("warn", f"no agent at {self.agent_address} ({why}); training continues on "
+                              "the current plan, retrying in the background")
+
+    def _on_message(self, m: wire.Message) -> None:
+        if type(m) is wire.PlanAbort:
+            p = self.book.get(m.plan_id)
+            if p is not None and p.committed:
+                self._say("info", f"plan {m.plan_id}: abort ignored, it is already committed "
+                                  f"({m.reason or 'no reason given'})")
+            else:
+                self._say("info", f"plan {m.plan_id} aborted by the agent: "
+                                  f"{m.reason or 'no reason given'}")
+        elif type(m) is wire.Shutdown:
+            self._say("info", f"the agent asked the job to stop: {m.reason or 'no reason given'}")
+        self.book.on_message(m)
+
+    def _say(self, level: str, text: str) -> None:
+        self._log(level, f"rank {self.rank}: {text}")
+
+    def _client_log(self, level: str, line: str) -> None:
+        """The bus client's lines: its connects and disconnects are debug detail (the session
+        reports them itself), its errors stay errors."""
+        self._say("debug" if level in ("debug", "info", "warn") else level, line)
+
+    def _summary(self) -> str:
+        cycles = list(self._cycles_ms)
+        median = statistics.median(cycles) if cycles else 0.0
+        if not self.agent_address:
+            agent = "never connected (no agent configured)"
+        else:
+            agent = self._agent_state
+        return (f"{self._steps_run} steps, median step {median:.1f} ms, plans applied "
+                f"{self.applied_plans}, refused {len(self._refused)}, final share "
+                f"{self.local_batch}/{self.global_batch}, agent: {agent}")
+
+    def _layer_infos(self) -> List[wire.LayerInfo]:
+        out = [wire.LayerInfo() for _ in range(min(self._n_layers, wire.MAX_LAYERS))]
+        for p, layer in self._layer_of.items():
+            if layer < len(out):
+                out[layer].params += p.numel()
+                if p.requires_grad:
+                    out[layer].grad_bytes += p.numel() * p.element_size()
+        return out
+
+
+def _union_length(intervals: List[Tuple[float, float]]) -> float:
+    """Total length covered by [a, b] intervals (overlaps counted once)."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _describe_methods(methods: Dict[int, Tuple[int, float]]) -> str:
+    """"none", or layer ranges with their method: "layers 0-2 fp16, layer 4 topk 0.05"."""
+    if not methods:
+        return "none"
+    runs: List[List[Any]] = []  # [first, last, (method, parameter)]
+    for layer in sorted(methods):
+        if runs and runs[-1][1] == layer - 1 and runs[-1][2] == methods[layer]:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer, methods[layer]])
+    parts = []
+    for first, last, (method, param) in runs:
+        name = wire.CompressionMethod.NAMES.get(method, str(method))
+        if method == TOPK:
+            name += f" {param:g}"
+        elif method == POWERSGD:
+            name += f" rank {int(param)}"
+        where = f"layer {first}" if first == last else f"layers {first}-{last}"
+        parts.append(f"{where} {name}")
+    return ", ".join(parts)

@@ -20,7 +20,7 @@ __all__ = [
     "WireError", "crc32c", "MessageType", "PeerRole", "CompressionMethod",
     "Hello", "Challenge", "Auth", "Welcome", "Heartbeat", "CollectiveStat", "LayerGradStat",
     "Telemetry", "LayerCompression", "Layout", "PlanPrepare", "PlanReady", "PlanCommit",
-    "PlanAbort", "Ack", "Shutdown", "Message", "validate", "encode_payload", "decode_payload",
+    "PlanAbort", "Ack", "Shutdown", "LayerInfo", "JobInfo", "Capability", "Message", "validate", "encode_payload", "decode_payload",
     "encode_frame", "decode_frame", "FrameDecoder", "FRAME_MAGIC", "WIRE_VERSION",
     "FRAME_HEADER_BYTES", "DEFAULT_MAX_FRAME_BYTES", "NO_RANK", "MAX_RANKS",
 ]
@@ -83,6 +83,7 @@ class MessageType:
     PLAN_ABORT = 10
     ACK = 11
     SHUTDOWN = 12
+    JOB_INFO = 13
 
 
 class PeerRole:
@@ -232,15 +233,43 @@ class Shutdown:
     TYPE = MessageType.SHUTDOWN
 
 
+class Capability:
+    """JobInfo.capabilities bits: what a job can switch without stopping."""
+    DP_SHARES = 1 << 0
+    COMPRESSION = 1 << 1
+    TENSOR = 1 << 2
+    PIPELINE = 1 << 3
+    MICRO_BATCHES = 1 << 4
+    KNOWN = (1 << 5) - 1
+
+
+@dataclass
+class LayerInfo:
+    params: int = 0
+    grad_bytes: int = 0
+
+
+@dataclass
+class JobInfo:
+    rank: int = 0
+    world_size: int = 1
+    global_batch: int = 0
+    capabilities: int = 0
+    framework: str = ""
+    layers: List[LayerInfo] = field(default_factory=list)
+    TYPE = MessageType.JOB_INFO
+
+
 Message = Union[Hello, Challenge, Auth, Welcome, Heartbeat, Telemetry, PlanPrepare, PlanReady,
-                PlanCommit, PlanAbort, Ack, Shutdown]
+                PlanCommit, PlanAbort, Ack, Shutdown, JobInfo]
 
 _CLASSES = {c.TYPE: c for c in (Hello, Challenge, Auth, Welcome, Heartbeat, Telemetry,
-                                PlanPrepare, PlanReady, PlanCommit, PlanAbort, Ack, Shutdown)}
+                                PlanPrepare, PlanReady, PlanCommit, PlanAbort, Ack, Shutdown,
+                                JobInfo)}
 
 TYPE_NAMES = {1: "hello", 2: "challenge", 3: "auth", 4: "welcome", 5: "heartbeat",
               6: "telemetry", 7: "plan_prepare", 8: "plan_ready", 9: "plan_commit",
-              10: "plan_abort", 11: "ack", 12: "shutdown"}
+              10: "plan_abort", 11: "ack", 12: "shutdown", 13: "job_info"}
 
 INTERNAL_TYPES = frozenset((1, 2, 3, 4, 5))
 
@@ -387,11 +416,31 @@ def _validate(m: Message) -> Optional[str]:  # noqa: C901 - one branch per messa
     if t is PlanAbort:
         return _text(m.reason, MAX_TEXT_BYTES, "plan_abort.reason")
     if t is Ack:
-        if not 1 <= m.acked <= 12:
+        if not 1 <= m.acked <= 13:
             return "ack.acked is not a message type"
         return _rank(m.rank, "ack.rank", True)
     if t is Shutdown:
         return _text(m.reason, MAX_TEXT_BYTES, "shutdown.reason")
+    if t is JobInfo:
+        for v, bits, name in ((m.rank, 32, "job_info.rank"), (m.world_size, 32,
+                              "job_info.world_size"), (m.global_batch, 32, "job_info.global_batch"),
+                              (m.capabilities, 32, "job_info.capabilities")):
+            if _u(v, bits, name):
+                return _u(v, bits, name)
+        if m.world_size == 0 or m.world_size > MAX_RANKS:
+            return "job_info.world_size is out of range"
+        if m.rank >= m.world_size:
+            return "job_info.rank is not below job_info.world_size"
+        if m.global_batch > (1 << 30):
+            return "job_info.global_batch is too large"
+        if m.capabilities & ~Capability.KNOWN:
+            return "job_info.capabilities has unknown bits"
+        if len(m.layers) > MAX_LAYERS:
+            return "job_info.layers has too many entries"
+        for l in m.layers:
+            if _u(l.params, 64, "layer_info.params") or _u(l.grad_bytes, 64, "layer_info.grad_bytes"):
+                return "job_info.layers has a value that is not a u64"
+        return _text(m.framework, MAX_NAME_BYTES, "job_info.framework")
     return f"not a message: {t.__name__}"
 
 
@@ -447,6 +496,11 @@ def encode_payload(m: Message) -> bytes:
         out.append(struct.pack("<BQI", m.acked, m.id, m.rank))
     elif t is Shutdown:
         out.append(_string(m.reason))
+    elif t is JobInfo:
+        out += [struct.pack("<IIII", m.rank, m.world_size, m.global_batch, m.capabilities),
+                _string(m.framework), struct.pack("<Q", len(m.layers))]
+        for l in m.layers:
+            out.append(struct.pack("<QQ", l.params, l.grad_bytes))
     else:
         raise TypeError(f"not a message: {t.__name__}")
     return b"".join(out)
@@ -553,8 +607,14 @@ def decode_payload(msg_type: int, payload: bytes) -> Message:
         m = PlanAbort(plan_id, r.string("plan_abort.reason", MAX_TEXT_BYTES))
     elif msg_type == MessageType.ACK:
         m = Ack(*r.unpack("<BQI", 13))
-    else:
+    elif msg_type == MessageType.SHUTDOWN:
         m = Shutdown(r.string("shutdown.reason", MAX_TEXT_BYTES))
+    else:
+        head = r.unpack("<IIII", 16)
+        framework = r.string("job_info.framework", MAX_NAME_BYTES)
+        n = r.count("job_info.layers", MAX_LAYERS, 16)
+        m = JobInfo(*head, framework=framework,
+                    layers=[LayerInfo(*r.unpack("<QQ", 16)) for _ in range(n)])
     if r.remaining():
         raise WireError(f"{TYPE_NAMES[msg_type]} payload has {r.remaining()} trailing bytes")
     why = _validate(m)
@@ -592,7 +652,7 @@ def check_header(magic: int, version: int, msg_type: int, flags: int, length: in
         return f"bad magic 0x{magic:08x}"
     if version != WIRE_VERSION:
         return f"unsupported version {version}"
-    if not 1 <= msg_type <= 12:
+    if not 1 <= msg_type <= 13:
         return f"unknown message type {msg_type}"
     if flags != 0:
         return "reserved flags set"

@@ -162,11 +162,11 @@ TEST_CASE("telemetry with NaN, negative or absurd values is rejected, counted, n
   t.compute_ms = 500;
   t.rank = 3;  // speaking for another rank: ignored
   CHECK((*client)->send(t));
-  REQUIRE(eventually([&] { return agent.monitor().counters().rejected == 1; }));
+  REQUIRE(eventually([&] { return agent.monitor()->counters().rejected == 1; }));
   const auto text = http_get(agent.metrics_port());
   REQUIRE(text);
   CHECK(text->find("parapilot_telemetry_rejected_total{reason=\"absurd\"} 1") != std::string::npos);
-  CHECK(agent.monitor().counters().accepted == 0);
+  CHECK(agent.monitor()->counters().accepted == 0);
   CHECK(agent.stats().decisions == 0);
-  CHECK(agent.monitor().beliefs().slow_ranks.empty());
+  CHECK(agent.monitor()->beliefs().slow_ranks.empty());
 }

@@ -182,7 +182,7 @@ TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old
   CHECK(rig.agent->stats().ranks_lost == 1);
   check_exactly_once(r, rig.cluster->job(), r.steps);
   // The lost GPU is believed failed.
-  const Beliefs b = rig.agent->monitor().beliefs();
+  const Beliefs b = rig.agent->monitor()->beliefs();
   REQUIRE(b.conditions.gpu_failed.size() == 16);
   CHECK(b.conditions.gpu_failed[7]);
 }

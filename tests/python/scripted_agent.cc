@@ -126,6 +126,8 @@ std::vector<tp::Message> canonical_messages() {
   out.emplace_back(tp::PlanAbort{7, "rank 3 not ready"});
   out.emplace_back(tp::Ack{tp::MessageType::plan_commit, 8, 1});
   out.emplace_back(tp::Shutdown{"job finished"});
+  out.emplace_back(tp::JobInfo{2, 4, 64, tp::kCapDpShares | tp::kCapCompression,
+                               "pytorch-ddp 1.13.1", {{1024, 4096}, {33, 132}}});
   return out;
 }
 

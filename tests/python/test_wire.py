@@ -40,7 +40,7 @@ class RejectionTest(unittest.TestCase):
         return bytearray(wire.encode_frame(wire.PlanCommit(3, 9)))
 
     def test_bad_header_fields(self):
-        for offset, value, words in ((0, 0x51, "magic"), (4, 2, "version"), (5, 13, "type"),
+        for offset, value, words in ((0, 0x51, "magic"), (4, 2, "version"), (5, 14, "type"),
                                      (6, 1, "flags"), (12, 0, "checksum")):
             f = self.frame()
             f[offset] = value
@@ -123,7 +123,7 @@ class CrossCheckTest(unittest.TestCase):
             self.assertEqual(m.TYPE, int(t))
             self.assertEqual(wire.encode_frame(m).hex(), hx, f"type {t}")
             seen.add(m.TYPE)
-        self.assertEqual(seen, set(range(1, 13)))
+        self.assertEqual(seen, set(range(1, 14)))
         # Spot checks of decoded values.
         prep = [wire.decode_frame(bytes.fromhex(l.split()[1])) for l in out if l.startswith("7 ")][0]
         self.assertEqual(prep.layout.dp_shares, [5, 1, 2])

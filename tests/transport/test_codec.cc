@@ -79,7 +79,9 @@ std::vector<Message> one_of_each() {
           PlanCommit{3, 5000},
           PlanAbort{3, "rank 17 not ready"},
           Ack{MessageType::plan_commit, 3, 17},
-          Shutdown{"job finished"}};
+          Shutdown{"job finished"},
+          JobInfo{1, 4, 64, kCapDpShares | kCapCompression, "pytorch-ddp 1.13.1",
+                  {{262144, 1048576}, {512, 2048}}}};
 }
 
 }  // namespace
@@ -298,7 +300,12 @@ TEST_CASE("validate rejects out-of-range values") {
   CHECK(!validate(with({0, 1, static_cast<CompressionMethod>(9), 0})).empty());
   CHECK(!validate(PlanAbort{1, std::string(kMaxTextBytes + 1, 'x')}).empty());
   CHECK(!validate(Ack{static_cast<MessageType>(0), 1, 1}).empty());
-  CHECK(!validate(Ack{static_cast<MessageType>(13), 1, 1}).empty());
+  CHECK(!validate(Ack{static_cast<MessageType>(14), 1, 1}).empty());
+  CHECK(validate(JobInfo{3, 4, 64, kCapDpShares, "pytorch-ddp", {{10, 40}}}).empty());
+  CHECK(!validate(JobInfo{4, 4, 64, kCapDpShares, "", {}}).empty());   // rank >= world
+  CHECK(!validate(JobInfo{0, 0, 64, kCapDpShares, "", {}}).empty());   // empty world
+  CHECK(!validate(JobInfo{0, 4, 64, 1u << 9, "", {}}).empty());        // unknown capability
+  CHECK(!validate(JobInfo{0, 4, (1u << 30) + 1, 0, "", {}}).empty());  // batch too large
   CHECK(!validate(Welcome{0, 1, 1}).empty());
   Hello h;
   h.name = "";

@@ -1,0 +1,254 @@
+#include "agent/runtime/dp_decider.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <numeric>
+#include <stdexcept>
+
+#include "agent/runtime/robust_stats.h"
+
+namespace parapilot::agent::runtime {
+
+namespace {
+
+// Largest-remainder rounding of `exact` (summing to total) with every entry at least 1.
+std::vector<int> round_counts(const std::vector<double>& exact, int total) {
+  const int n = static_cast<int>(exact.size());
+  std::vector<int> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = std::max(1, static_cast<int>(std::floor(exact[r])));
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return exact[a] - std::floor(exact[a]) > exact[b] - std::floor(exact[b]);
+  });
+  int sum = std::accumulate(counts.begin(), counts.end(), 0);
+  for (int i = 0; sum < total; ++i, ++sum) ++counts[order[i % n]];
+  while (sum > total) {
+    const auto it = std::max_element(counts.begin(), counts.end());
+    --*it;
+    --sum;
+  }
+  return counts;
+}
+
+// Median and robust standard error of the median-like centre.
+std::pair<double, double> centre(const std::vector<double>& v) {
+  if (v.empty()) return {0, 0};
+  const double m = median(v);
+  const double se = 1.4826 * mad(v, m) / std::sqrt(static_cast<double>(v.size()));
+  return {m, se};
+}
+
+__attribute__((format(printf, 1, 2))) std::string fmt(const char* format, ...) {
+  char text[256];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  return text;
+}
+
+}  // namespace
+
+const char* to_string(DataParallelDecision::Kind kind) {
+  switch (kind) {
+    case DataParallelDecision::Kind::keep:
+      return "keep";
+    case DataParallelDecision::Kind::rebalance:
+      return "rebalance";
+    case DataParallelDecision::Kind::revert:
+      return "revert";
+  }
+  return "?";
+}
+
+std::vector<int> even_counts(int ranks, int global_batch) {
+  return round_counts(std::vector<double>(ranks, static_cast<double>(global_batch) / ranks),
+                      global_batch);
+}
+
+std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms, int global_batch) {
+  const int n = static_cast<int>(per_sample_ms.size());
+  double known = 0;
+  int count = 0;
+  for (double c : per_sample_ms) {
+    if (c > 0) {
+      known += 1 / c;
+      ++count;
+    }
+  }
+  const double fill = count > 0 ? known / count : 1.0;
+  std::vector<double> speed(n);
+  double total = 0;
+  for (int r = 0; r < n; ++r) {
+    speed[r] = per_sample_ms[r] > 0 ? 1 / per_sample_ms[r] : fill;
+    total += speed[r];
+  }
+  std::vector<double> exact(n);
+  for (int r = 0; r < n; ++r) exact[r] = global_batch * speed[r] / total;
+  return round_counts(exact, global_batch);
+}
+
+double predicted_step_ms(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
+  double worst = 0;
+  for (size_t r = 0; r < per_sample_ms.size() && r < counts.size(); ++r) {
+    worst = std::max(worst, per_sample_ms[r] * counts[r]);
+  }
+  return worst;
+}
+
+DataParallelDecider::DataParallelDecider(DataParallelOptions options)
+    : o_(options), cooldown_(options.cooldown_intervals) {
+  if (o_.ranks < 1) throw std::invalid_argument("DataParallelOptions: ranks must be >= 1");
+  if (o_.global_batch < o_.ranks) {
+    throw std::invalid_argument("DataParallelOptions: global_batch must be >= ranks");
+  }
+  if (o_.verify_steps < 1 || o_.settle_steps < 0 || o_.min_gain < 1) {
+    throw std::invalid_argument("DataParallelOptions: verify_steps >= 1, settle_steps >= 0, "
+                                "min_gain >= 1");
+  }
+  counts_ = even_counts(o_.ranks, o_.global_batch);
+  previous_counts_ = counts_;
+}
+
+void DataParallelDecider::observe_step(uint64_t step, double step_ms) {
+  if (step_ms <= 0) return;
+  steps_.emplace_back(step, step_ms);
+  while (steps_.size() > 256) steps_.pop_front();
+}
+
+std::vector<double> DataParallelDecider::steps_since(uint64_t first) const {
+  std::vector<double> out;
+  for (const auto& [step, ms] : steps_) {
+    if (step >= first) out.push_back(ms);
+  }
+  return out;
+}
+
+DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging) {
+  DataParallelDecision d;
+  ++since_switch_;
+  // The shares in force, as the ranks report them (a job may start on its own shares).
+  if (static_cast<int>(b.rank_samples.size()) == o_.ranks) {
+    std::vector<int> seen(o_.ranks);
+    int sum = 0;
+    for (int r = 0; r < o_.ranks; ++r) sum += seen[r] = static_cast<int>(b.rank_samples[r]);
+    if (sum == o_.global_batch && *std::min_element(seen.begin(), seen.end()) >= 1 &&
+        !verifying_ && !staging) {
+      counts_ = seen;
+    }
+  }
+  std::vector<double> recent = steps_since(verifying_ ? verify_from_ : 0);
+  if (static_cast<int>(recent.size()) > o_.verify_steps) {
+    recent.erase(recent.begin(), recent.end() - o_.verify_steps);
+  }
+  const auto [now_ms, now_se] = centre(recent);
+  d.current_step_ms = now_ms;
+  d.counts = counts_;
+  if (staging) {
+    d.reason = "a switch is in flight";
+    return d;
+  }
+  if (verifying_) {
+    const std::vector<double> after = steps_since(verify_from_);
+    if (static_cast<int>(after.size()) < o_.verify_steps) {
+      d.reason = fmt("measuring the last switch: %.0f of %.0f steps", static_cast<double>(after.size()),
+                     static_cast<double>(o_.verify_steps));
+      return d;
+    }
+    verifying_ = false;
+    const double noise =
+        before_ms_ > 0 ? 3 * std::hypot(before_se_, now_se) / before_ms_ : o_.revert_margin;
+    const double bound = std::max(o_.revert_margin, noise);
+    if (before_ms_ > 0 && now_ms > before_ms_ * (1 + bound)) {
+      d.kind = DataParallelDecision::Kind::revert;
+      d.counts = previous_counts_;
+      d.reason = fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
+                     "(+%.0f%%, beyond the noise bound of %.0f%%)",
+                     now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
+      cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
+      since_switch_ = 0;
+      return d;
+    }
+    cooldown_ = o_.cooldown_intervals;
+    d.reason = fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms,
+                   before_ms_);
+    return d;
+  }
+  if (since_switch_ <= cooldown_) {
+    d.reason = fmt("cool-down: %.0f of %.0f decisions since the last switch",
+                   static_cast<double>(since_switch_), static_cast<double>(cooldown_));
+    return d;
+  }
+  std::vector<double> per_sample(o_.ranks, 0.0);
+  std::string missing;
+  for (int r = 0; r < o_.ranks; ++r) {
+    const double level = r < static_cast<int>(b.rank_compute_ms.size()) ? b.rank_compute_ms[r] : 0;
+    const bool lost = !b.conditions.gpu_failed.empty() && b.conditions.gpu_failed[r];
+    if (level <= 0 || lost) {
+      if (!missing.empty()) missing += ',';
+      missing += std::to_string(r);
+      continue;
+    }
+    per_sample[r] = b.compute_per_sample ? level : level / counts_[r];
+  }
+  if (!missing.empty()) {
+    d.reason = "no compute measurement yet from rank(s) " + missing;
+    return d;
+  }
+  const std::vector<int> target = balanced_counts(per_sample, o_.global_batch);
+  d.predicted_now_ms = predicted_step_ms(per_sample, counts_);
+  d.predicted_new_ms = predicted_step_ms(per_sample, target);
+  // The switch costs about one step (the boundary agreement and re-learning the levels),
+  // amortised over the decisions it will stand for at least.
+  const double amortise_steps = static_cast<double>(o_.verify_steps) * (cooldown_ + 1);
+  d.predicted_gain =
+      d.predicted_new_ms > 0
+          ? d.predicted_now_ms / (d.predicted_new_ms + d.predicted_now_ms / amortise_steps)
+          : 1.0;
+  const auto slowest = std::max_element(per_sample.begin(), per_sample.end());
+  const double median_ms = median(per_sample);
+  const std::string evidence =
+      fmt("rank %.0f computes %.3f ms per sample vs the median %.3f (%.2fx)",
+          static_cast<double>(slowest - per_sample.begin()), *slowest, median_ms,
+          median_ms > 0 ? *slowest / median_ms : 1.0);
+  if (target == counts_) {
+    d.reason = "shares already balanced; " + evidence;
+    return d;
+  }
+  if (d.predicted_gain < o_.min_gain) {
+    d.reason = fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) +
+               evidence;
+    return d;
+  }
+  d.kind = DataParallelDecision::Kind::rebalance;
+  d.counts = target;
+  d.reason = evidence + fmt("; predicted step %.1f -> %.1f ms of compute", d.predicted_now_ms,
+                            d.predicted_new_ms);
+  pending_before_ms_ = now_ms;
+  pending_before_se_ = now_se;
+  since_switch_ = 0;
+  return d;
+}
+
+void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t switch_at_step,
+                                    bool revert) {
+  if (!revert) {
+    previous_counts_ = counts_;
+    verifying_ = true;
+    verify_from_ = switch_at_step + static_cast<uint64_t>(o_.settle_steps);
+    before_ms_ = pending_before_ms_;
+    before_se_ = pending_before_se_;
+  } else {
+    verifying_ = false;
+    previous_counts_ = counts;
+  }
+  counts_ = counts;
+  since_switch_ = 0;
+}
+
+void DataParallelDecider::aborted() { since_switch_ = 0; }
+
+}  // namespace parapilot::agent::runtime

@@ -1,0 +1,90 @@
+// DataParallelDecider: decisions for a data-parallel job that the agent learned from the job
+// itself (the ranks' JobInfo announcements; no scenario file). The one knob is each rank's share
+// of the global batch, and every figure is in the job's own units, from its own telemetry:
+//
+// * A rank's step costs its measured compute per sample (Beliefs::rank_compute_ms: everything it
+//   does in a step except waiting in collectives, per sample) times its samples; the job's step
+//   is the slowest rank's. Balanced shares give each rank samples in proportion to its speed.
+// * A switch is proposed only when the predicted step-time ratio, after charging the switch's
+//   cost (one step at the current time, amortised over the cool-down), reaches `min_gain`.
+// * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
+//   from `settle_steps` after the switch) is compared with the interval before it. Worse beyond
+//   noise (max(revert_margin, 3 robust standard errors)) reverts to the previous shares, and the
+//   cool-down doubles (up to max_backoff_intervals); a switch that held resets it.
+//
+// Thread-safety: not thread-safe; the deploy agent calls it under its decision lock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/runtime/monitor.h"
+
+namespace parapilot::agent::runtime {
+
+struct DataParallelOptions {
+  int ranks = 0;         ///< world size (required, >= 1).
+  int global_batch = 0;  ///< samples per step (required, >= ranks).
+  double min_gain = 1.10;      ///< predicted step-time ratio a switch must reach.
+  int cooldown_intervals = 2;  ///< decisions to wait after a switch (doubles after a revert).
+  int max_backoff_intervals = 32;
+  int settle_steps = 3;         ///< steps after a switch not used to judge it.
+  int verify_steps = 10;        ///< steps measured after a switch before judging it.
+  double revert_margin = 0.05;  ///< smallest relative slowdown that reverts a switch.
+};
+
+/// Samples per rank in proportion to 1 / per_sample_ms (each >= 1, summing to global_batch,
+/// largest remainder). Ranks with no estimate (<= 0) get the mean speed of the others.
+std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms, int global_batch);
+/// The slowest rank's compute for these counts: max_r per_sample_ms[r] * counts[r].
+double predicted_step_ms(const std::vector<double>& per_sample_ms, const std::vector<int>& counts);
+/// Even split of global_batch (largest remainder, lower ranks first), as the clients do.
+std::vector<int> even_counts(int ranks, int global_batch);
+
+struct DataParallelDecision {
+  enum class Kind { keep, rebalance, revert };
+  Kind kind = Kind::keep;
+  std::vector<int> counts;  ///< target samples per rank (rebalance, revert).
+  std::string reason;       ///< why: the evidence, or why nothing is done.
+  double current_step_ms = 0;    ///< measured (median of the recent interval); 0: unknown.
+  double predicted_now_ms = 0;   ///< the model's step for the current counts.
+  double predicted_new_ms = 0;   ///< ... for the target counts.
+  double predicted_gain = 1;     ///< predicted_now / (predicted_new + amortised cost).
+};
+const char* to_string(DataParallelDecision::Kind kind);
+
+class DataParallelDecider {
+ public:
+  explicit DataParallelDecider(DataParallelOptions options);
+
+  /// One closed step's wall time (Beliefs::last_step_ms), in step order.
+  void observe_step(uint64_t step, double step_ms);
+  /// Decides at the end of a decision interval. `staging`: a switch is in flight.
+  DataParallelDecision decide(const Beliefs& beliefs, bool staging);
+  /// A switch to `counts` took effect at `switch_at_step`; `revert` when it undid the last one.
+  void committed(const std::vector<int>& counts, uint64_t switch_at_step, bool revert);
+  /// A switch was aborted (the cool-down still applies, so aborts cannot repeat every interval).
+  void aborted();
+
+  const std::vector<int>& counts() const { return counts_; }
+  int cooldown_intervals() const { return cooldown_; }
+
+ private:
+  std::vector<double> steps_since(uint64_t first) const;
+
+  DataParallelOptions o_;
+  std::vector<int> counts_;           // the shares in force
+  std::vector<int> previous_counts_;  // before the last switch (revert target)
+  std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
+  int cooldown_;
+  int since_switch_ = 1 << 20;        // decisions since the last switch was prepared
+  bool verifying_ = false;            // the last switch is being judged
+  uint64_t verify_from_ = 0;          // first step that counts for the judgement
+  double before_ms_ = 0, before_se_ = 0;  // the interval before the switch
+  double pending_before_ms_ = 0, pending_before_se_ = 0;
+};
+
+}  // namespace parapilot::agent::runtime
