@@ -111,8 +111,10 @@ struct DeployFlags {
   std::string listen = "127.0.0.1:7070";
   std::string secret_file;
   int metrics_port = -1;
-  std::string scenario = "mixed";
+  std::string scenario;  // empty: learn the job from its ranks
   int gpus = 64;
+  double min_gain = 1.10;
+  std::string log_format = "json";
   int interval_steps = 10;
   int cooldown = 2;
   uint32_t prepare_deadline_ms = 30000;
@@ -122,14 +124,119 @@ struct DeployFlags {
   int run_intervals = 0;
 };
 
+std::string shares_or(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
+}
+
+// One human-readable line for one JSON log record (--log-format text); "" to skip it.
+std::string text_line(const std::string& json) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (!j.is_object() || !j.contains("event")) return json;
+  const std::string event = j["event"].get<std::string>();
+  auto num = [&](const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; };
+  auto str = [&](const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  char head[96];
+  std::snprintf(head, sizeof head, "step %6.0f  ", num("step"));
+  if (event == "agent_started") {
+    return "deploy: listening on port " + std::to_string(j["port"].get<int>()) + "; policy " +
+           str("policy") + "; job " + str("job");
+  }
+  if (event == "job_learned") {
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "job: %.0f ranks, global batch %.0f, %s, %.0f layers, %.0f parameters; "
+                  "switchable: batch shares%s; shares %s",
+                  num("ranks"), num("global_batch"), str("framework").c_str(), num("layers"),
+                  num("params"), j["can_switch"].value("compression", false) ? ", compression" : "",
+                  str("shares").c_str());
+    return text;
+  }
+  if (event == "decision" && j.contains("reason")) {  // a learned job's decision
+    const std::string action = str("action");
+    char text[512];
+    if (action == "keep") {
+      char rate[64] = "no full steps yet";
+      if (num("step_ms") > 0) {
+        std::snprintf(rate, sizeof rate, "%.1f ms/step  %.0f samples/s", num("step_ms"),
+                      num("samples_per_s"));
+      }
+      std::snprintf(text, sizeof text, "%skeep       shares %s  %s  (%s)", head,
+                    shares_or(j, "shares").c_str(), rate, str("reason").c_str());
+    } else {
+      std::snprintf(text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head,
+                    action.c_str(), shares_or(j, "shares").c_str(),
+                    shares_or(j, "target_shares").c_str(), num("step_ms"),
+                    j.contains("predicted_gain")
+                        ? (", predicted gain " + std::to_string(num("predicted_gain")).substr(0, 4) + "x").c_str()
+                        : "",
+                    str("reason").c_str());
+    }
+    return text;
+  }
+  if (event == "decision") {  // a described job's decision
+    return head + std::string("decision ") +
+           (j.contains("choice") && j["choice"].is_string() ? j["choice"].get<std::string>()
+                                                             : std::string("keep")) +
+           (str("guardrail").empty() ? "" : " (guardrail: " + str("guardrail") + ")") +
+           (str("held_back").empty() ? "" : " (held back: " + str("held_back") + ")");
+  }
+  if (event == "migration") {
+    std::snprintf(head, sizeof head, "step %6.0f  ", num("switch_at_step"));
+    const bool committed = str("outcome") == "committed";
+    std::string what = j.contains("shares") ? "shares " + str("shares") : str("layout");
+    if (j.value("revert", false)) what += " (revert)";
+    return head + std::string(committed ? "committed  " : "ABORTED    ") + what +
+           (str("reason").empty() ? "" : "  (" + str("reason") + ")");
+  }
+  if (event == "job_mismatch" || event == "policy_fallback") return "WARNING: " + str("reason");
+  if (event == "rank_lost") return "rank " + std::to_string(j["rank"].get<int>()) + " lost: " + str("reason");
+  if (event == "agent_stopped") {
+    std::string text = "summary: " + std::to_string(j["decisions"].get<long>()) + " decisions, " +
+                       std::to_string(j["committed"].get<long>()) + " committed (" +
+                       std::to_string(j["reverted"].get<long>()) + " of them reverts), " +
+                       std::to_string(j["aborted"].get<long>()) + " aborted, " +
+                       std::to_string(j["held_back"].get<long>()) + " held back; " +
+                       std::to_string(j["stragglers_detected"].get<long>()) +
+                       " slow-rank events; telemetry " +
+                       std::to_string(j["telemetry_accepted"].get<long>()) + " accepted";
+    for (const auto& [reason, n] : j["telemetry_rejected"].items()) {
+      text += ", " + std::to_string(n.get<long>()) + " rejected (" + reason + ")";
+    }
+    char tail[96];
+    std::snprintf(tail, sizeof tail, "; deploy used %.2f s of CPU", num("cpu_s"));
+    return text + tail;
+  }
+  if (j.contains("rank") && j.contains("evidence")) {
+    const int rank = j["rank"].get<int>();
+    return head + event + (rank >= 0 ? " rank " + std::to_string(rank) : " node " +
+                           std::to_string(j.value("node", -1))) + ": " + str("evidence");
+  }
+  return json;
+}
+
 void run_deploy(const DeployFlags& f) {
   const auto [host, port] = parse_address("--listen", f.listen, false);
   if (f.metrics_port > 65535) throw InputError("--metrics-port: must be in 0..65535");
   if (f.interval_steps < 1) throw InputError("--interval-steps: must be >= 1");
   if (f.cooldown < 0) throw InputError("--cooldown: must be >= 0");
+  if (f.log_format != "json" && f.log_format != "text") {
+    throw InputError("--log-format \"" + f.log_format + "\": expected json or text");
+  }
+  if (!(f.min_gain >= 1)) throw InputError("--min-gain: must be >= 1");
   rt::AgentOptions o;
-  o.job = rt::make_job(f.scenario, f.gpus);
-  o.job->initial(f.initial_layout);  // validates the name
+  if (!f.scenario.empty()) {
+    o.job = rt::make_job(f.scenario, f.gpus);
+    o.job->initial(f.initial_layout);  // validates the name
+  } else {
+    // A learned job: per-step noise on a shared machine is large; flag only clear slowdowns.
+    o.monitor.slow_speed = 1 / 1.25;
+    o.monitor.recovered_speed = 1 / 1.1;
+    o.monitor.compute_alpha = 0.2;
+  }
+  o.data_parallel.min_gain = f.min_gain;
+  o.data_parallel.cooldown_intervals = f.cooldown;
   // No --policy: the shipped default policy; "reactive": the reactive baseline on purpose.
   o.policy_path = f.policy == "reactive" ? std::string() : f.policy;
 #ifdef PARAPILOT_DEPLOY_HAVE_RL
@@ -149,7 +256,9 @@ void run_deploy(const DeployFlags& f) {
   o.migration.commit_margin_steps = f.commit_margin_steps;
   o.migration.commit_lead_ms = f.commit_lead_ms;
   auto out_mutex = std::make_shared<std::mutex>();
-  o.log = [out_mutex](const std::string& line) {
+  const bool text = f.log_format == "text";
+  o.log = [out_mutex, text](const std::string& json) {
+    const std::string line = text ? text_line(json) : json;
     std::lock_guard lock(*out_mutex);
     std::fputs(line.c_str(), stdout);
     std::fputc('\n', stdout);
@@ -171,6 +280,10 @@ void run_deploy(const DeployFlags& f) {
   agent.stop();
   const rt::AgentStats s = agent.stats();
   const rt::ProcessUsage usage = rt::process_usage();
+  const rt::Monitor* mon = agent.monitor();
+  const rt::MonitorCounters mc = mon ? mon->counters() : rt::MonitorCounters{};
+  nlohmann::json rejected = nlohmann::json::object();
+  for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   auto q = [](std::vector<double> v, double p) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
@@ -179,9 +292,13 @@ void run_deploy(const DeployFlags& f) {
   };
   nlohmann::json j = {{"event", "agent_stopped"},
                       {"decisions", s.decisions},
-                      {"switches", s.switches_decided},
+                      {"prepared", s.switches_decided},
                       {"committed", s.migrations_committed},
+                      {"reverted", s.reverts_committed},
                       {"aborted", s.migrations_aborted},
+                      {"held_back", s.held_back},
+                      {"telemetry_accepted", mc.accepted},
+                      {"telemetry_rejected", rejected},
                       {"stragglers_detected", s.stragglers_detected},
                       {"decision_latency_ms_p50", q(s.decision_latency_ms, 0.5)},
                       {"decision_latency_ms_p99", q(s.decision_latency_ms, 0.99)},
@@ -294,9 +411,16 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--metrics-port", d->metrics_port,
                   "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)");
   cmd->add_option("--scenario", d->scenario,
-                  "the job: a scenario family or .toml (model, cluster, search space)")
+                  "the job: a scenario family or .toml (model, cluster, search space); default: "
+                  "learn a data-parallel job from its ranks' announcements and rebalance its batch "
+                  "shares from its own telemetry");
+  cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a --scenario family name")
       ->capture_default_str();
-  cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a family name")
+  cmd->add_option("--min-gain", d->min_gain,
+                  "a learned job: the predicted step-time ratio a switch must reach")
+      ->capture_default_str();
+  cmd->add_option("--log-format", d->log_format,
+                  "json (one object per line) or text (human-readable)")
       ->capture_default_str();
   cmd->add_option("--interval-steps", d->interval_steps, "training steps per decision")
       ->capture_default_str();

@@ -105,7 +105,7 @@ DataParallelDecider::DataParallelDecider(DataParallelOptions options)
   if (o_.global_batch < o_.ranks) {
     throw std::invalid_argument("DataParallelOptions: global_batch must be >= ranks");
   }
-  if (o_.verify_steps < 1 || o_.settle_steps < 0 || o_.min_gain < 1) {
+  if (o_.verify_steps < 1 || o_.settle_steps < 0 || o_.min_gain < 1 || o_.equal_band < 0) {
     throw std::invalid_argument("DataParallelOptions: verify_steps >= 1, settle_steps >= 0, "
                                 "min_gain >= 1");
   }
@@ -198,6 +198,15 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
     d.reason = "no compute measurement yet from rank(s) " + missing;
     return d;
   }
+  const double median_ms = median(per_sample);
+  const auto slowest = std::max_element(per_sample.begin(), per_sample.end());
+  const std::string evidence =
+      fmt("rank %.0f computes %.3f ms per sample vs the median %.3f (%.2fx)",
+          static_cast<double>(slowest - per_sample.begin()), *slowest, median_ms,
+          median_ms > 0 ? *slowest / median_ms : 1.0);
+  for (double& c : per_sample) {
+    if (c < median_ms * (1 + o_.equal_band) && c * (1 + o_.equal_band) > median_ms) c = median_ms;
+  }
   const std::vector<int> target = balanced_counts(per_sample, o_.global_batch);
   d.predicted_now_ms = predicted_step_ms(per_sample, counts_);
   d.predicted_new_ms = predicted_step_ms(per_sample, target);
@@ -208,12 +217,6 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
       d.predicted_new_ms > 0
           ? d.predicted_now_ms / (d.predicted_new_ms + d.predicted_now_ms / amortise_steps)
           : 1.0;
-  const auto slowest = std::max_element(per_sample.begin(), per_sample.end());
-  const double median_ms = median(per_sample);
-  const std::string evidence =
-      fmt("rank %.0f computes %.3f ms per sample vs the median %.3f (%.2fx)",
-          static_cast<double>(slowest - per_sample.begin()), *slowest, median_ms,
-          median_ms > 0 ? *slowest / median_ms : 1.0);
   if (target == counts_) {
     d.reason = "shares already balanced; " + evidence;
     return d;

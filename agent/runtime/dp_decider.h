@@ -5,6 +5,7 @@
 // * A rank's step costs its measured compute per sample (Beliefs::rank_compute_ms: everything it
 //   does in a step except waiting in collectives, per sample) times its samples; the job's step
 //   is the slowest rank's. Balanced shares give each rank samples in proportion to its speed.
+//   Ranks within `equal_band` of the median rank count as equal to it.
 // * A switch is proposed only when the predicted step-time ratio, after charging the switch's
 //   cost (one step at the current time, amortised over the cool-down), reaches `min_gain`.
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
@@ -34,6 +35,10 @@ struct DataParallelOptions {
   int settle_steps = 3;         ///< steps after a switch not used to judge it.
   int verify_steps = 10;        ///< steps measured after a switch before judging it.
   double revert_margin = 0.05;  ///< smallest relative slowdown that reverts a switch.
+  /// Ranks whose compute per sample is within this relative distance of the median count as
+  /// equal to it: step-to-step noise on a shared machine must not move work between healthy
+  /// ranks.
+  double equal_band = 0.2;
 };
 
 /// Samples per rank in proportion to 1 / per_sample_ms (each >= 1, summing to global_batch,

@@ -97,7 +97,7 @@ def load_secret(secret_file: Optional[str] = None, secret_env: str = "PARAPILOT_
         if path:
             return load_secret_from_file(path)
         if os.environ.get(secret_env) is None:
-            raise SecretError(f"no bus secret: neither {file_env} nor {secret_env} is set")
+            raise SecretError(f"neither {file_env} nor {secret_env} is set")
         return load_secret_from_env(secret_env)
     except SecretError as e:
         raise SecretError(f"{e}; {secret_help(secret_env, file_env)}") from None

@@ -1,0 +1,177 @@
+"""A PyTorch job brought as a new user brings it: tests/python/tutorial_ddp.py (the DDP tutorial's
+shape with the documented lines added), 4 CPU Gloo ranks, beside `parapilot deploy` given only
+--listen and --secret-file (no scenario, the shipped defaults).
+
+Each case runs the same job twice in the same test, without and with the agent, and compares the
+second halves' median step times (runs made side by side, so machine load affects both):
+  (a) healthy: at most 2 commits, and no slower than without the agent beyond noise;
+  (b)-(d) one rank 3x slower inside its forward, in its data loading (before the forward), or in
+      its optimizer step: the slow rank ends with a smaller share and the second half is at least
+      10% faster than without the agent.
+Figures go to stderr (and to $PARAPILOT_JOB_RESULTS as JSON lines when set).
+"""
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import harness
+from test_deploy import HAVE_TORCH, parapilot_binary
+
+SCRIPT = os.path.join(harness.HERE, "tutorial_ddp.py")
+RANKS = 4
+STEPS = 200
+GLOBAL_BATCH = 256
+SLOW_RANK = 1
+NOISE = 0.10  # run-to-run noise allowed between two healthy runs on a shared 2-core machine
+
+
+class Deploy:
+    """`parapilot deploy --listen ADDR --secret-file F`, its JSON lines collected."""
+
+    def __init__(self, exe, port, secret_path):
+        self.proc = subprocess.Popen(
+            [exe, "deploy", "--listen", f"127.0.0.1:{port}", "--secret-file", secret_path],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.started = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.started.wait(20):
+            self.stop()
+            raise AssertionError("deploy did not start: " + self.proc.stderr.read())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            self.lines.append(e)
+            if e.get("event") == "agent_started":
+                self.started.set()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(timeout=5)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def events(self, name):
+        return [e for e in self.lines if e.get("event") == name]
+
+
+@unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
+class PyTorchJobTest(unittest.TestCase):
+    def setUp(self):
+        self.exe = parapilot_binary()
+        if self.exe is None:
+            self.skipTest("parapilot (with the deploy command) is not built")
+        self.secret = harness.SecretFile()
+        self.addCleanup(self.secret.close)
+        self.tmp = tempfile.mkdtemp(prefix="parapilot-job-")
+
+    def run_job(self, with_agent, slow_where=None):
+        out = os.path.join(self.tmp, f"job-{with_agent}-{slow_where}.json")
+        env = dict(os.environ, PYTHONPATH=os.path.join(harness.ROOT, "python"),
+                   OMP_NUM_THREADS="1", PARAPILOT_SECRET_FILE=self.secret.path)
+        deploy = None
+        if with_agent:
+            port = harness.free_port()
+            deploy = Deploy(self.exe, port, self.secret.path)
+            env["PARAPILOT_AGENT"] = f"127.0.0.1:{port}"
+        else:
+            env["PARAPILOT_AGENT"] = ""
+        cmd = [sys.executable, "-m", "parapilot.launch", "--nproc", str(RANKS), "--timeout",
+               "300", SCRIPT, "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
+               "--out", out]
+        if slow_where:
+            cmd += ["--slow-rank", str(SLOW_RANK), "--slow-where", slow_where]
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
+        finally:
+            if deploy is not None:
+                deploy.stop()
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        with open(out) as f:
+            result = json.load(f)
+        result["log"] = r.stderr
+        result["deploy"] = deploy
+        steps = result["step_ms"]
+        result["second_half_ms"] = statistics.median(steps[len(steps) // 2:])
+        return result
+
+    def report(self, case, without, with_agent):
+        d = with_agent["deploy"]
+        summary = d.events("agent_stopped")[-1]
+        figures = {"case": case, "without_ms": round(without["second_half_ms"], 2),
+                   "with_ms": round(with_agent["second_half_ms"], 2),
+                   "ratio": round(with_agent["second_half_ms"] / without["second_half_ms"], 3),
+                   "final_counts": with_agent["final_counts"],
+                   "committed": summary["committed"], "reverted": summary["reverted"],
+                   "aborted": summary["aborted"], "deploy_cpu_s": summary["cpu_s"],
+                   "telemetry_rejected": summary["telemetry_rejected"]}
+        print(json.dumps(figures), file=sys.stderr)
+        path = os.environ.get("PARAPILOT_JOB_RESULTS")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(figures) + "\n")
+        return summary
+
+    def check_common(self, with_agent, summary):
+        d = with_agent["deploy"]
+        learned = d.events("job_learned")
+        self.assertEqual(len(learned), 1, "deploy should learn the job once from its ranks")
+        self.assertEqual(learned[0]["ranks"], RANKS)
+        self.assertEqual(learned[0]["global_batch"], GLOBAL_BATCH)
+        self.assertEqual(d.events("job_mismatch"), [])
+        self.assertEqual(summary["aborted"], 0, "a plan this job cannot run was sent")
+        self.assertEqual(summary["telemetry_rejected"], {}, "valid telemetry was rejected")
+        self.assertIn("connected to the agent", with_agent["log"])
+
+    def slowed_case(self, where):
+        without = self.run_job(False, where)
+        with_agent = self.run_job(True, where)
+        summary = self.report(where, without, with_agent)
+        self.check_common(with_agent, summary)
+        counts = with_agent["final_counts"]
+        self.assertLess(counts[SLOW_RANK], GLOBAL_BATCH // RANKS, counts)
+        self.assertEqual(counts[SLOW_RANK], min(counts), counts)
+        self.assertLessEqual(with_agent["second_half_ms"], 0.9 * without["second_half_ms"],
+                             f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
+                             f"{without['second_half_ms']:.1f} ms without")
+
+    def test_a_healthy(self):
+        without = self.run_job(False)
+        with_agent = self.run_job(True)
+        summary = self.report("healthy", without, with_agent)
+        self.check_common(with_agent, summary)
+        self.assertLessEqual(summary["committed"], 2)
+        self.assertLessEqual(with_agent["second_half_ms"], (1 + NOISE) * without["second_half_ms"],
+                             f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
+                             f"{without['second_half_ms']:.1f} ms without")
+
+    def test_b_slow_forward(self):
+        self.slowed_case("forward")
+
+    def test_c_slow_data_loading(self):
+        self.slowed_case("data")
+
+    def test_d_slow_optimizer(self):
+        self.slowed_case("optimizer")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,152 @@
+"""A DDP training script shaped like PyTorch's multi-GPU tutorial (a Trainer class around a
+DistributedDataParallel model), with parapilot added as docs/pytorch.md says: the lines marked
+`# parapilot`. Launch with `python3 -m parapilot.launch --nproc N tests/python/tutorial_ddp.py`.
+
+Test knobs (not part of the recipe): --slow-rank R slows one rank by --slow-factor, with the extra
+time placed in its data loading (`data`), inside its forward (`forward`) or in its optimizer step
+(`optimizer`). The extra time is (factor - 1) x the rank's own forward + backward time for its
+samples, calibrated before training, so the rank behaves as a device that is `factor` times
+slower. --out writes rank 0's per-step wall times and the session's summary as JSON.
+"""
+
+import argparse
+import json
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+import parapilot.pytorch  # parapilot
+
+
+class Slowdown:
+    """Makes one rank `factor` times slower at one place in its step."""
+
+    def __init__(self, where: str, factor: float, per_sample_s: float):
+        self.where = where
+        self.extra_per_sample_s = (factor - 1) * per_sample_s
+
+    def at(self, where: str, samples: int) -> None:
+        if where == self.where:
+            time.sleep(self.extra_per_sample_s * samples)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, slowdown=None):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+            torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+        self.slowdown = slowdown
+
+    def forward(self, x):
+        if self.slowdown is not None:
+            self.slowdown.at("forward", x.shape[0])
+        return self.net(x)
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, session, slowdown, gpu_id=0):
+        self.gpu_id = gpu_id
+        self.model = model
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.session = session  # parapilot
+        self.slowdown = slowdown
+        self.step_ms = []
+
+    def _run_batch(self, source, targets):
+        if self.slowdown is not None:
+            self.slowdown.at("data", source.shape[0])
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = F.cross_entropy(output, targets)
+        loss.backward()
+        self.optimizer.step()
+
+    def _run_epoch(self, epoch, max_steps):
+        self.train_data.batch_sampler.set_epoch(epoch)  # parapilot
+        for source, targets in self.train_data:
+            t0 = time.perf_counter()
+            with self.session.step():  # parapilot
+                self._run_batch(source, targets)
+            self.step_ms.append((time.perf_counter() - t0) * 1e3)
+            if self.session.should_stop or len(self.step_ms) >= max_steps:  # parapilot
+                return False
+        return True
+
+    def train(self, max_steps):
+        epoch = 0
+        while self._run_epoch(epoch, max_steps):
+            epoch += 1
+
+
+def calibrate(model, batch: int) -> float:
+    """Seconds of forward + backward per sample on this rank (median of a few timed runs)."""
+    x = torch.randn(batch, 128)
+    y = torch.randint(0, 16, (batch,))
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        F.cross_entropy(model(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    model.zero_grad()
+    return sorted(times)[len(times) // 2] / batch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--global-batch", type=int, default=256)
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-where", choices=["data", "forward", "optimizer"], default="forward")
+    ap.add_argument("--slow-factor", type=float, default=3.0)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # parapilot
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = Model()
+    slowdown = None
+    if rank == args.slow_rank:
+        per_sample = calibrate(model, args.global_batch // world)
+        slowdown = Slowdown(args.slow_where, args.slow_factor, per_sample)
+        model.slowdown = slowdown
+    dataset = TensorDataset(torch.randn(args.global_batch * 64, 128),
+                            torch.randint(0, 16, (args.global_batch * 64,)))
+    ddp_model = DDP(model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    if slowdown is not None and slowdown.where == "optimizer":
+        inner = optimizer.step
+
+        def slow_step(*a, **kw):
+            slowdown.at("optimizer", session.local_batch)
+            return inner(*a, **kw)
+        optimizer.step = slow_step
+    session = parapilot.pytorch.Session(ddp_model, optimizer,  # parapilot
+                                        global_batch=args.global_batch)
+    train_data = DataLoader(dataset, batch_sampler=session.batch_sampler(dataset))  # parapilot
+    trainer = Trainer(ddp_model, train_data, optimizer, session,
+                      slowdown if args.slow_where == "data" else None)
+    trainer.train(args.steps)
+    shares = session.local_counts()
+    applied = list(session.applied_plans)
+    session.close()  # parapilot
+    if rank == 0 and args.out:
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({"step_ms": trainer.step_ms, "final_counts": shares,
+                       "applied_plans": applied, "world": world}, f)
+        os.replace(args.out + ".tmp", args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
