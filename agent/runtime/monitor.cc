@@ -84,6 +84,8 @@ struct RankStats {
   long samples = 0;
   double speed = 1;  // last believed; kept across layout changes until re-estimated
   bool slow = false;
+  bool reported = false;  // any sample accepted; newest: the largest step reported
+  uint64_t newest = 0;
   Liveness liveness = Liveness::unknown;
 };
 
@@ -163,7 +165,29 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
     std::string reason = check_telemetry(t, s.o);
     if (reason.empty() && s.any_seen && t.step > s.newest + s.o.max_step_jump)
       reason = "absurd_step";
-    if (reason.empty() && s.any_closed && t.step <= s.last_closed) reason = "late";
+    // Ranks report their steps in order: one already reported is a duplicate.
+    if (reason.empty() && s.ranks[t.rank].reported && t.step <= s.ranks[t.rank].newest) {
+      reason = "duplicate";
+    }
+    if (reason.empty() && s.any_closed && t.step <= s.last_closed) {
+      // Its step already closed without it: the rank's own levels still learn from it, the
+      // cross-rank comparisons of that step cannot.
+      ++s.counters.accepted;
+      ++s.counters.late;
+      RankStats& r = s.ranks[t.rank];
+      r.reported = true;
+      r.newest = t.step;
+      double work = -1;
+      for (const auto& [name, c] : t.collectives) {
+        if (name == "info/samples") work = static_cast<double>(c.bytes);
+      }
+      if (work > 0) {
+        if (!r.compute.add(t.compute_ms / work)) ++s.counters.outliers;
+      } else if (work < 0 && !r.compute.add(t.compute_ms)) {
+        ++s.counters.outliers;
+      }
+      return "";
+    }
     StepAgg* agg = nullptr;
     if (reason.empty()) {
       agg = &s.pending[t.step];
@@ -176,6 +200,8 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
       return reason;
     }
     ++s.counters.accepted;
+    s.ranks[t.rank].reported = true;
+    s.ranks[t.rank].newest = std::max(s.ranks[t.rank].newest, t.step);
     Sample x;
     x.rank = static_cast<int>(t.rank);
     x.start_ns = t.step_start_ns;

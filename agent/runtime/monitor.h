@@ -95,6 +95,7 @@ struct MonitorCounters {
   uint64_t accepted = 0;
   uint64_t rejected = 0;
   std::map<std::string, uint64_t> rejected_by_reason;  ///< e.g. "nan", "negative", "absurd".
+  uint64_t late = 0;  ///< accepted after their step closed (used for the rank's own levels).
   uint64_t steps_closed = 0;
   uint64_t outliers = 0;  ///< samples the robust estimators did not average in.
   uint64_t slow_rank_events = 0;
@@ -109,7 +110,8 @@ class Monitor {
   Monitor& operator=(const Monitor&) = delete;
 
   /// Takes one sample. Returns "" when accepted, otherwise the rejection reason (NaN, negative
-  /// or absurd values, unknown rank, duplicate, late); rejected samples are counted, never used.
+  /// or absurd values, unknown rank, duplicate); rejected samples are counted, never used. A
+  /// sample whose step already closed is accepted for its rank's own levels (counted as late).
   std::string ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
 
   /// Liveness from the bus: a rank that connected (live) or went away (lost: believed failed).

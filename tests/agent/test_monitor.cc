@@ -157,7 +157,7 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   CHECK(with([](auto& t) { t.layers[0].norm = -1; }) == "negative");
   CHECK(with([](auto& t) { t.rank = 99; }) == "unknown_rank");
   CHECK(with([](auto& t) { t.step = 1ull << 40; }) == "absurd_step");
-  CHECK(with([](auto& t) { t.step = 2; }) == "late");
+  CHECK(with([](auto& t) { t.step = 2; }) == "duplicate");  // rank 2 reported step 2 already
   CHECK(m.ingest(bad) == "");
   CHECK(m.ingest(bad) == "duplicate");
   const MonitorCounters c = m.counters();
@@ -167,6 +167,27 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   CHECK(c.rejected_by_reason.at("negative") == 3);
   CHECK(m.beliefs().slow_ranks.empty());
   CHECK(m.beliefs().conditions.gpu_speed[2] == doctest::Approx(1.0));
+}
+
+TEST_CASE("a sample that arrives after its step closed is used for its rank, not rejected") {
+  Monitor m(options(4));
+  std::vector<double> transfer(4, 10.0);
+  std::vector<transport::Telemetry> held;
+  for (uint64_t s = 0; s < 12; ++s) {
+    for (auto& t : sync_step(s, std::vector<double>(4, 50.0), transfer)) {
+      if (t.rank == 3 && s >= 2) {
+        held.push_back(t);  // rank 3's telemetry is delayed
+      } else {
+        CHECK(m.ingest(t) == "");
+      }
+    }
+  }
+  REQUIRE(m.counters().steps_closed >= 2);  // steps 2.. closed without rank 3 (lag)
+  for (const auto& t : held) CHECK(m.ingest(t) == "");
+  const MonitorCounters c = m.counters();
+  CHECK(c.rejected == 0);
+  CHECK(c.late >= 1);
+  CHECK(m.ingest(held.front()) == "duplicate");
 }
 
 TEST_CASE("a step closes when every live rank reported, or late with the missing counted") {
