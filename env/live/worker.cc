@@ -394,7 +394,18 @@ int run_worker(const WorkerOptions& o) {
                          " does not divide the global batch " + std::to_string(o.global_batch));
       return a;
     };
-    bus = std::make_unique<WorkerBus>(o.agent, o.secret_file, o.rank, read_plan);
+    transport::JobInfo job;
+    job.rank = static_cast<std::uint32_t>(o.rank);
+    job.world_size = static_cast<std::uint32_t>(o.world_size);
+    job.global_batch = static_cast<std::uint32_t>(o.global_batch);
+    job.capabilities =
+        transport::kCapDpShares | transport::kCapCompression | transport::kCapMicroBatches;
+    job.framework = "parapilot-worker";
+    for (const at::Tensor& p : params) {
+      const auto n = static_cast<std::uint64_t>(p.numel());
+      job.layers.push_back({n, n * static_cast<std::uint64_t>(p.element_size())});
+    }
+    bus = std::make_unique<WorkerBus>(o.agent, o.secret_file, o.rank, read_plan, std::move(job));
     bus->wait_connected(10000);
   }
 
@@ -580,8 +591,13 @@ int run_worker(const WorkerOptions& o) {
         t.step = step;
         t.step_start_ns = step_start_ns;
         t.step_end_ns = step_end_ns;
-        t.compute_ms = compute_ms;
+        // Everything this rank did in the step except waiting in its collectives: a slowdown
+        // anywhere in the step (batch building, the optimizer) counts, a wait for a peer not.
+        const double wall_ms = static_cast<double>(step_end_ns - step_start_ns) / 1e6;
+        const double wait_ms = sync.all_reduce_ms + sync.all_gather_ms + loss_ms;
+        t.compute_ms = std::clamp(wall_ms - wait_ms, compute_ms, std::max(compute_ms, wall_ms));
         t.queue_depth = sync.buckets;
+        t.collectives["wait/dp"] = {sync.all_reduce_ms + sync.all_gather_ms, 0, 1};
         t.collectives["all_reduce/dp"] = {sync.all_reduce_ms, sync.all_reduce_bytes,
                                           sync.all_reduce_calls};
         if (sync.all_gather_calls)

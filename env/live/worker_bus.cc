@@ -24,8 +24,8 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& agent) {
 }  // namespace
 
 WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-                     PlanReader read_plan)
-    : rank_(rank), read_plan_(std::move(read_plan)) {
+                     PlanReader read_plan, transport::JobInfo job)
+    : rank_(rank), read_plan_(std::move(read_plan)), job_(std::move(job)) {
   auto [host, port] = split_address(agent);
   if (secret_file.empty()) throw InputError("--agent needs --secret-file (the bus shared secret)");
   auto secret = transport::load_secret_from_file(secret_file);
@@ -40,9 +40,17 @@ WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, i
   o.logger = transport::stderr_logger(transport::LogLevel::error);
   transport::ClientHandlers h;
   h.on_message = [this](transport::Message&& m) { on_message(std::move(m)); };
+  h.on_connect = [this](transport::PeerId) {
+    announce_pending_ = true;
+    if (transport::Client* c = live_client_.load(); c && announce_pending_.exchange(false)) {
+      c->send(job_);
+    }
+  };
   auto client = transport::make_tcp_client(std::move(o), std::move(h));
   if (!client) throw InputError("--agent: " + client.error());
   client_ = std::move(*client);
+  live_client_.store(client_.get());
+  if (announce_pending_.exchange(false)) client_->send(job_);
 }
 
 WorkerBus::~WorkerBus() {

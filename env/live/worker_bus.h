@@ -11,6 +11,8 @@
 // Thread-safety: all members may be called from any thread.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,9 +33,10 @@ class WorkerBus {
   /// `read_plan` turns a PlanPrepare into the action this job will apply (action_from_plan plus
   /// the job's own checks) and throws, saying why, when the job cannot run it; such a plan is
   /// answered PlanReady{ok = false, detail = reason}.
+  /// `job` is announced to the agent first on every (re)connection.
   using PlanReader = std::function<LiveAction(const transport::PlanPrepare&)>;
   WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-            PlanReader read_plan);
+            PlanReader read_plan, transport::JobInfo job);
   ~WorkerBus();
   WorkerBus(const WorkerBus&) = delete;
   WorkerBus& operator=(const WorkerBus&) = delete;
@@ -63,6 +66,10 @@ class WorkerBus {
 
   int rank_;
   PlanReader read_plan_;
+  transport::JobInfo job_;
+  // The announcement goes out from on_connect, which may run before client_ is assigned.
+  std::atomic<transport::Client*> live_client_{nullptr};
+  std::atomic<bool> announce_pending_{false};
   mutable std::mutex mu_;
   std::map<std::uint64_t, Plan> plans_;
   bool stop_ = false;

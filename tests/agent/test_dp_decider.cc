@@ -1,0 +1,235 @@
+// The data-parallel decider of a learned job (balanced shares from measured compute, the gain
+// threshold, the revert guardrail), and deploy learning a job from its ranks' JobInfo.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "agent/runtime/agent.h"
+#include "agent/runtime/dp_decider.h"
+#include "agent/runtime/robust_stats.h"
+
+using namespace parapilot;
+using namespace parapilot::agent::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+Beliefs measured(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
+  Beliefs b;
+  b.rank_compute_ms = per_sample_ms;
+  b.compute_per_sample = true;
+  b.rank_samples.assign(counts.begin(), counts.end());
+  return b;
+}
+
+DataParallelOptions options4() {
+  DataParallelOptions o;
+  o.ranks = 4;
+  o.global_batch = 256;
+  o.cooldown_intervals = 1;
+  o.verify_steps = 10;
+  o.settle_steps = 2;
+  return o;
+}
+
+// Feeds `n` closed steps of `ms` (with multiplicative noise of +-`noise`) from `first`.
+uint64_t feed(DataParallelDecider& d, uint64_t first, int n, double ms, double noise,
+              std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-noise, noise);
+  for (int i = 0; i < n; ++i) d.observe_step(first + static_cast<uint64_t>(i), ms * (1 + u(rng)));
+  return first + static_cast<uint64_t>(n);
+}
+
+}  // namespace
+
+TEST_CASE("balanced counts follow speed, sum to the batch and give every rank a sample") {
+  const std::vector<int> c = balanced_counts({1.0, 1.0, 1.0, 3.0}, 256);
+  CHECK(std::accumulate(c.begin(), c.end(), 0) == 256);
+  CHECK(c[3] == 25);  // 256 x (1/3) / (3 + 1/3) = 25.6, the largest remainders go to the others
+  CHECK(c[0] == 77);
+  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, c) == doctest::Approx(77));
+  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, even_counts(4, 256)) == doctest::Approx(192));
+  const std::vector<int> tiny = balanced_counts({1.0, 1000.0}, 4);
+  CHECK(tiny == std::vector<int>{3, 1});
+  CHECK(even_counts(3, 10) == std::vector<int>{4, 3, 3});
+}
+
+TEST_CASE("noise on healthy ranks moves nothing") {
+  // Per-step compute noise of +-20% on every rank, through the monitor's estimator as deploy
+  // configures it for a learned job (RobustEwma, alpha 0.2).
+  DataParallelDecider d(options4());
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-0.2, 0.2);
+  RobustEwma::Options eo;
+  eo.alpha = 0.2;
+  std::vector<RobustEwma> level(4, RobustEwma(eo));
+  uint64_t step = 0;
+  for (int interval = 0; interval < 300; ++interval) {
+    for (int s = 0; s < 10; ++s) {
+      for (RobustEwma& l : level) l.add(1.0 + u(rng));
+    }
+    step = feed(d, step, 10, 100, 0.2, rng);
+    std::vector<double> levels;
+    for (const RobustEwma& l : level) levels.push_back(l.value());
+    const DataParallelDecision x = d.decide(measured(levels, d.counts()), false);
+    INFO(x.reason);
+    REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  }
+  CHECK(d.counts() == even_counts(4, 256));
+}
+
+TEST_CASE("a slow rank gets a smaller share when the predicted gain clears the threshold") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(1);
+  uint64_t step = feed(d, 0, 10, 190, 0.05, rng);
+  DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  CHECK(x.counts[1] == *std::min_element(x.counts.begin(), x.counts.end()));
+  CHECK(x.predicted_gain > 2.0);
+  CHECK(x.current_step_ms == doctest::Approx(190).epsilon(0.06));
+  // In flight: nothing else is proposed.
+  CHECK(d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), true).kind ==
+        DataParallelDecision::Kind::keep);
+  d.committed(x.counts, step + 1, false);
+  // A slowdown of 1.15x is inside the equal band: after the switch, nothing more to do.
+  step = feed(d, step + 1, 14, 80, 0.05, rng);
+  x = d.decide(measured({1.0, 3.0, 1.0, 1.15}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  for (int i = 0; i < 5; ++i) {
+    step = feed(d, step, 10, 80, 0.05, rng);
+    x = d.decide(measured({1.0, 3.0, 1.0, 1.15}, d.counts()), false);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+  }
+}
+
+TEST_CASE("a switch measured slower beyond noise is reverted, and the cool-down doubles") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(3);
+  uint64_t step = feed(d, 0, 10, 100, 0.02, rng);
+  const std::vector<int> before = d.counts();
+  DataParallelDecision x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, before), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false);
+  // The model was wrong: steps got 30% slower.
+  step = feed(d, step, 2, 500, 0, rng);  // settle steps are not judged
+  step = feed(d, step, 10, 130, 0.02, rng);
+  x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::revert);
+  CHECK(x.counts == before);
+  CHECK(d.cooldown_intervals() == 2);
+  d.committed(x.counts, step, true);
+  CHECK(d.counts() == before);
+  // During the longer cool-down nothing is proposed.
+  for (int i = 0; i < 2; ++i) {
+    step = feed(d, step, 10, 100, 0.02, rng);
+    CHECK(d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false).kind ==
+          DataParallelDecision::Kind::keep);
+  }
+}
+
+TEST_CASE("a switch within the noise of its before-measurement is kept") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(5);
+  uint64_t step = feed(d, 0, 10, 100, 0.2, rng);
+  DataParallelDecision x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false);
+  step = feed(d, step, 2, 100, 0, rng);
+  feed(d, step, 10, 104, 0.2, rng);  // +4%, inside the revert margin and the noise
+  x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+}
+
+TEST_CASE("a rank with no measurement blocks any switch") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(9);
+  feed(d, 0, 10, 100, 0.02, rng);
+  const DataParallelDecision x = d.decide(measured({1.0, 3.0, 0.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("rank(s) 2") != std::string::npos);
+}
+
+namespace {
+
+struct Rank {
+  std::unique_ptr<transport::Client> client;
+  std::mutex mutex;
+  std::vector<transport::Message> received;
+};
+
+std::unique_ptr<Rank> connect_rank(uint16_t port, uint32_t rank) {
+  auto r = std::make_unique<Rank>();
+  transport::ClientOptions o;
+  o.server_address = "127.0.0.1";
+  o.port = port;
+  o.secret = transport::Secret("dp-decider-test-secret-0123456789");
+  o.name = "worker-" + std::to_string(rank);
+  o.rank = rank;
+  transport::ClientHandlers h;
+  Rank* raw = r.get();
+  h.on_message = [raw](transport::Message&& m) {
+    std::lock_guard lock(raw->mutex);
+    raw->received.push_back(std::move(m));
+  };
+  auto c = transport::make_tcp_client(std::move(o), std::move(h));
+  REQUIRE(c);
+  r->client = std::move(*c);
+  return r;
+}
+
+template <class F>
+bool eventually(F f) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("deploy learns a job from JobInfo, and tells a rank of another job why no plan comes") {
+  AgentOptions o;
+  o.secret = transport::Secret("dp-decider-test-secret-0123456789");
+  std::mutex log_mutex;
+  std::vector<std::string> log;
+  o.log = [&](const std::string& line) {
+    std::lock_guard lock(log_mutex);
+    log.push_back(line);
+  };
+  DeployAgent agent(o);
+  CHECK(agent.monitor() == nullptr);  // nothing known before the first announcement
+  auto r0 = connect_rank(agent.port(), 0);
+  auto r1 = connect_rank(agent.port(), 1);
+  REQUIRE(eventually([&] { return agent.stats().connected_ranks == 2; }));
+  transport::JobInfo info{0, 2, 64, transport::kCapDpShares, "test", {{10, 40}}};
+  r0->client->send(info);
+  REQUIRE(eventually([&] { return agent.monitor() != nullptr; }));
+  info.rank = 1;
+  info.world_size = 4;  // rank 1 believes in another job
+  r1->client->send(info);
+  REQUIRE(eventually([&] {
+    std::lock_guard lock(r1->mutex);
+    return !r1->received.empty();
+  }));
+  std::lock_guard lock(r1->mutex);
+  const auto* notice = std::get_if<transport::PlanAbort>(&r1->received.front());
+  REQUIRE(notice != nullptr);
+  CHECK(notice->plan_id == 0);
+  CHECK(notice->reason.find("no plans will be sent") != std::string::npos);
+  std::lock_guard log_lock(log_mutex);
+  bool learned = false, mismatch = false;
+  for (const std::string& l : log) {
+    learned = learned || l.find("\"job_learned\"") != std::string::npos;
+    mismatch = mismatch || l.find("\"job_mismatch\"") != std::string::npos;
+  }
+  CHECK(learned);
+  CHECK(mismatch);
+}
