@@ -664,7 +664,9 @@ class Session:
     @contextlib.contextmanager
     def step(self):
         """Wraps one training step (forward, backward, optimizer step). On exit the step's
-        telemetry is queued and, at this boundary, the ranks agree on a committed plan."""
+        telemetry is queued and, at this boundary, the ranks agree on a committed plan. The
+        step's cycle runs from the end of the previous step (what runs between two steps, such
+        as the DataLoader's next(), belongs to the later one) to the end of this one."""
         self._begin()
         try:
             yield self
@@ -1031,8 +1033,12 @@ class Session:
             agent = "never connected (no agent configured)"
         else:
             agent = self._agent_state
+        ids = self.applied_plans
+        plans = (f"{ids}" if len(ids) <= 8 else
+                 f"[{', '.join(map(str, ids[:3]))}, ..., {', '.join(map(str, ids[-3:]))}] "
+                 f"({len(ids)} plans)")
         return (f"{self._steps_run} steps, median step {median:.1f} ms, plans applied "
-                f"{self.applied_plans}, refused {len(self._refused)}, final share "
+                f"{plans}, refused {len(self._refused)}, final share "
                 f"{self.local_batch}/{self.global_batch}, agent: {agent}")
 
     def _layer_infos(self) -> List[wire.LayerInfo]:
