@@ -1006,6 +1006,10 @@ class Session:
                               "the current plan, retrying in the background")
 
     def _on_message(self, m: wire.Message) -> None:
+        if type(m) is wire.PlanAbort and m.plan_id == 0:
+            # Not a plan: the agent says it will send this job no plan, and why.
+            self._say("warn", f"the agent will send no plans: {m.reason or 'no reason given'}")
+            return
         if type(m) is wire.PlanAbort:
             p = self.book.get(m.plan_id)
             if p is not None and p.committed:

@@ -2,7 +2,8 @@
 torchrun's environment variables and a JSON config in argv[1]; writes a JSON result per rank.
 
 Config keys: steps, global_batch, initial_shares, slow_rank, slow_ms, step_sleep_ms, reference
-(rank 0 trains a plain model on the full global batch and records the largest difference),
+(rank 0 steps a plain model on the full global batch from the job's parameters before each step
+and records the largest difference of the updated parameters),
 until_plans (keep going until this many plans were applied, up to steps), stop_file (stop when it
 exists), out (result path prefix), layers_compression_probe.
 """
@@ -73,6 +74,17 @@ def main():
             order = torch.randperm(len(data), generator=g).tolist()
         for i, (x, y) in enumerate(loader):
             step = session.step_index
+            if ref is not None:
+                # The reference starts every step from the job's parameters and momentum, so the
+                # check compares each step's update (float32 rounding of one step), not two
+                # trajectories that drift apart through rounding over hundreds of steps.
+                with torch.no_grad():
+                    for a, b in zip(ref.parameters(), model.parameters()):
+                        a.copy_(b)
+                for a, b in zip(ref.parameters(), model.parameters()):
+                    buf = opt.state.get(b, {}).get("momentum_buffer")
+                    if buf is not None:
+                        ref_opt.state[a]["momentum_buffer"] = buf.clone()
             with session.step():
                 loss = loss_fn(ddp(x), y)
                 opt.zero_grad()

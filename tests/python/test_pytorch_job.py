@@ -7,7 +7,8 @@ second halves' median step times (runs made side by side, so machine load affect
   (a) healthy: at most 2 commits, and no slower than without the agent beyond noise;
   (b)-(d) one rank 3x slower inside its forward, in its data loading (before the forward), or in
       its optimizer step: the slow rank ends with a smaller share and the second half is at least
-      10% faster than without the agent.
+      10% faster than without the agent;
+  (e) deploy described by a scenario of another size: both sides say so, no plan is sent.
 Figures go to stderr (and to $PARAPILOT_JOB_RESULTS as JSON lines when set).
 """
 
@@ -35,9 +36,10 @@ NOISE = 0.10  # run-to-run noise allowed between two healthy runs on a shared 2-
 class Deploy:
     """`parapilot deploy --listen ADDR --secret-file F`, its JSON lines collected."""
 
-    def __init__(self, exe, port, secret_path):
+    def __init__(self, exe, port, secret_path, extra=()):
         self.proc = subprocess.Popen(
-            [exe, "deploy", "--listen", f"127.0.0.1:{port}", "--secret-file", secret_path],
+            [exe, "deploy", "--listen", f"127.0.0.1:{port}", "--secret-file", secret_path,
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines = []
         self.started = threading.Event()
@@ -83,19 +85,19 @@ class PyTorchJobTest(unittest.TestCase):
         self.addCleanup(self.secret.close)
         self.tmp = tempfile.mkdtemp(prefix="parapilot-job-")
 
-    def run_job(self, with_agent, slow_where=None):
+    def run_job(self, with_agent, slow_where=None, deploy_args=(), steps=STEPS):
         out = os.path.join(self.tmp, f"job-{with_agent}-{slow_where}.json")
         env = dict(os.environ, PYTHONPATH=os.path.join(harness.ROOT, "python"),
                    OMP_NUM_THREADS="1", PARAPILOT_SECRET_FILE=self.secret.path)
         deploy = None
         if with_agent:
             port = harness.free_port()
-            deploy = Deploy(self.exe, port, self.secret.path)
+            deploy = Deploy(self.exe, port, self.secret.path, deploy_args)
             env["PARAPILOT_AGENT"] = f"127.0.0.1:{port}"
         else:
             env["PARAPILOT_AGENT"] = ""
         cmd = [sys.executable, "-m", "parapilot.launch", "--nproc", str(RANKS), "--timeout",
-               "300", SCRIPT, "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
+               "300", SCRIPT, "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH),
                "--out", out]
         if slow_where:
             cmd += ["--slow-rank", str(SLOW_RANK), "--slow-where", slow_where]
@@ -162,6 +164,17 @@ class PyTorchJobTest(unittest.TestCase):
         self.assertLessEqual(with_agent["second_half_ms"], (1 + NOISE) * without["second_half_ms"],
                              f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
                              f"{without['second_half_ms']:.1f} ms without")
+
+    def test_e_world_size_mismatch_is_said_on_both_sides(self):
+        # deploy described an 8-GPU job by a scenario; the job has 4 ranks.
+        r = self.run_job(True, "forward", deploy_args=("--scenario", "straggler", "--gpus", "8"),
+                         steps=60)
+        d = r["deploy"]
+        self.assertEqual(len(d.events("job_mismatch")), RANKS)
+        self.assertIn("8 ranks", d.events("job_mismatch")[0]["reason"])
+        self.assertEqual(d.events("migration"), [], "plans were sent to a job that cannot run them")
+        self.assertIn("the agent will send no plans", r["log"])
+        self.assertEqual(r["final_counts"], [GLOBAL_BATCH // RANKS] * RANKS)
 
     def test_b_slow_forward(self):
         self.slowed_case("forward")
