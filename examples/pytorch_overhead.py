@@ -7,7 +7,8 @@ of each and the differences, as JSON, from rank 0.
         python3 -m parapilot.launch --nproc 2 examples/pytorch_overhead.py --model small
 
 Without PARAPILOT_AGENT the third variant is skipped. --model small (~75k parameters, 3
-layers) or medium (~3.2M parameters, 4 layers).
+layers), tutorial (the 267k-parameter MLP of tests/python/tutorial_ddp.py) or medium (~3.2M
+parameters, 4 layers).
 """
 
 import argparse
@@ -27,6 +28,8 @@ def make_model(kind):
     torch.manual_seed(0)
     if kind == "small":
         dims = [32, 256, 256, 1]
+    elif kind == "tutorial":  # the MLP of tests/python/tutorial_ddp.py (267,280 parameters)
+        dims = [128, 512, 256, 256, 16]
     else:
         dims = [512, 1024, 1024, 1024, 512]
     layers = []
@@ -56,7 +59,7 @@ def _time_bookkeeping(session):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["small", "medium"], default="small")
+    ap.add_argument("--model", choices=["small", "tutorial", "medium"], default="small")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--global-batch", type=int, default=64)

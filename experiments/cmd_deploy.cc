@@ -191,7 +191,7 @@ std::string text_line(const std::string& json) {
            (str("reason").empty() ? "" : "  (" + str("reason") + ")");
   }
   if (event == "job_mismatch" || event == "policy_fallback") return "WARNING: " + str("reason");
-  if (event == "rank_lost") return "rank " + std::to_string(j["rank"].get<int>()) + " lost: " + str("reason");
+  if (event == "rank_lost" && j.contains("reason")) return "rank " + std::to_string(j["rank"].get<int>()) + " lost: " + str("reason");
   if (event == "agent_stopped") {
     std::string text = "summary: " + std::to_string(j["decisions"].get<long>()) + " decisions, " +
                        std::to_string(j["committed"].get<long>()) + " committed (" +

@@ -4,7 +4,8 @@ shape with the documented lines added), 4 CPU Gloo ranks, beside `parapilot depl
 
 Each case runs the same job twice in the same test, without and with the agent, and compares the
 second halves' median step times (runs made side by side, so machine load affects both):
-  (a) healthy: at most 2 commits, and no slower than without the agent beyond noise;
+  (a) healthy: at most 2 commits, and no slower than without the agent beyond noise (the larger
+      of 10% and the difference between two runs without it, made before and after);
   (b)-(d) one rank 3x slower inside its forward, in its data loading (before the forward), or in
       its optimizer step: the slow rank ends with a smaller share and the second half is at least
       10% faster than without the agent;
@@ -156,14 +157,20 @@ class PyTorchJobTest(unittest.TestCase):
                              f"{without['second_half_ms']:.1f} ms without")
 
     def test_a_healthy(self):
-        without = self.run_job(False)
+        # Without, with, without: the two runs without the agent measure this machine's
+        # run-to-run noise now, and the run with it is compared with their mean.
+        without = [self.run_job(False)]
         with_agent = self.run_job(True)
-        summary = self.report("healthy", without, with_agent)
+        without.append(self.run_job(False))
+        w = [r["second_half_ms"] for r in without]
+        base = dict(without[0], second_half_ms=statistics.mean(w))
+        summary = self.report("healthy", base, with_agent)
         self.check_common(with_agent, summary)
         self.assertLessEqual(summary["committed"], 2)
-        self.assertLessEqual(with_agent["second_half_ms"], (1 + NOISE) * without["second_half_ms"],
+        noise = max(NOISE, abs(w[0] - w[1]) / statistics.mean(w))
+        self.assertLessEqual(with_agent["second_half_ms"], (1 + noise) * base["second_half_ms"],
                              f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
-                             f"{without['second_half_ms']:.1f} ms without")
+                             f"{w[0]:.1f} and {w[1]:.1f} ms without")
 
     def test_e_world_size_mismatch_is_said_on_both_sides(self):
         # deploy described an 8-GPU job by a scenario; the job has 4 ranks.
