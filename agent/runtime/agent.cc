@@ -102,7 +102,8 @@ struct DeployAgent::Impl {
   void decide_learned(uint64_t step, Clock::time_point last_arrival, Clock::time_point start,
                       const Beliefs& beliefs, const std::vector<std::string>& evidence,
                       const std::set<uint32_t>& ranks);
-  bool job_can_run(const Strategy& s) const;  // under the lock
+  // Why the job cannot run a switch from `from` to `s` ("" when it can). Under the lock.
+  std::string job_cannot_run(const Strategy& from, const Strategy& s) const;
   int ranks_of_job() const;                   // under the lock; 0: not known yet
   std::string render() const;
 };
@@ -112,12 +113,33 @@ int DeployAgent::Impl::ranks_of_job() const {
   return job_info ? static_cast<int>(job_info->world_size) : 0;
 }
 
-bool DeployAgent::Impl::job_can_run(const Strategy& s) const {
-  if (!job_info) return true;  // nothing announced: the ranks will say what they refuse
-  if (s.tp > 1 && !(capabilities & transport::kCapTensor)) return false;
-  if (s.pp > 1 && !(capabilities & transport::kCapPipeline)) return false;
-  if (!s.dp_shares.empty() && !(capabilities & transport::kCapDpShares)) return false;
-  return true;
+std::string DeployAgent::Impl::job_cannot_run(const Strategy& from, const Strategy& s) const {
+  if (!job_info) return "";  // nothing announced: the ranks will say what they refuse
+  const uint32_t c = capabilities;
+  if (s.tp > 1 && !(c & transport::kCapTensor)) return "the job cannot switch tensor parallel";
+  if (s.pp > 1 && !(c & transport::kCapPipeline)) return "the job cannot switch pipeline parallel";
+  if (!s.dp_shares.empty() && !(c & transport::kCapDpShares)) {
+    return "the job cannot switch batch shares";
+  }
+  // What the switch changes that this job acts on; the rest (ZeRO stage, recompute, schedule,
+  // micro-batches for a job that owns its loop) it ignores.
+  auto acted_on = [c](const Strategy& x) {
+    Strategy k;
+    k.dp = x.dp;
+    k.tp = x.tp;
+    k.pp = x.pp;
+    k.stage_layers = x.stage_layers;
+    k.gpus = x.gpus;
+    k.dp_shares = x.dp_shares;
+    if (c & transport::kCapMicroBatches) k.microbatch_size = x.microbatch_size;
+    if (c & transport::kCapCompression) {
+      k.compression = x.compression;
+      k.compression_overrides = x.compression_overrides;
+    }
+    return k;
+  };
+  if (acted_on(from) == acted_on(s)) return "the switch changes only settings the job ignores";
+  return "";
 }
 
 void DeployAgent::Impl::on_connect(const transport::PeerInfo& p) {
@@ -340,8 +362,8 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
       std::lock_guard lock(mutex);
       if (!blocked.empty()) {
         held = blocked;
-      } else if (!job_can_run(d.target->strategy)) {
-        held = "the job announced it cannot switch to " + layout_name(d.target->strategy);
+      } else {
+        held = job_cannot_run(decider->current(), d.target->strategy);
       }
       if (!held.empty()) ++stats.held_back;
       staging_predicted_s = std::max(0.0, d.target->migration_s - kSwitchPauseS);

@@ -1,12 +1,13 @@
 """Bus client against the scripted C++ agent: handshake, telemetry, plan protocol, heartbeats,
 reconnects, the bounded telemetry buffer and a wrong secret."""
 
+import os
 import time
 import unittest
 
 import harness
 from parapilot import wire
-from parapilot.auth import Secret, load_secret_from_file
+from parapilot.auth import Secret, SecretError, load_secret, load_secret_from_file
 from parapilot.client import Client
 from parapilot.plans import PlanBook
 
@@ -167,6 +168,46 @@ class ClientTest(unittest.TestCase):
         c.stop()
         self.assertLess(time.monotonic() - t0, 2)
         self.assertFalse(c.send(telemetry(0, 0)))
+
+
+class SecretTest(unittest.TestCase):
+    """Every way of not having a usable secret names both variables and how to make one."""
+
+    def check(self, **env):
+        saved = {k: os.environ.pop(k, None) for k in ("PARAPILOT_SECRET", "PARAPILOT_SECRET_FILE")}
+        try:
+            os.environ.update(env)
+            with self.assertRaises(SecretError) as cm:
+                load_secret()
+            text = str(cm.exception)
+            self.assertIn("PARAPILOT_SECRET_FILE", text)
+            self.assertIn("PARAPILOT_SECRET ", text)
+            self.assertIn("head -c 32 /dev/urandom", text)
+            return text
+        finally:
+            for k in ("PARAPILOT_SECRET", "PARAPILOT_SECRET_FILE"):
+                os.environ.pop(k, None)
+                if saved[k] is not None:
+                    os.environ[k] = saved[k]
+
+    def test_none_set(self):
+        self.assertIn("neither", self.check())
+
+    def test_missing_file(self):
+        self.check(PARAPILOT_SECRET_FILE="/nonexistent/secret")
+
+    def test_too_short(self):
+        self.check(PARAPILOT_SECRET="short")
+
+    def test_good_secret_loads(self):
+        saved = os.environ.pop("PARAPILOT_SECRET_FILE", None)
+        os.environ["PARAPILOT_SECRET"] = "a-good-secret-of-enough-bytes"
+        try:
+            self.assertEqual(len(load_secret()), len("a-good-secret-of-enough-bytes"))
+        finally:
+            del os.environ["PARAPILOT_SECRET"]
+            if saved is not None:
+                os.environ["PARAPILOT_SECRET_FILE"] = saved
 
 
 if __name__ == "__main__":

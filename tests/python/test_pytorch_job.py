@@ -125,6 +125,7 @@ class PyTorchJobTest(unittest.TestCase):
                    "final_counts": with_agent["final_counts"],
                    "committed": summary["committed"], "reverted": summary["reverted"],
                    "aborted": summary["aborted"], "deploy_cpu_s": summary["cpu_s"],
+                   "slow_rank_events": summary["stragglers_detected"],
                    "telemetry_rejected": summary["telemetry_rejected"]}
         print(json.dumps(figures), file=sys.stderr)
         path = os.environ.get("PARAPILOT_JOB_RESULTS")
