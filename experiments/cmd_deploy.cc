@@ -133,7 +133,9 @@ std::string text_line(const std::string& json) {
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
   if (!j.is_object() || !j.contains("event")) return json;
   const std::string event = j["event"].get<std::string>();
-  auto num = [&](const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; };
+  auto num = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+  };
   auto str = [&](const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
   };
@@ -165,20 +167,21 @@ std::string text_line(const std::string& json) {
       std::snprintf(text, sizeof text, "%skeep       shares %s  %s  (%s)", head,
                     shares_or(j, "shares").c_str(), rate, str("reason").c_str());
     } else {
-      std::snprintf(text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head,
-                    action.c_str(), shares_or(j, "shares").c_str(),
-                    shares_or(j, "target_shares").c_str(), num("step_ms"),
-                    j.contains("predicted_gain")
-                        ? (", predicted gain " + std::to_string(num("predicted_gain")).substr(0, 4) + "x").c_str()
-                        : "",
-                    str("reason").c_str());
+      std::snprintf(
+          text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head, action.c_str(),
+          shares_or(j, "shares").c_str(), shares_or(j, "target_shares").c_str(), num("step_ms"),
+          j.contains("predicted_gain")
+              ? (", predicted gain " + std::to_string(num("predicted_gain")).substr(0, 4) + "x")
+                    .c_str()
+              : "",
+          str("reason").c_str());
     }
     return text;
   }
   if (event == "decision") {  // a described job's decision
     return head + std::string("decision ") +
            (j.contains("choice") && j["choice"].is_string() ? j["choice"].get<std::string>()
-                                                             : std::string("keep")) +
+                                                            : std::string("keep")) +
            (str("guardrail").empty() ? "" : " (guardrail: " + str("guardrail") + ")") +
            (str("held_back").empty() ? "" : " (held back: " + str("held_back") + ")");
   }
@@ -191,7 +194,8 @@ std::string text_line(const std::string& json) {
            (str("reason").empty() ? "" : "  (" + str("reason") + ")");
   }
   if (event == "job_mismatch" || event == "policy_fallback") return "WARNING: " + str("reason");
-  if (event == "rank_lost" && j.contains("reason")) return "rank " + std::to_string(j["rank"].get<int>()) + " lost: " + str("reason");
+  if (event == "rank_lost" && j.contains("reason"))
+    return "rank " + std::to_string(j["rank"].get<int>()) + " lost: " + str("reason");
   if (event == "agent_stopped") {
     std::string text = "summary: " + std::to_string(j["decisions"].get<long>()) + " decisions, " +
                        std::to_string(j["committed"].get<long>()) + " committed (" +
@@ -210,8 +214,10 @@ std::string text_line(const std::string& json) {
   }
   if (j.contains("rank") && j.contains("evidence")) {
     const int rank = j["rank"].get<int>();
-    return head + event + (rank >= 0 ? " rank " + std::to_string(rank) : " node " +
-                           std::to_string(j.value("node", -1))) + ": " + str("evidence");
+    return head + event +
+           (rank >= 0 ? " rank " + std::to_string(rank)
+                      : " node " + std::to_string(j.value("node", -1))) +
+           ": " + str("evidence");
   }
   return json;
 }
@@ -234,6 +240,7 @@ void run_deploy(const DeployFlags& f) {
     o.monitor.slow_speed = 1 / 1.25;
     o.monitor.recovered_speed = 1 / 1.1;
     o.monitor.compute_alpha = 0.2;
+    o.monitor.confirm_steps = 5;
   }
   o.data_parallel.min_gain = f.min_gain;
   o.data_parallel.cooldown_intervals = f.cooldown;

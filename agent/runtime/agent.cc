@@ -80,10 +80,10 @@ struct DeployAgent::Impl {
   std::mutex decide_mutex;
   // What the ranks announced (JobInfo). For a learned job the first announcement defines it.
   std::optional<transport::JobInfo> job_info;
-  uint32_t capabilities = ~0u;  // AND over the ranks' announcements
-  std::string mismatch;         // non-empty: a rank disagrees with the job; no plans are sent
-  uint64_t before_job_info = 0; // telemetry of a learned job before its first JobInfo
-  bool pending_revert = false;  // the switch in flight undoes the last one
+  uint32_t capabilities = ~0u;   // AND over the ranks' announcements
+  std::string mismatch;          // non-empty: a rank disagrees with the job; no plans are sent
+  uint64_t before_job_info = 0;  // telemetry of a learned job before its first JobInfo
+  bool pending_revert = false;   // the switch in flight undoes the last one
   std::vector<int> pending_counts;
 
   void log(const std::string& line) const {
@@ -104,7 +104,7 @@ struct DeployAgent::Impl {
                       const std::set<uint32_t>& ranks);
   // Why the job cannot run a switch from `from` to `s` ("" when it can). Under the lock.
   std::string job_cannot_run(const Strategy& from, const Strategy& s) const;
-  int ranks_of_job() const;                   // under the lock; 0: not known yet
+  int ranks_of_job() const;  // under the lock; 0: not known yet
   std::string render() const;
 };
 
@@ -245,8 +245,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
     if (!warning.empty()) mismatch = warning;
   }
   if (!warning.empty()) {
-    log(nlohmann::json{{"event", "job_mismatch"}, {"rank", info.rank}, {"reason", warning}}
-            .dump());
+    log(nlohmann::json{{"event", "job_mismatch"}, {"rank", info.rank}, {"reason", warning}}.dump());
     // Tell the rank too: PlanAbort of plan 0 is a notice that no plan will come, and why.
     if (server) server->send(id, transport::PlanAbort{0, warning});
     return;
@@ -263,7 +262,8 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   dpo.global_batch = static_cast<int>(info.global_batch);
   dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
   dp = std::make_unique<DataParallelDecider>(dpo);
-  monitor_owner->set_step_callback([this](uint64_t step, Clock::time_point t) { on_step(step, t); });
+  monitor_owner->set_step_callback(
+      [this](uint64_t step, Clock::time_point t) { on_step(step, t); });
   std::set<uint32_t> ranks;
   {
     std::lock_guard lock(mutex);
@@ -339,10 +339,9 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     evidence.assign(recent_evidence.begin(), recent_evidence.end());
     recent_evidence.clear();
     ranks = live;
-    staging_left = staging
-                       ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(
-                                                                Clock::now()))
-                       : 0.0;
+    staging_left =
+        staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(Clock::now()))
+                : 0.0;
     blocked = mismatch;
   }
   const MonitorCounters mc = mon->counters();
@@ -446,19 +445,19 @@ void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arr
   nlohmann::json rejected = nlohmann::json::object();
   for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   const double sps = d.current_step_ms > 0 ? 1000.0 * global_batch / d.current_step_ms : 0.0;
-  nlohmann::json j = {{"event", "decision"},
-                      {"step", step},
-                      {"action", prepared || d.kind == DataParallelDecision::Kind::keep
-                                     ? to_string(d.kind)
-                                     : "keep"},
-                      {"reason", d.reason},
-                      {"shares", counts_text(dp->counts())},
-                      {"step_ms", d.current_step_ms},
-                      {"samples_per_s", sps},
-                      {"slow_ranks", beliefs.slow_ranks},
-                      {"missing_fraction", beliefs.missing_fraction},
-                      {"telemetry_rejected", rejected},
-                      {"evidence", evidence}};
+  nlohmann::json j = {
+      {"event", "decision"},
+      {"step", step},
+      {"action",
+       prepared || d.kind == DataParallelDecision::Kind::keep ? to_string(d.kind) : "keep"},
+      {"reason", d.reason},
+      {"shares", counts_text(dp->counts())},
+      {"step_ms", d.current_step_ms},
+      {"samples_per_s", sps},
+      {"slow_ranks", beliefs.slow_ranks},
+      {"missing_fraction", beliefs.missing_fraction},
+      {"telemetry_rejected", rejected},
+      {"evidence", evidence}};
   if (d.kind != DataParallelDecision::Kind::keep) {
     j["target_shares"] = counts_text(d.counts);
     if (d.kind == DataParallelDecision::Kind::rebalance) {
@@ -598,9 +597,8 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     const Job& job = *m.o.job;
     MonitorOptions mo = m.o.monitor;
     mo.ranks = job.gpus();
-    mo.gpus_per_node = job.scenario.cluster.groups.empty()
-                           ? 8
-                           : job.scenario.cluster.groups.front().gpus_per_node;
+    mo.gpus_per_node =
+        job.scenario.cluster.groups.empty() ? 8 : job.scenario.cluster.groups.front().gpus_per_node;
     mo.peer_group = job.planner->cost_model().topology().type_of_gpu;
     m.monitor_owner = std::make_unique<Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
@@ -608,9 +606,8 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     m.stats.fallback = policy.fallback;
     m.stats.fallback_reason = policy.fallback_reason;
     if (policy.fallback) {
-      nlohmann::json j = {{"event", "policy_fallback"},
-                          {"policy", "reactive"},
-                          {"reason", policy.fallback_reason}};
+      nlohmann::json j = {
+          {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback_reason}};
       m.log(j.dump());
     }
     m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), m.o.decider);

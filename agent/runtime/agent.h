@@ -38,10 +38,10 @@
 namespace parapilot::agent::runtime {
 
 struct AgentOptions {
-  std::shared_ptr<const Job> job;  ///< empty: learn the job from the ranks' JobInfo.
+  std::shared_ptr<const Job> job;     ///< empty: learn the job from the ranks' JobInfo.
   DataParallelOptions data_parallel;  ///< a learned job: min_gain, cool-down, verification.
-  std::string policy_path;         ///< empty: the reactive baseline.
-  PolicyLoader loader;             ///< how to load policy_path (the CLI passes the RL loader).
+  std::string policy_path;            ///< empty: the reactive baseline.
+  PolicyLoader loader;                ///< how to load policy_path (the CLI passes the RL loader).
   /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.
   transport::InProcHub* hub = nullptr;
   std::string listen_address = "127.0.0.1";
@@ -65,7 +65,7 @@ struct AgentStats {
   uint64_t migrations_aborted = 0;
   uint64_t reverts_decided = 0;  ///< switches back after a switch measured slower.
   uint64_t reverts_committed = 0;
-  uint64_t held_back = 0;        ///< policy switches the job could not run (capabilities).
+  uint64_t held_back = 0;  ///< policy switches the job could not run (capabilities).
   uint64_t stragglers_detected = 0;
   uint64_t congested_links_detected = 0;
   uint64_t ranks_lost = 0;

@@ -69,32 +69,36 @@ std::vector<int> even_counts(int ranks, int global_batch) {
                       global_batch);
 }
 
-std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms, int global_batch) {
+std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
+                                 const std::vector<double>& fixed_ms, int global_batch) {
   const int n = static_cast<int>(per_sample_ms.size());
-  double known = 0;
-  int count = 0;
-  for (double c : per_sample_ms) {
-    if (c > 0) {
-      known += 1 / c;
-      ++count;
-    }
-  }
-  const double fill = count > 0 ? known / count : 1.0;
-  std::vector<double> speed(n);
-  double total = 0;
-  for (int r = 0; r < n; ++r) {
-    speed[r] = per_sample_ms[r] > 0 ? 1 / per_sample_ms[r] : fill;
-    total += speed[r];
+  auto fixed = [&](int r) { return r < static_cast<int>(fixed_ms.size()) ? fixed_ms[r] : 0.0; };
+  // Samples rank r can take within a step of T ms (at least 1).
+  auto take = [&](int r, double t) { return std::max(1.0, (t - fixed(r)) / per_sample_ms[r]); };
+  auto total = [&](double t) {
+    double sum = 0;
+    for (int r = 0; r < n; ++r) sum += take(r, t);
+    return sum;
+  };
+  double lo = 0, hi = 0;
+  for (int r = 0; r < n; ++r) hi = std::max(hi, fixed(r) + per_sample_ms[r] * global_batch);
+  for (int i = 0; i < 100 && hi - lo > 1e-9 * std::max(1.0, hi); ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (total(mid) < global_batch ? lo : hi) = mid;
   }
   std::vector<double> exact(n);
-  for (int r = 0; r < n; ++r) exact[r] = global_batch * speed[r] / total;
+  double sum = 0;
+  for (int r = 0; r < n; ++r) sum += exact[r] = take(r, hi);
+  for (double& e : exact) e *= global_batch / sum;  // the floor of 1 may overshoot slightly
   return round_counts(exact, global_batch);
 }
 
-double predicted_step_ms(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
+double predicted_step_ms(const std::vector<double>& per_sample_ms,
+                         const std::vector<double>& fixed_ms, const std::vector<int>& counts) {
   double worst = 0;
   for (size_t r = 0; r < per_sample_ms.size() && r < counts.size(); ++r) {
-    worst = std::max(worst, per_sample_ms[r] * counts[r]);
+    const double f = r < fixed_ms.size() ? fixed_ms[r] : 0.0;
+    worst = std::max(worst, f + per_sample_ms[r] * counts[r]);
   }
   return worst;
 }
@@ -106,15 +110,16 @@ DataParallelDecider::DataParallelDecider(DataParallelOptions options)
     throw std::invalid_argument("DataParallelOptions: global_batch must be >= ranks");
   }
   if (o_.verify_steps < 1 || o_.settle_steps < 0 || o_.min_gain < 1 || o_.equal_band < 0) {
-    throw std::invalid_argument("DataParallelOptions: verify_steps >= 1, settle_steps >= 0, "
-                                "min_gain >= 1");
+    throw std::invalid_argument(
+        "DataParallelOptions: verify_steps >= 1, settle_steps >= 0, "
+        "min_gain >= 1");
   }
   counts_ = even_counts(o_.ranks, o_.global_batch);
   previous_counts_ = counts_;
 }
 
 void DataParallelDecider::observe_step(uint64_t step, double step_ms) {
-  if (step_ms <= 0) return;
+  if (step_ms <= 0 || step < static_cast<uint64_t>(o_.warmup_steps)) return;
   steps_.emplace_back(step, step_ms);
   while (steps_.size() > 256) steps_.pop_front();
 }
@@ -135,8 +140,8 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
     std::vector<int> seen(o_.ranks);
     int sum = 0;
     for (int r = 0; r < o_.ranks; ++r) sum += seen[r] = static_cast<int>(b.rank_samples[r]);
-    if (sum == o_.global_batch && *std::min_element(seen.begin(), seen.end()) >= 1 &&
-        !verifying_ && !staging) {
+    if (sum == o_.global_batch && *std::min_element(seen.begin(), seen.end()) >= 1 && !verifying_ &&
+        !staging) {
       counts_ = seen;
     }
   }
@@ -154,8 +159,8 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
   if (verifying_) {
     const std::vector<double> after = steps_since(verify_from_);
     if (static_cast<int>(after.size()) < o_.verify_steps) {
-      d.reason = fmt("measuring the last switch: %.0f of %.0f steps", static_cast<double>(after.size()),
-                     static_cast<double>(o_.verify_steps));
+      d.reason = fmt("measuring the last switch: %.0f of %.0f steps",
+                     static_cast<double>(after.size()), static_cast<double>(o_.verify_steps));
       return d;
     }
     verifying_ = false;
@@ -165,16 +170,17 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
     if (before_ms_ > 0 && now_ms > before_ms_ * (1 + bound)) {
       d.kind = DataParallelDecision::Kind::revert;
       d.counts = previous_counts_;
-      d.reason = fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
-                     "(+%.0f%%, beyond the noise bound of %.0f%%)",
-                     now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
+      d.reason =
+          fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
+              "(+%.0f%%, beyond the noise bound of %.0f%%)",
+              now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
       cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
       since_switch_ = 0;
       return d;
     }
     cooldown_ = o_.cooldown_intervals;
-    d.reason = fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms,
-                   before_ms_);
+    d.reason =
+        fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms, before_ms_);
     return d;
   }
   if (since_switch_ <= cooldown_) {
@@ -182,7 +188,13 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
                    static_cast<double>(since_switch_), static_cast<double>(cooldown_));
     return d;
   }
-  std::vector<double> per_sample(o_.ranks, 0.0);
+  if (static_cast<int>(steps_.size()) < o_.verify_steps) {
+    d.reason = fmt("measuring the job: %.0f of %.0f steps after its first %.0f",
+                   static_cast<double>(steps_.size()), static_cast<double>(o_.verify_steps),
+                   static_cast<double>(o_.warmup_steps));
+    return d;
+  }
+  std::vector<double> per_sample(o_.ranks, 0.0), fixed(o_.ranks, 0.0);
   std::string missing;
   for (int r = 0; r < o_.ranks; ++r) {
     const double level = r < static_cast<int>(b.rank_compute_ms.size()) ? b.rank_compute_ms[r] : 0;
@@ -192,24 +204,37 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
       missing += std::to_string(r);
       continue;
     }
-    per_sample[r] = b.compute_per_sample ? level : level / counts_[r];
+    if (b.compute_per_sample) {
+      per_sample[r] = level;
+      fixed[r] = r < static_cast<int>(b.rank_fixed_ms.size()) ? b.rank_fixed_ms[r] : 0.0;
+    } else {
+      per_sample[r] = level / counts_[r];
+    }
   }
   if (!missing.empty()) {
     d.reason = "no compute measurement yet from rank(s) " + missing;
     return d;
   }
   const double median_ms = median(per_sample);
-  const auto slowest = std::max_element(per_sample.begin(), per_sample.end());
+  const double median_fixed = median(fixed);
+  std::vector<double> step_of(o_.ranks);
+  for (int r = 0; r < o_.ranks; ++r) step_of[r] = fixed[r] + per_sample[r] * counts_[r];
+  const auto slowest = std::max_element(step_of.begin(), step_of.end());
+  const int slow = static_cast<int>(slowest - step_of.begin());
   const std::string evidence =
-      fmt("rank %.0f computes %.3f ms per sample vs the median %.3f (%.2fx)",
-          static_cast<double>(slowest - per_sample.begin()), *slowest, median_ms,
-          median_ms > 0 ? *slowest / median_ms : 1.0);
-  for (double& c : per_sample) {
+      fmt("rank %d computes %.3f ms per sample + %.1f ms per step vs the median %.3f + %.1f", slow,
+          per_sample[slow], fixed[slow], median_ms, median_fixed);
+  // Noise-level differences are no differences: per-sample times within the band of the median,
+  // and fixed parts within the band of a median rank's step.
+  const double typical_step = median_fixed + median_ms * o_.global_batch / o_.ranks;
+  for (int r = 0; r < o_.ranks; ++r) {
+    double& c = per_sample[r];
     if (c < median_ms * (1 + o_.equal_band) && c * (1 + o_.equal_band) > median_ms) c = median_ms;
+    if (std::abs(fixed[r] - median_fixed) < o_.equal_band * typical_step) fixed[r] = median_fixed;
   }
-  const std::vector<int> target = balanced_counts(per_sample, o_.global_batch);
-  d.predicted_now_ms = predicted_step_ms(per_sample, counts_);
-  d.predicted_new_ms = predicted_step_ms(per_sample, target);
+  const std::vector<int> target = balanced_counts(per_sample, fixed, o_.global_batch);
+  d.predicted_now_ms = predicted_step_ms(per_sample, fixed, counts_);
+  d.predicted_new_ms = predicted_step_ms(per_sample, fixed, target);
   // The switch costs about one step (the boundary agreement and re-learning the levels),
   // amortised over the decisions it will stand for at least.
   const double amortise_steps = static_cast<double>(o_.verify_steps) * (cooldown_ + 1);
@@ -222,8 +247,8 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
     return d;
   }
   if (d.predicted_gain < o_.min_gain) {
-    d.reason = fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) +
-               evidence;
+    d.reason =
+        fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) + evidence;
     return d;
   }
   d.kind = DataParallelDecision::Kind::rebalance;

@@ -2,10 +2,11 @@
 // itself (the ranks' JobInfo announcements; no scenario file). The one knob is each rank's share
 // of the global batch, and every figure is in the job's own units, from its own telemetry:
 //
-// * A rank's step costs its measured compute per sample (Beliefs::rank_compute_ms: everything it
-//   does in a step except waiting in collectives, per sample) times its samples; the job's step
-//   is the slowest rank's. Balanced shares give each rank samples in proportion to its speed.
-//   Ranks within `equal_band` of the median rank count as equal to it.
+// * A rank's step costs a fixed part (Beliefs::rank_fixed_ms: its optimizer step) plus its
+//   measured compute per sample (Beliefs::rank_compute_ms: everything else it does in a step
+//   except waiting in collectives, per sample) times its samples; the job's step is the slowest
+//   rank's. Balanced shares equalise the ranks' predicted steps (water-filling; every rank keeps
+//   at least one sample). Ranks within `equal_band` of the median rank count as equal to it.
 // * A switch is proposed only when the predicted step-time ratio, after charging the switch's
 //   cost (one step at the current time, amortised over the cool-down), reaches `min_gain`.
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
@@ -27,8 +28,8 @@
 namespace parapilot::agent::runtime {
 
 struct DataParallelOptions {
-  int ranks = 0;         ///< world size (required, >= 1).
-  int global_batch = 0;  ///< samples per step (required, >= ranks).
+  int ranks = 0;               ///< world size (required, >= 1).
+  int global_batch = 0;        ///< samples per step (required, >= ranks).
   double min_gain = 1.10;      ///< predicted step-time ratio a switch must reach.
   int cooldown_intervals = 2;  ///< decisions to wait after a switch (doubles after a revert).
   int max_backoff_intervals = 32;
@@ -39,25 +40,29 @@ struct DataParallelOptions {
   /// equal to it: step-to-step noise on a shared machine must not move work between healthy
   /// ranks.
   double equal_band = 0.2;
+  int warmup_steps = 10;  ///< the job's first steps (start-up transients) are not measured.
 };
 
-/// Samples per rank in proportion to 1 / per_sample_ms (each >= 1, summing to global_batch,
-/// largest remainder). Ranks with no estimate (<= 0) get the mean speed of the others.
-std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms, int global_batch);
-/// The slowest rank's compute for these counts: max_r per_sample_ms[r] * counts[r].
-double predicted_step_ms(const std::vector<double>& per_sample_ms, const std::vector<int>& counts);
+/// Samples per rank that equalise fixed_ms[r] + per_sample_ms[r] * n[r] (each >= 1, summing to
+/// global_batch; water-filling, then largest remainder). per_sample_ms must be > 0 for every
+/// rank; fixed_ms may be empty (all 0).
+std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
+                                 const std::vector<double>& fixed_ms, int global_batch);
+/// The slowest rank's compute for these counts: max_r fixed_ms[r] + per_sample_ms[r] * counts[r].
+double predicted_step_ms(const std::vector<double>& per_sample_ms,
+                         const std::vector<double>& fixed_ms, const std::vector<int>& counts);
 /// Even split of global_batch (largest remainder, lower ranks first), as the clients do.
 std::vector<int> even_counts(int ranks, int global_batch);
 
 struct DataParallelDecision {
   enum class Kind { keep, rebalance, revert };
   Kind kind = Kind::keep;
-  std::vector<int> counts;  ///< target samples per rank (rebalance, revert).
-  std::string reason;       ///< why: the evidence, or why nothing is done.
-  double current_step_ms = 0;    ///< measured (median of the recent interval); 0: unknown.
-  double predicted_now_ms = 0;   ///< the model's step for the current counts.
-  double predicted_new_ms = 0;   ///< ... for the target counts.
-  double predicted_gain = 1;     ///< predicted_now / (predicted_new + amortised cost).
+  std::vector<int> counts;      ///< target samples per rank (rebalance, revert).
+  std::string reason;           ///< why: the evidence, or why nothing is done.
+  double current_step_ms = 0;   ///< measured (median of the recent interval); 0: unknown.
+  double predicted_now_ms = 0;  ///< the model's step for the current counts.
+  double predicted_new_ms = 0;  ///< ... for the target counts.
+  double predicted_gain = 1;    ///< predicted_now / (predicted_new + amortised cost).
 };
 const char* to_string(DataParallelDecision::Kind kind);
 
@@ -81,13 +86,13 @@ class DataParallelDecider {
   std::vector<double> steps_since(uint64_t first) const;
 
   DataParallelOptions o_;
-  std::vector<int> counts_;           // the shares in force
-  std::vector<int> previous_counts_;  // before the last switch (revert target)
+  std::vector<int> counts_;                        // the shares in force
+  std::vector<int> previous_counts_;               // before the last switch (revert target)
   std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
   int cooldown_;
-  int since_switch_ = 1 << 20;        // decisions since the last switch was prepared
-  bool verifying_ = false;            // the last switch is being judged
-  uint64_t verify_from_ = 0;          // first step that counts for the judgement
+  int since_switch_ = 1 << 20;            // decisions since the last switch was prepared
+  bool verifying_ = false;                // the last switch is being judged
+  uint64_t verify_from_ = 0;              // first step that counts for the judgement
   double before_ms_ = 0, before_se_ = 0;  // the interval before the switch
   double pending_before_ms_ = 0, pending_before_se_ = 0;
 };

@@ -61,7 +61,8 @@ struct Sample {
   double compute_ms = 0;
   double work = -1;  // samples this rank processed (info/samples); -1: not reported
   double wall_ms = 0;
-  double wait_ms = -1;  // measured wait in the gradient collectives (wait/dp); -1: not reported
+  double fixed_ms = -1;  // per-step part not scaling with samples (phase/optimizer); -1: none
+  double wait_ms = -1;   // measured wait in the gradient collectives (wait/dp); -1: not reported
   double inter_bytes = 0;
   double inter_ms = 0;
   double queue = 0;
@@ -75,7 +76,8 @@ struct StepAgg {
 };
 
 struct RankStats {
-  RobustEwma compute;
+  RobustEwma compute;  // per sample when samples are reported: (compute - fixed) / samples
+  RobustEwma fixed;    // the per-step part that does not scale with samples (phase/optimizer)
   RobustEwma bandwidth;
   RobustEwma wall;
   double lateness_ms = 0;
@@ -84,10 +86,25 @@ struct RankStats {
   long samples = 0;
   double speed = 1;  // last believed; kept across layout changes until re-estimated
   bool slow = false;
+  int past_steps = 0;     // closed steps in a row past the slow (or recovered) threshold
   bool reported = false;  // any sample accepted; newest: the largest step reported
   uint64_t newest = 0;
   Liveness liveness = Liveness::unknown;
 };
+
+// One sample's compute into its rank's levels. With samples reported, the speed level is per
+// sample of the part that scales with samples (compute minus the optimizer step, which a rank
+// pays once per step however many samples it has); a rank with no samples says nothing.
+void add_compute(RankStats& r, double compute_ms, double work, double fixed_ms,
+                 uint64_t& outliers) {
+  const double fixed = std::clamp(fixed_ms, 0.0, compute_ms);
+  if (work > 0) {
+    if (!r.compute.add((compute_ms - fixed) / work)) ++outliers;
+    if (fixed_ms >= 0 && !r.fixed.add(fixed)) ++outliers;
+  } else if (work < 0 && !r.compute.add(compute_ms)) {
+    ++outliers;
+  }
+}
 
 }  // namespace
 
@@ -136,7 +153,7 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   RobustEwma::Options compute_options;
   compute_options.alpha = options.compute_alpha;
   s_->ranks.resize(options.ranks);
-  for (RankStats& r : s_->ranks) r.compute = RobustEwma(compute_options);
+  for (RankStats& r : s_->ranks) r.compute = r.fixed = RobustEwma(compute_options);
   s_->node_bw.assign(s_->nodes, 1.0);
   s_->node_congested.assign(s_->nodes, false);
   s_->beliefs.conditions.gpu_speed.assign(options.ranks, 1.0);
@@ -146,6 +163,7 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
   s_->beliefs.rank_wait_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_fixed_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_samples.assign(options.ranks, 0.0);
 }
 
@@ -177,15 +195,12 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
       RankStats& r = s.ranks[t.rank];
       r.reported = true;
       r.newest = t.step;
-      double work = -1;
+      double work = -1, fixed = -1;
       for (const auto& [name, c] : t.collectives) {
         if (name == "info/samples") work = static_cast<double>(c.bytes);
+        if (name == "phase/optimizer") fixed = c.ms;
       }
-      if (work > 0) {
-        if (!r.compute.add(t.compute_ms / work)) ++s.counters.outliers;
-      } else if (work < 0 && !r.compute.add(t.compute_ms)) {
-        ++s.counters.outliers;
-      }
+      add_compute(r, t.compute_ms, work, fixed, s.counters.outliers);
       return "";
     }
     StepAgg* agg = nullptr;
@@ -211,6 +226,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
     for (const auto& [name, c] : t.collectives) {
       if (name == "info/samples") x.work = static_cast<double>(c.bytes);
       if (name == "wait/dp") x.wait_ms = c.ms;
+      if (name == "phase/optimizer") x.fixed_ms = c.ms;
       if (name.find("inter") == std::string::npos) continue;
       x.inter_bytes += static_cast<double>(c.bytes);
       x.inter_ms += c.ms;
@@ -271,13 +287,9 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     const Sample& x = agg.samples[i];
     RankStats& r = ranks[x.rank];
     // Speed compares compute per sample when ranks report their samples (elastic shares give
-    // ranks unequal work), else compute per step. A rank with no samples says nothing of speed.
-    if (x.work > 0) {
-      per_sample = true;
-      if (!r.compute.add(x.compute_ms / x.work)) ++counters.outliers;
-    } else if (x.work < 0 && !r.compute.add(x.compute_ms)) {
-      ++counters.outliers;
-    }
+    // ranks unequal work), else compute per step.
+    if (x.work > 0) per_sample = true;
+    add_compute(r, x.compute_ms, x.work, x.fixed_ms, counters.outliers);
     r.wall.add(x.wall_ms);
     walls.push_back(x.wall_ms);
     beliefs.rank_samples[x.rank] = std::max(0.0, x.work);
@@ -340,11 +352,19 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     b.conditions.gpu_speed[r] = st.speed;
     b.rank_compute_ms[r] = st.compute.value();
+    b.rank_fixed_ms[r] = st.fixed.value();
     b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
     b.rank_lateness_ms[r] = st.lateness_ms;
     b.rank_queue_depth[r] = st.queue;
     const bool lost = st.liveness == Liveness::lost;
-    if (!st.slow && !lost && st.speed < o.slow_speed) {
+    // A rank is flagged once its speed stayed past the threshold for `confirm_steps` closed
+    // steps in a row (and cleared likewise): a passing hiccup is not a slow rank.
+    const bool past =
+        st.slow ? (lost || st.speed > o.recovered_speed) : (!lost && st.speed < o.slow_speed);
+    st.past_steps = past ? st.past_steps + 1 : 0;
+    const bool confirmed = lost || st.past_steps >= std::max(1, o.confirm_steps);
+    if (!st.slow && past && confirmed) {
+      st.past_steps = 0;
       st.slow = true;
       ++counters.slow_rank_events;
       char text[320];
@@ -353,10 +373,10 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
           "compute-only %.2f ms%s vs peer median %.2f ms (%.2fx slower); arrives %.1f ms "
           "after the median rank at the collective; waits %.1f ms in it vs median %.1f ms",
           st.compute.value(), per_sample ? " per sample" : "", reference[g], 1.0 / st.speed,
-          st.lateness_ms, st.last_wait_ms,
-          median_wait_ms);
+          st.lateness_ms, st.last_wait_ms, median_wait_ms);
       events.push_back({MonitorEvent::Kind::slow_rank, r, -1, st.speed, step, now, text});
-    } else if (st.slow && (lost || st.speed > o.recovered_speed)) {
+    } else if (st.slow && past && confirmed) {
+      st.past_steps = 0;
       st.slow = false;
       char text[160];
       std::snprintf(text, sizeof text, "compute-only %.1f ms vs peer median %.1f ms",
@@ -455,6 +475,7 @@ void Monitor::layout_changed() {
   std::lock_guard lock(mutex_);
   for (RankStats& st : s_->ranks) {
     st.compute.reset();
+    st.fixed.reset();
     st.bandwidth.reset();
     st.wall.reset();
   }

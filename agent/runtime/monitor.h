@@ -42,6 +42,7 @@ struct MonitorOptions {
   std::vector<int> peer_group;    ///< per rank: speed reference group (empty: one group).
   double slow_speed = 1 / 1.1;    ///< believed speed below this (a >= 10% shift) = slow rank.
   double recovered_speed = 0.95;  ///< ...and above this again = recovered.
+  int confirm_steps = 1;          ///< closed steps in a row past a threshold before an event.
   double congested_bw = 0.8;      ///< node bandwidth factor below this = congested link.
   double recovered_bw = 0.9;
   double max_compute_ms = 3.6e6;     ///< telemetry above this (an hour per step) is absurd.
@@ -71,9 +72,13 @@ const char* to_string(MonitorEvent::Kind kind);
 /// The monitor's current view (a snapshot; copying it is cheap enough once per step).
 struct Beliefs {
   Conditions conditions;  ///< gpu_speed per rank, node_inter_bw per node, gpu_failed = lost.
-  /// Robust level of compute-only time per step, or per sample when ranks report their samples
-  /// (the "info/samples" telemetry entry); 0: unknown.
+  /// Robust level of compute-only time per step, or, when ranks report their samples (the
+  /// "info/samples" telemetry entry), per sample of the part that scales with samples: compute
+  /// minus the optimizer step ("phase/optimizer"). 0: unknown.
   std::vector<double> rank_compute_ms;
+  /// Robust level of the per-step part that does not scale with samples ("phase/optimizer");
+  /// 0 when not reported.
+  std::vector<double> rank_fixed_ms;
   std::vector<double> rank_steps_per_s;  ///< from the rank's own step wall time.
   std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
   std::vector<double> rank_queue_depth;

@@ -33,6 +33,7 @@ DataParallelOptions options4() {
   o.cooldown_intervals = 1;
   o.verify_steps = 10;
   o.settle_steps = 2;
+  o.warmup_steps = 0;
   return o;
 }
 
@@ -46,16 +47,40 @@ uint64_t feed(DataParallelDecider& d, uint64_t first, int n, double ms, double n
 
 }  // namespace
 
-TEST_CASE("balanced counts follow speed, sum to the batch and give every rank a sample") {
-  const std::vector<int> c = balanced_counts({1.0, 1.0, 1.0, 3.0}, 256);
+TEST_CASE("balanced counts equalise the ranks' steps, sum to the batch, keep a sample each") {
+  const std::vector<int> c = balanced_counts({1.0, 1.0, 1.0, 3.0}, {}, 256);
   CHECK(std::accumulate(c.begin(), c.end(), 0) == 256);
   CHECK(c[3] == 25);  // 256 x (1/3) / (3 + 1/3) = 25.6, the largest remainders go to the others
   CHECK(c[0] == 77);
-  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, c) == doctest::Approx(77));
-  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, even_counts(4, 256)) == doctest::Approx(192));
-  const std::vector<int> tiny = balanced_counts({1.0, 1000.0}, 4);
+  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, {}, c) == doctest::Approx(77));
+  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 3.0}, {}, even_counts(4, 256)) == doctest::Approx(192));
+  const std::vector<int> tiny = balanced_counts({1.0, 1000.0}, {}, 4);
   CHECK(tiny == std::vector<int>{3, 1});
   CHECK(even_counts(3, 10) == std::vector<int>{4, 3, 3});
+  // A fixed per-step cost (a slow optimizer step) cannot be shed by samples: the slow rank keeps
+  // what fits beside it. 3T + (T - 80) = 256 gives T = 84.
+  const std::vector<double> fixed{0, 0, 0, 80};
+  const std::vector<int> f = balanced_counts({1.0, 1.0, 1.0, 1.0}, fixed, 256);
+  CHECK(f == std::vector<int>{84, 84, 84, 4});
+  CHECK(predicted_step_ms({1.0, 1.0, 1.0, 1.0}, fixed, f) == doctest::Approx(84));
+  // ... and when it exceeds any balanced step, the rank keeps one sample.
+  const std::vector<int> g = balanced_counts({1.0, 1.0, 1.0, 1.0}, {0, 0, 0, 200}, 256);
+  CHECK(g[3] == 1);
+  CHECK(std::accumulate(g.begin(), g.end(), 0) == 256);
+}
+
+TEST_CASE("nothing is proposed before the job's first steps were measured") {
+  DataParallelOptions o = options4();
+  o.warmup_steps = 10;
+  DataParallelDecider d(o);
+  std::mt19937 rng(2);
+  uint64_t step = feed(d, 0, 15, 100, 0.05, rng);  // 10 warm-up steps + 5
+  DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("measuring the job: 5 of 10") != std::string::npos);
+  feed(d, step, 5, 100, 0.05, rng);
+  x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::rebalance);
 }
 
 TEST_CASE("noise on healthy ranks moves nothing") {

@@ -248,7 +248,8 @@ TEST_CASE("with reported samples, a slow rank given a smaller share still reads 
       std::vector<double> compute;
       for (int r = 0; r < 4; ++r) compute.push_back(samples[r] * (r == 2 ? 30.0 : 10.0));
       for (auto t : sync_step(s, compute, std::vector<double>(4, 5.0))) {
-        if (reported) t.collectives["info/samples"] = {0, static_cast<uint64_t>(samples[t.rank]), 0};
+        if (reported)
+          t.collectives["info/samples"] = {0, static_cast<uint64_t>(samples[t.rank]), 0};
         CHECK(m.ingest(t) == "");
       }
     }

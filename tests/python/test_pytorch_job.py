@@ -7,8 +7,9 @@ second halves' median step times (runs made side by side, so machine load affect
   (a) healthy: at most 2 commits, and no slower than without the agent beyond noise (the larger
       of 10% and the difference between two runs without it, made before and after);
   (b)-(d) one rank 3x slower inside its forward, in its data loading (before the forward), or in
-      its optimizer step: the slow rank ends with a smaller share and the second half is at least
-      10% faster than without the agent;
+      its optimizer step (there as a fixed extra per step, the same amount as (b) at an even
+      share): the slow rank ends with the smallest share and the second half is at least 10%
+      faster than without the agent;
   (e) deploy described by a scenario of another size: both sides say so, no plan is sent.
 Figures go to stderr (and to $PARAPILOT_JOB_RESULTS as JSON lines when set).
 """

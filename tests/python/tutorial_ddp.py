@@ -4,9 +4,11 @@ DistributedDataParallel model), with parapilot added as docs/pytorch.md says: th
 
 Test knobs (not part of the recipe): --slow-rank R slows one rank by --slow-factor, with the extra
 time placed in its data loading (`data`), inside its forward (`forward`) or in its optimizer step
-(`optimizer`). The extra time is (factor - 1) x the rank's own forward + backward time for its
-samples, calibrated before training, so the rank behaves as a device that is `factor` times
-slower. --out writes rank 0's per-step wall times and the session's summary as JSON.
+(`optimizer`). In data loading and the forward the extra time is (factor - 1) x the rank's own
+forward + backward time for its samples, calibrated before training, so the rank behaves as a
+device that is `factor` times slower. In the optimizer step it is the same amount for an even
+share, paid once per step however many samples the rank has (an optimizer step does not scale
+with the batch). --out writes rank 0's per-step wall times and final shares as JSON.
 """
 
 import argparse
@@ -27,13 +29,15 @@ import parapilot.pytorch  # parapilot
 class Slowdown:
     """Makes one rank `factor` times slower at one place in its step."""
 
-    def __init__(self, where: str, factor: float, per_sample_s: float):
+    def __init__(self, where: str, factor: float, per_sample_s: float, even_share: int):
         self.where = where
         self.extra_per_sample_s = (factor - 1) * per_sample_s
+        self.even_share = even_share
 
     def at(self, where: str, samples: int) -> None:
         if where == self.where:
-            time.sleep(self.extra_per_sample_s * samples)
+            per_step = where == "optimizer"
+            time.sleep(self.extra_per_sample_s * (self.even_share if per_step else samples))
 
 
 class Model(torch.nn.Module):
@@ -118,7 +122,8 @@ def main():
     slowdown = None
     if rank == args.slow_rank:
         per_sample = calibrate(model, args.global_batch // world)
-        slowdown = Slowdown(args.slow_where, args.slow_factor, per_sample)
+        slowdown = Slowdown(args.slow_where, args.slow_factor, per_sample,
+                            args.global_batch // world)
         model.slowdown = slowdown
     dataset = TensorDataset(torch.randn(args.global_batch * 64, 128),
                             torch.randint(0, 16, (args.global_batch * 64,)))
@@ -128,7 +133,7 @@ def main():
         inner = optimizer.step
 
         def slow_step(*a, **kw):
-            slowdown.at("optimizer", session.local_batch)
+            slowdown.at("optimizer", 0)
             return inner(*a, **kw)
         optimizer.step = slow_step
     session = parapilot.pytorch.Session(ddp_model, optimizer,  # parapilot
