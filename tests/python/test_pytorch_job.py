@@ -169,6 +169,7 @@ class PyTorchJobTest(unittest.TestCase):
         summary = self.report("healthy", base, with_agent)
         self.check_common(with_agent, summary)
         self.assertLessEqual(summary["committed"], 2)
+        self.assertLessEqual(summary["stragglers_detected"], 2, "noise flagged as slow ranks")
         noise = max(NOISE, abs(w[0] - w[1]) / statistics.mean(w))
         self.assertLessEqual(with_agent["second_half_ms"], (1 + noise) * base["second_half_ms"],
                              f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
