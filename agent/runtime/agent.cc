@@ -115,31 +115,7 @@ int DeployAgent::Impl::ranks_of_job() const {
 
 std::string DeployAgent::Impl::job_cannot_run(const Strategy& from, const Strategy& s) const {
   if (!job_info) return "";  // nothing announced: the ranks will say what they refuse
-  const uint32_t c = capabilities;
-  if (s.tp > 1 && !(c & transport::kCapTensor)) return "the job cannot switch tensor parallel";
-  if (s.pp > 1 && !(c & transport::kCapPipeline)) return "the job cannot switch pipeline parallel";
-  if (!s.dp_shares.empty() && !(c & transport::kCapDpShares)) {
-    return "the job cannot switch batch shares";
-  }
-  // What the switch changes that this job acts on; the rest (ZeRO stage, recompute, schedule,
-  // micro-batches for a job that owns its loop) it ignores.
-  auto acted_on = [c](const Strategy& x) {
-    Strategy k;
-    k.dp = x.dp;
-    k.tp = x.tp;
-    k.pp = x.pp;
-    k.stage_layers = x.stage_layers;
-    k.gpus = x.gpus;
-    k.dp_shares = x.dp_shares;
-    if (c & transport::kCapMicroBatches) k.microbatch_size = x.microbatch_size;
-    if (c & transport::kCapCompression) {
-      k.compression = x.compression;
-      k.compression_overrides = x.compression_overrides;
-    }
-    return k;
-  };
-  if (acted_on(from) == acted_on(s)) return "the switch changes only settings the job ignores";
-  return "";
+  return unsupported_switch(from, s, capabilities);
 }
 
 void DeployAgent::Impl::on_connect(const transport::PeerInfo& p) {

@@ -64,6 +64,39 @@ transport::Layout to_wire(const Strategy& s) {
   return l;
 }
 
+std::string unsupported_switch(const Strategy& from, const Strategy& to, uint32_t c) {
+  if (to.tp > 1 && to.tp != from.tp && !(c & transport::kCapTensor)) {
+    return "the job cannot switch tensor parallel";
+  }
+  if (to.pp > 1 && to.pp != from.pp && !(c & transport::kCapPipeline)) {
+    return "the job cannot switch pipeline parallel";
+  }
+  if (!to.dp_shares.empty() && to.dp_shares != from.dp_shares && !(c & transport::kCapDpShares)) {
+    return "the job cannot switch batch shares";
+  }
+  // What the switch changes that this job acts on.
+  auto acted_on = [c](const Strategy& x) {
+    Strategy k;
+    k.dp = x.dp;
+    k.tp = x.tp;
+    k.pp = x.pp;
+    k.stage_layers = x.stage_layers;
+    k.dp_shares = x.dp_shares;
+    // A pure data-parallel job keeps each rank on its device: a new device map means only a
+    // new assignment of shares to ranks.
+    const bool placed = (c & (transport::kCapTensor | transport::kCapPipeline)) != 0;
+    if (placed || !x.dp_shares.empty()) k.gpus = x.gpus;
+    if (c & transport::kCapMicroBatches) k.microbatch_size = x.microbatch_size;
+    if (c & transport::kCapCompression) {
+      k.compression = x.compression;
+      k.compression_overrides = x.compression_overrides;
+    }
+    return k;
+  };
+  if (acted_on(from) == acted_on(to)) return "the switch changes only settings the job ignores";
+  return "";
+}
+
 std::string layout_name(const Strategy& s) {
   std::ostringstream out;
   out << "dp" << s.dp << "-tp" << s.tp << "-pp" << s.pp << "-mb" << s.microbatch_size;

@@ -44,6 +44,12 @@ std::string layout_name(const Strategy& s);
 /// boundaries (";st=16,16") and elastic data-parallel shares, run-length coded (";sh=33*7,29").
 /// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on wire v1).
 std::optional<std::string> wire_name(const Strategy& s);
+/// Why a job that announced `capabilities` (transport::Capability bits) cannot make the switch
+/// from `from` to `to`: a degree or knob it cannot switch, or a switch that changes only
+/// settings it ignores (ZeRO stage, recompute, schedule; micro-batches without kCapMicroBatches;
+/// compression without kCapCompression). "" when it can.
+std::string unsupported_switch(const Strategy& from, const Strategy& to, uint32_t capabilities);
+
 /// A layout rebuilt from its wire form: the degrees, then what wire_name() encodes; missing parts
 /// take the job's defaults (search-space first choices, equal shares, balanced stages). nullopt
 /// when the result is not legal for the job.

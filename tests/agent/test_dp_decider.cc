@@ -180,6 +180,37 @@ TEST_CASE("a rank with no measurement blocks any switch") {
   CHECK(x.reason.find("rank(s) 2") != std::string::npos);
 }
 
+TEST_CASE(
+    "a switch a job announced it cannot make is named, one that changes nothing it acts on "
+    "too") {
+  const uint32_t ddp = transport::kCapDpShares | transport::kCapCompression;
+  Strategy from;
+  from.dp = 8;
+  from.global_batch = 64;
+  Strategy to = from;
+  to.tp = 2;
+  to.dp = 4;
+  CHECK(unsupported_switch(from, to, ddp) == "the job cannot switch tensor parallel");
+  CHECK(unsupported_switch(from, to, ddp | transport::kCapTensor).empty());
+  to = from;
+  to.pp = 2;
+  to.dp = 4;
+  CHECK(unsupported_switch(from, to, ddp) == "the job cannot switch pipeline parallel");
+  to = from;
+  to.zero = 2;
+  to.microbatch_size = 2;
+  to.recompute = Recompute::kSelective;
+  CHECK(unsupported_switch(from, to, ddp) == "the switch changes only settings the job ignores");
+  CHECK(unsupported_switch(from, to, ddp | transport::kCapMicroBatches).empty());
+  to = from;
+  to.gpus = {1, 0, 2, 3, 4, 5, 6, 7};  // a device map alone means nothing to DDP
+  CHECK(unsupported_switch(from, to, ddp) == "the switch changes only settings the job ignores");
+  to.dp_shares = {1, 15, 8, 8, 8, 8, 8, 8};
+  CHECK(unsupported_switch(from, to, ddp).empty());
+  CHECK(unsupported_switch(from, to, transport::kCapCompression) ==
+        "the job cannot switch batch shares");
+}
+
 namespace {
 
 struct Rank {
