@@ -78,6 +78,21 @@ class RejectionTest(unittest.TestCase):
         bad_topk = wire.PlanPrepare(1, wire.Layout(compression=[wire.LayerCompression(0, 1, 2, 1.5)]))
         self.assertIn("topk", wire.validate(bad_topk))
 
+    def test_validate_job_info(self):
+        good = wire.JobInfo(3, 4, 64, wire.Capability.DP_SHARES, "pytorch-ddp",
+                            [wire.LayerInfo(10, 40)])
+        self.assertEqual(wire.validate(good), "")
+        self.assertEqual(wire.decode_frame(wire.encode_frame(good)), good)
+        for bad, words in ((wire.JobInfo(4, 4), "rank"), (wire.JobInfo(0, 0), "world_size"),
+                           (wire.JobInfo(0, 4, capabilities=1 << 9), "unknown bits"),
+                           (wire.JobInfo(0, 4, global_batch=(1 << 30) + 1), "too large")):
+            self.assertIn(words, wire.validate(bad))
+        # A frame the C++ would refuse is refused here too: trailing bytes after the layers.
+        f = bytearray(wire.encode_frame(good))
+        payload = bytes(f[16:]) + b"\x00"
+        with self.assertRaisesRegex(wire.WireError, "trailing"):
+            wire.decode_payload(wire.MessageType.JOB_INFO, payload)
+
 
 class AuthTest(unittest.TestCase):
     def test_proofs_differ_by_direction(self):
@@ -141,6 +156,8 @@ class CrossCheckTest(unittest.TestCase):
             wire.PlanReady(9, 1, False, "nope"),
             wire.Ack(9, 9, 1),
             wire.Shutdown("bye"),
+            wire.JobInfo(2, 4, 256, wire.Capability.DP_SHARES | wire.Capability.COMPRESSION,
+                         "pytorch-ddp 1.13", [wire.LayerInfo(66048, 264192)]),
             wire.PlanPrepare(4, wire.Layout(2, 1, 1, 1, [3, 1],
                                             [wire.LayerCompression(0, 2, 2, 0.25)]), "x", 10),
         ]

@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
                          PlanAbort{9, "timeout"},
                          Ack{MessageType::plan_commit, 9, 3},
                          Shutdown{"done"},
+                         JobInfo{1, 4, 64, kCapDpShares | kCapCompression, "pytorch-ddp",
+                                 {{1024, 4096}, {16, 64}}},
                          elastic};
   int n = 0;
   for (const Message& m : all) {
