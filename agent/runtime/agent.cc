@@ -237,9 +237,16 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   dpo.ranks = mo.ranks;
   dpo.global_batch = static_cast<int>(info.global_batch);
   dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
-  dp = std::make_unique<DataParallelDecider>(dpo);
+  {
+    std::lock_guard decide_lock(decide_mutex);  // current_layout() reads dp under it
+    dp = std::make_unique<DataParallelDecider>(dpo);
+  }
+  const std::string initial_shares = counts_text(dp->counts());  // before telemetry flows
   monitor_owner->set_step_callback(
       [this](uint64_t step, Clock::time_point t) { on_step(step, t); });
+  monitor.store(monitor_owner.get());
+  // Ranks that connected before the job was known (rank_connected is idempotent, so a rank that
+  // connects meanwhile and is registered by on_connect too is fine).
   std::set<uint32_t> ranks;
   {
     std::lock_guard lock(mutex);
@@ -248,7 +255,6 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   for (uint32_t r : ranks) {
     if (r < info.world_size) monitor_owner->rank_connected(static_cast<int>(r));
   }
-  monitor.store(monitor_owner.get());
   uint64_t params = 0, grad_bytes = 0;
   for (const auto& l : info.layers) {
     params += l.params;
@@ -266,7 +272,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
                         {"compression", (info.capabilities & transport::kCapCompression) != 0},
                         {"tp", (info.capabilities & transport::kCapTensor) != 0},
                         {"pp", (info.capabilities & transport::kCapPipeline) != 0}}},
-                      {"shares", counts_text(dp->counts())}};
+                      {"shares", initial_shares}};
   log(j.dump());
 }
 
@@ -397,7 +403,11 @@ void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arr
         pending_counts = d.counts;
         staging_predicted_s = 0;
       }
-      prepared = executor->prepare(shares_layout(d.counts, global_batch), ranks, decided);
+      std::set<uint32_t> members;  // ranks of this job (a stray rank id never answers)
+      for (uint32_t r : ranks) {
+        if (r < d.counts.size()) members.insert(r);
+      }
+      prepared = executor->prepare(shares_layout(d.counts, global_batch), members, decided);
     }
   }
   const auto sent = Clock::now();
