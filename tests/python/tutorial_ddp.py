@@ -8,7 +8,9 @@ time placed in its data loading (`data`), inside its forward (`forward`) or in i
 forward + backward time for its samples, calibrated before training, so the rank behaves as a
 device that is `factor` times slower. In the optimizer step it is the same amount for an even
 share, paid once per step however many samples the rank has (an optimizer step does not scale
-with the batch). --out writes rank 0's per-step wall times and final shares as JSON.
+with the batch). The extra time is slept, not computed: a slow device does not take compute from
+its peers, while on a machine whose ranks share cores extra computation would. --out writes
+rank 0's per-step wall times and final shares as JSON.
 """
 
 import argparse
