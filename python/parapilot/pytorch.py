@@ -695,6 +695,13 @@ class Session:
         if self._ctl_work is not None:  # every rank started it; finish it before leaving
             self._ctl_work.wait()
             self._ctl_work = None
+            self._ctl_tensor = None
+        if self._control_group is not None:
+            # Release the agreement's Gloo group now, while the interpreter is whole: left to
+            # interpreter shutdown, its worker threads are torn down in an order that can abort
+            # the process ("terminate called without an active exception").
+            dist.destroy_process_group(self._control_group)
+            self._control_group = None
         if not self._summarised:
             self._summarised = True
             self._say("info", self._summary())
@@ -753,7 +760,10 @@ class Session:
         (it has long finished: no waiting in the common case): the agreement for step t is
         started at the end of step t - 2 with the plans committed for t, and applied at the end
         of step t - 1. A rank that has not received the commit yet still switches when it has
-        the plan staged (every rank answered PlanReady before the agent committed)."""
+        the plan staged (every rank answered PlanReady before the agent committed). After
+        close() there is no agreement: the plan in force stays."""
+        if self._control_group is None:
+            return
         if self._ctl_work is not None:
             self._ctl_work.wait()
             agreed, stop_any = int(self._ctl_tensor[0]), int(self._ctl_tensor[1])

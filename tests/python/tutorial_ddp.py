@@ -5,8 +5,8 @@ DistributedDataParallel model), with parapilot added as docs/pytorch.md says: th
 Test knobs (not part of the recipe): --slow-rank R slows one rank by --slow-factor, with the extra
 time placed in its data loading (`data`), inside its forward (`forward`) or in its optimizer step
 (`optimizer`). In data loading and the forward the extra time is (factor - 1) x the rank's own
-forward + backward time for its samples, calibrated before training, so the rank behaves as a
-device that is `factor` times slower. In the optimizer step it is the same amount for an even
+forward + backward time per sample (measured while it has an even share, so under the machine's
+load of the moment) times its samples: the rank behaves as a device `factor` times slower. In the optimizer step it is the same amount for an even
 share, paid once per step however many samples the rank has (an optimizer step does not scale
 with the batch). The extra time is slept, not computed: a slow device does not take compute from
 its peers, while on a machine whose ranks share cores extra computation would. --out writes
@@ -29,17 +29,36 @@ import parapilot.pytorch  # parapilot
 
 
 class Slowdown:
-    """Makes one rank `factor` times slower at one place in its step."""
+    """Makes one rank `factor` times slower at one place in its step: it sleeps factor - 1 times
+    its own forward + backward time per sample (learnt while it has an even share) times its
+    samples, or in the optimizer step the same for an even share, once per step."""
 
-    def __init__(self, where: str, factor: float, per_sample_s: float, even_share: int):
+    def __init__(self, where: str, factor: float, even_share: int):
         self.where = where
-        self.extra_per_sample_s = (factor - 1) * per_sample_s
+        self.factor = factor
         self.even_share = even_share
+        self.per_sample_s = None  # smoothed forward + backward time per sample, without sleeps
+        self.slept = 0.0
+        self._t0 = self._slept0 = 0.0
 
     def at(self, where: str, samples: int) -> None:
-        if where == self.where:
-            per_step = where == "optimizer"
-            time.sleep(self.extra_per_sample_s * (self.even_share if per_step else samples))
+        if where != self.where or self.per_sample_s is None:
+            return
+        n = self.even_share if where == "optimizer" else samples
+        t0 = time.perf_counter()
+        time.sleep((self.factor - 1) * self.per_sample_s * n)
+        self.slept += time.perf_counter() - t0
+
+    def work_begun(self) -> None:
+        self._t0, self._slept0 = time.perf_counter(), self.slept
+
+    def work_done(self, samples: int) -> None:
+        # Learnt at the even share only: with fewer samples the per-step overheads would count
+        # as per-sample time, and the rank would get slower the more work it gives away.
+        if samples != self.even_share:
+            return
+        own = (time.perf_counter() - self._t0 - (self.slept - self._slept0)) / samples
+        self.per_sample_s = own if self.per_sample_s is None else 0.8 * self.per_sample_s + 0.2 * own
 
 
 class Model(torch.nn.Module):
@@ -67,12 +86,16 @@ class Trainer:
         self.step_ms = []
 
     def _run_batch(self, source, targets):
-        if self.slowdown is not None:
-            self.slowdown.at("data", source.shape[0])
+        slow = self.slowdown
+        if slow is not None:
+            slow.at("data", source.shape[0])
+            slow.work_begun()
         self.optimizer.zero_grad()
         output = self.model(source)
         loss = F.cross_entropy(output, targets)
         loss.backward()
+        if slow is not None:
+            slow.work_done(source.shape[0])
         self.optimizer.step()
 
     def _run_epoch(self, epoch, max_steps):
@@ -90,19 +113,6 @@ class Trainer:
         epoch = 0
         while self._run_epoch(epoch, max_steps):
             epoch += 1
-
-
-def calibrate(model, batch: int) -> float:
-    """Seconds of forward + backward per sample on this rank (median of a few timed runs)."""
-    x = torch.randn(batch, 128)
-    y = torch.randint(0, 16, (batch,))
-    times = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        F.cross_entropy(model(x), y).backward()
-        times.append(time.perf_counter() - t0)
-    model.zero_grad()
-    return sorted(times)[len(times) // 2] / batch
 
 
 def main():
@@ -123,9 +133,7 @@ def main():
     model = Model()
     slowdown = None
     if rank == args.slow_rank:
-        per_sample = calibrate(model, args.global_batch // world)
-        slowdown = Slowdown(args.slow_where, args.slow_factor, per_sample,
-                            args.global_batch // world)
+        slowdown = Slowdown(args.slow_where, args.slow_factor, args.global_batch // world)
         model.slowdown = slowdown
     dataset = TensorDataset(torch.randn(args.global_batch * 64, 128),
                             torch.randint(0, 16, (args.global_batch * 64,)))
@@ -141,8 +149,7 @@ def main():
     session = parapilot.pytorch.Session(ddp_model, optimizer,  # parapilot
                                         global_batch=args.global_batch)
     train_data = DataLoader(dataset, batch_sampler=session.batch_sampler(dataset))  # parapilot
-    trainer = Trainer(ddp_model, train_data, optimizer, session,
-                      slowdown if args.slow_where == "data" else None)
+    trainer = Trainer(ddp_model, train_data, optimizer, session, slowdown)
     trainer.train(args.steps)
     shares = session.local_counts()
     applied = list(session.applied_plans)
