@@ -243,14 +243,23 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
           ? d.predicted_now_ms / (d.predicted_new_ms + d.predicted_now_ms / amortise_steps)
           : 1.0;
   if (target == counts_) {
+    wanted_ = 0;
     d.reason = "shares already balanced; " + evidence;
     return d;
   }
   if (d.predicted_gain < o_.min_gain) {
+    wanted_ = 0;
     d.reason =
         fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) + evidence;
     return d;
   }
+  if (++wanted_ < o_.confirm_decisions) {
+    d.reason = fmt("predicted gain %.2fx in %d of %d decisions in a row; ", d.predicted_gain,
+                   wanted_, o_.confirm_decisions) +
+               evidence;
+    return d;
+  }
+  wanted_ = 0;
   d.kind = DataParallelDecision::Kind::rebalance;
   d.counts = target;
   d.reason = evidence + fmt("; predicted step %.1f -> %.1f ms of compute", d.predicted_now_ms,

@@ -8,7 +8,8 @@
 //   rank's. Balanced shares equalise the ranks' predicted steps (water-filling; every rank keeps
 //   at least one sample). Ranks within `equal_band` of the median rank count as equal to it.
 // * A switch is proposed only when the predicted step-time ratio, after charging the switch's
-//   cost (one step at the current time, amortised over the cool-down), reaches `min_gain`.
+//   cost (one step at the current time, amortised over the cool-down), reaches `min_gain` in
+//   `confirm_decisions` decisions in a row.
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
 //   from `settle_steps` after the switch) is compared with the interval before it. Worse beyond
 //   noise (max(revert_margin, 3 robust standard errors)) reverts to the previous shares, and the
@@ -41,6 +42,9 @@ struct DataParallelOptions {
   /// ranks.
   double equal_band = 0.2;
   int warmup_steps = 10;  ///< the job's first steps (start-up transients) are not measured.
+  /// Decisions in a row that must predict the gain before a switch (a passing asymmetry, e.g.
+  /// another process taking a core for a while, is not acted on).
+  int confirm_decisions = 2;
 };
 
 /// Samples per rank that equalise fixed_ms[r] + per_sample_ms[r] * n[r] (each >= 1, summing to
@@ -91,6 +95,7 @@ class DataParallelDecider {
   std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
   int cooldown_;
   int since_switch_ = 1 << 20;            // decisions since the last switch was prepared
+  int wanted_ = 0;                        // decisions in a row that predicted the gain
   bool verifying_ = false;                // the last switch is being judged
   uint64_t verify_from_ = 0;              // first step that counts for the judgement
   double before_ms_ = 0, before_se_ = 0;  // the interval before the switch

@@ -34,6 +34,7 @@ DataParallelOptions options4() {
   o.verify_steps = 10;
   o.settle_steps = 2;
   o.warmup_steps = 0;
+  o.confirm_decisions = 1;
   return o;
 }
 
@@ -67,6 +68,27 @@ TEST_CASE("balanced counts equalise the ranks' steps, sum to the batch, keep a s
   const std::vector<int> g = balanced_counts({1.0, 1.0, 1.0, 1.0}, {0, 0, 0, 200}, 256);
   CHECK(g[3] == 1);
   CHECK(std::accumulate(g.begin(), g.end(), 0) == 256);
+}
+
+TEST_CASE("a gain must be predicted in two decisions in a row: a passing asymmetry is ignored") {
+  DataParallelOptions o = options4();
+  o.confirm_decisions = 2;
+  DataParallelDecider d(o);
+  std::mt19937 rng(4);
+  uint64_t step = 0;
+  for (int i = 0; i < 21; ++i) {  // rank 0 looks 2x faster every other decision
+    step = feed(d, step, 10, 100, 0.05, rng);
+    const double r0 = i % 2 ? 0.5 : 1.0;
+    CHECK(d.decide(measured({r0, 1.0, 1.0, 1.0}, d.counts()), false).kind ==
+          DataParallelDecision::Kind::keep);
+  }
+  step = feed(d, step, 10, 100, 0.05, rng);
+  DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("1 of 2 decisions") != std::string::npos);
+  feed(d, step, 10, 100, 0.05, rng);
+  x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(x.kind == DataParallelDecision::Kind::rebalance);
 }
 
 TEST_CASE("nothing is proposed before the job's first steps were measured") {
