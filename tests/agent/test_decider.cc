@@ -173,14 +173,22 @@ TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON l
 
   d.committed(first.target->strategy);
   CHECK(d.current() == first.target->strategy);
-  d.update_beliefs(slowed_beliefs(16, 3, 1.0 / 3));
+  // Another rank slows: there are candidates and the policy asks for one, but the cool-down
+  // holds it back for cooldown_intervals decisions, then lets it through.
+  d.update_beliefs(slowed_beliefs(16, 11, 0.25));
   const Decision cooling = d.decide(29, false, 0, {});
+  REQUIRE_FALSE(cooling.candidates.empty());
+  CHECK(cooling.policy_action != 0);
   CHECK(cooling.action == 0);
-  if (cooling.policy_action != 0 && !cooling.candidates.empty()) {
-    CHECK(cooling.guardrail == "cool-down after the last switch");
-  }
+  CHECK(cooling.guardrail == "cool-down after the last switch");
   // Candidates never include the current layout.
   for (const Candidate& c : cooling.candidates) CHECK_FALSE(c.strategy == d.current());
+  const Decision still = d.decide(39, false, 0, {});
+  CHECK(still.action == 0);
+  CHECK(still.guardrail == "cool-down after the last switch");
+  const Decision after = d.decide(49, false, 0, {});
+  CHECK(after.action == 1);
+  CHECK(after.guardrail.empty());
 }
 
 TEST_CASE("asynchronous planning catches up with the beliefs") {

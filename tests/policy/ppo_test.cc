@@ -1,9 +1,11 @@
 // The PPO trainer: learns a known optimum, is deterministic for its seed, and resumes exactly.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
+#include "agent/baselines.h"
 #include "agent/evaluate.h"
 #include "agent/ppo.h"
 #include "checkpoints/checkpoint.h"
@@ -45,12 +47,14 @@ TEST_CASE("ppo: learns the best arm of a bandit (known optimum)") {
   const ag::EpisodeStats stats = ag::run_episode(*bandit, *policy, 7);
   const ag::EpisodeStats oracle = ag::run_oracle(*bandit, 7);
   CHECK(stats.mean_reward > 0.95);
+  REQUIRE(oracle.throughput_tokens_per_s > 0);
+  // The known optimum, nearly: the greedy policy's throughput against the hindsight oracle's.
+  CHECK(stats.throughput_tokens_per_s >= 0.95 * oracle.throughput_tokens_per_s);
   CHECK(trainer.validate().score > 0.95);
   parapilot::env::Observation o;
   o.state[0] = 1.0f;
   o.mask.fill(1);
   CHECK(policy->act(o) == 3);
-  (void)oracle;
 }
 
 TEST_CASE("ppo: the same seed gives the same run; another seed another") {
@@ -126,15 +130,19 @@ TEST_CASE("ppo: bad configs and env ids are input errors") {
   CHECK_THROWS_AS(ag::PpoTrainer{c}, parapilot::InputError);
 }
 
-TEST_CASE("ppo: the shipped default policy loads and schedules the mixed family well") {
+TEST_CASE("ppo: the shipped default policy loads and schedules mixed as well as reactive") {
   auto policy = ag::load_policy(ag::default_policy_path());
+  auto reactive = ag::make_baseline("reactive");
   auto env = parapilot::env::make_env("sim:mixed");
-  double score = 0;
+  double rl_score = 0, reactive_score = 0;
   for (uint64_t seed = 1000; seed < 1003; ++seed) {
-    const double rl = ag::run_episode(*env, *policy, seed).throughput_tokens_per_s;
-    score += rl / ag::run_oracle(*env, seed).throughput_tokens_per_s / 3;
+    const double oracle = ag::run_oracle(*env, seed).throughput_tokens_per_s;
+    rl_score += ag::run_episode(*env, *policy, seed).throughput_tokens_per_s / oracle / 3;
+    reactive_score += ag::run_episode(*env, *reactive, seed).throughput_tokens_per_s / oracle / 3;
   }
-  // Retrain and replace checkpoints/default-mixed.ckpt when the simulator or the observation
-  // changes enough to break this (docs/policy.md).
-  CHECK(score > 0.93);
+  std::printf("shipped policy on mixed, seeds 1000-1002: %.4f of the oracle; reactive %.4f\n",
+              rl_score, reactive_score);
+  // The same seeds for both. Retrain and replace checkpoints/default-mixed.ckpt when the
+  // simulator or the observation changes enough to break this (docs/policy.md).
+  CHECK(rl_score >= reactive_score - 0.01);
 }
