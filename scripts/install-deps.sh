@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libgloo-dev libboost-dev libcereal-dev libcli11-dev doctest-dev libtomlplusplus-dev
-  libspdlog-dev nlohmann-json3-dev libzmq3-dev cppzmq-dev gnuplot-nox python3 python3-torch
+  nlohmann-json3-dev libzmq3-dev cppzmq-dev gnuplot-nox python3 python3-torch
 )
 missing=()
 for p in "${packages[@]}"; do

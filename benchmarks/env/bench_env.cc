@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,7 +61,21 @@ double vectorised(const std::string& id, int envs, int threads, double seconds) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf(
+          "usage: bench_env [SECONDS [ENV_ID...]]\n"
+          "  env steps per second, one thread and 8 envs on 2 threads, SECONDS each (3);\n"
+          "  default envs: sim:straggler and sim:mixed at 64 and 1024 GPUs\n");
+      return 0;
+    }
+  }
+  char* end = nullptr;
+  const double seconds = argc > 1 ? std::strtod(argv[1], &end) : 3.0;
+  if (argc > 1 && (end == argv[1] || *end != '\0' || !(seconds > 0))) {
+    std::fprintf(stderr, "bench_env: SECONDS \"%s\" is not a positive number (--help)\n", argv[1]);
+    return 2;
+  }
   std::printf("simulator env steps/s (planning and resets included; 10%% of actions switch)\n");
   std::printf("%-34s %14s %22s\n", "env", "1 thread", "8 envs on 2 threads");
   std::vector<std::string> ids;

@@ -318,6 +318,21 @@ std::vector<std::size_t> parse_list(const char* s) {
 
 int main(int argc, char** argv) {
   Config cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "usage: bench_transport [--seconds S] [--rate R] [--window N] "
+          "[--buses parapilot,zeromq]\n"
+          "                       [--repeat N] [--publishers N,N,...]\n"
+          "  telemetry throughput and latency of the parapilot bus (and ZeroMQ, side by side)\n");
+      return 0;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "bench_transport: option %s needs a value (--help)\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--seconds") {
