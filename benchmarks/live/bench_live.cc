@@ -328,36 +328,49 @@ int main(int argc, char** argv) {
     return worker_main(argc - 1, argv + 1);
   }
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_live: %s needs a value\n", s.c_str());
-        std::exit(2);
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string s = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "bench_live: %s needs a value\n", s.c_str());
+          std::exit(2);
+        }
+        return argv[++i];
+      };
+      if (s == "--workers")
+        a.workers = std::stoi(next());
+      else if (s == "--slow")
+        a.slow = std::stod(next());
+      else if (s == "--steps")
+        a.steps = std::stoi(next());
+      else if (s == "--rounds")
+        a.rounds = std::stoi(next());
+      else if (s == "--out")
+        a.out = next();
+      else if (s == "--corpus")
+        a.corpus = next();
+      else if (a.mode.empty())
+        a.mode = s;
+      else {
+        std::fprintf(stderr, "bench_live: unknown argument %s\n", s.c_str());
+        return 2;
       }
-      return argv[++i];
-    };
-    if (s == "--workers")
-      a.workers = std::stoi(next());
-    else if (s == "--slow")
-      a.slow = std::stod(next());
-    else if (s == "--steps")
-      a.steps = std::stoi(next());
-    else if (s == "--out")
-      a.out = next();
-    else if (s == "--corpus")
-      a.corpus = next();
-    else if (a.mode.empty())
-      a.mode = s;
-    else {
-      std::fprintf(stderr, "bench_live: unknown argument %s\n", s.c_str());
-      return 2;
     }
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "bench_live: a numeric flag has a value that is not a number\n");
+    return 2;
+  }
+  if (a.workers < 1 || a.steps < 0 || a.rounds < 1 || !(a.slow >= 1)) {
+    std::fprintf(stderr,
+                 "bench_live: needs --workers >= 1, --steps >= 0 (0: the mode's default), "
+                 "--rounds >= 1, --slow >= 1\n");
+    return 2;
   }
   if (a.mode == "elastic") return elastic(a);
   if (a.mode == "compression") return compression(a);
   std::fprintf(stderr,
-               "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] [--out "
-               "DIR] [--corpus PATH]\n");
+               "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] "
+               "[--rounds N] [--out DIR] [--corpus PATH]\n");
   return 2;
 }
