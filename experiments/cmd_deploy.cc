@@ -167,14 +167,14 @@ std::string text_line(const std::string& json) {
       std::snprintf(text, sizeof text, "%skeep       shares %s  %s  (%s)", head,
                     shares_or(j, "shares").c_str(), rate, str("reason").c_str());
     } else {
-      std::snprintf(
-          text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head, action.c_str(),
-          shares_or(j, "shares").c_str(), shares_or(j, "target_shares").c_str(), num("step_ms"),
-          j.contains("predicted_gain")
-              ? (", predicted gain " + std::to_string(num("predicted_gain")).substr(0, 4) + "x")
-                    .c_str()
-              : "",
-          str("reason").c_str());
+      char gain[48] = "";
+      if (j.contains("predicted_gain")) {
+        std::snprintf(gain, sizeof gain, ", predicted gain %.2fx", num("predicted_gain"));
+      }
+      std::snprintf(text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head,
+                    action.c_str(), shares_or(j, "shares").c_str(),
+                    shares_or(j, "target_shares").c_str(), num("step_ms"), gain,
+                    str("reason").c_str());
     }
     return text;
   }
@@ -305,6 +305,7 @@ void run_deploy(const DeployFlags& f) {
                       {"aborted", s.migrations_aborted},
                       {"held_back", s.held_back},
                       {"telemetry_accepted", mc.accepted},
+                      {"telemetry_before_job_info", s.telemetry_before_job},
                       {"telemetry_rejected", rejected},
                       {"stragglers_detected", s.stragglers_detected},
                       {"decision_latency_ms_p50", q(s.decision_latency_ms, 0.5)},

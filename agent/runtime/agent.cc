@@ -80,11 +80,9 @@ struct DeployAgent::Impl {
   std::mutex decide_mutex;
   // What the ranks announced (JobInfo). For a learned job the first announcement defines it.
   std::optional<transport::JobInfo> job_info;
-  uint32_t capabilities = ~0u;   // AND over the ranks' announcements
-  std::string mismatch;          // non-empty: a rank disagrees with the job; no plans are sent
-  uint64_t before_job_info = 0;  // telemetry of a learned job before its first JobInfo
-  bool pending_revert = false;   // the switch in flight undoes the last one
-  std::vector<int> pending_counts;
+  uint32_t capabilities = ~0u;  // AND over the ranks' announcements
+  std::string mismatch;         // non-empty: a rank disagrees with the job; no plans are sent
+  bool pending_revert = false;  // the switch in flight undoes the last one
 
   void log(const std::string& line) const {
     if (o.log) {
@@ -100,8 +98,13 @@ struct DeployAgent::Impl {
   void on_outcome(const MigrationOutcome& r);
   void on_job_info(transport::PeerId id, const transport::JobInfo& info);
   void decide_learned(uint64_t step, Clock::time_point last_arrival, Clock::time_point start,
-                      const Beliefs& beliefs, const std::vector<std::string>& evidence,
-                      const std::set<uint32_t>& ranks);
+                      bool staging, const Beliefs& beliefs,
+                      const std::vector<std::string>& evidence, const std::set<uint32_t>& ranks,
+                      const nlohmann::json& rejected);
+  // Latency figures of one decision (timestamps in order), under no lock.
+  void record_decision(Clock::time_point last_arrival, Clock::time_point callback_start,
+                       Clock::time_point decide_start, Clock::time_point decided,
+                       Clock::time_point sent, bool prepared);
   // Why the job cannot run a switch from `from` to `s` ("" when it can). Under the lock.
   std::string job_cannot_run(const Strategy& from, const Strategy& s) const;
   int ranks_of_job() const;  // under the lock; 0: not known yet
@@ -159,7 +162,7 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
       auto it = peer_rank.find(id);
       if (it == peer_rank.end() || it->second != t->rank) return;
       if (!monitor.load()) {
-        ++before_job_info;
+        ++stats.telemetry_before_job;
         return;
       }
     }
@@ -186,6 +189,13 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
     std::lock_guard lock(mutex);
     auto it = peer_rank.find(id);
     if (it == peer_rank.end() || it->second != info.rank) return;  // a rank speaks for itself
+    const bool first = !job_info;
+    if (first) {
+      job_info = info;
+      capabilities = info.capabilities;
+    } else {
+      capabilities &= info.capabilities;
+    }
     if (o.job) {
       if (static_cast<int>(info.world_size) != o.job->gpus()) {
         warning = "deploy's job has " + std::to_string(o.job->gpus()) + " ranks but rank " +
@@ -194,7 +204,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
                   ": no plans will be sent (start deploy without --scenario to learn the job "
                   "from its ranks, or give a scenario of the job's size)";
       }
-    } else if (!job_info) {
+    } else if (first) {
       if (info.global_batch < info.world_size) {
         warning = "rank " + std::to_string(info.rank) + " announced global batch " +
                   std::to_string(info.global_batch) + " for " + std::to_string(info.world_size) +
@@ -202,10 +212,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
       } else if (!(info.capabilities & transport::kCapDpShares)) {
         warning = "the job cannot switch batch shares: deploy only observes";
       }
-      job_info = info;
-      capabilities = info.capabilities;
       learned_now = warning.empty();
-      if (!learned_now) mismatch = warning;
     } else if (info.world_size != job_info->world_size ||
                info.global_batch != job_info->global_batch) {
       warning = "rank " + std::to_string(info.rank) + " announced " +
@@ -213,10 +220,6 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
                 std::to_string(info.global_batch) + ", but the job is " +
                 std::to_string(job_info->world_size) + " ranks, global batch " +
                 std::to_string(job_info->global_batch) + ": no plans will be sent";
-    }
-    if (o.job || (job_info && !learned_now)) {
-      if (!job_info) job_info = info;
-      capabilities &= info.capabilities;
     }
     if (!warning.empty()) mismatch = warning;
   }
@@ -330,7 +333,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   nlohmann::json rejected = nlohmann::json::object();
   for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   if (dp) {
-    decide_learned(step, last_arrival, callback_start, beliefs, evidence, ranks);
+    decide_learned(step, last_arrival, callback_start, staging, beliefs, evidence, ranks, rejected);
     return;
   }
   const auto decide_start = Clock::now();
@@ -351,23 +354,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     }
     if (held.empty()) prepared = executor->prepare(d.target->strategy, ranks, decided);
   }
-  const auto sent = Clock::now();
-  {
-    std::lock_guard lock(mutex);
-    ++stats.decisions;
-    push_bounded(stats.step_close_ms,
-                 std::chrono::duration<double, std::milli>(callback_start - last_arrival).count(),
-                 100000);
-    push_bounded(stats.decide_ms,
-                 std::chrono::duration<double, std::milli>(decided - decide_start).count(), 100000);
-    push_bounded(stats.decision_latency_ms,
-                 std::chrono::duration<double, std::milli>(decided - last_arrival).count(), 100000);
-    if (prepared) {
-      ++stats.switches_decided;
-      push_bounded(stats.prepare_latency_ms,
-                   std::chrono::duration<double, std::milli>(sent - last_arrival).count(), 100000);
-    }
-  }
+  record_decision(last_arrival, callback_start, decide_start, decided, Clock::now(), prepared);
   nlohmann::json j = nlohmann::json::parse(d.log_line, nullptr, false);
   if (j.is_object()) {
     j["telemetry_rejected"] = rejected;
@@ -379,10 +366,11 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
 }
 
 void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arrival,
-                                       Clock::time_point start, const Beliefs& beliefs,
+                                       Clock::time_point start, bool staging,
+                                       const Beliefs& beliefs,
                                        const std::vector<std::string>& evidence,
-                                       const std::set<uint32_t>& ranks) {
-  const bool staging = executor->busy();
+                                       const std::set<uint32_t>& ranks,
+                                       const nlohmann::json& rejected) {
   DataParallelDecision d = dp->decide(beliefs, staging);
   const auto decided = Clock::now();
   std::string blocked;
@@ -400,7 +388,6 @@ void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arr
       {
         std::lock_guard lock(mutex);
         pending_revert = d.kind == DataParallelDecision::Kind::revert;
-        pending_counts = d.counts;
         staging_predicted_s = 0;
       }
       std::set<uint32_t> members;  // ranks of this job (a stray rank id never answers)
@@ -410,26 +397,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arr
       prepared = executor->prepare(shares_layout(d.counts, global_batch), members, decided);
     }
   }
-  const auto sent = Clock::now();
-  {
-    std::lock_guard lock(mutex);
-    ++stats.decisions;
-    push_bounded(stats.step_close_ms,
-                 std::chrono::duration<double, std::milli>(start - last_arrival).count(), 100000);
-    push_bounded(stats.decide_ms,
-                 std::chrono::duration<double, std::milli>(decided - start).count(), 100000);
-    push_bounded(stats.decision_latency_ms,
-                 std::chrono::duration<double, std::milli>(decided - last_arrival).count(), 100000);
-    if (prepared) {
-      ++stats.switches_decided;
-      if (d.kind == DataParallelDecision::Kind::revert) ++stats.reverts_decided;
-      push_bounded(stats.prepare_latency_ms,
-                   std::chrono::duration<double, std::milli>(sent - last_arrival).count(), 100000);
-    }
-  }
-  const MonitorCounters mc = monitor.load()->counters();
-  nlohmann::json rejected = nlohmann::json::object();
-  for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
+  record_decision(last_arrival, start, start, decided, Clock::now(), prepared);
   const double sps = d.current_step_ms > 0 ? 1000.0 * global_batch / d.current_step_ms : 0.0;
   nlohmann::json j = {
       {"event", "decision"},
@@ -489,6 +457,24 @@ void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
     j["revert"] = revert;
   }
   log(j.dump());
+}
+
+void DeployAgent::Impl::record_decision(Clock::time_point last_arrival,
+                                        Clock::time_point callback_start,
+                                        Clock::time_point decide_start, Clock::time_point decided,
+                                        Clock::time_point sent, bool prepared) {
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  std::lock_guard lock(mutex);
+  ++stats.decisions;
+  push_bounded(stats.step_close_ms, ms(last_arrival, callback_start), 100000);
+  push_bounded(stats.decide_ms, ms(decide_start, decided), 100000);
+  push_bounded(stats.decision_latency_ms, ms(last_arrival, decided), 100000);
+  if (prepared) {
+    ++stats.switches_decided;
+    push_bounded(stats.prepare_latency_ms, ms(last_arrival, sent), 100000);
+  }
 }
 
 std::string DeployAgent::Impl::render() const {

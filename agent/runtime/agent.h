@@ -63,9 +63,9 @@ struct AgentStats {
   uint64_t switches_decided = 0;
   uint64_t migrations_committed = 0;
   uint64_t migrations_aborted = 0;
-  uint64_t reverts_decided = 0;  ///< switches back after a switch measured slower.
-  uint64_t reverts_committed = 0;
-  uint64_t held_back = 0;  ///< policy switches the job could not run (capabilities).
+  uint64_t reverts_committed = 0;     ///< switches back after a switch measured slower.
+  uint64_t held_back = 0;             ///< policy switches the job could not run (capabilities).
+  uint64_t telemetry_before_job = 0;  ///< a learned job's telemetry before its first JobInfo.
   uint64_t stragglers_detected = 0;
   uint64_t congested_links_detected = 0;
   uint64_t ranks_lost = 0;

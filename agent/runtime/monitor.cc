@@ -162,7 +162,6 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   s_->beliefs.rank_steps_per_s.assign(options.ranks, 0.0);
   s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
-  s_->beliefs.rank_wait_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_fixed_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_samples.assign(options.ranks, 0.0);
 }
@@ -294,7 +293,6 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     walls.push_back(x.wall_ms);
     beliefs.rank_samples[x.rank] = std::max(0.0, x.work);
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
-    beliefs.rank_wait_ms[x.rank] = wait;
     waits.push_back(wait);
     r.last_wait_ms = wait;
     r.lateness_ms =

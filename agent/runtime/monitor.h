@@ -83,7 +83,6 @@ struct Beliefs {
   std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
   std::vector<double> rank_queue_depth;
   std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
-  std::vector<double> rank_wait_ms;     ///< measured wait in the gradient collectives, last step.
   std::vector<double> rank_samples;     ///< samples in the rank's last step; 0: not reported.
   bool compute_per_sample = false;      ///< rank_compute_ms is per sample.
   double last_step_ms = 0;              ///< the last closed step's wall time (median over ranks).
