@@ -25,6 +25,7 @@ struct Staged {
   uint64_t plan_id = 0;
   Strategy target;
   std::vector<double> buffer;        // the second buffer: a snapshot of the parameters...
+  uint64_t buffer_updates = 0;       // ...with the count of updates it holds...
   std::vector<uint64_t> replay_log;  // ...and the steps applied since, replayed at the commit.
   uint64_t ready_at = 0;
   bool ready_sent = false;
@@ -37,11 +38,14 @@ struct Rank {
   bool alive = true;
   bool kill_on_prepare = false;
   bool refuse_prepare = false;
+  bool drop_commit = false;
   std::mutex inbox_mutex;
   std::vector<Message> inbox;
   bool agent_lost = false;  // set by the disconnect handler, handled at the next boundary
   bool agent_lost_seen = false;
   std::vector<double> params;
+  uint64_t updates = 0;  // updates applied to params (travels with the buffer at a switch)
+  Strategy layout;       // the layout this rank runs
   std::optional<Staged> staged;
   std::optional<transport::PlanCommit> commit;
 };
@@ -60,6 +64,7 @@ struct SimulatedCluster::Impl {
   double nominal_compute_ms = 0;
   double grad_bytes = 0;
   std::vector<double> type_scale;  // per GPU: compute time relative to the slowest type
+  std::vector<double> gpu_samples;  // per GPU: samples it processes per step under the layout
   SimClusterReport report;
   std::mt19937_64 rng;
   uint64_t clock_ns = 0;
@@ -80,6 +85,17 @@ void SimulatedCluster::Impl::layout_changed() {
   nominal_compute_ms = std::max(1e-3, (b.iteration_time_s - b.dp_comm_s - b.optimizer_s) * 1000.0);
   grad_bytes = static_cast<double>(job->scenario.model.total_params()) * 2.0 /
                std::max(1, layout.tp * layout.pp);
+  // Each rank of a replica works on the replica's share; the share counts once per replica.
+  gpu_samples.assign(o.ranks, 0.0);
+  const std::vector<int> shares = layout.shares();
+  const double per_replica = std::max(1, layout.tp * layout.pp);
+  for (int d = 0; d < layout.dp; ++d)
+    for (int p = 0; p < layout.pp; ++p)
+      for (int t = 0; t < layout.tp; ++t) {
+        const int g = layout.gpu_of_rank(d, p, t);
+        if (g >= 0 && g < o.ranks && d < static_cast<int>(shares.size()))
+          gpu_samples[g] = shares[d] / per_replica;
+      }
 }
 
 Conditions SimulatedCluster::Impl::true_conditions(uint64_t s) const {
@@ -135,6 +151,7 @@ SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_
     auto r = std::make_unique<Rank>();
     r->id = static_cast<uint32_t>(i);
     r->params.assign(m.o.param_dim, 0.0);
+    r->layout = m.layout;
     m.ranks.push_back(std::move(r));
   }
   for (auto& rp : m.ranks) {
@@ -216,6 +233,11 @@ void SimulatedCluster::refuse_prepare(uint32_t rank) {
   if (rank < impl_->ranks.size()) impl_->ranks[rank]->refuse_prepare = true;
 }
 
+void SimulatedCluster::drop_commit(uint32_t rank) {
+  std::lock_guard lock(impl_->mutex);
+  if (rank < impl_->ranks.size()) impl_->ranks[rank]->drop_commit = true;
+}
+
 uint64_t SimulatedCluster::current_step() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->step;
@@ -270,10 +292,12 @@ void SimulatedCluster::step() {
         st.plan_id = p->plan_id;
         st.target = *target;
         st.buffer = r.params;  // background copy into the second buffer
+        st.buffer_updates = r.updates;
         st.ready_at = s + m.o.stage_steps;
         r.staged = std::move(st);
         r.commit.reset();
       } else if (auto* c = std::get_if<transport::PlanCommit>(&msg)) {
+        if (r.drop_commit) continue;
         if (r.staged && r.staged->plan_id == c->plan_id) {
           r.commit = *c;
         } else {
@@ -321,8 +345,11 @@ void SimulatedCluster::step() {
         if (!r.alive) continue;
         for (uint64_t logged : r.staged->replay_log) {
           for (int i = 0; i < m.o.param_dim; ++i) r.staged->buffer[i] += update_of(logged, i);
+          ++r.staged->buffer_updates;
         }
         r.params.swap(r.staged->buffer);
+        r.updates = r.staged->buffer_updates;
+        r.layout = r.staged->target;
         target = r.staged->target;
         r.staged.reset();
         r.commit.reset();
@@ -366,6 +393,8 @@ void SimulatedCluster::step() {
     last_arrival = std::max(last_arrival, compute[g]);
     max_transfer = std::max(max_transfer, transfer[g]);
     for (int i = 0; i < m.o.param_dim; ++i) r.params[i] += update_of(s, i);
+    ++r.updates;
+    m.report.samples += m.gpu_samples[g];
     if (r.staged) {
       staging = true;
       r.staged->replay_log.push_back(s);
@@ -379,7 +408,6 @@ void SimulatedCluster::step() {
   m.report.tokens += tokens;
   m.report.sim_seconds += tps > 0 ? tokens / tps : 0.0;
   m.report.tokens_per_s_by_step.push_back(tps);
-  m.report.samples += m.job->global_batch;
 
   // 4. Telemetry and PlanReady of every live rank.
   const uint64_t start_ns = m.clock_ns;
@@ -436,10 +464,14 @@ SimClusterReport SimulatedCluster::report() const {
     r.connected_ranks += rp->connected ? 1 : 0;
     if (!first)
       first = rp.get();
-    else if (rp->params != first->params)
+    else if (rp->params != first->params || rp->updates != first->updates ||
+             !(rp->layout == first->layout))
       r.replicas_agree = false;
   }
-  if (first) r.params = first->params;
+  if (first) {
+    r.params = first->params;
+    r.updates = first->updates;
+  }
   return r;
 }
 

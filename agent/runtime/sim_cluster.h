@@ -9,9 +9,10 @@
 // arrival + transfer at its node's true bandwidth), queue depth and per-layer gradient norms.
 //
 // Exactly-once bookkeeping: every rank holds a parameter vector updated once per step by a
-// deterministic update u(step) and counts samples. Staging snapshots the parameters into a
-// second buffer (double buffering) and logs the steps applied meanwhile; at the commit boundary
-// the log is replayed onto the buffer and the buffers swap. The switch happens only when every
+// deterministic update u(step), with a count of the updates it holds, and adds the samples it
+// processed (its replica's share under the layout it runs). Staging snapshots the parameters
+// and their count into a second buffer (double buffering) and logs the steps applied meanwhile;
+// at the commit boundary the log is replayed onto the buffer and the buffers swap. The switch happens only when every
 // live rank holds the commit for that boundary (an agreement a real job makes with a tiny
 // collective); otherwise nobody switches and each holder answers PlanReady{ok=false}.
 // reference_params(steps) is the vector of a run that never migrated: equal means no step was
@@ -67,9 +68,10 @@ struct SimClusterOptions {
 
 struct SimClusterReport {
   uint64_t steps = 0;          ///< steps run (every live rank is at this step).
-  double samples = 0;          ///< samples trained (global batch per step).
+  double samples = 0;          ///< samples the live ranks processed, each replica's once.
   std::vector<double> params;  ///< rank 0's (or the first live rank's) parameters.
-  bool replicas_agree = true;  ///< every live rank holds the same parameters and step.
+  uint64_t updates = 0;        ///< updates those parameters hold.
+  bool replicas_agree = true;  ///< every live rank holds the same parameters, updates, layout.
   int commits = 0;             ///< switches applied.
   int aborts = 0;              ///< plans dropped on PlanAbort.
   int missed_commits = 0;      ///< commits not held by every rank at the boundary.
@@ -104,6 +106,8 @@ class SimulatedCluster {
   void kill_on_prepare(uint32_t rank);
   /// Fault injection: the rank answers PlanPrepare with PlanReady{ok=false}.
   void refuse_prepare(uint32_t rank);
+  /// Fault injection: the rank never receives PlanCommit (it stays staged without the commit).
+  void drop_commit(uint32_t rank);
   /// Stops every client (the job ends).
   void stop();
 

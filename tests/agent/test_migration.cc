@@ -1,6 +1,8 @@
 // The two-phase switch end to end on the in-process bus: a deploy agent and simulated ranks.
-// No step lost or applied twice (samples counted, parameters compared with a run that never
-// migrated), aborts on refusal, timeout and a rank killed mid-switch.
+// No step lost or applied twice: the steps the test ran are counted here, and compared with the
+// updates every rank's parameters hold, the samples the ranks processed, and the parameters of
+// a run that never migrated. Aborts on refusal, timeout, a rank killed mid-switch and a commit
+// that reached only some ranks leave every rank on the old layout with its state intact.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -21,6 +23,7 @@ struct Rig {
   std::unique_ptr<DeployAgent> agent;
   std::vector<std::string> lines;
   std::mutex lines_mutex;
+  uint64_t stepped = 0;  // steps this test ran, counted independently of the cluster
 
   explicit Rig(MigrationOptions mo = {}, uint32_t stage_steps = 2) {
     SimClusterOptions so;
@@ -56,6 +59,7 @@ struct Rig {
   void steps(int n) {
     for (int i = 0; i < n; ++i) {
       cluster->step();
+      ++stepped;
       std::this_thread::sleep_for(2ms);
     }
   }
@@ -76,13 +80,17 @@ struct Rig {
   }
 };
 
-void check_exactly_once(const SimClusterReport& r, const Job& job, uint64_t steps) {
+// `steps` is what the test ran; `samples` what the live ranks should have processed.
+void check_exactly_once(const SimClusterReport& r, uint64_t steps, double samples) {
   CHECK(r.steps == steps);
-  CHECK(r.samples == doctest::Approx(static_cast<double>(steps) * job.global_batch));
-  CHECK(r.replicas_agree);
+  CHECK(r.updates == steps);  // every update in the parameters once
+  CHECK(r.samples == doctest::Approx(samples));
+  CHECK(r.replicas_agree);    // same parameters, update count and layout on every live rank
   // Bit for bit the parameters of a run that never migrated.
   CHECK(r.params == SimulatedCluster::reference_params(steps, 8));
 }
+
+double batch(const Rig& rig) { return rig.cluster->job().global_batch; }
 
 }  // namespace
 
@@ -104,7 +112,7 @@ TEST_CASE("a committed switch loses no step and applies none twice") {
   CHECK(r.missed_commits == 0);
   CHECK(r.layout == target);
   CHECK(rig.agent->current_layout() == target);
-  check_exactly_once(r, rig.cluster->job(), r.steps);
+  check_exactly_once(r, rig.stepped, static_cast<double>(rig.stepped) * batch(rig));
   // The same number of steps on a cluster that never migrated (no agent at all).
   transport::InProcHub idle_hub;
   SimClusterOptions so;
@@ -138,7 +146,7 @@ TEST_CASE("a rank refusing to stage aborts the switch; everyone stays on the old
   CHECK(r.layout == before);
   CHECK(rig.agent->current_layout() == before);
   CHECK(rig.agent->stats().outcomes.back().reason.find("rank 3") != std::string::npos);
-  check_exactly_once(r, rig.cluster->job(), r.steps);
+  check_exactly_once(r, rig.stepped, static_cast<double>(rig.stepped) * batch(rig));
 }
 
 TEST_CASE("a PlanReady timeout aborts the switch") {
@@ -158,7 +166,7 @@ TEST_CASE("a PlanReady timeout aborts the switch") {
   CHECK(r.aborts == 16);
   CHECK(r.layout == before);
   CHECK(rig.agent->stats().outcomes.back().reason.find("timeout") != std::string::npos);
-  check_exactly_once(r, rig.cluster->job(), r.steps);
+  check_exactly_once(r, rig.stepped, static_cast<double>(rig.stepped) * batch(rig));
 }
 
 TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old layout") {
@@ -166,12 +174,14 @@ TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old
   rig.cluster->kill_on_prepare(7);
   rig.steps(5);
   const Strategy before = rig.cluster->report().layout;
+  REQUIRE(before.dp_shares.empty());  // uniform: every GPU processes batch / 16 per step
   REQUIRE(rig.agent->request_switch(rig.other_layout()));
   rig.wait_for([&] {
     rig.steps(1);
     return rig.agent->stats().migrations_aborted == 1;
   });
-  const uint64_t at_abort = rig.cluster->report().steps;
+  const uint64_t at_abort = rig.stepped;
+  const double samples_at_abort = rig.cluster->report().samples;
   rig.steps(10);
   const SimClusterReport r = rig.cluster->report();
   CHECK(r.live_ranks == 15);
@@ -180,9 +190,38 @@ TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old
   CHECK(r.layout == before);
   CHECK(rig.agent->stats().outcomes.back().reason.find("rank 7 lost") != std::string::npos);
   CHECK(rig.agent->stats().ranks_lost == 1);
-  check_exactly_once(r, rig.cluster->job(), r.steps);
+  // Rank 7 died at the boundary of the step the prepare reached: it did not process that step.
+  CHECK(samples_at_abort < static_cast<double>(at_abort) * batch(rig));
+  check_exactly_once(r, rig.stepped, samples_at_abort + 10 * batch(rig) * 15.0 / 16.0);
   // The lost GPU is believed failed.
   const Beliefs b = rig.agent->monitor()->beliefs();
   REQUIRE(b.conditions.gpu_failed.size() == 16);
   CHECK(b.conditions.gpu_failed[7]);
+}
+
+TEST_CASE("a commit that reaches only some ranks switches none of them") {
+  MigrationOptions mo;
+  mo.commit_margin_steps = 20;
+  Rig rig(mo);
+  rig.cluster->drop_commit(5);
+  rig.steps(5);
+  const Strategy before = rig.cluster->report().layout;
+  const Strategy target = rig.other_layout();
+  REQUIRE(rig.agent->request_switch(target));
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.cluster->report().missed_commits == 1;
+  });
+  rig.steps(5);
+  const SimClusterReport r = rig.cluster->report();
+  CHECK(r.commits == 0);
+  CHECK(r.layout == before);
+  // A half-applied plan (the 15 holders switching, rank 5 not) breaks the agreement on the
+  // layout; a holder swapping in its staged buffer without the replay breaks the parameters.
+  check_exactly_once(r, rig.stepped, static_cast<double>(rig.stepped) * batch(rig));
+  rig.wait_for([&] {
+    rig.steps(1);
+    return rig.agent->stats().migrations_aborted == 1;
+  });
+  CHECK(rig.agent->current_layout() == before);
 }
