@@ -157,7 +157,7 @@ TEST_CASE("eval --json: every policy scored against the oracle; bad scenarios ex
   TempFile dir("", "unused");
   const std::string plot = dir.dir() + "/eval.png";
   const Run r =
-      run("eval --scenario \"sim:straggler(gpus=16,horizon=12)\" --episodes 2 "
+      run("eval --scenario \"sim:mixed(gpus=16,horizon=12)\" --episodes 2 "
           "--policies static,reactive,uniform-dp,oracle --json --plot " +
           plot);
   REQUIRE(r.exit_code == 0);
@@ -168,7 +168,12 @@ TEST_CASE("eval --json: every policy scored against the oracle; bad scenarios ex
     CHECK(score > 0);
     CHECK(score <= 1.0001);
   }
-  CHECK(j["policies"]["oracle"]["score"].get<double>() == doctest::Approx(1.0));
+  // The hindsight oracle bounds every causal policy's throughput on the same episodes.
+  const double oracle_tps = j["policies"]["oracle"]["throughput_tokens_per_s"].get<double>();
+  for (const char* policy : {"static", "reactive", "uniform-dp"}) {
+    INFO(policy);
+    CHECK(j["policies"][policy]["throughput_tokens_per_s"].get<double>() <= oracle_tps * 1.0001);
+  }
   std::ifstream png(plot, std::ios::binary);
   char magic[4] = {};
   png.read(magic, 4);
