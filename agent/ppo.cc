@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -455,7 +456,16 @@ std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& check
 
 std::string default_policy_path() {
   if (const char* path = std::getenv("PARAPILOT_DEFAULT_POLICY"); path && *path) return path;
-  return PARAPILOT_DEFAULT_POLICY;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path dir = ec ? fs::current_path(ec) : exe.parent_path();
+  const fs::path file = fs::path("share") / "parapilot" / "default-mixed.ckpt";
+  const fs::path installed = dir.parent_path() / file;
+  for (int up = 0; up < 4; ++up, dir = dir.parent_path()) {
+    if (fs::is_regular_file(dir / file, ec)) return (dir / file).string();
+  }
+  return installed.string();
 }
 
 std::unique_ptr<Policy> load_policy(const std::string& path) {

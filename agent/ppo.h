@@ -115,7 +115,10 @@ std::unique_ptr<Policy> load_policy(const std::string& path);
 std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
 
 // The shipped default policy (trained on the mixed family): $PARAPILOT_DEFAULT_POLICY when set,
-// else checkpoints/default-mixed.ckpt of the source tree this binary was built from.
+// else share/parapilot/default-mixed.ckpt found from the running binary's directory or one of
+// the three above it (an installed prefix's bin/, or anywhere in the build tree, which holds a
+// copy). When none exists, the installed location (<binary dir>/../share/parapilot/...), so a
+// load names where the file was expected.
 std::string default_policy_path();
 
 // The config stored in a checkpoint (InputError when unreadable).

@@ -267,6 +267,14 @@ void run_deploy(const DeployFlags& f) {
   o.log = [out_mutex, text](const std::string& json) {
     const std::string line = text ? text_line(json) : json;
     std::lock_guard lock(*out_mutex);
+    // Not deciding with the policy asked for is said on stderr too, whatever the log format.
+    if (json.find("\"event\":\"policy_fallback\"") != std::string::npos) {
+      std::fprintf(stderr,
+                   "parapilot deploy: %s\nparapilot deploy: deciding with the reactive baseline "
+                   "instead (install the shipped policy with cmake --install, or name one with "
+                   "--policy)\n",
+                   text_line(json).c_str());
+    }
     std::fputs(line.c_str(), stdout);
     std::fputc('\n', stdout);
     std::fflush(stdout);
@@ -409,9 +417,10 @@ void add_deploy_command(CLI::App& app) {
       "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
   cmd->add_option(
       "--policy", d->policy,
-      "policy checkpoint (default: the shipped policy, checkpoints/default-mixed.ckpt), "
-      "or \"reactive\" for the reactive baseline; a missing or unreadable file falls "
-      "back to reactive, logged and in the metrics");
+      "policy checkpoint (default: the shipped policy, share/parapilot/default-mixed.ckpt "
+      "beside the binary), or \"reactive\" for the reactive baseline; a missing or "
+      "unreadable file falls back to reactive, with a warning on stderr, logged and in the "
+      "metrics");
   cmd->add_option("--listen", d->listen, "bus address HOST:PORT (loopback unless told otherwise)")
       ->capture_default_str();
   cmd->add_option("--secret-file", d->secret_file,

@@ -1,4 +1,4 @@
-// Migration executor: the agent's side of the two-phase layout switch (ARCHITECTURE.md, "The
+// Migration executor: the agent's side of the two-phase layout switch (docs/architecture.md, "The
 // switch protocol"): PlanPrepare to every live rank -> each stages the new layout in the
 // background while training continues -> PlanReady from every rank -> PlanCommit at an iteration
 // boundary a few steps ahead -> Ack from every rank. A PlanReady{ok=false}, a rank lost before

@@ -1,8 +1,17 @@
-// The agent side of a live cluster until the deploy daemon exists: a bus Server that collects
-// the workers' telemetry and drives the plan protocol (PlanPrepare -> PlanReady ->
-// PlanCommit -> Ack) for live actions; plus the two decisions the measurements need (elastic
-// shares from measured compute speed; adaptive compression from gradient statistics). No
-// libtorch here.
+// Controller: the in-process agent bus of a LocalCluster, used by `parapilot launch --agent
+// builtin`, the live env (live_env.h) and the live tests and benchmarks. A bus Server that
+// collects the workers' telemetry and drives the plan protocol (PlanPrepare -> PlanReady ->
+// PlanCommit -> Ack) for a LiveAction its caller chooses, blocking in apply() until every rank
+// acked, the plan was aborted or the timeout passed; plus the measurements its callers decide
+// with (elastic shares from measured compute speed; per-layer gradient statistics for the
+// compression selector). No libtorch here.
+//
+// It is not the deploy agent (agent/runtime/agent.h, `parapilot deploy`) and decides nothing
+// itself: no Monitor, policy, JobInfo handling or metrics. Its caller picks each action and when
+// to apply it (the live env's step(), launch's scripted and elastic actions). The action travels
+// as text in PlanPrepare::layout_name (encode_action), which carries what the wire Layout has no
+// field for (bucket size, microbatch). Plan ids start at 1 and the commit lands two steps past
+// the newest step seen.
 //
 // Thread-safety: all members may be called from any thread.
 #pragma once

@@ -1,4 +1,4 @@
-"""The worker's side of the two-phase layout switch (ARCHITECTURE.md, "The switch protocol").
+"""The worker's side of the two-phase layout switch (docs/architecture.md, "The switch protocol").
 
 PlanPrepare{plan_id, layout} -> the job's `check` says whether it can run the layout and its
 `stage` builds what the layout needs (off the training thread) -> PlanReady{ok, detail} ->

@@ -22,8 +22,8 @@ struct Run {
   std::string out;  // stdout and stderr together
 };
 
-Run run(const std::string& args) {
-  const std::string command = std::string(PARAPILOT_BIN) + " " + args + " 2>&1";
+Run run_shell(const std::string& command_line) {
+  const std::string command = command_line + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe);
   std::string out;
@@ -33,6 +33,8 @@ Run run(const std::string& args) {
   const int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+Run run(const std::string& args) { return run_shell(std::string(PARAPILOT_BIN) + " " + args); }
 
 const std::string kSpecs = std::string(PARAPILOT_SOURCE_DIR) + "/experiments/specs/";
 
@@ -227,4 +229,41 @@ TEST_CASE("launch --simulated needs an agent address") {
   const Run r = run("launch --simulated 16");
   CHECK(r.exit_code == 2);
   CHECK(r.out.find("--agent HOST:PORT") != std::string::npos);
+}
+
+TEST_CASE("the shipped policy is found from the binary: installed, or not at all (loudly)") {
+  namespace fs = std::filesystem;
+  TempFile scratch("", "unused");
+  const fs::path build = fs::path(PARAPILOT_BIN).parent_path();
+  const fs::path prefix = fs::path(scratch.dir()) / "prefix";
+  const Run install = run_shell("cmake --install " + build.string() + " --prefix " +
+                                prefix.string());
+  INFO(install.out);
+  REQUIRE(install.exit_code == 0);
+  REQUIRE(fs::is_regular_file(prefix / "share/parapilot/default-mixed.ckpt"));
+  const std::string eval =
+      " eval --scenario \"sim:mixed(gpus=16,horizon=4)\" --episodes 1 --policies rl --json";
+  // Installed: the binary finds share/parapilot/ beside its bin/.
+  const Run installed = run_shell("env -u PARAPILOT_DEFAULT_POLICY " +
+                                  (prefix / "bin/parapilot").string() + eval);
+  INFO(installed.out);
+  CHECK(installed.exit_code == 0);
+  // Moved alone: eval names the file it expected; deploy warns on stderr that it falls back.
+  const fs::path lone = fs::path(scratch.dir()) / "lone";
+  fs::create_directories(lone / "bin");
+  fs::copy_file(prefix / "bin/parapilot", lone / "bin/parapilot");
+  const Run moved = run_shell("env -u PARAPILOT_DEFAULT_POLICY " +
+                              (lone / "bin/parapilot").string() + eval);
+  INFO(moved.out);
+  CHECK(moved.exit_code == 2);
+  CHECK(moved.out.find((lone / "share/parapilot/default-mixed.ckpt").string()) !=
+        std::string::npos);
+  TempFile secret("0123456789abcdef0123456789abcdef\n", "secret");
+  // Only its stderr is kept: the warning must not depend on reading the JSON log.
+  const Run deploy = run_shell("(env -u PARAPILOT_DEFAULT_POLICY timeout -s INT 3 " +
+                               (lone / "bin/parapilot").string() +
+                               " deploy --scenario straggler --listen 127.0.0.1:0 --secret-file " +
+                               secret.path() + " 2>&1 >/dev/null)");
+  INFO(deploy.out);
+  CHECK(deploy.out.find("deciding with the reactive baseline") != std::string::npos);
 }
