@@ -51,10 +51,22 @@ bool eventually(F f, std::chrono::milliseconds timeout = 20s) {
   return true;
 }
 
-void check_exactly_once(const SimClusterReport& r, const Job& job) {
-  CHECK(r.samples == doctest::Approx(static_cast<double>(r.steps) * job.global_batch));
+// Steps the test ran, counted here rather than read back from the cluster.
+struct Stepper {
+  SimulatedCluster& cluster;
+  uint64_t ran = 0;
+  void operator()(uint64_t n) {
+    cluster.run(n);
+    ran += n;
+  }
+};
+
+void check_exactly_once(const SimClusterReport& r, const Stepper& stepped) {
+  CHECK(r.updates == stepped.ran);  // every update in the parameters once
+  CHECK(r.samples == doctest::Approx(static_cast<double>(stepped.ran) *
+                                     stepped.cluster.job().global_batch));
   CHECK(r.replicas_agree);
-  CHECK(r.params == SimulatedCluster::reference_params(r.steps, 8));
+  CHECK(r.params == SimulatedCluster::reference_params(stepped.ran, 8));
 }
 
 }  // namespace
@@ -64,14 +76,15 @@ TEST_CASE("a rank slowed 3x is detected, the switch commits, /metrics tells") {
   SimClusterOptions co = cluster_options(agent.port());
   co.slowdowns.push_back({5, 3.0, 20});
   SimulatedCluster cluster(co);
+  Stepper run{cluster};
   REQUIRE(cluster.wait_connected(20s));
   REQUIRE(eventually([&] { return agent.stats().connected_ranks == 16; }));
-  cluster.run(40);
+  run(40);
   REQUIRE(eventually([&] {
-    cluster.run(1);
+    run(1);
     return agent.stats().migrations_committed >= 1;
   }));
-  cluster.run(20);
+  run(20);
   const AgentStats s = agent.stats();
   CHECK(s.stragglers_detected == 1);
   REQUIRE_FALSE(s.events.empty());
@@ -81,7 +94,7 @@ TEST_CASE("a rank slowed 3x is detected, the switch commits, /metrics tells") {
   const SimClusterReport r = cluster.report();
   CHECK(r.commits >= 1);
   CHECK(r.layout == agent.current_layout());
-  check_exactly_once(r, cluster.job());
+  check_exactly_once(r, run);
   const auto text = http_get(agent.metrics_port());
   REQUIRE(text);
   CHECK(text->find("parapilot_stragglers_detected_total 1\n") != std::string::npos);
@@ -99,9 +112,10 @@ TEST_CASE(
   SimClusterOptions co = cluster_options(port);
   co.stage_steps = 3;
   SimulatedCluster cluster(co);
+  Stepper run{cluster};
   REQUIRE(cluster.wait_connected(20s));
   REQUIRE(eventually([&] { return first->stats().connected_ranks == 16; }));
-  cluster.run(10);
+  run(10);
   const Strategy before = cluster.report().layout;
   // Killed mid-switch: PlanPrepare sent, no PlanReady yet.
   Strategy target = cluster.job().uniform_dp;
@@ -110,32 +124,34 @@ TEST_CASE(
   REQUIRE(first->request_switch(target));
   std::this_thread::sleep_for(20ms);
   first.reset();
-  const uint64_t at_kill = cluster.current_step();
-  cluster.run(30);
+  const uint64_t updates_at_kill = cluster.report().updates;
+  run(30);
   SimClusterReport r = cluster.report();
-  CHECK(r.steps == at_kill + 30);  // training went on without the agent
-  CHECK(r.layout == before);       // on the last committed layout
+  CHECK(r.updates == updates_at_kill + 30);  // training went on without the agent
+  CHECK(r.live_ranks == 16);
+  CHECK(r.replicas_agree);
+  CHECK(r.layout == before);  // on the last committed layout
   CHECK(r.commits == 0);
   // The agent returns on the same address; the ranks reconnect by themselves.
   DeployAgent second(agent_options(port));
   REQUIRE(eventually([&] {
-    cluster.run(1);
+    run(1);
     return second.stats().connected_ranks == 16;
   }));
   REQUIRE(eventually([&] {
-    cluster.run(1);
+    run(1);
     return second.stats().decisions >= 2;
   }));
   REQUIRE(second.request_switch(target));
   REQUIRE(eventually([&] {
-    cluster.run(1);
+    run(1);
     return second.stats().migrations_committed == 1;
   }));
-  cluster.run(5);
+  run(5);
   r = cluster.report();
   CHECK(r.commits == 1);
   CHECK(r.layout == target);
-  check_exactly_once(r, cluster.job());
+  check_exactly_once(r, run);
 }
 
 TEST_CASE("telemetry with NaN, negative or absurd values is rejected, counted, never acted on") {
@@ -162,11 +178,20 @@ TEST_CASE("telemetry with NaN, negative or absurd values is rejected, counted, n
   t.compute_ms = 500;
   t.rank = 3;  // speaking for another rank: ignored
   CHECK((*client)->send(t));
-  REQUIRE(eventually([&] { return agent.monitor()->counters().rejected == 1; }));
+  // A valid sample of its own after it: one connection delivers in order, so once this one is
+  // accepted the rank-3 sample was handled before it.
+  t.rank = 2;
+  t.step = 1;
+  t.step_start_ns = 2'000'000'000;
+  t.step_end_ns = 3'000'000'000;
+  t.compute_ms = 400;
+  CHECK((*client)->send(t));
+  REQUIRE(eventually([&] { return agent.monitor()->counters().accepted >= 1; }));
   const auto text = http_get(agent.metrics_port());
   REQUIRE(text);
   CHECK(text->find("parapilot_telemetry_rejected_total{reason=\"absurd\"} 1") != std::string::npos);
-  CHECK(agent.monitor()->counters().accepted == 0);
+  CHECK(agent.monitor()->counters().rejected == 1);
+  CHECK(agent.monitor()->counters().accepted == 1);  // rank 2's valid sample only
   CHECK(agent.stats().decisions == 0);
   CHECK(agent.monitor()->beliefs().slow_ranks.empty());
 }

@@ -171,12 +171,17 @@ TEST_CASE("a switch measured slower beyond noise is reverted, and the cool-down 
   CHECK(d.cooldown_intervals() == 2);
   d.committed(x.counts, step, true);
   CHECK(d.counts() == before);
-  // During the longer cool-down nothing is proposed.
+  // During the longer cool-down nothing is proposed...
   for (int i = 0; i < 2; ++i) {
     step = feed(d, step, 10, 100, 0.02, rng);
-    CHECK(d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false).kind ==
-          DataParallelDecision::Kind::keep);
+    const DataParallelDecision kept = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+    CHECK(kept.kind == DataParallelDecision::Kind::keep);
+    CHECK(kept.reason.find("cool-down") != std::string::npos);
   }
+  // ...and after it the same beliefs propose the rebalance again.
+  feed(d, step, 10, 100, 0.02, rng);
+  CHECK(d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false).kind ==
+        DataParallelDecision::Kind::rebalance);
 }
 
 TEST_CASE("a switch within the noise of its before-measurement is kept") {

@@ -174,9 +174,11 @@ TEST_CASE("a sample that arrives after its step closed is used for its rank, not
   std::vector<double> transfer(4, 10.0);
   std::vector<transport::Telemetry> held;
   for (uint64_t s = 0; s < 12; ++s) {
-    for (auto& t : sync_step(s, std::vector<double>(4, 50.0), transfer)) {
+    std::vector<double> compute(4, 50.0);
+    if (s >= 2) compute[3] = 150;  // rank 3 slows down, and its telemetry is delayed
+    for (auto& t : sync_step(s, compute, transfer)) {
       if (t.rank == 3 && s >= 2) {
-        held.push_back(t);  // rank 3's telemetry is delayed
+        held.push_back(t);
       } else {
         CHECK(m.ingest(t) == "");
       }
@@ -187,6 +189,11 @@ TEST_CASE("a sample that arrives after its step closed is used for its rank, not
   const MonitorCounters c = m.counters();
   CHECK(c.rejected == 0);
   CHECK(c.late >= 1);
+  // Used, not only counted: rank 3's own level learnt the slowdown only late samples carried.
+  const Beliefs b = m.beliefs();
+  REQUIRE(b.rank_compute_ms.size() == 4);
+  CHECK(b.rank_compute_ms[3] > 120);
+  CHECK(b.rank_compute_ms[0] == doctest::Approx(50).epsilon(0.05));
   CHECK(m.ingest(held.front()) == "duplicate");
 }
 
@@ -233,6 +240,8 @@ TEST_CASE("nodes of another GPU type are compared with their own kind, not calle
   const Beliefs b = m.beliefs();
   CHECK(b.congested_nodes.empty());
   CHECK(b.slow_ranks.empty());
+  REQUIRE(b.conditions.gpu_speed.size() == 32);
+  REQUIRE(b.conditions.node_inter_bw.size() == 4);
   for (double v : b.conditions.gpu_speed) CHECK(v == 1.0);
   for (double v : b.conditions.node_inter_bw) CHECK(v == 1.0);
 }

@@ -169,7 +169,8 @@ TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats stand
       (name == "static" ? static_total : reactive_total) += stats.tokens;
     }
   }
-  CHECK(reactive_total >= static_total);
+  // Strictly: a reactive rule that never switched would tie static (measured: +1.2%).
+  CHECK(reactive_total > 1.005 * static_total);
 }
 
 TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the planned layout") {

@@ -1,6 +1,8 @@
 // Checkpoint files: round trip, checksum, truncation, format and schema versions.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -169,5 +171,26 @@ TEST_CASE(
 }
 
 TEST_CASE("checkpoint: an unwritable path is an InputError and leaves nothing behind") {
+  namespace fs = std::filesystem;
   CHECK_THROWS_AS(cp::write_checkpoint("/nonexistent-dir/x.ckpt", sample()), InputError);
+  // The file is written but cannot be renamed into place (a non-empty directory holds the name):
+  // the error names the path, and the temporary file is gone.
+  char pattern[] = "/tmp/parapilot-ckpt-XXXXXX";
+  const fs::path dir = ::mkdtemp(pattern);
+  const fs::path target = dir / "x.ckpt";
+  fs::create_directories(target / "occupied");
+  try {
+    cp::write_checkpoint(target.string(), sample());
+    FAIL("write_checkpoint over a directory did not throw");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find(target.string()) != std::string::npos);
+  }
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    CHECK(e.path() == target);
+    ++entries;
+  }
+  CHECK(entries == 1);
+  CHECK(fs::is_directory(target / "occupied"));
+  fs::remove_all(dir);
 }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include <unistd.h>
@@ -183,11 +184,19 @@ TEST_CASE("handshake proofs differ by direction and depend on every input") {
   c.fill(1);
   n.fill(2);
   CHECK(server_proof(s, c, n) != client_proof(s, n, c));
-  CHECK(server_proof(s, c, n) == server_proof(s, c, n));
-  Nonce c2 = c;
+  // Deterministic: a fresh copy of every input gives the same proof.
+  const Nonce c_copy = c, n_copy = n;
+  CHECK(server_proof(Secret(std::string(kTestSecret)), c_copy, n_copy) == server_proof(s, c, n));
+  const Secret other("another secret of enough length");
+  Nonce c2 = c, n2 = n;
   c2[31] = 9;
+  n2[0] ^= 1;
   CHECK(server_proof(s, c, n) != server_proof(s, c2, n));
-  CHECK(server_proof(Secret("another secret of enough length"), c, n) != server_proof(s, c, n));
+  CHECK(server_proof(s, c, n) != server_proof(s, c, n2));
+  CHECK(server_proof(other, c, n) != server_proof(s, c, n));
+  CHECK(client_proof(s, n, c) != client_proof(s, n2, c));
+  CHECK(client_proof(s, n, c) != client_proof(s, n, c2));
+  CHECK(client_proof(other, n, c) != client_proof(s, n, c));
   CHECK(random_nonce() != random_nonce());
 }
 
@@ -201,8 +210,11 @@ TEST_CASE("every message type round-trips through a frame") {
     REQUIRE_MESSAGE(back.ok(), back.error());
     CHECK(*back == m);
   }
-  // All types are covered.
-  CHECK(one_of_each().size() == std::variant_size_v<Message>);
+  // Every type is covered, each once.
+  std::set<MessageType> types;
+  for (const Message& m : one_of_each()) types.insert(type_of(m));
+  CHECK(types.size() == std::variant_size_v<Message>);
+  CHECK(one_of_each().size() == types.size());
 }
 
 TEST_CASE("a stream of frames decodes in any chunking") {

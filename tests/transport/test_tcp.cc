@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 
 #include "tests/transport/raw_peer.h"
 #include "tests/transport/test_util.h"
@@ -176,8 +177,10 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
   CHECK(peer.rank == 0);
   CHECK(peer.remote_address.rfind("127.0.0.1:", 0) == 0);
 
-  const std::vector<Message> upstream = {make_telemetry(0, 1), PlanReady{4, 0, true, "ready"},
-                                         Ack{MessageType::plan_commit, 4, 0}, Shutdown{"leaving"}};
+  const std::vector<Message> upstream = {
+      JobInfo{0, 2, 64, kCapDpShares, "pytorch-ddp 1.13.1", {{1000, 2000}}},
+      make_telemetry(0, 1), PlanReady{4, 0, true, "ready"}, Ack{MessageType::plan_commit, 4, 0},
+      Shutdown{"leaving"}};
   const std::vector<Message> downstream = {
       PlanPrepare{4, Layout{2, 2, 1, 8, {}, {}}, "dp2-tp2", 1000},
       PlanCommit{4, 100},
@@ -194,6 +197,12 @@ TEST_CASE("tcp: every message type round-trips between a client and the server")
     std::lock_guard lk(cl.mu);
     CHECK(cl.messages == downstream);
   }
+  // Every type a user may send: all but the transport's own five (handshake and heartbeat).
+  std::set<MessageType> sent;
+  for (const auto& m : upstream) sent.insert(type_of(m));
+  for (const auto& m : downstream) sent.insert(type_of(m));
+  CHECK(sent.size() == std::variant_size_v<Message> - 5);
+  CHECK_FALSE(sent.count(MessageType::heartbeat));
   CHECK(server->broadcast(PlanCommit{6, 7}) == 1);
   REQUIRE(wait_until([&] { return cl.message_count() == downstream.size() + 1; }));
   // Invalid messages are refused at the sender.
