@@ -208,9 +208,21 @@ std::string text_line(const std::string& json) {
     for (const auto& [reason, n] : j["telemetry_rejected"].items()) {
       text += ", " + std::to_string(n.get<long>()) + " rejected (" + reason + ")";
     }
+    if (j.contains("layout")) {
+      text += "; now " + str("layout") + (j.contains("shares") ? " shares " + str("shares") : "");
+    }
+    char pace[160] = "";
+    if (num("step_ms_before") > 0 && num("step_ms_after") > 0) {
+      std::snprintf(pace, sizeof pace,
+                    "; %.1f ms per step before the first switch, %.1f ms after the last (%.2fx)",
+                    num("step_ms_before"), num("step_ms_after"),
+                    num("step_ms_before") / num("step_ms_after"));
+    } else if (num("step_ms_before") > 0) {
+      std::snprintf(pace, sizeof pace, "; %.1f ms per step", num("step_ms_before"));
+    }
     char tail[96];
     std::snprintf(tail, sizeof tail, "; deploy used %.2f s of CPU", num("cpu_s"));
-    return text + tail;
+    return text + pace + tail;
   }
   if (j.contains("rank") && j.contains("evidence")) {
     const int rank = j["rank"].get<int>();
@@ -294,6 +306,8 @@ void run_deploy(const DeployFlags& f) {
   }
   agent.stop();
   const rt::AgentStats s = agent.stats();
+  const rt::JobPace pace = agent.pace();
+  const Strategy now = agent.current_layout();
   const rt::ProcessUsage usage = rt::process_usage();
   const rt::Monitor* mon = agent.monitor();
   const rt::MonitorCounters mc = mon ? mon->counters() : rt::MonitorCounters{};
@@ -322,6 +336,24 @@ void run_deploy(const DeployFlags& f) {
                       {"prepare_latency_ms_p99", q(s.prepare_latency_ms, 0.99)},
                       {"cpu_s", usage.cpu_s},
                       {"max_rss_mib", usage.max_rss_bytes / (1 << 20)}};
+  // Where the job ended and how fast it ran before the first switch and after the last.
+  if (now.dp > 0 && now.num_gpus() > 0 && now.global_batch > 0) {
+    j["layout"] = rt::layout_name(now);
+    if (!now.dp_shares.empty()) {
+      std::string shares;
+      for (int c : now.dp_shares) shares += (shares.empty() ? "" : ",") + std::to_string(c);
+      j["shares"] = shares;
+    }
+  }
+  auto per_s = [&](double step_ms) {
+    return step_ms > 0 && pace.global_batch > 0 ? pace.global_batch * 1000.0 / step_ms : 0.0;
+  };
+  j["steps_before"] = pace.steps_before;
+  j["step_ms_before"] = pace.step_ms_before;
+  j["samples_per_s_before"] = per_s(pace.step_ms_before);
+  j["steps_after"] = pace.steps_after;
+  j["step_ms_after"] = pace.step_ms_after;
+  j["samples_per_s_after"] = per_s(pace.step_ms_after);
   o.log(j.dump());
 }
 

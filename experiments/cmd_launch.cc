@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "strategy/error.h"
@@ -68,6 +70,54 @@ std::string job_scenario(const live::WorkerOptions& w, int workers, const std::s
   const std::string path = dir + "/job.toml";
   write_file_atomically(path, [&](std::ostream& out) { out << job.str(); });
   return path;
+}
+
+// What the deploy agent did, from its JSON log: detections, switches, where the job ended and
+// its pace before the first switch and after the last.
+void print_agent_summary(const std::string& log_path, int seq_len) {
+  std::ifstream in(log_path);
+  nlohmann::json last;
+  std::vector<std::string> switches;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("event") || !j["event"].is_string()) continue;
+    if (j["event"] == "agent_stopped") last = j;
+    if (j["event"] == "migration") {
+      const std::string what = j.contains("shares") ? "shares " + j.value("shares", std::string())
+                                                    : j.value("layout", std::string());
+      switches.push_back("step " + std::to_string(j.value("switch_at_step", 0LL)) + " " +
+                         j.value("outcome", std::string()) + " " + what +
+                         (j.value("reason", std::string()).empty()
+                              ? ""
+                              : " (" + j.value("reason", std::string()) + ")"));
+    }
+  }
+  if (last.is_null()) {
+    std::printf("agent: no summary in %s (it did not stop cleanly)\n", log_path.c_str());
+    return;
+  }
+  auto n = [&](const char* key) { return last.value(key, 0.0); };
+  std::printf("agent: %.0f decisions, %.0f slow-rank events, %.0f switches committed (%.0f "
+              "reverts), %.0f aborted, %.0f held back\n",
+              n("decisions"), n("stragglers_detected"), n("committed"), n("reverted"),
+              n("aborted"), n("held_back"));
+  for (const std::string& s : switches) std::printf("  %s\n", s.c_str());
+  if (last.contains("layout")) {
+    std::printf("  now: %s%s\n", last.value("layout", std::string()).c_str(),
+                last.contains("shares")
+                    ? (", shares " + last.value("shares", std::string())).c_str()
+                    : "");
+  }
+  if (n("samples_per_s_before") > 0) {
+    std::printf("  before the first switch: %.1f samples/s, %.0f tokens/s (%.0f steps)\n",
+                n("samples_per_s_before"), n("samples_per_s_before") * seq_len,
+                n("steps_before"));
+  }
+  if (n("samples_per_s_after") > 0) {
+    std::printf("  after the last switch:   %.1f samples/s, %.0f tokens/s (%.0f steps, %.2fx)\n",
+                n("samples_per_s_after"), n("samples_per_s_after") * seq_len, n("steps_after"),
+                n("samples_per_s_after") / std::max(1e-9, n("samples_per_s_before")));
+  }
 }
 
 void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
@@ -140,14 +190,15 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
                         "--interval-steps", std::to_string(o.agent_interval_steps),
                         "--cooldown", "1"};
     if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});
-    if (!o.log_dir.empty()) co.agent_log = o.log_dir + "/agent.log";
+    co.agent_log = job_dir + "/agent.log";  // read back for the summary at the end
   }
   live::LocalCluster cluster(co);
   live::Controller* agent = cluster.controller();
   if (deploy)
-    std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml%s)\n",
+    std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml, "
+                "log %s)\n",
                 o.workers, o.backend.c_str(), cluster.agent_port(), job_dir.c_str(),
-                co.agent_log.empty() ? "" : (", log " + co.agent_log).c_str());
+                co.agent_log.c_str());
   else
     std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
                 agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str()
@@ -232,6 +283,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     const int code = cluster.stop_agent();
     std::printf("parapilot deploy stopped (%s)\n",
                 code == 0 ? "exit 0" : ("exit " + std::to_string(code)).c_str());
+    print_agent_summary(co.agent_log, wo.model.seq_len);
     ok = ok && code == 0;
   }
   if (agent) {

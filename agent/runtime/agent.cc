@@ -76,6 +76,7 @@ struct DeployAgent::Impl {
   std::deque<std::string> recent_evidence;
   double staging_predicted_s = 0;
   double step_wall_ms_ = 0;  // EWMA of the wall time between closed steps
+  std::vector<std::pair<uint64_t, double>> step_ms;  // closed steps' wall time (most recent 200k)
   Clock::time_point last_close{};
   std::mutex decide_mutex;
   // What the ranks announced (JobInfo). For a learned job the first announcement defines it.
@@ -294,6 +295,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
       step_wall_ms_ = step_wall_ms_ == 0 ? ms : 0.9 * step_wall_ms_ + 0.1 * ms;
     }
     last_close = callback_start;
+    if (beliefs.last_step_ms > 0) push_bounded(step_ms, {step, beliefs.last_step_ms}, 200000);
     for (const MonitorEvent& e : events) {
       if (e.kind == MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
       if (e.kind == MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;
@@ -671,6 +673,34 @@ Strategy DeployAgent::current_layout() const {
   std::lock_guard state_lock(impl_->mutex);
   if (!impl_->dp || !impl_->job_info) return Strategy{};
   return shares_layout(impl_->dp->counts(), static_cast<int>(impl_->job_info->global_batch));
+}
+
+JobPace DeployAgent::pace() const {
+  const Impl& m = *impl_;
+  JobPace p;
+  std::vector<double> before, after;
+  {
+    std::lock_guard lock(m.mutex);
+    // Switches that took effect: committed for a step the job reached.
+    const uint64_t newest = m.step_ms.empty() ? 0 : m.step_ms.back().first;
+    uint64_t first = UINT64_MAX, last = UINT64_MAX;
+    for (const MigrationOutcome& r : m.stats.outcomes) {
+      if (!r.committed || m.step_ms.empty() || r.switch_at_step > newest) continue;
+      if (first == UINT64_MAX) first = r.switch_at_step;
+      last = r.switch_at_step;
+    }
+    for (const auto& [step, ms] : m.step_ms) {
+      if (first == UINT64_MAX || step < first) before.push_back(ms);
+      if (last != UINT64_MAX && step >= last) after.push_back(ms);
+    }
+    if (m.o.job) p.global_batch = m.o.job->global_batch;
+    if (m.job_info) p.global_batch = static_cast<int>(m.job_info->global_batch);
+  }
+  p.steps_before = before.size();
+  p.steps_after = after.size();
+  if (!before.empty()) p.step_ms_before = median(before);
+  if (!after.empty()) p.step_ms_after = median(after);
+  return p;
 }
 
 AgentStats DeployAgent::stats() const {

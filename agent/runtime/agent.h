@@ -82,6 +82,18 @@ struct AgentStats {
   std::string fallback_reason;
 };
 
+/// The job's measured pace around the switches: the median wall time per closed step (the
+/// monitor's per-step median over ranks) before the first committed switch, and from the last
+/// committed switch's step on; only switches for a step the job reached count. Without one,
+/// every step counts as before.
+struct JobPace {
+  double step_ms_before = 0;  ///< 0: no closed step there.
+  double step_ms_after = 0;
+  uint64_t steps_before = 0;
+  uint64_t steps_after = 0;
+  int global_batch = 0;  ///< samples per step (the scenario's, or the job's JobInfo); 0: unknown.
+};
+
 class DeployAgent {
  public:
   /// Starts the bus server (and the metrics endpoint). Throws InputError (bad options, a port
@@ -95,6 +107,7 @@ class DeployAgent {
   uint16_t metrics_port() const;  ///< 0 when not serving.
   std::string metrics_text() const;
   AgentStats stats() const;
+  JobPace pace() const;
   Strategy current_layout() const;
   /// The monitor; nullptr for a learned job until its first JobInfo.
   Monitor* monitor();

@@ -106,6 +106,14 @@ TEST_CASE("parapilot deploy drives live Gloo workers: a slowed rank gets a small
   // By the end, the agent has moved work off the slowed rank.
   CAPTURE(slow_step);
   REQUIRE(mb[69][1] < mb[69][0]);
+  // launch's closing summary says what the agent did, as its log recorded it.
+  std::ifstream launch_log(dir + "/launch.log");
+  const std::string out((std::istreambuf_iterator<char>(launch_log)), {});
+  INFO(out);
+  const std::string committed = std::to_string(switch_steps.size()) + " switches committed";
+  CHECK(out.find(committed) != std::string::npos);
+  CHECK(out.find("  now: " + lines.back()["layout"].get<std::string>()) != std::string::npos);
+  CHECK(out.find("after the last switch:") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
