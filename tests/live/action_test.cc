@@ -39,7 +39,7 @@ TEST_CASE("microbatch counts follow shares and sum to the step's microbatches") 
   CHECK(parse_shares("3,1") == std::vector<double>{0.75, 0.25});
 }
 
-TEST_CASE("fault specs parse as the issue writes them") {
+TEST_CASE("fault specs parse as launch --inject documents them") {
   FaultSpec f = parse_fault("rank=2,slow=3x,at=100s,for=60s");
   CHECK(f.rank == 2);
   CHECK(f.kind == FaultSpec::Kind::slow);

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Runs the measurements behind docs/results.md, docs/planner.md and docs/cost-model.md.
+
+    scripts/run-results.py [--build build] [--out docs/data] [SECTION ...]
+
+Each section runs its commands and writes one JSON file per measurement into --out (default
+docs/data/): the benchmarks' own `--json` reports, and for CLI commands and Python jobs the
+same envelope (commit, cores, load average at start and end, UTC time) around their output.
+Then `scripts/render-results.py` rewrites the tables in the docs from those files.
+
+Sections (default: all of them, in this order; about 45 minutes on a 2-core machine):
+  policy          parapilot eval on the six families (deterministic: any machine load)
+  training        parapilot train on mixed, the validation curve against wall time
+  policy-latency  bench_policy
+  planner         bench_planner, bench_env, bench_cost_model
+  deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
+  deploy-live     bench_closed_loop, 3 rounds
+  pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
+  live            bench_live elastic and compression
+
+Timed sections want a quiet machine: run nothing else meanwhile. The load average each
+measurement saw is in its file, and the rendered tables quote it.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
+POLICIES = "rl,static,reactive,uniform-dp,oracle"
+SECTIONS = ["policy", "training", "policy-latency", "planner", "deploy-sim", "deploy-live",
+            "pytorch", "live"]
+
+
+def git(*args):
+    r = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def envelope(name, args):
+    """The same head a benchmark's --json report has (benchmarks/report.h)."""
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    return {"benchmark": name, "args": args, "commit": commit, "cores": os.cpu_count(),
+            "load_average": {"start": list(os.getloadavg())},
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def finish(report, figures, path):
+    report["load_average"]["end"] = list(os.getloadavg())
+    report["figures"] = figures
+    write_json(path, report)
+
+
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def run(cmd, **kw):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, cwd=ROOT, **kw)
+    if r.returncode != 0:
+        sys.exit("failed (exit %d): %s" % (r.returncode, " ".join(cmd)))
+    return r
+
+
+class Runner:
+    def __init__(self, build, out):
+        self.build = os.path.abspath(build)
+        self.out = os.path.abspath(out)
+        os.makedirs(self.out, exist_ok=True)
+
+    def bin(self, *parts):
+        return os.path.join(self.build, *parts)
+
+    def path(self, name):
+        return os.path.join(self.out, name)
+
+    def bench(self, name, cmd):
+        """A benchmark with its own --json report."""
+        run(cmd + ["--json", self.path(name)])
+
+    def policy(self):
+        report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
+                                             "--policies", POLICIES])
+        families = {}
+        for f in FAMILIES:
+            r = run([self.bin("parapilot"), "eval", "--scenario", f, "--episodes", "30",
+                     "--seed", "1000", "--policies", POLICIES, "--json"],
+                    capture_output=True, text=True)
+            families[f] = json.loads(r.stdout)
+        finish(report, {"families": families}, self.path("policy-eval.json"))
+
+    def training(self):
+        args = ["--scenario", "mixed", "--steps", "300000", "--seed", "1"]
+        report = envelope("parapilot train", args)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "run")
+            run([self.bin("parapilot"), "train", *args, "--out", out])
+            with open(os.path.join(out, "metrics.csv")) as f:
+                lines = [l.strip().split(",") for l in f if l.strip()]
+        head, rows = lines[0], lines[1:]
+        table = [dict(zip(head, r)) for r in rows]
+        finish(report, {"metrics": table}, self.path("training.json"))
+
+    def policy_latency(self):
+        self.bench("policy-latency.json", [self.bin("benchmarks", "policy", "bench_policy")])
+
+    def planner(self):
+        self.bench("planner.json", [self.bin("benchmarks", "strategy", "bench_planner"), "5"])
+        self.bench("env.json", [self.bin("benchmarks", "env", "bench_env"), "3"])
+        self.bench("cost-model.json", [self.bin("benchmarks", "strategy", "bench_cost_model")])
+
+    def deploy_sim(self):
+        b = self.bin("benchmarks", "agent", "bench_deploy")
+        self.bench("deploy-straggler-64.json", [b, "straggler"])
+        self.bench("deploy-straggler-256.json", [b, "straggler", "--ranks", "256", "--steps",
+                                                 "300"])
+        for i in (1, 2, 3):
+            self.bench("deploy-latency-%d.json" % i, [b, "latency"])
+
+    def deploy_live(self):
+        self.bench("deploy-live.json", [self.bin("benchmarks", "live", "bench_closed_loop"),
+                                        "--rounds", "3"])
+
+    def pytorch(self):
+        report = envelope("python_pytorch_job", ["ctest -R python_pytorch_job"])
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = os.path.join(tmp, "job.jsonl")
+            env = dict(os.environ, PARAPILOT_JOB_RESULTS=lines)
+            run(["ctest", "--test-dir", self.build, "-R", "python_pytorch_job",
+                 "--output-on-failure"], env=env)
+            with open(lines) as f:
+                cases = [json.loads(l) for l in f if l.strip()]
+        finish(report, {"cases": cases}, self.path("pytorch-job.json"))
+        self.pytorch_overhead()
+
+    def pytorch_overhead(self):
+        args = ["--model", "tutorial", "--global-batch", "256", "--steps", "300",
+                "--warmup", "20"]
+        report = envelope("examples/pytorch_overhead.py", args)
+        with tempfile.TemporaryDirectory() as tmp:
+            secret = os.path.join(tmp, "secret")
+            with open(secret, "w") as f:
+                f.write(os.urandom(16).hex() + "\n")
+            os.chmod(secret, 0o600)
+            port = 17000 + os.getpid() % 20000
+            deploy = subprocess.Popen([self.bin("parapilot"), "deploy", "--listen",
+                                       "127.0.0.1:%d" % port, "--secret-file", secret],
+                                      stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            time.sleep(1)
+            env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"),
+                       PARAPILOT_AGENT="127.0.0.1:%d" % port, PARAPILOT_SECRET_FILE=secret)
+            r = run(["/usr/bin/python3", "-m", "parapilot.launch", "--nproc", "4",
+                     "examples/pytorch_overhead.py", *args], env=env, capture_output=True,
+                    text=True)
+            deploy.send_signal(signal.SIGINT)
+            log, _ = deploy.communicate(timeout=60)
+        result = json.loads([l for l in r.stdout.splitlines() if l.startswith("{")][-1])
+        stopped = [json.loads(l) for l in log.splitlines() if '"agent_stopped"' in l]
+        result["deploy_cpu_s"] = stopped[-1]["cpu_s"] if stopped else None
+        finish(report, result, self.path("pytorch-overhead.json"))
+
+    def live(self):
+        b = self.bin("benchmarks", "live", "bench_live")
+        self.bench("live-elastic.json", [b, "elastic"])
+        with tempfile.TemporaryDirectory() as tmp:
+            self.bench("live-compression.json", [b, "compression", "--out", tmp])
+            png = os.path.join(tmp, "loss-curves.png")
+            if os.path.exists(png):  # gnuplot present
+                os.replace(png, os.path.join(ROOT, "docs", "live-compression-loss.png"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "data"))
+    ap.add_argument("sections", nargs="*", help="default: " + " ".join(SECTIONS))
+    a = ap.parse_args()
+    unknown = [s for s in a.sections if s not in SECTIONS]
+    if unknown:
+        ap.error("unknown section %s (known: %s)" % (", ".join(unknown), " ".join(SECTIONS)))
+    runner = Runner(a.build, a.out)
+    for s in a.sections or SECTIONS:
+        start = time.time()
+        getattr(runner, s.replace("-", "_"))()
+        print("%s: %.0f s" % (s, time.time() - start), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
