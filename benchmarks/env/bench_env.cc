@@ -1,6 +1,8 @@
 // Simulator env steps per second, candidate generation (planning) and episode resets
 // included: one thread, and vectorised on 2 threads, at 64 and 1024 GPUs. Prints figures;
-// not a test. Usage: bench_env [seconds_per_case] [env id...] (default: the four cases below)
+// not a test. Usage: bench_env [--json FILE] [seconds_per_case] [env id...] (default: the four
+// cases below). --json FILE: also write the figures as JSON (benchmarks/report.h): "envs", one
+// row per env id with the steps/s on one thread and vectorised.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/report.h"
 #include "env/env.h"
 
 using namespace parapilot::env;
@@ -61,12 +64,16 @@ double vectorised(const std::string& id, int envs, int threads, double seconds) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
+  parapilot::bench::Report report("bench_env", argc, argv);
+  nlohmann::json& fig = report.figures();
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: bench_env [SECONDS [ENV_ID...]]\n"
+          "usage: bench_env [--json FILE] [SECONDS [ENV_ID...]]\n"
           "  env steps per second, one thread and 8 envs on 2 threads, SECONDS each (3);\n"
-          "  default envs: sim:straggler and sim:mixed at 64 and 1024 GPUs\n");
+          "  default envs: sim:straggler and sim:mixed at 64 and 1024 GPUs\n"
+          "  --json FILE: also write the figures as JSON\n");
       return 0;
     }
   }
@@ -84,12 +91,22 @@ int main(int argc, char** argv) {
     ids = {"sim:straggler(gpus=64)", "sim:mixed(gpus=64)", "sim:straggler(gpus=1024)",
            "sim:mixed(gpus=1024)"};
   }
+  const int vector_envs = 8, vector_threads = 2;
+  fig["seconds_per_case"] = seconds;
+  fig["envs"] = nlohmann::json::array();
   for (const std::string& id : ids) {
     const double one = single(id, seconds);
-    const double two = vectorised(id, 8, 2, seconds);
+    const double two = vectorised(id, vector_envs, vector_threads, seconds);
     std::printf("%-34s %14.0f %22.0f\n", id.c_str(), one, two);
     std::fflush(stdout);
+    fig["envs"].push_back({{"env", id},
+                           {"steps_per_s_one_thread", one},
+                           {"steps_per_s_vectorised", two},
+                           {"vector_envs", vector_envs},
+                           {"vector_threads", vector_threads}});
   }
   std::printf("targets: >= 5000 steps/s per core at 64 GPUs, >= 500 at 1024\n");
-  return 0;
+  fig["target_steps_per_s_64_gpus"] = 5000;
+  fig["target_steps_per_s_1024_gpus"] = 500;
+  return report.write(json_path) ? 0 : 1;
 }

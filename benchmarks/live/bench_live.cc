@@ -1,16 +1,20 @@
 // bench_live: the live cluster's two measurements on this machine (real Gloo workers on
 // loopback), printed as figures.
 //
-//   bench_live elastic     [--workers 2] [--slow 3] [--steps 40] [--rounds 3]
+//   bench_live elastic     [--workers 2] [--slow 3] [--steps 40] [--rounds 3] [--json FILE]
 //     (a) one rank slowed (it sleeps (f-1) x its compute per microbatch): throughput of a
 //     healthy cluster, of the slowed cluster on uniform shares, and on elastic shares that the
 //     agent sets from the measured per-rank speed after a warm-up; the share of the lost
 //     throughput the elastic shares recover.
-//   bench_live compression [--workers 2] [--steps 300] [--out DIR]
+//   bench_live compression [--workers 2] [--steps 300] [--out DIR] [--json FILE]
 //     (b) the same training (seed, data, token budget) without compression and with adaptive
 //     per-layer compression chosen from the first steps' gradient statistics: all-reduce bytes
 //     and the training loss at the end; loss curves as CSV (and a PNG when gnuplot is present).
+//     The bytes are modelled, not counted on the wire: each gradient collective's payload under
+//     the ring formulas (2(W-1)/W x payload per all-reduce, (W-1) x payload per all-gather of the
+//     top-k layers), summed over the run by rank 0 (env/live/grad_sync.cc).
 //
+// Both modes: --json FILE also writes every printed figure as JSON (benchmarks/report.h).
 // With --live-worker as the first argument it runs one worker (how the cluster starts it).
 #include <unistd.h>
 #include <algorithm>
@@ -25,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "benchmarks/report.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
 
@@ -121,7 +126,7 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-int elastic(Args a) {
+int elastic(Args a, nlohmann::json& fig) {
   if (a.steps == 0) a.steps = 40;
   const int warmup = 8;
   std::printf(
@@ -131,6 +136,11 @@ int elastic(Args a) {
   std::printf("%-6s %10s %10s %10s %10s %10s   %s\n", "round", "healthy", "uniform", "elastic",
               "ideal", "recovered", "elastic shares");
   std::fflush(stdout);
+  fig["config"] = {
+      {"workers", a.workers}, {"slow_rank", a.workers - 1}, {"slow", a.slow},
+      {"steps", a.steps},     {"warmup_steps", warmup},     {"measured_steps", a.steps - warmup},
+      {"rounds", a.rounds},   {"global_batch", 16},         {"seq_len", 64}};
+  fig["rounds"] = nlohmann::json::array();
   std::vector<double> h, u, e, rec;
   for (int round = 0; round < a.rounds; ++round) {
     // The three cases back to back, so that they see similar background load.
@@ -149,6 +159,14 @@ int elastic(Args a) {
     std::printf("%-6d %10.0f %10.0f %10.0f %10.0f %9.1f%%   %s\n", round + 1, healthy, uniform,
                 elastic_tps, ideal, 100 * recovered, s.c_str());
     std::fflush(stdout);
+    fig["rounds"].push_back({{"round", round + 1},
+                             {"healthy_tokens_per_s", healthy},
+                             {"uniform_tokens_per_s", uniform},
+                             {"elastic_tokens_per_s", elastic_tps},
+                             {"ideal_tokens_per_s", ideal},
+                             {"recovered_share_of_loss", recovered},
+                             {"elastic_over_ideal", elastic_tps / ideal},
+                             {"elastic_shares", shares}});
     h.push_back(healthy);
     u.push_back(uniform);
     e.push_back(elastic_tps);
@@ -165,6 +183,14 @@ int elastic(Args a) {
       "of at most %.1f%% (the slow rank's lost capacity cannot be won back).\n",
       100 * (elastic_tps - uniform) / (healthy - uniform),
       100 * (ideal - uniform) / (healthy - uniform));
+  fig["median"] = {{"healthy_tokens_per_s", healthy},
+                   {"uniform_tokens_per_s", uniform},
+                   {"elastic_tokens_per_s", elastic_tps},
+                   {"ideal_tokens_per_s", ideal},
+                   {"recovered_share_of_loss", median(rec)},
+                   {"elastic_over_ideal", elastic_tps / ideal},
+                   {"recovered_share_of_total_loss", (elastic_tps - uniform) / (healthy - uniform)},
+                   {"recoverable_share_of_total_loss", (ideal - uniform) / (healthy - uniform)}};
   return 0;
 }
 
@@ -193,7 +219,8 @@ LossRun read_loss_log(const std::string& path) {
 }
 
 LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions& selector,
-                             const std::string& log, int warmup, std::string* plan) {
+                             const std::string& log, int warmup, std::string* plan,
+                             nlohmann::json* plan_json) {
   std::vector<std::string> extra = {"--steps",        std::to_string(a.steps),
                                     "--global-batch", "16",
                                     "--microbatch",   "2",
@@ -228,6 +255,17 @@ LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions
         *plan += (plan->empty() ? "" : ", ") + std::to_string(v) + " " + k;
       *plan += " (switched at step " + std::to_string(r.switch_at_step) + ")";
     }
+    if (plan_json) {
+      std::vector<std::string> per_layer;
+      for (Compression x : act.compression) per_layer.emplace_back(compression_name(x));
+      std::map<std::string, int> count;
+      for (const auto& x : per_layer) ++count[x];
+      *plan_json = {{"layers", count},
+                    {"per_layer", per_layer},
+                    {"powersgd_rank", act.powersgd_rank},
+                    {"switch_at_step", r.switch_at_step}};
+      if (plan) (*plan_json)["summary"] = *plan;
+    }
   }
   require_ok(c.wait(1200));
   return read_loss_log(log);
@@ -240,7 +278,7 @@ double tail_mean(const std::vector<double>& v, std::size_t n) {
   return n ? s / static_cast<double>(n) : 0;
 }
 
-int compression(Args a) {
+int compression(Args a, nlohmann::json& fig) {
   if (a.steps == 0) a.steps = 300;
   if (a.out.empty())
     a.out = std::filesystem::temp_directory_path() /
@@ -253,15 +291,17 @@ int compression(Args a) {
       a.workers, a.steps, a.corpus.c_str());
   std::fflush(stdout);
   const LossRun plain =
-      run_compression_case(a, false, {}, a.out + "/loss-none.csv", warmup, nullptr);
+      run_compression_case(a, false, {}, a.out + "/loss-none.csv", warmup, nullptr, nullptr);
   std::string plan, plan_aggressive;
+  nlohmann::json plan_json, plan_aggressive_json;
   const SelectorOptions adaptive_options;  // the default selector
-  const LossRun comp =
-      run_compression_case(a, true, adaptive_options, a.out + "/loss-adaptive.csv", warmup, &plan);
+  const LossRun comp = run_compression_case(a, true, adaptive_options, a.out + "/loss-adaptive.csv",
+                                            warmup, &plan, &plan_json);
   SelectorOptions aggressive_options;
   aggressive_options.powersgd_min_saving = 4;  // PowerSGD r=4 on every matrix that saves 4x
-  const LossRun aggr = run_compression_case(a, true, aggressive_options,
-                                            a.out + "/loss-powersgd.csv", warmup, &plan_aggressive);
+  const LossRun aggr =
+      run_compression_case(a, true, aggressive_options, a.out + "/loss-powersgd.csv", warmup,
+                           &plan_aggressive, &plan_aggressive_json);
   const std::size_t tail = std::max<std::size_t>(1, static_cast<std::size_t>(a.steps) / 10);
   const double l0 = tail_mean(plain.loss, tail), l1 = tail_mean(comp.loss, tail),
                l2 = tail_mean(aggr.loss, tail);
@@ -269,17 +309,35 @@ int compression(Args a) {
   std::printf("aggressive plan (PowerSGD from 4x savings): %s\n\n", plan_aggressive.c_str());
   std::printf("%-28s %14s %9s %12s %9s %9s\n", "run", "dp bytes/rank", "cut", "final loss",
               "vs none", "seconds");
-  auto row = [&](const char* name, const LossRun& r, double l) {
+  fig["config"] = {{"workers", a.workers}, {"steps", a.steps},        {"warmup_steps", warmup},
+                   {"global_batch", 16},   {"seq_len", 64},           {"seed", 11},
+                   {"corpus", a.corpus},   {"final_loss_steps", tail}};
+  fig["runs"] = nlohmann::json::array();
+  auto row = [&](const char* id, const char* name, const LossRun& r, double l,
+                 const nlohmann::json& p) {
+    const double cut = 1 - static_cast<double>(r.dp_bytes) / static_cast<double>(plain.dp_bytes);
     std::printf("%-28s %14llu %8.1f%% %12.4f %+8.2f%% %9.1f\n", name,
-                static_cast<unsigned long long>(r.dp_bytes),
-                100 * (1 - static_cast<double>(r.dp_bytes) / static_cast<double>(plain.dp_bytes)),
-                l, 100 * (l - l0) / l0, r.seconds);
+                static_cast<unsigned long long>(r.dp_bytes), 100 * cut, l, 100 * (l - l0) / l0,
+                r.seconds);
+    fig["runs"].push_back({{"run", id},
+                           {"label", name},
+                           {"plan", p},
+                           {"allreduce_bytes_per_rank_modelled", r.dp_bytes},
+                           {"bytes_cut_share", cut},
+                           {"final_loss", l},
+                           {"final_loss_vs_uncompressed", (l - l0) / l0},
+                           {"seconds", r.seconds}});
   };
-  row("uncompressed", plain, l0);
-  row("adaptive (default)", comp, l1);
-  row("PowerSGD r=4 (aggressive)", aggr, l2);
+  row("uncompressed", "uncompressed", plain, l0, nullptr);
+  row("adaptive", "adaptive (default)", comp, l1, plan_json);
+  row("powersgd_aggressive", "PowerSGD r=4 (aggressive)", aggr, l2, plan_aggressive_json);
   std::printf(
-      "\nfinal loss = mean training loss of the last %zu steps (same seed, data and token "
+      "\ndp bytes/rank (modelled: ring all-reduce bytes): rank 0's gradient-sync bytes over the\n"
+      "run, computed from each collective's payload with the ring formulas (2(W-1)/W x payload\n"
+      "per all-reduce; (W-1) x payload per all-gather of a top-k layer), not counted on the wire.\n"
+      "cut = 1 - bytes / uncompressed bytes; seconds = the sum of rank 0's step times.\n");
+  std::printf(
+      "final loss = mean training loss of the last %zu steps (same seed, data and token "
       "budget in every run)\n",
       tail);
   // Loss curves.
@@ -312,11 +370,14 @@ int compression(Args a) {
         << "' using 1:(mean(4)) every ::9 with lines lw 1 dt 2 title 'PowerSGD r=4 everywhere it "
            "fits'\n";
   }
-  if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) == 0)
+  if (std::system(("gnuplot " + gp + " 2>/dev/null").c_str()) == 0) {
     std::printf("loss curves: %s (data %s)\n", png.c_str(), csv.c_str());
-  else
+    fig["loss_curves_png"] = png;
+  } else {
     std::printf("loss curves: %s (gnuplot not found or failed; script %s)\n", csv.c_str(),
                 gp.c_str());
+  }
+  fig["loss_curves_csv"] = csv;
   return 0;
 }
 
@@ -327,6 +388,10 @@ int main(int argc, char** argv) {
     argv[1] = argv[0];
     return worker_main(argc - 1, argv + 1);
   }
+  // The benchmark's own arguments (a worker's are its own, above).
+  const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
+  parapilot::bench::Report report("bench_live", argc, argv);
+  nlohmann::json& fig = report.figures();
   Args a;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -367,10 +432,13 @@ int main(int argc, char** argv) {
                  "--rounds >= 1, --slow >= 1\n");
     return 2;
   }
-  if (a.mode == "elastic") return elastic(a);
-  if (a.mode == "compression") return compression(a);
+  if (a.mode == "elastic" || a.mode == "compression") {
+    fig["mode"] = a.mode;
+    const int rc = a.mode == "elastic" ? elastic(a, fig) : compression(a, fig);
+    return rc == 0 && !report.write(json_path) ? 1 : rc;
+  }
   std::fprintf(stderr,
                "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] "
-               "[--rounds N] [--out DIR] [--corpus PATH]\n");
+               "[--rounds N] [--out DIR] [--corpus PATH] [--json FILE]\n");
   return 2;
 }

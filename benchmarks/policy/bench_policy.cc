@@ -2,8 +2,11 @@
 // candidates, pick greedily. Prints median and p99 for the shipped inference path (the
 // hand-written actor) and for a batch-1 libtorch forward pass.
 //
-//   build/benchmarks/policy/bench_policy [CHECKPOINT]   (default: the shipped default policy,
-//                                                          or a fresh network when absent)
+//   build/benchmarks/policy/bench_policy [CHECKPOINT] [--json FILE]
+//     CHECKPOINT: default the shipped default policy; when the file is absent only the fresh
+//     network is measured. --json FILE: also write the figures as JSON (benchmarks/report.h):
+//     "checkpoint", "checkpoint_found", "parameters" and "paths", one row per measured path
+//     (microseconds per decision: median, p90, p99, max).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "agent/ppo.h"
+#include "benchmarks/report.h"
 #include "policy/features.h"
 #include "policy/network.h"
 
@@ -36,7 +40,7 @@ std::vector<env::Observation> random_observations(int n) {
 }
 
 template <class F>
-void measure(const char* what, int n, F&& decide) {
+nlohmann::json measure(const char* id, const char* what, int n, F&& decide) {
   std::vector<double> us(n);
   int sink = 0;
   for (int i = 0; i < std::min(n, 1000); ++i) sink += decide(i);  // warm-up
@@ -49,36 +53,57 @@ void measure(const char* what, int n, F&& decide) {
   std::sort(us.begin(), us.end());
   std::printf("%-44s median %7.2f us   p99 %7.2f us   (%d decisions, checksum %d)\n", what,
               us[n / 2], us[static_cast<size_t>(n * 0.99)], n, sink % 7);
+  return {{"path", id},
+          {"description", what},
+          {"decisions", n},
+          {"median_us", us[n / 2]},
+          {"p90_us", us[static_cast<size_t>(n * 0.9)]},
+          {"p99_us", us[static_cast<size_t>(n * 0.99)]},
+          {"max_us", us[static_cast<size_t>(n - 1)]},
+          {"checksum", sink % 7}};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
+  parapilot::bench::Report report("bench_policy", argc, argv);
+  nlohmann::json& fig = report.figures();
+  fig["paths"] = nlohmann::json::array();
   at::set_num_threads(1);
   const int n = 20000;
   const auto obs = random_observations(n);
   const std::string path = argc > 1 ? argv[1] : parapilot::agent::default_policy_path();
+  fig["checkpoint"] = path;
+  fig["checkpoint_found"] = std::filesystem::exists(path);
   if (std::filesystem::exists(path)) {
     auto policy = parapilot::agent::load_policy(path);
     std::printf("policy %s\n", path.c_str());
-    measure("decision (normalise + hand-written actor)", n,
-            [&](int i) { return policy->act(obs[i]); });
+    fig["policy"] = policy->name();
+    fig["paths"].push_back(measure("checkpoint_hand_written",
+                                   "decision (normalise + hand-written actor)", n,
+                                   [&](int i) { return policy->act(obs[i]); }));
+  } else {
+    std::printf("policy %s not found: only the fresh network is measured\n", path.c_str());
   }
   torch::manual_seed(1);
   pp::ActorCritic net;
   std::printf("network: %lld parameters\n", static_cast<long long>(net->parameter_count()));
+  fig["parameters"] = static_cast<long long>(net->parameter_count());
   pp::FastActor fast(net);
   pp::ObservationNormalizer normalizer;
   for (int i = 0; i < 100; ++i) normalizer.update(obs[i]);
-  measure("fresh network, hand-written actor", n, [&](int i) {
-    const auto l = fast.logits(normalizer.normalise(obs[i]));
-    return pp::greedy_action(l.data(), env::kNumActions);
-  });
-  measure("fresh network, libtorch forward (batch 1)", n / 4, [&](int i) {
-    c10::InferenceMode guard;
-    const auto b = pp::to_batch({normalizer.normalise(obs[i])});
-    const auto logits = net->forward(b.state, b.candidates, b.mask).logits.contiguous();
-    return pp::greedy_action(logits.data_ptr<float>(), env::kNumActions);
-  });
-  return 0;
+  fig["paths"].push_back(
+      measure("fresh_hand_written", "fresh network, hand-written actor", n, [&](int i) {
+        const auto l = fast.logits(normalizer.normalise(obs[i]));
+        return pp::greedy_action(l.data(), env::kNumActions);
+      }));
+  fig["paths"].push_back(measure(
+      "fresh_libtorch_forward", "fresh network, libtorch forward (batch 1)", n / 4, [&](int i) {
+        c10::InferenceMode guard;
+        const auto b = pp::to_batch({normalizer.normalise(obs[i])});
+        const auto logits = net->forward(b.state, b.candidates, b.mask).logits.contiguous();
+        return pp::greedy_action(logits.data_ptr<float>(), env::kNumActions);
+      }));
+  return report.write(json_path) ? 0 : 1;
 }

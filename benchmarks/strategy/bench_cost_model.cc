@@ -1,12 +1,15 @@
 // Strategy evaluations per second of the cost model, one core: gpt3-175b (96 layers) on
 // 1024 a100-80g GPUs, cycling through a set of legal layouts (nominal and slowed conditions).
-// Prints figures; not a test. Usage: bench_cost_model [seconds_per_case]
+// Prints figures; not a test. Usage: bench_cost_model [seconds_per_case] [--json FILE]
+//   --json FILE: also write the figures as JSON (benchmarks/report.h): "cases", one row per
+//   condition case with the median, min and max evaluations per second of its 5 repetitions.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "benchmarks/report.h"
 #include "strategy/cost_model.h"
 
 using namespace parapilot;
@@ -30,6 +33,9 @@ double run(const CostModel& cost, const std::vector<Strategy>& layouts, const Co
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string json_path = bench::take_json_flag(argc, argv);
+  bench::Report report("bench_cost_model", argc, argv);
+  nlohmann::json& fig = report.figures();
   const double seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   const ModelSpec model = *model_preset("gpt3-175b");
   const ClusterSpec cluster = *cluster_preset("128x8xa100-80g");
@@ -61,6 +67,12 @@ int main(int argc, char** argv) {
   slowed.node_inter_bw[3] = 0.25;
 
   double sink = 0;
+  fig["model"] = "gpt3-175b";
+  fig["cluster"] = "128x8xa100-80g";
+  fig["layouts"] = layouts.size();
+  fig["seconds_per_case"] = seconds;
+  fig["target_evaluations_per_s"] = 200000;
+  fig["cases"] = nlohmann::json::array();
   std::printf("cost model: gpt3-175b (96 layers) on 1024 a100-80g, %zu layouts, one thread\n",
               layouts.size());
   for (const char* name : {"nominal", "slowed"}) {
@@ -72,7 +84,12 @@ int main(int argc, char** argv) {
         "  %-8s conditions: median %10.0f evaluations/s  (min %.0f, max %.0f; target >= "
         "200000)\n",
         name, rates[2], rates[0], rates[4]);
+    fig["cases"].push_back({{"conditions", name},
+                            {"median_evaluations_per_s", rates[2]},
+                            {"min_evaluations_per_s", rates[0]},
+                            {"max_evaluations_per_s", rates[4]}});
   }
   std::printf("(checksum %.3g)\n", sink);
-  return 0;
+  fig["checksum"] = sink;
+  return report.write(json_path) ? 0 : 1;
 }

@@ -2,13 +2,16 @@
 // a100-80g GPUs and llama2-70b on a mixed 512-GPU cluster (half a100-80g, half h800) with two
 // slowed GPUs, then how the time grows from 64 to 4096 GPUs. Also the mixed-cluster result:
 // elastic layout vs uniform data parallel vs the sum of the GPUs' speeds.
-// Prints figures; not a test. Usage: bench_planner [repetitions]
+// Prints figures; not a test. Usage: bench_planner [repetitions] [--json FILE]
+//   --json FILE: also write the figures as JSON (benchmarks/report.h): "searches" (the two main
+//   searches), "scaling" (one row per GPU count) and "mixed_cluster".
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "benchmarks/report.h"
 #include "strategy/planner.h"
 
 using namespace parapilot;
@@ -36,6 +39,19 @@ Figures time_plan(const Planner& planner, const PlanRequest& request, int repeti
   return f;
 }
 
+nlohmann::json to_json(const Figures& f) {
+  nlohmann::json j = {{"median_ms", f.median_ms},
+                      {"min_ms", f.min_ms},
+                      {"evaluated", f.evaluated},
+                      {"pruned", f.pruned}};
+  if (!f.last.candidates.empty()) {
+    const CostBreakdown& b = f.last.candidates[0].cost;
+    j["best_iteration_s"] = b.iteration_time_s;
+    j["best_mfu"] = b.mfu;
+  }
+  return j;
+}
+
 void print(const char* name, const Figures& f) {
   std::printf("  %-44s median %8.2f ms  (min %.2f)  evaluated %6ld  pruned %7ld", name, f.median_ms,
               f.min_ms, f.evaluated, f.pruned);
@@ -57,30 +73,47 @@ Conditions slowed(const ClusterSpec& cluster) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string json_path = bench::take_json_flag(argc, argv);
+  bench::Report report("bench_planner", argc, argv);
+  nlohmann::json& fig = report.figures();
   const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  fig["repetitions"] = reps;
+  fig["searches"] = nlohmann::json::array();
   std::printf("planner: default search space, top-5, one thread, %d repetitions\n", reps);
+  auto search = [&](const char* id, const char* model, int gpus, const Figures& f) {
+    nlohmann::json j = {{"name", id}, {"model", model}, {"gpus", gpus}};
+    j.update(to_json(f));
+    return j;
+  };
   {
     const Planner planner(*model_preset("gpt3-175b"), *cluster_preset("128x8xa100-80g"));
     PlanRequest req;
-    print("gpt3-175b on 1024 a100-80g", time_plan(planner, req, reps));
+    const Figures f = time_plan(planner, req, reps);
+    print("gpt3-175b on 1024 a100-80g", f);
+    fig["searches"].push_back(search("gpt3-175b", "gpt3-175b", 1024, f));
   }
   {
     const ClusterSpec cluster = *cluster_preset("32x8xa100-80g+32x8xh800");
     const Planner planner(*model_preset("llama2-70b"), cluster);
     PlanRequest req;
     req.conditions = slowed(cluster);
-    print("llama2-70b on 256 a100-80g + 256 h800, 2 slow", time_plan(planner, req, reps));
+    const Figures f = time_plan(planner, req, reps);
+    print("llama2-70b on 256 a100-80g + 256 h800, 2 slow", f);
+    fig["searches"].push_back(search("llama2-70b-mixed", "llama2-70b", 512, f));
   }
   std::printf(
       "\nscaling (gpt3-175b on N a100-80g; llama2-70b on N/2 a100-80g + N/2 h800, 2 slow):\n");
+  fig["scaling"] = nlohmann::json::array();
   for (int gpus : {64, 128, 256, 512, 1024, 2048, 4096}) {
     const int nodes = gpus / 8;
+    nlohmann::json row = {{"gpus", gpus}};
     {
       const Planner planner(*model_preset("gpt3-175b"),
                             *cluster_preset(std::to_string(nodes) + "x8xa100-80g"));
       PlanRequest req;
-      print(("gpt3-175b, " + std::to_string(gpus) + " GPUs").c_str(),
-            time_plan(planner, req, reps));
+      const Figures f = time_plan(planner, req, reps);
+      print(("gpt3-175b, " + std::to_string(gpus) + " GPUs").c_str(), f);
+      row["gpt3_175b"] = to_json(f);
     }
     {
       const ClusterSpec cluster = *cluster_preset(std::to_string(nodes / 2) + "x8xa100-80g+" +
@@ -88,11 +121,12 @@ int main(int argc, char** argv) {
       const Planner planner(*model_preset("llama2-70b"), cluster);
       PlanRequest req;
       req.conditions = slowed(cluster);
-      print(("llama2-70b mixed, " + std::to_string(gpus) + " GPUs").c_str(),
-            time_plan(planner, req, reps));
+      const Figures f = time_plan(planner, req, reps);
+      print(("llama2-70b mixed, " + std::to_string(gpus) + " GPUs").c_str(), f);
+      row["llama2_70b_mixed"] = to_json(f);
     }
+    fig["scaling"].push_back(row);
   }
-
   // Mixed 8 + 8: best elastic layout vs uniform data parallel vs the sum of speeds.
   std::printf("\nmixed cluster 1x8xa100-80g+1x8xh800, gpt3-1.3b, global batch 256:\n");
   {
@@ -139,6 +173,17 @@ int main(int argc, char** argv) {
                                                                 : "elastic shares");
     std::printf("  sum of GPU speeds       %10.0f tokens/s  (planner reaches %.1f%%)\n", bound,
                 100 * elastic / bound);
+    fig["mixed_cluster"] = {
+        {"model", "gpt3-1.3b"},
+        {"cluster", "1x8xa100-80g+1x8xh800"},
+        {"global_batch", 256},
+        {"uniform_dp_tokens_per_s", uniform_tps},
+        {"planner_best_tokens_per_s", elastic},
+        {"planner_over_uniform", elastic / uniform_tps},
+        {"planner_elastic_shares",
+         !best.candidates.empty() && !best.candidates[0].strategy.dp_shares.empty()},
+        {"sum_of_gpu_speeds_tokens_per_s", bound},
+        {"planner_over_sum_of_speeds", elastic / bound}};
   }
-  return 0;
+  return report.write(json_path) ? 0 : 1;
 }
