@@ -135,7 +135,248 @@ def training(d):
     return text + source(r)
 
 
+def policy_latency(d):
+    r = d("policy-latency.json")
+    f = r["figures"]
+    rows = [[p["description"], "%.1f µs" % p["median_us"], "%.1f µs" % p["p90_us"],
+             "%.1f µs" % p["p99_us"], n0(p["decisions"])] for p in f["paths"]]
+    text = table(["path", "median", "p90", "p99", "decisions"], rows)
+    shipped = "the shipped policy" if f.get("checkpoint_found") else "no checkpoint found"
+    return text + "\n\n%s network of %s parameters (%s). Target: median < 50 µs.\n\n" % (
+        "A", n0(f["parameters"]), shipped) + source(r)
+
+
+def tps3(x):
+    return " / ".join(n0(x[k]) if x.get(k) is not None else "–" for k in ("before", "during", "after"))
+
+
+def deploy_straggler(d):
+    reports = [d("deploy-straggler-64.json"), d("deploy-straggler-256.json")]
+    rows = []
+    for r in reports:
+        f = r["figures"]
+        c, det, com = f["config"], f["detection"], f["commit"]
+        t = f["true_tokens_per_s"]
+        rows.append([
+            n0(c["ranks"]), f["policy"]["name"],
+            ("step %d, +%.0f ms" % (det["step"], det["ms_after_slowdown"])) if det["detected"] else "not detected",
+            ("step %d, +%.0f ms" % (com["step"], com["ms_after_slowdown"])) if com["committed"] else "none",
+            "`%s`" % com["layout"] if com["committed"] else "–",
+            tps3(t["with_agent"]), tps3(t["without_agent"]),
+            "%.2f×" % f["simulated_job_s"]["without_over_with"],
+            "yes" if f["exactly_once"]["params_match_never_migrated"] and
+            f["exactly_once"]["replicas_agree"] else "NO"])
+    head = ["ranks", "policy", "detected", "committed", "switched to",
+            "tokens/s with the agent, before / during / after",
+            "without the agent, same windows", "job time without ÷ with",
+            "parameters = never-migrated run"]
+    ev = reports[0]["figures"]["detection"]
+    text = table(head, rows)
+    if ev.get("evidence"):
+        text += "\n\nThe evidence of the first detection (64 ranks): %s." % ev["evidence"]
+    return text + "\n\n" + source(*reports)
+
+
+def q3(x, digits=2):
+    if x.get("p50") is None:
+        return "–"
+    return " / ".join(("%." + str(digits) + "f") % x[k] for k in ("p50", "p99", "max"))
+
+
+def deploy_latency(d):
+    reports = []
+    for i in (1, 2, 3):
+        try:
+            reports.append(d("deploy-latency-%d.json" % i))
+        except FileNotFoundError:
+            break
+    rows = []
+    for i, r in enumerate(reports, 1):
+        f = r["figures"]
+        la = r["load_average"]
+        prep = f["prepare_latency_ms"].get("per_switch") or []
+        rows.append([i, "%.1f–%.1f" % (la["start"][0], la["end"][0]), f["policy"]["name"],
+                     q3(f["decision_latency_ms"]) + " ms", q3(f["step_close_ms"]) + " ms",
+                     q3(f["decide_ms"], 3) + " ms",
+                     ("%.2f–%.2f ms (%d)" % (min(prep), max(prep), len(prep))) if prep else "none",
+                     "%.2f s of %.1f s (%.0f%%), %.0f MiB" % (
+                         f["agent_cpu_s"], f["wall_s"], 100 * f["agent_cpu_share_of_core"],
+                         f["peak_rss_mib"]),
+                     "%d in the background, last %.1f ms" % (f["planner"]["searches"],
+                                                             f["planner"]["last_search_ms"]),
+                     "yes" if f["cluster"]["params_match_never_migrated"] else "NO"])
+    head = ["run", "load (1-min, start–end)", "policy",
+            "last telemetry → decision p50 / p99 / max", "of which step close",
+            "of which decide()", "→ PlanPrepare (switches)", "agent CPU, peak RSS",
+            "planner", "parameters = never-migrated run"]
+    return table(head, rows) + "\n\n" + source(*reports)
+
+
+def pct(x):
+    return "–" if x is None else "%.1f%%" % (100 * x)
+
+
+def deploy_live(d):
+    r = d("deploy-live.json")
+    f = r["figures"]
+    rows = []
+    for x in f["rounds"] + [dict(f["median"], round="median")]:
+        sp = x["samples_per_s"]
+        w, wo = sp["with_agent"], sp["without_agent"]
+        rows.append([x["round"], x.get("onset_step", ""),
+                     "+%.2f s" % x["detection_delay_s"] if x.get("detection_delay_s") is not None else "–",
+                     "+%.2f s" % x["commit_delay_s"] if x.get("commit_delay_s") is not None else "–",
+                     "%.1f / %.1f / **%.1f**" % (w["before"], w["during"], w["after"]),
+                     "%.1f / %.1f" % (wo["before"], wo["after"]), "%.1f" % sp["ideal"],
+                     pct(x.get("after_over_ideal")), pct(x.get("recovered_share_of_loss"))])
+    head = ["round", "onset step", "detected", "committed",
+            "samples/s with the agent: before / during / after", "without: before / after",
+            "ideal", "after ÷ ideal", "recovered (of the loss)"]
+    pol = f["policy"]
+    text = table(head, rows) + "\n\nPolicy: %s%s." % (
+        pol["name"], " (fell back: %s)" % pol["fallback_reason"] if pol["fallback"] else "")
+    return text + "\n\n" + source(r)
+
+
+def pytorch_job(d):
+    r = d("pytorch-job.json")
+    names = {"healthy": "(a) healthy", "forward": "(b) slow inside the forward",
+             "data": "(c) slow in data loading, before the forward",
+             "optimizer": "(d) slow in the optimizer step (fixed per step)"}
+    rows = []
+    for c in r["figures"]["cases"]:
+        rej = sum(c["telemetry_rejected"].values()) if c.get("telemetry_rejected") else 0
+        rows.append([names.get(c["case"], c["case"]), ms(c["without_ms"]), ms(c["with_ms"]),
+                     "%.3f" % c["ratio"], "%d (%d)" % (c["committed"], c["reverted"]),
+                     c["aborted"], c["slow_rank_events"],
+                     ",".join(str(v) for v in c["final_counts"]), rej,
+                     "%.2f s" % c["deploy_cpu_s"]])
+    head = ["case", "without the agent", "with the agent", "ratio", "commits (reverts)",
+            "aborted", "slow-rank events", "final shares", "telemetry rejected", "deploy CPU"]
+    return table(head, rows) + "\n\n" + source(r)
+
+
+def pytorch_overhead(d):
+    r = d("pytorch-overhead.json")
+    f = r["figures"]
+    m, o, p = f["median_step_ms"], f["overhead_ms"], f["overhead_pct"]
+    b = f["session_bookkeeping_ms_median"]
+    row = [ms(m["plain"]),
+           "%s (%+.2f ms, %+.1f%%)" % (ms(m["session"]), o["session"], p["session"]),
+           "%s (%+.2f ms, %+.1f%%)" % (ms(m["session+agent"]), o["session+agent"],
+                                       p["session+agent"]),
+           "%.2f ms / %.2f ms" % (b["session"], b["session+agent"]),
+           "%.2f s" % f["deploy_cpu_s"] if f.get("deploy_cpu_s") is not None else "–"]
+    head = ["plain DDP step", "+ Session, no agent", "+ Session and agent",
+            "session's own work per step (no agent / agent)", "deploy's CPU over the run"]
+    return table(head, [row]) + "\n\n" + source(r)
+
+
+def live_elastic(d):
+    r = d("live-elastic.json")
+    f = r["figures"]
+    rows = []
+    for x in f["rounds"] + [dict(f["median"], round="median")]:
+        rows.append([x["round"], n0(x["healthy_tokens_per_s"]), n0(x["uniform_tokens_per_s"]),
+                     n0(x["elastic_tokens_per_s"]), n0(x["ideal_tokens_per_s"]),
+                     pct(x["elastic_over_ideal"]), "**%s**" % pct(x["recovered_share_of_loss"]),
+                     " / ".join("%.2f" % v for v in x["elastic_shares"]) if "elastic_shares" in x else ""])
+    head = ["round", "healthy", "uniform", "elastic", "ideal", "elastic ÷ ideal",
+            "recovered (of the loss)", "shares"]
+    return table(head, rows) + "\n\n(tokens/s.) " + source(r)
+
+
+def live_compression(d):
+    r = d("live-compression.json")
+    rows = []
+    for x in r["figures"]["runs"]:
+        plan = x["plan"]["summary"] if x.get("plan") else "none"
+        rows.append([x["label"], plan, n0(x["allreduce_bytes_per_rank_modelled"]),
+                     "—" if x["run"] == "uncompressed" else "**%s**" % pct(x["bytes_cut_share"]),
+                     "%.4f" % x["final_loss"],
+                     "—" if x["run"] == "uncompressed" else "%+.2f%%" % (100 * x["final_loss_vs_uncompressed"])])
+    head = ["run", "plan", "all-reduce bytes per rank (modelled)", "cut", "final loss",
+            "vs uncompressed"]
+    note = ("\n\nBytes are rank 0's over the whole run, from the ring algorithms' formulas "
+            "applied to each collective's payload (docs/live.md, Telemetry), not counted on the "
+            "wire; top-k layers add their all-gather's bytes.")
+    return table(head, rows) + note + "\n\n" + source(r)
+
+
+# ---- planner, simulator and cost model speed -------------------------------------------------
+
+def planner_searches(d):
+    r = d("planner.json")
+    f = r["figures"]
+    names = {"gpt3-175b": "gpt3-175b, %d a100-80g",
+             "llama2-70b-mixed": "llama2-70b, half a100-80g / half h800 (%d), two slowed GPUs"}
+    rows = [[names.get(x["name"], x["name"] + " %d") % x["gpus"], ms(x["median_ms"], 1),
+             n0(x["evaluated"]), n0(x["pruned"])] for x in f["searches"]]
+    text = table(["search", "wall time (median of %d)" % f["repetitions"], "evaluated",
+                  "pruned by bound"], rows)
+    grow = [[n0(x["gpus"]), ms(x["gpt3_175b"]["median_ms"], 1),
+             ms(x["llama2_70b_mixed"]["median_ms"], 1), n0(x["gpt3_175b"]["evaluated"]),
+             n0(x["llama2_70b_mixed"]["evaluated"])] for x in f["scaling"]]
+    text += "\n\n" + table(["GPUs", "gpt3-175b", "llama2-70b mixed, 2 slowed",
+                               "evaluated (gpt3)", "evaluated (llama2)"], grow)
+    return text + "\n\n" + source(r)
+
+
+def planner_mixed(d):
+    r = d("planner.json")
+    m = r["figures"]["mixed_cluster"]
+    return ("%s on %s, global batch %d: the planner's layout %s %s tokens/s, %.2f× uniform data "
+            "parallel (%s) and %.1f%% of the upper bound %s tokens/s (the sum of the GPUs' "
+            "speeds: each GPU alone at its best microbatch).\n\n" % (
+                m["model"], m["cluster"], m["global_batch"],
+                "(elastic shares)" if m["planner_elastic_shares"] else "",
+                n0(m["planner_best_tokens_per_s"]), m["planner_over_uniform"],
+                n0(m["uniform_dp_tokens_per_s"]), 100 * m["planner_over_sum_of_speeds"],
+                n0(m["sum_of_gpu_speeds_tokens_per_s"]))) + source(r)
+
+
+def env_speed(d):
+    r = d("env.json")
+    f = r["figures"]
+    rows = []
+    for x in f["envs"]:
+        big = "1024" in x["env"]
+        target = f["target_steps_per_s_1024_gpus" if big else "target_steps_per_s_64_gpus"]
+        rows.append(["`%s`" % x["env"], n0(x["steps_per_s_one_thread"]),
+                     n0(x["steps_per_s_vectorised"]), n0(target),
+                     "met" if x["steps_per_s_one_thread"] >= target else "**not met**"])
+    envs = f["envs"][0]
+    head = ["env", "steps/s, 1 thread",
+            "steps/s, %d envs on %d threads" % (envs["vector_envs"], envs["vector_threads"]),
+            "target (1 thread)", ""]
+    return table(head, rows) + "\n\n%.0f s per case. " % f["seconds_per_case"] + source(r)
+
+
+def cost_model_speed(d):
+    r = d("cost-model.json")
+    f = r["figures"]
+    names = {"nominal": "nominal", "slowed": "two slowed GPUs, one congested node"}
+    rows = [[names.get(c["conditions"], c["conditions"]), n0(c["median_evaluations_per_s"]),
+             "%s–%s" % (n0(c["min_evaluations_per_s"]), n0(c["max_evaluations_per_s"]))]
+            for c in f["cases"]]
+    head = ["conditions", "evaluations/s, median", "range"]
+    return table(head, rows) + "\n\n%s on %s, %d layouts in turn; target %s evaluations/s. " % (
+        f["model"], f["cluster"], f["layouts"], n0(f["target_evaluations_per_s"])) + source(r)
+
+
 RENDER = {
+    "policy-latency": policy_latency,
+    "deploy-straggler": deploy_straggler,
+    "deploy-latency": deploy_latency,
+    "deploy-live": deploy_live,
+    "pytorch-job": pytorch_job,
+    "pytorch-overhead": pytorch_overhead,
+    "live-elastic": live_elastic,
+    "live-compression": live_compression,
+    "planner-searches": planner_searches,
+    "planner-mixed": planner_mixed,
+    "env-speed": env_speed,
+    "cost-model-speed": cost_model_speed,
     "training": training,
     "policy-quality": policy_quality,
     "policy-summary": policy_summary,
