@@ -349,7 +349,7 @@ def env_speed(d):
     head = ["env", "steps/s, 1 thread",
             "steps/s, %d envs on %d threads" % (envs["vector_envs"], envs["vector_threads"]),
             "target (1 thread)", ""]
-    return table(head, rows) + "\n\n%.0f s per case. " % f["seconds_per_case"] + source(r)
+    return table(head, rows) + "\n\n%g s per case. " % f["seconds_per_case"] + source(r)
 
 
 def cost_model_speed(d):

@@ -272,9 +272,9 @@ TEST_CASE("phase: [scenario.phase] keys are read and validated with their locati
   CHECK(load_error("convergence_penalty = -1\n").find("convergence_penalty") != std::string::npos);
 }
 
-// SimEnv plans with one planner search (ZeRO-0 variants, docs/planner.md); it used to merge a
-// search of the scenario's space with one over ZeRO 0 alone. Both give the same candidates on
-// the phase and mixed scenarios' requests.
+// SimEnv plans with one planner search (ZeRO-0 variants, docs/planner.md). The reference is the
+// merge of a search of the scenario's space with one over ZeRO 0 alone: on the phase and mixed
+// scenarios' requests both give the same candidates.
 TEST_CASE("phase: one planner search equals the two-search merge on phase and mixed requests") {
   using parapilot::testing::two_search_merge;
   int compared = 0, strong = 0;
