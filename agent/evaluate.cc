@@ -6,7 +6,7 @@
 
 namespace parapilot::agent {
 
-EpisodeStats run_episode(env::Env& env, Policy& policy, uint64_t seed) {
+EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
   EpisodeStats stats;
   policy.begin_episode();
   env::Observation obs = env.reset(seed, policy.reset_options());

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 #include "env/env.h"
 
 namespace parapilot::agent {
@@ -22,7 +22,7 @@ struct EpisodeStats {
 };
 
 // Runs one episode of `policy` on `env` from `seed`.
-EpisodeStats run_episode(env::Env& env, Policy& policy, uint64_t seed);
+EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed);
 // The oracle's episode from `seed` (throws InputError when the env has no oracle).
 EpisodeStats run_oracle(env::Env& env, uint64_t seed);
 

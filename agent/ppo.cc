@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -14,6 +12,7 @@
 
 #include "env/env.h"
 #include "policy/features.h"
+#include "policy/learned.h"
 #include "policy/network.h"
 #include "strategy/error.h"
 
@@ -97,22 +96,6 @@ std::string torch_bytes(const std::function<void(std::ostream&)>& save) {
   save(out);
   return out.str();
 }
-
-// A greedy policy over a snapshot of the actor and the normalisation statistics.
-class LearnedPolicy : public Policy {
- public:
-  LearnedPolicy(policy::ActorCritic& net, policy::ObservationNormalizer normalizer)
-      : actor_(net), normalizer_(std::move(normalizer)) {}
-  std::string name() const override { return "rl"; }
-  int act(const env::Observation& o) override {
-    const auto logits = actor_.logits(normalizer_.normalise(o));
-    return policy::greedy_action(logits.data(), env::kNumActions);
-  }
-
- private:
-  policy::FastActor actor_;
-  policy::ObservationNormalizer normalizer_;
-};
 
 policy::ActorCritic make_network(const PpoConfig& c) {
   policy::NetworkOptions o;
@@ -439,42 +422,8 @@ std::vector<float> PpoTrainer::parameters() const {
   return out;
 }
 
-std::unique_ptr<Policy> PpoTrainer::greedy_policy() const {
-  return std::make_unique<LearnedPolicy>(s_->net, s_->normalizer);
-}
-
-std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint) {
-  const PpoConfig config = config_of(checkpoint);
-  if (config.hidden < 4 || config.hidden > 512) throw InputError("checkpoint: bad network width");
-  policy::ActorCritic net = make_network(config);
-  load_tensors("checkpoint weights", [&] {
-    std::istringstream in(checkpoint.model, std::ios::binary);
-    torch::load(net, in);
-  });
-  return std::make_unique<LearnedPolicy>(net, checkpoint.normalizer);
-}
-
-std::string default_policy_path() {
-  if (const char* path = std::getenv("PARAPILOT_DEFAULT_POLICY"); path && *path) return path;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  fs::path dir = ec ? fs::current_path(ec) : exe.parent_path();
-  const fs::path file = fs::path("share") / "parapilot" / "default-mixed.ckpt";
-  const fs::path installed = dir.parent_path() / file;
-  for (int up = 0; up < 4; ++up, dir = dir.parent_path()) {
-    if (fs::is_regular_file(dir / file, ec)) return (dir / file).string();
-  }
-  return installed.string();
-}
-
-std::unique_ptr<Policy> load_policy(const std::string& path) {
-  const checkpoints::Checkpoint c = checkpoints::read_checkpoint(path);
-  try {
-    return make_learned_policy(c);
-  } catch (const InputError& e) {
-    throw InputError(path + ": " + e.what());
-  }
+std::unique_ptr<policy::Policy> PpoTrainer::greedy_policy() const {
+  return std::make_unique<policy::LearnedPolicy>(s_->net, s_->normalizer);
 }
 
 }  // namespace parapilot::agent

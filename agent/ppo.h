@@ -1,4 +1,4 @@
-// PPO training of the scheduling policy, and loading trained policies.
+// PPO training of the scheduling policy (loading trained policies: policy/loader.h).
 //
 // PpoTrainer runs proximal policy optimisation (clipped surrogate, value loss, entropy bonus,
 // GAE, per-minibatch advantage normalisation, running observation normalisation, gradient-norm
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/baselines.h"
+#include "policy/policy.h"
 #include "checkpoints/checkpoint.h"
 
 namespace parapilot::agent {
@@ -101,25 +101,12 @@ class PpoTrainer {
   // All network parameters, flattened (for tests comparing runs).
   std::vector<float> parameters() const;
   // The current greedy policy (a snapshot; later updates do not change it).
-  std::unique_ptr<Policy> greedy_policy() const;
+  std::unique_ptr<policy::Policy> greedy_policy() const;
 
  private:
   struct State;
   std::unique_ptr<State> s_;
 };
-
-// Loads a trained policy (greedy) from a checkpoint file. Throws InputError naming the file
-// when it is missing or invalid.
-std::unique_ptr<Policy> load_policy(const std::string& path);
-// The same from a checkpoint already read.
-std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
-
-// The shipped default policy (trained on the mixed family): $PARAPILOT_DEFAULT_POLICY when set,
-// else share/parapilot/default-mixed.ckpt found from the running binary's directory or one of
-// the three above it (an installed prefix's bin/, or anywhere in the build tree, which holds a
-// copy). When none exists, the installed location (<binary dir>/../share/parapilot/...), so a
-// load names where the file was expected.
-std::string default_policy_path();
 
 // The config stored in a checkpoint (InputError when unreadable).
 PpoConfig config_of(const checkpoints::Checkpoint& checkpoint);

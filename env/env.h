@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "env/registry.h"
+
 namespace parapilot::env {
 
 inline constexpr int kStateDim = 24;
@@ -78,25 +80,6 @@ class Env {
   virtual std::vector<std::pair<int, std::string>> events() const { return {}; }
 };
 
-// Parameters of an env id: "sim:straggler(gpus=64,seed=3)" has name "sim", variant
-// "straggler" and params {gpus: 64, seed: 3}.
-struct EnvId {
-  std::string name;
-  std::string variant;
-  std::map<std::string, std::string> params;
-};
-// Parses an env id; a path to a .toml scenario becomes {name: "sim", variant: PATH}.
-// Throws InputError naming the id when malformed.
-EnvId parse_env_id(const std::string& id);
-
-using EnvFactory = std::function<std::unique_ptr<Env>(const EnvId&)>;
-
-// Registers a factory under a name; throws std::logic_error on a duplicate name.
-void register_env(const std::string& name, EnvFactory factory);
-// Makes an env from an id (see parse_env_id). Throws InputError for unknown names or bad
-// parameters, naming the id.
-std::unique_ptr<Env> make_env(const std::string& id);
-std::vector<std::string> registered_envs();
 
 // Steps N envs in parallel on `threads` worker threads. An env whose episode ends is reset at
 // once: its StepResult keeps the final reward and flags, and its observation is the next

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "env/env.h"
+#include "env/registry.h"
 
 namespace parapilot::env {
 
@@ -34,7 +35,7 @@ class BanditEnv : public Env {
   std::mt19937_64 rng_;
 };
 
-// Registers the built-in envs ("sim", "bandit"); called once by the registry itself.
-void register_builtin_envs();
+// The "bandit" factory the registry holds: parameters horizon (16) and best (3).
+std::unique_ptr<Env> make_bandit_env(const EnvId& id);
 
 }  // namespace parapilot::env

@@ -18,12 +18,9 @@
 #include "agent/runtime/metrics.h"
 #include "agent/runtime/sim_cluster.h"
 #include "experiments/commands.h"
+#include "policy/loader.h"
 #include "strategy/error.h"
 #include "transport/auth.h"
-#if __has_include("agent/ppo.h")
-#include "agent/ppo.h"
-#define PARAPILOT_DEPLOY_HAVE_RL 1
-#endif
 
 namespace parapilot::cli {
 
@@ -258,10 +255,8 @@ void run_deploy(const DeployFlags& f) {
   o.data_parallel.cooldown_intervals = f.cooldown;
   // No --policy: the shipped default policy; "reactive": the reactive baseline on purpose.
   o.policy_path = f.policy == "reactive" ? std::string() : f.policy;
-#ifdef PARAPILOT_DEPLOY_HAVE_RL
-  if (f.policy.empty()) o.policy_path = agent::default_policy_path();
-  o.loader = [](const std::string& path) { return agent::load_policy(path); };
-#endif
+  if (f.policy.empty()) o.policy_path = policy::default_policy_path();
+  o.loader = [](const std::string& path) { return policy::load_policy(path); };
   o.listen_address = host;
   o.port = port;
   o.secret = load_secret(f.secret_file);

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "agent/evaluate.h"
-#include "agent/ppo.h"
+#include "policy/loader.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "experiments/cli_common.h"
@@ -108,15 +108,15 @@ void run_eval(const EvalOptions& o) {
   std::unique_ptr<env::Env> env = env::make_env(id);
   const auto names = split(o.policies);
   if (names.empty()) throw InputError("--policies: name at least one policy");
-  std::vector<std::unique_ptr<agent::Policy>> policies(names.size());
+  std::vector<std::unique_ptr<parapilot::policy::Policy>> policies(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == "oracle") continue;
     if (names[i] == "rl") {
-      policies[i] = agent::load_policy(agent::default_policy_path());
+      policies[i] = policy::load_policy(policy::default_policy_path());
     } else if (names[i].rfind("rl:", 0) == 0) {
-      policies[i] = agent::load_policy(names[i].substr(3));
+      policies[i] = policy::load_policy(names[i].substr(3));
     } else {
-      policies[i] = agent::make_baseline(names[i]);
+      policies[i] = parapilot::policy::make_baseline(names[i]);
     }
   }
   // The oracle normalises every score, so it always runs.

@@ -29,7 +29,7 @@ std::string guardrail_for(const Candidate& target, const CostBreakdown& under_be
 LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader& loader) {
   LoadedPolicy out;
   if (path.empty()) {
-    out.policy = make_baseline("reactive");
+    out.policy = policy::make_baseline("reactive");
     return out;
   }
   if (!loader) {
@@ -44,7 +44,7 @@ LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader
     }
     out.fallback = out.policy == nullptr;
   }
-  if (out.fallback) out.policy = make_baseline("reactive");
+  if (out.fallback) out.policy = policy::make_baseline("reactive");
   return out;
 }
 

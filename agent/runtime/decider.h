@@ -24,20 +24,20 @@
 #include <thread>
 #include <vector>
 
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 #include "agent/runtime/job.h"
 #include "agent/runtime/monitor.h"
 #include "env/observation.h"
 
 namespace parapilot::agent::runtime {
 
-/// Makes a Policy from a checkpoint path; throws (InputError) when the file is missing,
+/// Makes a policy::Policy from a checkpoint path; throws (InputError) when the file is missing,
 /// unreadable or of another feature schema. The RL loader lives outside this torch-free library
-/// and is injected by the CLI (agent::load_policy).
-using PolicyLoader = std::function<std::unique_ptr<Policy>(const std::string& path)>;
+/// and is injected by the CLI (parapilot::policy::load_policy).
+using PolicyLoader = std::function<std::unique_ptr<policy::Policy>(const std::string& path)>;
 
 struct LoadedPolicy {
-  std::unique_ptr<Policy> policy;
+  std::unique_ptr<policy::Policy> policy;
   bool fallback = false;        ///< true: the reactive baseline stands in for what was asked.
   std::string fallback_reason;  ///< why (empty when no fallback).
 };
@@ -110,7 +110,7 @@ class Decider {
   void planner_loop();
 
   std::shared_ptr<const Job> job_;
-  std::unique_ptr<Policy> policy_;
+  std::unique_ptr<policy::Policy> policy_;
   bool fallback_ = false;
   std::string fallback_reason_;
   DeciderOptions o_;

@@ -10,7 +10,7 @@
 //     switch, and true throughput (cost model under the true conditions) before, during, after.
 //
 // Both modes: --policy P picks the agent's policy: by default the shipped learned policy, as
-// `parapilot deploy` loads it (agent::default_policy_path(); the reactive baseline, reported as a
+// `parapilot deploy` loads it (policy::default_policy_path(); the reactive baseline, reported as a
 // fallback, when it cannot be loaded); `--policy reactive` the reactive baseline; any other value
 // a checkpoint. --json FILE also writes every printed figure as JSON (benchmarks/report.h);
 // --help prints the options. Malformed numbers and flags without a value exit with code 2.
@@ -33,7 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/ppo.h"
+#include "policy/loader.h"
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
 #include "agent/runtime/sim_cluster.h"
@@ -190,8 +190,8 @@ void set_policy(AgentOptions& o, const Args& a) {
   if (a.policy == "reactive") {
     o.policy_path.clear();
   } else {
-    o.policy_path = a.policy.empty() ? agent::default_policy_path() : a.policy;
-    o.loader = [](const std::string& path) { return agent::load_policy(path); };
+    o.policy_path = a.policy.empty() ? parapilot::policy::default_policy_path() : a.policy;
+    o.loader = [](const std::string& path) { return parapilot::policy::load_policy(path); };
   }
 }
 

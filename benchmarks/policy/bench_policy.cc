@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "agent/ppo.h"
+#include "policy/loader.h"
 #include "benchmarks/report.h"
 #include "policy/features.h"
 #include "policy/network.h"
@@ -73,11 +73,11 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   const int n = 20000;
   const auto obs = random_observations(n);
-  const std::string path = argc > 1 ? argv[1] : parapilot::agent::default_policy_path();
+  const std::string path = argc > 1 ? argv[1] : parapilot::policy::default_policy_path();
   fig["checkpoint"] = path;
   fig["checkpoint_found"] = std::filesystem::exists(path);
   if (std::filesystem::exists(path)) {
-    auto policy = parapilot::agent::load_policy(path);
+    auto policy = parapilot::policy::load_policy(path);
     std::printf("policy %s\n", path.c_str());
     fig["policy"] = policy->name();
     fig["paths"].push_back(measure("checkpoint_hand_written",

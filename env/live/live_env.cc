@@ -14,34 +14,10 @@ namespace parapilot::live {
 namespace {
 
 using namespace std::chrono_literals;
+using env::double_param;
+using env::int_param;
+using env::str_param;
 
-int int_param(const env::EnvId& id, const std::string& key, int fallback, int lo, int hi) {
-  auto it = id.params.find(key);
-  if (it == id.params.end()) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0' || v < lo || v > hi)
-    throw InputError("env live: " + key + "='" + it->second + "' must be an integer in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return static_cast<int>(v);
-}
-
-double double_param(const env::EnvId& id, const std::string& key, double fallback, double lo,
-                    double hi) {
-  auto it = id.params.find(key);
-  if (it == id.params.end()) return fallback;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end != '\0' || !(v >= lo && v <= hi))
-    throw InputError("env live: " + key + "='" + it->second + "' must be a number in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
-
-std::string str_param(const env::EnvId& id, const std::string& key, const std::string& fallback) {
-  auto it = id.params.find(key);
-  return it == id.params.end() ? fallback : it->second;
-}
 
 /// What one interval's telemetry says.
 struct IntervalStats {
@@ -59,6 +35,10 @@ class LiveEnv final : public env::Env {
   explicit LiveEnv(const env::EnvId& id) : id_(id) {
     if (id.variant != "gloo" && id.variant != "nccl")
       throw InputError("env live:" + id.variant + ": the variant must be gloo or nccl");
+    env::reject_unknown(id, {"workers", "interval_steps", "horizon", "slow_rank", "slow_factor",
+                             "slow_at", "link_delay_rank", "link_delay_ms", "layers", "d_model",
+                             "heads", "seq_len", "global_batch", "microbatch", "exe",
+                             "worker_arg", "log_dir"});
     workers_ = int_param(id, "workers", 2, 1, 64);
     interval_steps_ = int_param(id, "interval_steps", 10, 1, 100000);
     horizon_ = int_param(id, "horizon", 20, 1, 100000);

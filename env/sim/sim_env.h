@@ -103,4 +103,10 @@ class SimEnv : public Env {
   void record_interval(int t);
 };
 
+// The registry's factories (env/registry.cc): "sim:FAMILY(gpus=N,horizon=H)" or
+// "sim:PATH.toml(horizon=H)", and "trace:PATH(meta=M,model=...,gpu=...,steps_per_interval=...,
+// interval_s=...)" replaying a per-op trace or a telemetry recording as the hidden conditions.
+std::unique_ptr<Env> make_sim_env(const EnvId& id);
+std::unique_ptr<Env> make_trace_env(const EnvId& id);
+
 }  // namespace parapilot::env

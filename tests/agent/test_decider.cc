@@ -22,7 +22,7 @@ env::Scenario quiet_scenario() {
   return s;
 }
 
-class AlwaysFirst : public agent::Policy {
+class AlwaysFirst : public parapilot::policy::Policy {
  public:
   std::string name() const override { return "always-first"; }
   int act(const env::Observation&) override { return 1; }
@@ -108,7 +108,7 @@ TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, 
   CHECK(no_loader.fallback);
   CHECK(no_loader.policy->name() == "reactive");
 
-  PolicyLoader failing = [](const std::string& path) -> std::unique_ptr<agent::Policy> {
+  PolicyLoader failing = [](const std::string& path) -> std::unique_ptr<parapilot::policy::Policy> {
     throw InputError(path + ": feature schema 7, this build reads 1");
   };
   const auto foreign = load_policy_or_reactive("old.ckpt", failing);
@@ -116,7 +116,7 @@ TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, 
   CHECK(foreign.policy->name() == "reactive");
   CHECK(foreign.fallback_reason.find("old.ckpt: feature schema") != std::string::npos);
 
-  PolicyLoader working = [](const std::string&) -> std::unique_ptr<agent::Policy> {
+  PolicyLoader working = [](const std::string&) -> std::unique_ptr<parapilot::policy::Policy> {
     return std::make_unique<AlwaysFirst>();
   };
   const auto ok = load_policy_or_reactive("good.ckpt", working);

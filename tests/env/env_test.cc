@@ -9,7 +9,7 @@
 #include <random>
 #include <sstream>
 
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "env/sim/sim_env.h"
@@ -163,7 +163,7 @@ TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats stand
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     const auto oracle = agent::run_oracle(*env, seed);
     for (const std::string name : {"static", "reactive"}) {
-      auto policy = agent::make_baseline(name);
+      auto policy = parapilot::policy::make_baseline(name);
       const auto stats = agent::run_episode(*env, *policy, seed);
       CHECK(stats.tokens <= oracle.tokens * 1.0001);
       (name == "static" ? static_total : reactive_total) += stats.tokens;
@@ -175,8 +175,8 @@ TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats stand
 
 TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the planned layout") {
   auto env = make_env("sim:hetero(gpus=16,horizon=4)");
-  auto planned = agent::make_baseline("static");
-  auto uniform = agent::make_baseline("uniform-dp");
+  auto planned = parapilot::policy::make_baseline("static");
+  auto uniform = parapilot::policy::make_baseline("uniform-dp");
   const auto a = agent::run_episode(*env, *planned, 1);
   const auto b = agent::run_episode(*env, *uniform, 1);
   CHECK(a.throughput_tokens_per_s > 1.2 * b.throughput_tokens_per_s);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 #include "agent/evaluate.h"
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
@@ -213,7 +213,7 @@ TEST_CASE("phase: the planner offers compressed layouts only once the decay is m
 
 TEST_CASE("phase: the oracle adopts compression after the decay; static cannot") {
   Scenario s = phase_scenario(96, 64);
-  auto static_policy = agent::make_baseline("static");
+  auto static_policy = parapilot::policy::make_baseline("static");
   SimEnv env(s, "phase-test");
   const auto fixed = agent::run_episode(env, *static_policy, 6);
   const auto oracle = agent::run_oracle(env, 6);

@@ -201,6 +201,9 @@ TEST_CASE(
   CHECK(!env->events().empty());
   CHECK_THROWS_AS(parapilot::env::make_env("live:mpi(workers=2)"), parapilot::InputError);
   CHECK_THROWS_AS(parapilot::env::make_env("live:gloo(workers=0)"), parapilot::InputError);
+  // A misspelt parameter is refused, not silently ignored.
+  CHECK_THROWS_WITH_AS(parapilot::env::make_env("live:gloo(wokers=2)"),
+                       doctest::Contains("unknown parameter \"wokers\""), parapilot::InputError);
 }
 
 // A case that cannot run here: says why and, when ctest runs it alone with

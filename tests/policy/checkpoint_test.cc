@@ -8,7 +8,7 @@
 #include <iterator>
 #include <string>
 
-#include "agent/ppo.h"
+#include "policy/loader.h"
 #include "checkpoints/checkpoint.h"
 #include "checkpoints/crc32.h"
 #include "strategy/error.h"
@@ -166,7 +166,7 @@ TEST_CASE(
   }
   SUBCASE("valid envelope, garbage tensors: loading the policy fails cleanly") {
     write_bytes(path, good);
-    CHECK_THROWS_AS(parapilot::agent::load_policy(path), InputError);
+    CHECK_THROWS_AS(parapilot::policy::load_policy(path), InputError);
   }
 }
 

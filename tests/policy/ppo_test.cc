@@ -5,9 +5,10 @@
 #include <filesystem>
 #include <string>
 
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 #include "agent/evaluate.h"
 #include "agent/ppo.h"
+#include "policy/loader.h"
 #include "checkpoints/checkpoint.h"
 #include "env/env.h"
 #include "strategy/error.h"
@@ -108,7 +109,7 @@ TEST_CASE("ppo: a trained policy loads from its checkpoint and acts as the train
   while (!trainer.done()) trainer.update();
   const std::string path = temp_path("policy.ckpt");
   cp::write_checkpoint(path, trainer.checkpoint({}));
-  auto loaded = ag::load_policy(path);
+  auto loaded = parapilot::policy::load_policy(path);
   auto live = trainer.greedy_policy();
   CHECK(loaded->name() == "rl");
   parapilot::env::Observation o;
@@ -131,8 +132,8 @@ TEST_CASE("ppo: bad configs and env ids are input errors") {
 }
 
 TEST_CASE("ppo: the shipped default policy loads and schedules mixed as well as reactive") {
-  auto policy = ag::load_policy(ag::default_policy_path());
-  auto reactive = ag::make_baseline("reactive");
+  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto reactive = parapilot::policy::make_baseline("reactive");
   auto env = parapilot::env::make_env("sim:mixed");
   double rl_score = 0, reactive_score = 0;
   for (uint64_t seed = 1000; seed < 1003; ++seed) {

@@ -1,10 +1,10 @@
-#include "agent/baselines.h"
+#include "policy/baselines.h"
 
 #include <cmath>
 
 #include "strategy/error.h"
 
-namespace parapilot::agent {
+namespace parapilot::policy {
 
 namespace {
 
@@ -80,4 +80,4 @@ std::unique_ptr<Policy> make_baseline(const std::string& name) {
 
 std::vector<std::string> baseline_names() { return {"static", "reactive", "uniform-dp"}; }
 
-}  // namespace parapilot::agent
+}  // namespace parapilot::policy

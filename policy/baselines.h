@@ -1,30 +1,13 @@
-// Policies: what decides, each interval, whether to keep the layout or switch to one of the
-// planner's candidates. The baselines are the rules teams use today; the learned policy
-// (policy/) implements the same interface. The hindsight oracle is not a policy: it needs the
-// future, so envs that can see it provide Env::oracle().
-//
-// A Policy holds per-episode state (begin_episode() clears it); use one per env, not shared
-// between threads.
+// The baselines: the rules teams use today, behind the Policy interface (policy/policy.h).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "env/env.h"
+#include "policy/policy.h"
 
-namespace parapilot::agent {
-
-class Policy {
- public:
-  virtual ~Policy() = default;
-  virtual std::string name() const = 0;
-  // How the env should start an episode for this policy.
-  virtual env::ResetOptions reset_options() const { return {}; }
-  virtual void begin_episode() {}
-  // Returns 0 (keep) or k in 1..kMaxCandidates (switch to candidate k-1).
-  virtual int act(const env::Observation& observation) = 0;
-};
+namespace parapilot::policy {
 
 // static: plan once from the nominal specs, never change (restarts after a crash are the
 // env's). uniform-dp: pure data parallel with equal shares, never change. reactive: re-plan
@@ -47,4 +30,4 @@ struct ReactiveOptions {
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 
-}  // namespace parapilot::agent
+}  // namespace parapilot::policy

@@ -1,0 +1,48 @@
+// The env registry: env ids name a registered factory, e.g. "sim:straggler(gpus=64)" or
+// "bandit(horizon=16)". The built-in envs ("sim", "trace", "bandit") are registered on first
+// use; other modules register theirs (env/live: "live") with register_env.
+//
+// Thread-safe: register_env, make_env and registered_envs may be called from any thread.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace parapilot::env {
+
+class Env;
+
+// Parameters of an env id: "sim:straggler(gpus=64,seed=3)" has name "sim", variant
+// "straggler" and params {gpus: 64, seed: 3}.
+struct EnvId {
+  std::string name;
+  std::string variant;
+  std::map<std::string, std::string> params;
+};
+// Parses an env id; a path to a .toml scenario becomes {name: "sim", variant: PATH}.
+// Throws InputError naming the id when malformed.
+EnvId parse_env_id(const std::string& id);
+
+using EnvFactory = std::function<std::unique_ptr<Env>(const EnvId&)>;
+
+// Registers a factory under a name; throws std::logic_error on a duplicate name.
+void register_env(const std::string& name, EnvFactory factory);
+// Makes an env from an id (see parse_env_id). Throws InputError for unknown names or bad
+// parameters, naming the id.
+std::unique_ptr<Env> make_env(const std::string& id);
+std::vector<std::string> registered_envs();
+
+// Parameter helpers for factories. int_param and double_param return params[key] as a number
+// in [min, max], or `fallback` when absent; str_param the text or `fallback`; reject_unknown
+// refuses keys outside `known`. They throw InputError naming the env and the parameter.
+int int_param(const EnvId& id, const std::string& key, int fallback, int min, int max);
+double double_param(const EnvId& id, const std::string& key, double fallback, double min,
+                    double max);
+std::string str_param(const EnvId& id, const std::string& key, const std::string& fallback);
+void reject_unknown(const EnvId& id, std::initializer_list<const char*> known);
+
+}  // namespace parapilot::env

@@ -1,0 +1,69 @@
+#include "policy/loader.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include "policy/learned.h"
+#include "strategy/error.h"
+
+namespace parapilot::policy {
+
+namespace {
+
+// The actor-critic's hidden width, from the training config stored beside the weights.
+int network_width(const checkpoints::Checkpoint& checkpoint) {
+  const nlohmann::json j = nlohmann::json::parse(checkpoint.config, nullptr, false);
+  if (!j.is_object() || !j.contains("ppo") || !j["ppo"].is_object() ||
+      !j["ppo"].contains("hidden") || !j["ppo"]["hidden"].is_number_integer()) {
+    throw InputError("checkpoint: unreadable training config (no ppo.hidden)");
+  }
+  const int hidden = j["ppo"]["hidden"].get<int>();
+  if (hidden < 4 || hidden > 512) throw InputError("checkpoint: bad network width");
+  return hidden;
+}
+
+}  // namespace
+
+std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint) {
+  NetworkOptions o;
+  o.hidden = network_width(checkpoint);
+  ActorCritic net(o);
+  try {
+    std::istringstream in(checkpoint.model, std::ios::binary);
+    torch::load(net, in);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    throw InputError("checkpoint weights: " + what);
+  }
+  return std::make_unique<LearnedPolicy>(net, checkpoint.normalizer);
+}
+
+std::unique_ptr<Policy> load_policy(const std::string& path) {
+  const checkpoints::Checkpoint c = checkpoints::read_checkpoint(path);
+  try {
+    return make_learned_policy(c);
+  } catch (const InputError& e) {
+    throw InputError(path + ": " + e.what());
+  }
+}
+
+std::string default_policy_path() {
+  if (const char* path = std::getenv("PARAPILOT_DEFAULT_POLICY"); path && *path) return path;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path dir = ec ? fs::current_path(ec) : exe.parent_path();
+  const fs::path file = fs::path("share") / "parapilot" / "default-mixed.ckpt";
+  const fs::path installed = dir.parent_path() / file;
+  for (int up = 0; up < 4; ++up, dir = dir.parent_path()) {
+    if (fs::is_regular_file(dir / file, ec)) return (dir / file).string();
+  }
+  return installed.string();
+}
+
+}  // namespace parapilot::policy

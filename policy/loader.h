@@ -1,0 +1,27 @@
+// Loading trained policies: a checkpoint (checkpoints/checkpoint.h) becomes a greedy Policy
+// over its actor and observation normalisation, run by the hand-written inference path
+// (policy/network.h, FastActor). This header does not include libtorch.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "checkpoints/checkpoint.h"
+#include "policy/policy.h"
+
+namespace parapilot::policy {
+
+/// Loads a trained policy (greedy) from a checkpoint file. Throws InputError naming the file
+/// when it is missing or invalid.
+std::unique_ptr<Policy> load_policy(const std::string& path);
+/// The same from a checkpoint already read. Throws InputError when it does not hold a policy.
+std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
+
+/// The shipped default policy (trained on the mixed family): $PARAPILOT_DEFAULT_POLICY when
+/// set, else share/parapilot/default-mixed.ckpt found from the running binary's directory or
+/// one of the three above it (an installed prefix's bin/, or anywhere in the build tree, which
+/// holds a copy). When none exists, the installed location (<binary dir>/../share/parapilot/
+/// default-mixed.ckpt), so a load names where the file was expected.
+std::string default_policy_path();
+
+}  // namespace parapilot::policy
