@@ -1,5 +1,5 @@
 // parapilot deploy: the agent daemon beside a running job (agent/runtime/agent.h).
-// parapilot simcluster: N simulated ranks speaking the bus protocol (agent/runtime/sim_cluster.h).
+// parapilot simcluster: N simulated ranks speaking the bus protocol (env/simcluster/sim_cluster.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
-#include "agent/runtime/sim_cluster.h"
+#include "env/simcluster/sim_cluster.h"
 #include "experiments/commands.h"
 #include "policy/loader.h"
 #include "strategy/error.h"
@@ -367,9 +367,9 @@ struct SimFlags {
   bool json = false;
 };
 
-rt::SlowdownInjection parse_slow(const std::string& text) {
+env::SlowdownInjection parse_slow(const std::string& text) {
   // RANK:FACTOR:FROM[:TO]
-  rt::SlowdownInjection s;
+  env::SlowdownInjection s;
   unsigned rank = 0;
   double factor = 0;
   unsigned long long from = 0, to = 0;
@@ -387,7 +387,7 @@ rt::SlowdownInjection parse_slow(const std::string& text) {
 }
 
 void run_simcluster(const SimFlags& f) {
-  rt::SimClusterOptions o;
+  env::SimClusterOptions o;
   o.ranks = f.ranks;
   o.scenario = f.scenario;
   const auto [host, port] = parse_address("--agent", f.agent, true);
@@ -404,8 +404,8 @@ void run_simcluster(const SimFlags& f) {
   o.log = [](const std::string& line) { std::fprintf(stderr, "simcluster: %s\n", line.c_str()); };
   std::atomic<bool> stop{false};
   SignalWatcher signals([&] { stop = true; });
-  const rt::SimClusterReport r = rt::run_simulated_cluster(o, stop, f.steps);
-  const auto reference = rt::SimulatedCluster::reference_params(r.steps, 8);
+  const env::SimClusterReport r = env::run_simulated_cluster(o, stop, f.steps);
+  const auto reference = env::SimulatedCluster::reference_params(r.steps, 8);
   double before = 0, after = 0;
   const size_t first_commit =
       r.commit_steps.empty() ? r.tokens_per_s_by_step.size() : r.commit_steps.front();

@@ -36,11 +36,12 @@
 #include "policy/loader.h"
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
-#include "agent/runtime/sim_cluster.h"
+#include "env/simcluster/sim_cluster.h"
 #include "benchmarks/report.h"
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
+using namespace parapilot::env;
 
 namespace {
 

@@ -9,10 +9,11 @@
 #include <thread>
 
 #include "agent/runtime/agent.h"
-#include "agent/runtime/sim_cluster.h"
+#include "env/simcluster/sim_cluster.h"
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
+using namespace parapilot::env;
 using namespace std::chrono_literals;
 
 namespace {

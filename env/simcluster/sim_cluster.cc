@@ -1,4 +1,4 @@
-#include "agent/runtime/sim_cluster.h"
+#include "env/simcluster/sim_cluster.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,11 @@
 
 #include "strategy/error.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::env {
+
+using agent::runtime::from_wire;
+using agent::runtime::layout_name;
+using agent::runtime::make_job;
 
 namespace {
 
@@ -488,4 +492,4 @@ SimClusterReport run_simulated_cluster(const SimClusterOptions& options,
   return r;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::env

@@ -3,6 +3,10 @@
 // PlanReady; PlanCommit -> switch at the iteration boundary -> Ack; PlanAbort), so the deploy
 // agent can be driven at 1024+ ranks without GPUs.
 //
+// It plays the ranks of the job a deploy agent serves, so it takes the agent's own description
+// of that job (agent/runtime/job.h: the scenario, the planner, the wire mapping of layouts)
+// rather than a second one.
+//
 // Ranks step in lockstep (one driver thread, as a synchronous job does). Per step each rank
 // reports compute-only time (the true per-GPU speed from the scenario's hidden dynamics, plus
 // injected slowdowns and noise), its inter-node collective (bytes, and time = wait for the last
@@ -35,7 +39,9 @@
 #include "agent/runtime/job.h"
 #include "transport/bus.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::env {
+
+using agent::runtime::Job;
 
 struct SlowdownInjection {
   uint32_t rank = 0;
@@ -128,4 +134,4 @@ class SimulatedCluster {
 SimClusterReport run_simulated_cluster(const SimClusterOptions& options,
                                        const std::atomic<bool>& stop, uint64_t max_steps = 0);
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::env
