@@ -59,7 +59,7 @@ transport::Secret load_secret(const std::string& file) {
   if (!secret) {
     throw InputError(
         (file.empty() ? "no --secret-file and PARAPILOT_SECRET: " : "--secret-file: ") +
-        secret.error());
+        secret.status().message());
   }
   return std::move(*secret);
 }

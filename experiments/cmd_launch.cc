@@ -219,11 +219,11 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       for (auto& t : agent->take_telemetry()) window.push_back(std::move(t));
       const auto step = static_cast<std::int64_t>(agent->completed_step());
       auto apply = [&](const live::LiveAction& a, const char* why) {
-        const live::ApplyResult r = agent->apply(a, 30s);
+        const StatusOr<live::AppliedPlan> r = agent->apply(a, 30s);
         std::printf("step %lld: %s %s -> %s\n", static_cast<long long>(step), why,
                     live::encode_action(a).c_str(),
-                    r.ok ? ("committed at step " + std::to_string(r.switch_at_step)).c_str()
-                         : r.error.c_str());
+                    r.ok() ? ("committed at step " + std::to_string(r->switch_at_step)).c_str()
+                           : r.status().message().c_str());
         std::fflush(stdout);
       };
       while (!schedule.empty() && schedule.begin()->first <= step &&

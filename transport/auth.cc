@@ -26,16 +26,16 @@ std::span<const std::uint8_t> as_bytes(std::string_view s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
-Result<Secret> check_secret(std::string bytes, const std::string& origin) {
+StatusOr<Secret> check_secret(std::string bytes, const std::string& origin) {
   if (bytes.size() >= 2 && bytes.ends_with("\r\n")) {
     bytes.resize(bytes.size() - 2);
   } else if (!bytes.empty() && bytes.back() == '\n') {
     bytes.pop_back();
   }
-  if (bytes.empty()) return Error{"secret from " + origin + " is empty"};
+  if (bytes.empty()) return Status::invalid_argument("secret from " + origin + " is empty");
   if (bytes.size() < kMinSecretBytes) {
-    return Error{"secret from " + origin + " is shorter than " + std::to_string(kMinSecretBytes) +
-                 " bytes"};
+    return Status::invalid_argument("secret from " + origin + " is shorter than " + std::to_string(kMinSecretBytes) +
+                 " bytes");
   }
   return Secret(std::move(bytes));
 }
@@ -174,17 +174,17 @@ Secret::~Secret() {
   for (std::size_t i = 0; i < bytes_.size(); ++i) p[i] = 0;
 }
 
-Result<Secret> load_secret_from_file(const std::string& path) {
+StatusOr<Secret> load_secret_from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{"cannot read secret file '" + path + "'"};
+  if (!in) return Status::not_found("cannot read secret file '" + path + "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return Error{"cannot read secret file '" + path + "'"};
+  if (in.bad()) return Status::not_found("cannot read secret file '" + path + "'");
   return check_secret(std::move(bytes), "file '" + path + "'");
 }
 
-Result<Secret> load_secret_from_env(const std::string& name) {
+StatusOr<Secret> load_secret_from_env(const std::string& name) {
   const char* v = std::getenv(name.c_str());
-  if (v == nullptr) return Error{"environment variable " + name + " is not set"};
+  if (v == nullptr) return Status::not_found("environment variable " + name + " is not set");
   return check_secret(std::string(v), "environment variable " + name);
 }
 

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "transport/messages.h"
-#include "transport/result.h"
+#include "core/status.h"
 
 namespace parapilot::transport {
 
@@ -77,10 +77,10 @@ inline constexpr std::size_t kMinSecretBytes = 16;
 /// Reads a secret from a file; one trailing "\n" or "\r\n" is removed. Fails if the file cannot
 /// be read, is empty, or is shorter than kMinSecretBytes. The reason names the path, never the
 /// content.
-Result<Secret> load_secret_from_file(const std::string& path);
+StatusOr<Secret> load_secret_from_file(const std::string& path);
 
 /// Reads a secret from environment variable `name` (same rules as the file loader).
-Result<Secret> load_secret_from_env(const std::string& name);
+StatusOr<Secret> load_secret_from_env(const std::string& name);
 
 /// Fresh random bytes from the operating system (getrandom).
 Nonce random_nonce();

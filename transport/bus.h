@@ -40,7 +40,7 @@
 #include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
-#include "transport/result.h"
+#include "core/status.h"
 
 namespace parapilot::transport {
 
@@ -118,7 +118,7 @@ class Server {
 
 /// Creates a TCP server listening on options.listen_address:options.port. Fails on a missing or
 /// short secret or when the address cannot be bound.
-Result<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHandlers handlers);
+StatusOr<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHandlers handlers);
 
 struct ClientOptions {
   std::string server_address = "127.0.0.1";  ///< IP address or host name.
@@ -191,7 +191,7 @@ class IoRuntime {
 /// Creates a TCP client; it connects in the background and keeps reconnecting until stopped.
 /// With no runtime it runs its own I/O thread. Fails on a missing/short secret, port 0 or a bad
 /// name.
-Result<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHandlers handlers,
+StatusOr<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHandlers handlers,
                                                 std::shared_ptr<IoRuntime> runtime = nullptr);
 
 /// In-process bus: one server and any number of clients in the same process, with the TCP
@@ -207,7 +207,7 @@ class InProcHub {
 
   /// Creates the hub's server (at most one alive at a time; fails otherwise). Waiting clients
   /// connect to it.
-  Result<std::unique_ptr<Server>> make_server(ServerHandlers handlers);
+  StatusOr<std::unique_ptr<Server>> make_server(ServerHandlers handlers);
   /// Creates a client; only name, role, rank and telemetry_buffer_capacity of `options` apply.
   std::unique_ptr<Client> make_client(const ClientOptions& options, ClientHandlers handlers);
 

@@ -63,9 +63,9 @@ std::string check_header(const FrameHeader& h, std::uint32_t max_frame_bytes) {
   return {};
 }
 
-Result<std::size_t> append_frame(const Message& m, std::string& out,
+StatusOr<std::size_t> append_frame(const Message& m, std::string& out,
                                  std::uint32_t max_frame_bytes) {
-  if (std::string why = validate(m); !why.empty()) return Error{"invalid message: " + why};
+  if (std::string why = validate(m); !why.empty()) return Status::invalid_argument("invalid message: " + why);
   const std::size_t at = out.size();
   out.reserve(at + 256);  // typical frames fit; avoids regrowth while the payload is appended
   out.resize(at + kFrameHeaderBytes);
@@ -73,17 +73,17 @@ Result<std::size_t> append_frame(const Message& m, std::string& out,
   const std::size_t frame_bytes = out.size() - at;
   if (frame_bytes > max_frame_bytes) {
     out.resize(at);
-    return Error{"message too large for a frame (" + std::to_string(frame_bytes) + " > " +
-                 std::to_string(max_frame_bytes) + " bytes)"};
+    return Status::invalid_argument("message too large for a frame (" + std::to_string(frame_bytes) + " > " +
+                 std::to_string(max_frame_bytes) + " bytes)");
   }
   finish_header(out, at, static_cast<std::uint8_t>(type_of(m)));
   return frame_bytes;
 }
 
-Result<std::string> encode_frame(const Message& m, std::uint32_t max_frame_bytes) {
+StatusOr<std::string> encode_frame(const Message& m, std::uint32_t max_frame_bytes) {
   std::string out;
   auto r = append_frame(m, out, max_frame_bytes);
-  if (!r) return Error{r.error()};
+  if (!r) return r.status();
   return out;
 }
 
@@ -94,20 +94,20 @@ std::string frame_raw(std::uint8_t type, std::span<const std::uint8_t> payload) 
   return out;
 }
 
-Result<Message> decode_frame(std::span<const std::uint8_t> frame, std::uint32_t max_frame_bytes) {
+StatusOr<Message> decode_frame(std::span<const std::uint8_t> frame, std::uint32_t max_frame_bytes) {
   FrameDecoder d(max_frame_bytes);
   d.feed(frame);
   Message m;
   switch (d.next(m)) {
     case FrameDecoder::Status::message:
-      if (d.buffered_bytes() != 0) return Error{"trailing bytes after the frame"};
+      if (d.buffered_bytes() != 0) return Status::invalid_argument("trailing bytes after the frame");
       return m;
     case FrameDecoder::Status::need_more:
-      return Error{"truncated frame"};
+      return Status::invalid_argument("truncated frame");
     case FrameDecoder::Status::error:
       break;
   }
-  return Error{d.error()};
+  return Status::invalid_argument(d.error());
 }
 
 FrameDecoder::FrameDecoder(std::uint32_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
@@ -154,7 +154,7 @@ FrameDecoder::Status FrameDecoder::next(Message& out) {
       decode_payload(static_cast<MessageType>(h.type), std::span(p + kFrameHeaderBytes, h.length));
   if (!m) {
     error_ = "bad " + std::string(type_name(static_cast<MessageType>(h.type))) +
-             " payload: " + m.error();
+             " payload: " + m.status().message();
     return Status::error;
   }
   begin_ += kFrameHeaderBytes + h.length;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "transport/messages.h"
-#include "transport/result.h"
+#include "core/status.h"
 
 namespace parapilot::transport {
 
@@ -49,11 +49,11 @@ std::string check_header(const FrameHeader& h, std::uint32_t max_frame_bytes);
 
 /// Appends one frame carrying `m` to `out`. Fails (and leaves `out` unchanged) if validate(m)
 /// fails or the frame would exceed max_frame_bytes.
-Result<std::size_t> append_frame(const Message& m, std::string& out,
+StatusOr<std::size_t> append_frame(const Message& m, std::string& out,
                                  std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
 
 /// One frame carrying `m`, as a string of bytes.
-Result<std::string> encode_frame(const Message& m,
+StatusOr<std::string> encode_frame(const Message& m,
                                  std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
 
 /// Frames raw bytes as they would be framed for `type` (tests, fuzzing, other encoders). No
@@ -61,7 +61,7 @@ Result<std::string> encode_frame(const Message& m,
 std::string frame_raw(std::uint8_t type, std::span<const std::uint8_t> payload);
 
 /// Decodes one complete frame (header + payload, nothing more) into a message.
-Result<Message> decode_frame(std::span<const std::uint8_t> frame,
+StatusOr<Message> decode_frame(std::span<const std::uint8_t> frame,
                              std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
 
 /// Incremental decoder for a byte stream: write bytes in with prepare()/commit() or feed(),

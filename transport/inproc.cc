@@ -63,9 +63,9 @@ struct InProcHub::State : std::enable_shared_from_this<InProcHub::State> {
 namespace {
 
 // Round trip through the wire encoding so in-process runs see exactly what TCP peers would.
-Result<Message> through_wire(const Message& m) {
+StatusOr<Message> through_wire(const Message& m) {
   auto frame = encode_frame(m);
-  if (!frame) return Error{frame.error()};
+  if (!frame) return frame.status();
   return decode_frame(
       std::span(reinterpret_cast<const std::uint8_t*>(frame->data()), frame->size()));
 }
@@ -337,10 +337,10 @@ InProcHub::~InProcHub() {
   state_->dispatcher.join();
 }
 
-Result<std::unique_ptr<Server>> InProcHub::make_server(ServerHandlers handlers) {
+StatusOr<std::unique_ptr<Server>> InProcHub::make_server(ServerHandlers handlers) {
   auto impl = std::make_shared<InProcServerImpl>(std::move(handlers));
   std::lock_guard lk(state_->mu);
-  if (state_->server) return Error{"the hub already has a server"};
+  if (state_->server) return Status::rejected("the hub already has a server");
   state_->server = impl;
   auto waiting = std::move(state_->waiting);
   state_->waiting.clear();

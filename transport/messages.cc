@@ -482,11 +482,11 @@ void encode_payload(const Message& m, std::string& out) {
   st.sink.target(&st.prologue);
 }
 
-Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload) {
+StatusOr<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload) {
   const auto raw = static_cast<std::uint8_t>(type);
-  if (!is_known_type(raw)) return Error{"unknown message type " + std::to_string(raw)};
-  if (payload.empty()) return Error{"empty payload"};
-  if (payload[0] != 0x01) return Error{"payload endianness marker is not 0x01"};
+  if (!is_known_type(raw)) return Status::invalid_argument("unknown message type " + std::to_string(raw));
+  if (payload.empty()) return Status::invalid_argument("empty payload");
+  if (payload[0] != 0x01) return Status::invalid_argument("payload endianness marker is not 0x01");
   thread_local DecodeState st;
   try {
     SpanSource& src = st.src;
@@ -495,17 +495,17 @@ Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> p
     Message m = make_default(raw - 1u);
     std::visit([&](auto& x) { visit_message(r, x); }, m);
     if (src.remaining() != 0) {
-      return Error{std::string(type_name(type)) + " payload has " +
-                   std::to_string(src.remaining()) + " trailing bytes"};
+      return Status::invalid_argument(std::string(type_name(type)) + " payload has " +
+                   std::to_string(src.remaining()) + " trailing bytes");
     }
-    if (std::string why = validate(m); !why.empty()) return Error{std::move(why)};
+    if (std::string why = validate(m); !why.empty()) return Status::invalid_argument(std::move(why));
     return m;
   } catch (const DecodeFailure& f) {
-    return Error{f.reason};
+    return Status::invalid_argument(f.reason);
   } catch (const cereal::Exception&) {
-    return Error{std::string(type_name(type)) + " payload is truncated"};
+    return Status::invalid_argument(std::string(type_name(type)) + " payload is truncated");
   } catch (const std::exception& e) {
-    return Error{std::string("payload rejected: ") + e.what()};
+    return Status::invalid_argument(std::string("payload rejected: ") + e.what());
   }
 }
 

@@ -20,7 +20,7 @@
 #include <variant>
 #include <vector>
 
-#include "transport/result.h"
+#include "core/status.h"
 
 namespace parapilot::transport {
 
@@ -263,6 +263,6 @@ void encode_payload(const Message& m, std::string& out);
 /// Parses a payload of the given type. Never throws; fails on truncated input, trailing bytes,
 /// lengths beyond kMax* limits or the remaining input, non-0/1 booleans, a first byte other than
 /// 0x01 (little-endian marker), unknown types, and anything validate() rejects.
-Result<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload);
+StatusOr<Message> decode_payload(MessageType type, std::span<const std::uint8_t> payload);
 
 }  // namespace parapilot::transport

@@ -77,7 +77,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     if (stopped_.load(std::memory_order_acquire) || is_internal_type(type_of(m))) return false;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
-      log(LogLevel::warn, "not sending: " + frame.error());
+      log(LogLevel::warn, "not sending: " + frame.status().message());
       return false;
     }
     const bool telemetry = std::holds_alternative<Telemetry>(m);
@@ -535,18 +535,18 @@ class TcpClient final : public Client {
 
 }  // namespace
 
-Result<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHandlers handlers,
+StatusOr<std::unique_ptr<Client>> make_tcp_client(ClientOptions options, ClientHandlers handlers,
                                                 std::shared_ptr<IoRuntime> runtime) {
   if (options.secret.size() < kMinSecretBytes) {
-    return Error{"client needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
-                 " bytes"};
+    return Status::invalid_argument("client needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
+                 " bytes");
   }
-  if (options.port == 0) return Error{"client needs the server port"};
+  if (options.port == 0) return Status::invalid_argument("client needs the server port");
   if (options.name.empty() || options.name.size() > kMaxNameBytes) {
-    return Error{"client name must have 1.." + std::to_string(kMaxNameBytes) + " bytes"};
+    return Status::invalid_argument("client name must have 1.." + std::to_string(kMaxNameBytes) + " bytes");
   }
   if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
-    return Error{"heartbeat_timeout_ms must exceed heartbeat_interval_ms"};
+    return Status::invalid_argument("heartbeat_timeout_ms must exceed heartbeat_interval_ms");
   }
   if (!runtime) runtime = std::make_shared<IoRuntime>(1);
   auto impl =

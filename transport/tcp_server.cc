@@ -89,18 +89,18 @@ class TcpServer final : public Server {
   }
   ~TcpServer() override { stop(); }
 
-  Result<bool> listen() {
+  StatusOr<bool> listen() {
     error_code ec;
     const auto addr = asio::ip::make_address(opt_.listen_address, ec);
-    if (ec) return Error{"bad listen address '" + opt_.listen_address + "': " + ec.message()};
+    if (ec) return Status::invalid_argument("bad listen address '" + opt_.listen_address + "': " + ec.message());
     const tcp::endpoint ep(addr, opt_.port);
     acceptor_->open(ep.protocol(), ec);
     if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_->bind(ep, ec);
     if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return Error{"cannot listen on " + opt_.listen_address + ":" + std::to_string(opt_.port) +
-                   ": " + ec.message()};
+      return Status::unavailable("cannot listen on " + opt_.listen_address + ":" + std::to_string(opt_.port) +
+                   ": " + ec.message());
     }
     port_ = acceptor_->local_endpoint().port();
     for (auto& w : workers_) {
@@ -122,7 +122,7 @@ class TcpServer final : public Server {
     if (is_internal_type(type_of(m))) return false;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
-      log(LogLevel::warn, "not sending to peer " + std::to_string(peer) + ": " + frame.error());
+      log(LogLevel::warn, "not sending to peer " + std::to_string(peer) + ": " + frame.status().message());
       return false;
     }
     std::shared_ptr<ServerConn> c;
@@ -141,7 +141,7 @@ class TcpServer final : public Server {
     if (is_internal_type(type_of(m))) return 0;
     auto frame = encode_frame(m, opt_.max_frame_bytes);
     if (!frame) {
-      log(LogLevel::warn, "not broadcasting: " + frame.error());
+      log(LogLevel::warn, "not broadcasting: " + frame.status().message());
       return 0;
     }
     std::vector<std::shared_ptr<ServerConn>> targets;
@@ -554,18 +554,18 @@ void ServerConn::close(std::string reason, bool protocol_error) {
 
 }  // namespace
 
-Result<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHandlers handlers) {
+StatusOr<std::unique_ptr<Server>> make_tcp_server(ServerOptions options, ServerHandlers handlers) {
   if (options.secret.size() < kMinSecretBytes) {
-    return Error{"server needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
-                 " bytes"};
+    return Status::invalid_argument("server needs a shared secret of at least " + std::to_string(kMinSecretBytes) +
+                 " bytes");
   }
-  if (options.max_frame_bytes < 1024) return Error{"max_frame_bytes must be >= 1024"};
+  if (options.max_frame_bytes < 1024) return Status::invalid_argument("max_frame_bytes must be >= 1024");
   if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
-    return Error{"heartbeat_timeout_ms must exceed heartbeat_interval_ms"};
+    return Status::invalid_argument("heartbeat_timeout_ms must exceed heartbeat_interval_ms");
   }
   auto server = std::make_unique<TcpServer>(std::move(options), std::move(handlers));
   auto ok = server->listen();
-  if (!ok) return Error{ok.error()};
+  if (!ok) return ok.status();
   return std::unique_ptr<Server>(std::move(server));
 }
 

@@ -610,7 +610,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
   };
   if (m.o.hub) {
     auto s = m.o.hub->make_server(std::move(h));
-    if (!s) throw InputError("deploy: " + s.error());
+    if (!s) throw InputError("deploy: " + s.status().message());
     m.server = std::move(*s);
   } else {
     transport::ServerOptions so;
@@ -621,7 +621,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     so.max_unauthenticated = 4096;
     so.max_connections = 1u << 16;
     auto s = transport::make_tcp_server(std::move(so), std::move(h));
-    if (!s) throw InputError("--listen: " + s.error());
+    if (!s) throw InputError("--listen: " + s.status().message());
     m.server = std::move(*s);
   }
   if (m.o.serve_metrics) {
@@ -629,7 +629,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
                                        [&m] { return m.render(); });
     if (!ms) {
       m.server->stop();
-      throw InputError("--metrics-port: " + ms.error());
+      throw InputError("--metrics-port: " + ms.status().message());
     }
     m.metrics = std::move(*ms);
   }

@@ -86,7 +86,7 @@ struct MetricsHttpServer::Impl {
   }
 };
 
-transport::Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
+StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
     const std::string& address, uint16_t port, Render render) {
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->impl_ = std::make_unique<Impl>();
@@ -94,15 +94,15 @@ transport::Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
   m.render = std::move(render);
   beast::error_code ec;
   const auto ip = asio::ip::make_address(address, ec);
-  if (ec) return transport::Error{"metrics address \"" + address + "\": " + ec.message()};
+  if (ec) return Status::invalid_argument("metrics address \"" + address + "\": " + ec.message());
   const tcp::endpoint endpoint(ip, port);
   m.acceptor.open(endpoint.protocol(), ec);
   if (!ec) m.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) m.acceptor.bind(endpoint, ec);
   if (!ec) m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return transport::Error{"metrics endpoint " + address + ":" + std::to_string(port) + ": " +
-                            ec.message()};
+    return Status::unavailable("metrics endpoint " + address + ":" + std::to_string(port) + ": " +
+                            ec.message());
   }
   m.port = m.acceptor.local_endpoint().port();
   m.accept();
@@ -124,7 +124,7 @@ void MetricsHttpServer::stop() {
   impl_->thread.join();
 }
 
-transport::Result<std::string> http_get(uint16_t port, const std::string& path) {
+StatusOr<std::string> http_get(uint16_t port, const std::string& path) {
   try {
     asio::io_context ioc;
     beast::tcp_stream stream(ioc);
@@ -137,11 +137,11 @@ transport::Result<std::string> http_get(uint16_t port, const std::string& path) 
     http::response<http::string_body> res;
     http::read(stream, buffer, res);
     if (res.result() != http::status::ok) {
-      return transport::Error{"HTTP " + std::to_string(res.result_int())};
+      return Status::unavailable("HTTP " + std::to_string(res.result_int()));
     }
     return std::string(res.body());
   } catch (const std::exception& e) {
-    return transport::Error{e.what()};
+    return Status::unavailable(e.what());
   }
 }
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "transport/result.h"
+#include "core/status.h"
 
 namespace parapilot::agent::runtime {
 
@@ -24,7 +24,7 @@ class MetricsHttpServer {
  public:
   using Render = std::function<std::string()>;
   /// Listens on address:port (port 0 picks a free one) and serves `render()` at /metrics.
-  static transport::Result<std::unique_ptr<MetricsHttpServer>> start(const std::string& address,
+  static StatusOr<std::unique_ptr<MetricsHttpServer>> start(const std::string& address,
                                                                      uint16_t port, Render render);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
@@ -39,6 +39,6 @@ class MetricsHttpServer {
 };
 
 /// Fetches http://127.0.0.1:port/path (tests and tools); the body, or an error.
-transport::Result<std::string> http_get(uint16_t port, const std::string& path = "/metrics");
+StatusOr<std::string> http_get(uint16_t port, const std::string& path = "/metrics");
 
 }  // namespace parapilot::agent::runtime

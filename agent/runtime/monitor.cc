@@ -24,7 +24,11 @@ const char* to_string(MonitorEvent::Kind kind) {
   return "?";
 }
 
-std::string check_telemetry(const transport::Telemetry& t, const MonitorOptions& o) {
+namespace {
+
+// What is wrong with one sample's values (finite, non-negative, bounded, consistent); "" when
+// nothing is.
+std::string telemetry_problem(const transport::Telemetry& t, const MonitorOptions& o) {
   auto bad_number = [&](double x) -> const char* {
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return "infinite";
@@ -50,8 +54,6 @@ std::string check_telemetry(const transport::Telemetry& t, const MonitorOptions&
   }
   return "";
 }
-
-namespace {
 
 enum class Liveness : uint8_t { unknown, live, lost };
 
@@ -173,13 +175,13 @@ void Monitor::set_step_callback(StepCallback callback) {
   callback_ = std::move(callback);
 }
 
-std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival) {
+Status Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival) {
   std::vector<std::pair<uint64_t, Clock::time_point>> closed;
   StepCallback callback;
   {
     std::lock_guard lock(mutex_);
     State& s = *s_;
-    std::string reason = check_telemetry(t, s.o);
+    std::string reason = telemetry_problem(t, s.o);
     if (reason.empty() && s.any_seen && t.step > s.newest + s.o.max_step_jump)
       reason = "absurd_step";
     // Ranks report their steps in order: one already reported is a duplicate.
@@ -200,7 +202,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
         if (name == "phase/optimizer") fixed = c.ms;
       }
       add_compute(r, t.compute_ms, work, fixed, s.counters.outliers);
-      return "";
+      return Status();
     }
     StepAgg* agg = nullptr;
     if (reason.empty()) {
@@ -211,7 +213,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
     if (!reason.empty()) {
       ++s.counters.rejected;
       ++s.counters.rejected_by_reason[reason];
-      return reason;
+      return Status::rejected(reason);
     }
     ++s.counters.accepted;
     s.ranks[t.rank].reported = true;
@@ -261,7 +263,7 @@ std::string Monitor::ingest(const transport::Telemetry& t, Clock::time_point arr
   if (callback) {
     for (const auto& [step, when] : closed) callback(step, when);
   }
-  return "";
+  return Status();
 }
 
 void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigger,

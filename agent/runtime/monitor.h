@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "strategy/cost_model.h"
+#include "core/status.h"
 #include "transport/messages.h"
 
 namespace parapilot::agent::runtime {
@@ -113,10 +114,11 @@ class Monitor {
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
 
-  /// Takes one sample. Returns "" when accepted, otherwise the rejection reason (NaN, negative
-  /// or absurd values, unknown rank, duplicate); rejected samples are counted, never used. A
+  /// Takes one sample. OK when accepted; otherwise kRejected with the reason as the message
+  /// ("nan", "infinite", "negative", "absurd", "absurd_step", "unknown_rank", "duplicate", the
+  /// keys of MonitorCounters::rejected_by_reason); rejected samples are counted, never used. A
   /// sample whose step already closed is accepted for its rank's own levels (counted as late).
-  std::string ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
+  Status ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
 
   /// Liveness from the bus: a rank that connected (live) or went away (lost: believed failed).
   /// Ranks never seen are neither; a step closes when every live rank reported it.
@@ -144,8 +146,5 @@ class Monitor {
   mutable std::mutex mutex_;
   StepCallback callback_;
 };
-
-/// Checks one sample's values (finite, non-negative, bounded, consistent); "" when fine.
-std::string check_telemetry(const transport::Telemetry& t, const MonitorOptions& options);
 
 }  // namespace parapilot::agent::runtime

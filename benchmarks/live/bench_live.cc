@@ -108,13 +108,13 @@ double run_elastic_case(const Args& a, bool slowed, bool elastic, int steps, int
     LiveAction act;
     act.shares = elastic_shares(agent.take_telemetry(), a.workers);
     for (double& v : act.shares) v = std::round(v * 1e4) / 1e4;
-    const ApplyResult r = agent.apply(act, 60s);
-    if (!r.ok) {
-      std::fprintf(stderr, "bench_live: %s\n", r.error.c_str());
+    const auto r = agent.apply(act, 60s);
+    if (!r.ok()) {
+      std::fprintf(stderr, "bench_live: %s\n", r.status().message().c_str());
       std::exit(1);
     }
     if (shares_out) *shares_out = act.shares;
-    measure_from = static_cast<std::int64_t>(r.switch_at_step) + 1;
+    measure_from = static_cast<std::int64_t>(r->switch_at_step) + 1;
   }
   require_ok(c.wait(600));
   const double sps = measured_steps_per_s(agent.recorded(), measure_from, steps - 1);
@@ -243,9 +243,9 @@ LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions
     act.compression =
         select_compression(layers, grad_summary(agent.take_telemetry(), layers.size()), selector);
     act.powersgd_rank = selector.powersgd_rank;
-    const ApplyResult r = agent.apply(act, 60s);
-    if (!r.ok) {
-      std::fprintf(stderr, "bench_live: %s\n", r.error.c_str());
+    const auto r = agent.apply(act, 60s);
+    if (!r.ok()) {
+      std::fprintf(stderr, "bench_live: %s\n", r.status().message().c_str());
       std::exit(1);
     }
     if (plan) {
@@ -253,7 +253,7 @@ LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions
       for (Compression x : act.compression) ++count[std::string(compression_name(x))];
       for (const auto& [k, v] : count)
         *plan += (plan->empty() ? "" : ", ") + std::to_string(v) + " " + k;
-      *plan += " (switched at step " + std::to_string(r.switch_at_step) + ")";
+      *plan += " (switched at step " + std::to_string(r->switch_at_step) + ")";
     }
     if (plan_json) {
       std::vector<std::string> per_layer;
@@ -263,7 +263,7 @@ LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions
       *plan_json = {{"layers", count},
                     {"per_layer", per_layer},
                     {"powersgd_rank", act.powersgd_rank},
-                    {"switch_at_step", r.switch_at_step}};
+                    {"switch_at_step", r->switch_at_step}};
       if (plan) (*plan_json)["summary"] = *plan;
     }
   }

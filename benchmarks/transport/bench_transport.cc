@@ -211,7 +211,7 @@ Row run_parapilot(std::size_t publishers, const Config& cfg) {
   };
   auto server = make_tcp_server(so, h);
   if (!server) {
-    std::fprintf(stderr, "server: %s\n", server.error().c_str());
+    std::fprintf(stderr, "server: %s\n", server.status().message().c_str());
     std::exit(1);
   }
   auto runtime = std::make_shared<IoRuntime>(1);
@@ -225,7 +225,7 @@ Row run_parapilot(std::size_t publishers, const Config& cfg) {
     co.telemetry_buffer_capacity = cfg.window + 1024;  // nothing is evicted in this benchmark
     auto c = make_tcp_client(co, {}, runtime);
     if (!c) {
-      std::fprintf(stderr, "client: %s\n", c.error().c_str());
+      std::fprintf(stderr, "client: %s\n", c.status().message().c_str());
       std::exit(1);
     }
     clients.push_back(std::move(*c));

@@ -34,7 +34,7 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
     cv_.notify_all();
   };
   auto server = transport::make_tcp_server(std::move(so), std::move(h));
-  if (!server) throw std::runtime_error("agent bus server: " + server.error());
+  if (!server) throw std::runtime_error("agent bus server: " + server.status().message());
   server_ = std::move(*server);
 }
 
@@ -92,15 +92,14 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
   cv_.notify_all();
 }
 
-ApplyResult Controller::apply(const LiveAction& action, std::chrono::milliseconds timeout) {
-  ApplyResult res;
+StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
+                                        std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   transport::PlanPrepare prep;
   {
     std::lock_guard lock(mu_);
     prep.plan_id = next_plan_id_++;
   }
-  res.plan_id = prep.plan_id;
   prep.layout.dp = static_cast<std::uint32_t>(options_.world_size);
   prep.layout_name = encode_action(action);
   prep.deadline_ms = static_cast<std::uint32_t>(timeout.count());
@@ -113,23 +112,26 @@ ApplyResult Controller::apply(const LiveAction& action, std::chrono::millisecond
   for (const auto& [rank, r] : ready_[prep.plan_id])
     if (!r.first) refusal = "rank " + std::to_string(rank) + " refused: " + r.second;
   if (!all_ready || !refusal.empty()) {
-    res.error = !refusal.empty() ? refusal : "timed out waiting for PlanReady from every rank";
-    events_.push_back("plan " + std::to_string(prep.plan_id) + " aborted: " + res.error);
+    const Status why = !refusal.empty()
+                           ? Status::rejected(refusal)
+                           : Status::unavailable("timed out waiting for PlanReady from every rank");
+    events_.push_back("plan " + std::to_string(prep.plan_id) + " aborted: " + why.message());
     lock.unlock();
     server_->broadcast(
-        transport::PlanAbort{prep.plan_id, res.error.substr(0, transport::kMaxTextBytes)});
-    return res;
+        transport::PlanAbort{prep.plan_id, why.message().substr(0, transport::kMaxTextBytes)});
+    return why;
   }
   std::uint64_t newest = 0;
   for (const auto& [rank, s] : last_step_) newest = std::max(newest, s);
-  res.switch_at_step = newest + 2;
+  const std::uint64_t switch_at_step = newest + 2;
   lock.unlock();
-  server_->broadcast(transport::PlanCommit{prep.plan_id, res.switch_at_step});
+  server_->broadcast(transport::PlanCommit{prep.plan_id, switch_at_step});
   lock.lock();
-  res.ok = cv_.wait_until(lock, deadline,
-                          [&] { return static_cast<int>(acks_[prep.plan_id].size()) >= world; });
-  if (!res.ok) res.error = "committed, but not every rank acknowledged the switch in time";
-  return res;
+  if (!cv_.wait_until(lock, deadline,
+                      [&] { return static_cast<int>(acks_[prep.plan_id].size()) >= world; })) {
+    return Status::unavailable("committed, but not every rank acknowledged the switch in time");
+  }
+  return AppliedPlan{prep.plan_id, switch_at_step};
 }
 
 bool Controller::wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout) {

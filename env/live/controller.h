@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "env/live/action.h"
 #include "env/trace/telemetry.h"
 #include "transport/bus.h"
@@ -38,11 +39,10 @@ struct ControllerOptions {
   std::uint16_t port = 0;    ///< 0 = any free port on 127.0.0.1.
 };
 
-struct ApplyResult {
-  bool ok = false;
-  std::string error;  ///< why not (a rank said not ready, timeout, ...).
+/// A switch every rank committed and acknowledged.
+struct AppliedPlan {
   std::uint64_t plan_id = 0;
-  std::uint64_t switch_at_step = 0;
+  std::uint64_t switch_at_step = 0;  ///< the first step on the new plan.
 };
 
 class Controller {
@@ -59,9 +59,11 @@ class Controller {
   /// Waits until `n` ranks are connected.
   bool wait_for_ranks(int n, std::chrono::milliseconds timeout);
   /// Runs the plan protocol for `action` on all ranks: prepare, wait for every PlanReady, commit
-  /// two steps past the newest step seen, wait for every rank's Ack. On a refusal or timeout
-  /// before the commit, sends PlanAbort and returns !ok (the job keeps its plan).
-  ApplyResult apply(const LiveAction& action, std::chrono::milliseconds timeout);
+  /// two steps past the newest step seen, wait for every rank's Ack.
+  /// A rank's refusal: kRejected; no PlanReady from every rank in time: kUnavailable; in both
+  /// cases PlanAbort was sent and the job keeps its plan. Committed but not acknowledged by
+  /// every rank in time: kUnavailable.
+  StatusOr<AppliedPlan> apply(const LiveAction& action, std::chrono::milliseconds timeout);
   /// Waits until every rank has published telemetry for a step >= `step` (or a rank left).
   bool wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout);
   /// Newest step of which every connected rank has published telemetry (0 before any).

@@ -137,17 +137,17 @@ class LiveEnv final : public env::Env {
     const IntervalStats before = last_;
     if (action >= 1 && action <= env::kMaxCandidates) {
       const LiveAction a = candidate(action - 1, before);
-      const ApplyResult r = cluster_->controller()->apply(a, 60s);
+      const StatusOr<AppliedPlan> r = cluster_->controller()->apply(a, 60s);
       res.info.migration_started = true;
-      res.info.migration_committed = r.ok;
-      if (r.ok) {
+      res.info.migration_committed = r.ok();
+      if (r.ok()) {
         if (!a.shares.empty()) shares_ = a.shares;
         if (!a.compression.empty()) compression_ = a.compression;
         last_migration_ = interval_;
         events_.emplace_back(
             interval_, "switch to candidate " + std::to_string(action) + ": " + encode_action(a));
       } else {
-        events_.emplace_back(interval_, "switch refused: " + r.error);
+        events_.emplace_back(interval_, "switch refused: " + r.status().message());
       }
     }
     last_ = run_interval();

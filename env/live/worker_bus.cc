@@ -29,7 +29,7 @@ WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, i
   auto [host, port] = split_address(agent);
   if (secret_file.empty()) throw InputError("--agent needs --secret-file (the bus shared secret)");
   auto secret = transport::load_secret_from_file(secret_file);
-  if (!secret) throw InputError("--secret-file: " + secret.error());
+  if (!secret) throw InputError("--secret-file: " + secret.status().message());
   transport::ClientOptions o;
   o.server_address = host;
   o.port = port;
@@ -47,7 +47,7 @@ WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, i
     }
   };
   auto client = transport::make_tcp_client(std::move(o), std::move(h));
-  if (!client) throw InputError("--agent: " + client.error());
+  if (!client) throw InputError("--agent: " + client.status().message());
   client_ = std::move(*client);
   live_client_.store(client_.get());
   if (announce_pending_.exchange(false)) client_->send(job_);

@@ -186,7 +186,7 @@ SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_
       r->client = m.o.hub->make_client(co, std::move(h));
     } else {
       auto c = transport::make_tcp_client(co, std::move(h), m.io);
-      if (!c) throw InputError("simulated rank " + std::to_string(r->id) + ": " + c.error());
+      if (!c) throw InputError("simulated rank " + std::to_string(r->id) + ": " + c.status().message());
       r->client = std::move(*c);
     }
   }

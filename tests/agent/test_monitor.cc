@@ -74,7 +74,7 @@ TEST_CASE("a 3x slower rank is found from compute-only time and arrival skew, no
   for (uint64_t s = 0; s < 20; ++s) {
     std::vector<double> compute(16, 100.0 + static_cast<double>(s % 3));
     if (s >= 8) compute[5] *= 3;
-    for (const auto& t : sync_step(s, compute, transfer)) CHECK(m.ingest(t) == "");
+    for (const auto& t : sync_step(s, compute, transfer)) CHECK(m.ingest(t).ok());
   }
   CHECK(closed.size() == 20);
   const Beliefs b = m.beliefs();
@@ -144,7 +144,9 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   auto with = [&](auto f) {
     auto t = bad;
     f(t);
-    return m.ingest(t);
+    const Status s = m.ingest(t);
+    CHECK(s.code() == (s.ok() ? StatusCode::kOk : StatusCode::kRejected));
+    return s.message();
   };
   CHECK(with([](auto& t) { t.compute_ms = std::numeric_limits<double>::quiet_NaN(); }) == "nan");
   CHECK(with([](auto& t) { t.compute_ms = std::numeric_limits<double>::infinity(); }) ==
@@ -158,8 +160,8 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   CHECK(with([](auto& t) { t.rank = 99; }) == "unknown_rank");
   CHECK(with([](auto& t) { t.step = 1ull << 40; }) == "absurd_step");
   CHECK(with([](auto& t) { t.step = 2; }) == "duplicate");  // rank 2 reported step 2 already
-  CHECK(m.ingest(bad) == "");
-  CHECK(m.ingest(bad) == "duplicate");
+  CHECK(m.ingest(bad).ok());
+  CHECK(m.ingest(bad).message() == "duplicate");
   const MonitorCounters c = m.counters();
   CHECK(c.rejected == 12);
   CHECK(c.rejected_by_reason.at("absurd") == 2);
@@ -180,12 +182,12 @@ TEST_CASE("a sample that arrives after its step closed is used for its rank, not
       if (t.rank == 3 && s >= 2) {
         held.push_back(t);
       } else {
-        CHECK(m.ingest(t) == "");
+        CHECK(m.ingest(t).ok());
       }
     }
   }
   REQUIRE(m.counters().steps_closed >= 2);  // steps 2.. closed without rank 3 (lag)
-  for (const auto& t : held) CHECK(m.ingest(t) == "");
+  for (const auto& t : held) CHECK(m.ingest(t).ok());
   const MonitorCounters c = m.counters();
   CHECK(c.rejected == 0);
   CHECK(c.late >= 1);
@@ -194,7 +196,7 @@ TEST_CASE("a sample that arrives after its step closed is used for its rank, not
   REQUIRE(b.rank_compute_ms.size() == 4);
   CHECK(b.rank_compute_ms[3] > 120);
   CHECK(b.rank_compute_ms[0] == doctest::Approx(50).epsilon(0.05));
-  CHECK(m.ingest(held.front()) == "duplicate");
+  CHECK(m.ingest(held.front()).message() == "duplicate");
 }
 
 TEST_CASE("a step closes when every live rank reported, or late with the missing counted") {
@@ -259,7 +261,7 @@ TEST_CASE("with reported samples, a slow rank given a smaller share still reads 
       for (auto t : sync_step(s, compute, std::vector<double>(4, 5.0))) {
         if (reported)
           t.collectives["info/samples"] = {0, static_cast<uint64_t>(samples[t.rank]), 0};
-        CHECK(m.ingest(t) == "");
+        CHECK(m.ingest(t).ok());
       }
     }
     const Beliefs b = m.beliefs();

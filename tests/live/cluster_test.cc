@@ -132,23 +132,23 @@ TEST_CASE("telemetry arrives on the bus and an action is applied at an iteration
   LiveAction a;
   a.shares = {0.75, 0.25};
   a.compression.assign(18, Compression::fp16);
-  const ApplyResult r = agent.apply(a, 30s);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  REQUIRE(agent.wait_for_step(r.switch_at_step + 2, 60s));
+  const auto r = agent.apply(a, 30s);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
   bool seen_new_plan = false;
   for (const auto& t : agent.take_telemetry()) {
-    if (t.collectives.at("info/plan").bytes != r.plan_id) continue;
+    if (t.collectives.at("info/plan").bytes != r->plan_id) continue;
     seen_new_plan = true;
-    CHECK(t.step >= r.switch_at_step);
+    CHECK(t.step >= r->switch_at_step);
     CHECK(t.collectives.at("info/microbatches").bytes == (t.rank == 0 ? 6u : 2u));
   }
   CHECK(seen_new_plan);
   // A plan that does not fit the model is refused by the ranks and aborted.
   LiveAction bad;
   bad.shares = {0.2, 0.3, 0.5};
-  const ApplyResult refused = agent.apply(bad, 30s);
-  CHECK(!refused.ok);
+  const auto refused = agent.apply(bad, 30s);
+  CHECK(refused.status().code() == parapilot::StatusCode::kRejected);
   agent.request_stop("test done");
   check_all_finished(c.wait(60), dir);
   std::filesystem::remove_all(dir);

@@ -135,7 +135,7 @@ int dump_frames() {
   for (const tp::Message& m : canonical_messages()) {
     auto f = tp::encode_frame(m);
     if (!f) {
-      std::cerr << "encode failed: " << f.error() << "\n";
+      std::cerr << "encode failed: " << f.status().message() << "\n";
       return 1;
     }
     std::cout << static_cast<int>(tp::type_of(m)) << " " << hex(*f) << "\n";
@@ -155,7 +155,7 @@ int decode_lines() {
       std::cout << "ok " << static_cast<int>(tp::type_of(*m)) << " "
                 << (again && *again == bytes ? "same" : "different") << "\n";
     } else {
-      std::cout << "error " << m.error() << "\n";
+      std::cout << "error " << m.status().message() << "\n";
     }
     std::cout.flush();
   }
@@ -228,7 +228,7 @@ bool parse_prepare(std::istringstream& in, tp::PlanPrepare& p, std::string& why)
 int serve(const std::string& secret_file, std::uint16_t port, std::uint32_t heartbeat_ms) {
   auto secret = tp::load_secret_from_file(secret_file);
   if (!secret) {
-    std::cerr << "scripted_agent: " << secret.error() << "\n";
+    std::cerr << "scripted_agent: " << secret.status().message() << "\n";
     return 2;
   }
   tp::ServerOptions o;
@@ -268,7 +268,7 @@ int serve(const std::string& secret_file, std::uint16_t port, std::uint32_t hear
   };
   auto server = tp::make_tcp_server(std::move(o), std::move(h));
   if (!server) {
-    std::cerr << "scripted_agent: " << server.error() << "\n";
+    std::cerr << "scripted_agent: " << server.status().message() << "\n";
     return 2;
   }
   emit("{\"event\":\"listening\",\"port\":" + std::to_string((*server)->port()) + "}");

@@ -207,7 +207,7 @@ TEST_CASE("every message type round-trips through a frame") {
     auto f = encode_frame(m);
     REQUIRE(f.ok());
     auto back = decode_frame(span_of(*f));
-    REQUIRE_MESSAGE(back.ok(), back.error());
+    REQUIRE_MESSAGE(back.ok(), back.status().message());
     CHECK(*back == m);
   }
   // Every type is covered, each once.
@@ -358,7 +358,7 @@ TEST_CASE("decoder rejects huge length prefixes before allocating") {
   for (int i = 0; i < 8; ++i) payload.push_back(static_cast<char>(i == 7 ? 0x40 : 0));
   auto r = decode_payload(MessageType::plan_abort, span_of(payload));
   REQUIRE_FALSE(r.ok());
-  CHECK(r.error().find("exceeds limit") != std::string::npos);
+  CHECK(r.status().message().find("exceeds limit") != std::string::npos);
   // A telemetry layer count within the limit but beyond the remaining bytes.
   std::string t;
   encode_payload(make_telemetry(1, 1), t);
@@ -367,7 +367,7 @@ TEST_CASE("decoder rejects huge length prefixes before allocating") {
   count[0] = static_cast<char>(200);
   auto r2 = decode_payload(MessageType::telemetry, span_of(t + count));
   REQUIRE_FALSE(r2.ok());
-  CHECK(r2.error().find("remaining") != std::string::npos);
+  CHECK(r2.status().message().find("remaining") != std::string::npos);
 }
 
 TEST_CASE("secrets load from a file or the environment and are checked") {
@@ -380,8 +380,8 @@ TEST_CASE("secrets load from a file or the environment and are checked") {
   { std::ofstream(path) << "tiny-pw\n"; }
   auto bad = load_secret_from_file(path.string());
   CHECK_FALSE(bad.ok());
-  CHECK(bad.error().find("tiny-pw") == std::string::npos);       // never echoes content...
-  CHECK(bad.error().find("shorter than") != std::string::npos);  // ...only the rule
+  CHECK(bad.status().message().find("tiny-pw") == std::string::npos);       // never echoes content...
+  CHECK(bad.status().message().find("shorter than") != std::string::npos);  // ...only the rule
   std::filesystem::remove(path);
   CHECK_FALSE(load_secret_from_file(path.string()).ok());
 

@@ -133,13 +133,13 @@ ClientOptions client_options(std::uint16_t port, LogCapture& log, std::string na
 
 std::unique_ptr<Server> start_server(ServerOptions o, ServerLog& sl) {
   auto s = make_tcp_server(std::move(o), sl.handlers());
-  REQUIRE_MESSAGE(s.ok(), s.error());
+  REQUIRE_MESSAGE(s.ok(), s.status().message());
   return std::move(*s);
 }
 
 std::unique_ptr<Client> start_client(ClientOptions o, ClientLog& cl) {
   auto c = make_tcp_client(std::move(o), cl.handlers());
-  REQUIRE_MESSAGE(c.ok(), c.error());
+  REQUIRE_MESSAGE(c.ok(), c.status().message());
   return std::move(*c);
 }
 
