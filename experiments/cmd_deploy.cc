@@ -211,8 +211,9 @@ std::string text_line(const std::string& json) {
     char pace[160] = "";
     if (num("step_ms_before") > 0 && num("step_ms_after") > 0) {
       std::snprintf(pace, sizeof pace,
-                    "; %.1f ms per step before the first switch, %.1f ms after the last (%.2fx)",
-                    num("step_ms_before"), num("step_ms_after"),
+                    "; %.1f ms per step before the first switch, %.1f ms after the last (%.0f "
+                    "steps, %.2fx)",
+                    num("step_ms_before"), num("step_ms_after"), num("steps_after"),
                     num("step_ms_before") / num("step_ms_after"));
     } else if (num("step_ms_before") > 0) {
       std::snprintf(pace, sizeof pace, "; %.1f ms per step", num("step_ms_before"));
