@@ -417,8 +417,10 @@ TEST_CASE("telemetry of a job with one slow rank: analysed through the 1F1B mode
 TEST_CASE("gradient reduce-scatters overlapped with the backward passes are replayed in place") {
   OpTrace trace = synthesize_op_trace(healthy_job(2, 2));
   // Move each worker's reduce-scatter to start right after its second-to-last backward.
+  int moved = 0;
   for (OpRecord& rs : trace.ops) {
     if (rs.type != OpType::kGradsReduceScatter) continue;
+    ++moved;
     double second_last = 0, last = 0;
     for (const OpRecord& r : trace.ops)
       if (r.step == rs.step && r.rank == rs.rank && r.type == OpType::kBackwardCompute &&
@@ -429,6 +431,20 @@ TEST_CASE("gradient reduce-scatters overlapped with the backward passes are repl
     rs.start_s = second_last;
     rs.duration_s = 0.01;
   }
+  REQUIRE(moved > 0);
+  // Replayed in place, the 10 ms reduce-scatter hides under the last backward: the steps take
+  // as long as with a reduce-scatter of no duration. Serialised after the backward, they would
+  // take 10 ms longer.
+  OpTrace instant = trace;
+  for (OpRecord& rs : instant.ops)
+    if (rs.type == OpType::kGradsReduceScatter) rs.duration_s = 1e-9;
+  const ReplayGraph graph = ReplayGraph::build(trace);
+  const ReplayGraph hidden = ReplayGraph::build(instant);
+  const std::vector<double> replayed = graph.replay(graph.measured());
+  const std::vector<double> without = hidden.replay(hidden.measured());
+  REQUIRE(replayed.size() == without.size());
+  for (std::size_t s = 0; s < replayed.size(); ++s)
+    CHECK(replayed[s] == doctest::Approx(without[s]).epsilon(1e-6));
   const TraceAnalysis a = analyze_trace(trace);
   CHECK(a.measured_step_s > 0);
   CHECK(a.measured_step_s <= a.recorded_step_s + 1e-9);
