@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import parapilot.pytorch as ppt
+from parapilot import wire
 
 
 def make_model():
@@ -93,8 +94,8 @@ def main():
             t = session.last_telemetry
             records.append({"step": step, "plan": t.collectives["info/plan"].bytes,
                             "samples": len(x),
-                            "all_reduce_bytes": t.collectives.get("all_reduce/dp", ppt.wire.CollectiveStat()).bytes,
-                            "all_gather_bytes": t.collectives.get("all_gather/dp", ppt.wire.CollectiveStat()).bytes,
+                            "all_reduce_bytes": t.collectives.get("all_reduce/dp", wire.CollectiveStat()).bytes,
+                            "all_gather_bytes": t.collectives.get("all_gather/dp", wire.CollectiveStat()).bytes,
                             "compute_ms": t.compute_ms, "loss": float(loss)})
             if ref is not None:
                 idx = order[i * B:(i + 1) * B]

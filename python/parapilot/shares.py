@@ -1,0 +1,141 @@
+"""Per-rank batch shares and the data split: how many samples of each global batch every rank
+takes, where a plan says so, and the sampler that hands each rank its slice.
+
+Contract:
+* split_batch(global_batch, shares) is the one rounding rule: proportional to the shares,
+  largest remainder, every rank at least 1 sample, summing to the global batch. The comm hook's
+  gradient weights and ShareBatchSampler both use its counts, so the share-weighted average
+  of the gradients is exactly the full-batch average.
+* plan_shares(PlanPrepare) reads a plan's shares (Layout.dp_shares, else the deploy layout name's
+  `sh=`), per rank (a `g=` device map of a pure data-parallel layout is applied: a rank keeps
+  its device). Malformed layout names raise ValueError (the session refuses such plans).
+* ShareBatchSampler reads the session's active counts when each batch is drawn; it never changes
+  the data order, only which rank reads which slice of each global batch.
+Pure functions except ShareBatchSampler (which reads, never writes, the session).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+from . import wire
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+def split_batch(global_batch: int, shares: Sequence[int]) -> List[int]:
+    """Samples per rank: global_batch split in proportion to `shares` (largest remainder, every
+    rank at least 1, sums to global_batch). Empty shares: as even as possible."""
+    n = len(shares)
+    if n == 0:
+        raise ValueError("no ranks")
+    if global_batch < n:
+        raise ValueError(f"global batch {global_batch} is smaller than the {n} ranks")
+    total = float(sum(shares))
+    exact = [global_batch * s / total for s in shares]
+    counts = [max(1, int(math.floor(e))) for e in exact]
+    # Largest remainders first, ties to the lower rank; then take back from the largest if the
+    # minimum of 1 overshot.
+    order = sorted(range(n), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
+    i = 0
+    while sum(counts) < global_batch:
+        counts[order[i % n]] += 1
+        i += 1
+    while sum(counts) > global_batch:
+        j = max(range(n), key=lambda k: (counts[k], -k))
+        counts[j] -= 1
+    return counts
+
+
+class ShareBatchSampler(Sampler):
+    """Yields this rank's indices of each global batch, split by the session's current shares.
+
+    Every rank walks the same permutation (seeded by seed + epoch) in global batches of
+    `global_batch` samples (the last partial batch is dropped); rank r takes the slice that
+    split_batch(global_batch, shares)[r] gives it. Shares are read when each batch is drawn, so a
+    plan applied at a step boundary splits the next batch (with DataLoader worker processes the
+    indices of prefetched batches were already drawn; use num_workers=0, or accept that a share
+    change reaches the data a few steps after the gradient weights).
+    """
+
+    def __init__(self, dataset_len: int, session: "Session", shuffle: bool = True,
+                 seed: int = 0):
+        self.n = int(dataset_len)
+        self.session = session
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.session.global_batch
+
+    def __iter__(self) -> Iterator[List[int]]:
+        b = self.session.global_batch
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        for start in range(0, self.n - b + 1, b):
+            counts = self.session._hook.config.counts
+            first = sum(counts[:self.session.rank])
+            yield order[start + first:start + first + counts[self.session.rank]]
+
+
+
+
+def shares_from_layout_name(name: str) -> List[int]:
+    """The `sh=` field of a deploy layout name ("dp2-tp1-pp1-mb1-z1;sc=1f1b;sh=3,1*2" -> [3, 1,
+    1]): `parapilot deploy` carries elastic shares there when Layout.dp_shares is empty."""
+    for part in name.split(";")[1:]:
+        if part.startswith("sh="):
+            out: List[int] = []
+            for item in part[3:].split(","):
+                value, _, count = item.partition("*")
+                n = int(count) if count else 1
+                if n < 1 or n > wire.MAX_RANKS:
+                    raise ValueError(f"layout name shares '{part}': bad repeat count")
+                out.extend([int(value)] * n)
+            if any(v < 1 for v in out):
+                raise ValueError(f"layout name shares '{part}': shares must be >= 1")
+            return out
+    return []
+
+
+def _device_map_from_layout_name(name: str) -> Optional[List[int]]:
+    for part in name.split(";")[1:]:
+        if part.startswith("g="):
+            out: List[int] = []
+            for item in part[2:].split(","):
+                a, _, b = item.partition("-")
+                out.extend(range(int(a), int(b or a) + 1))
+            return out
+    return None
+
+
+def plan_shares(p: wire.PlanPrepare) -> List[int]:
+    """Samples per rank of a PlanPrepare: Layout.dp_shares, else the layout name's `sh=`; both
+    are per data-parallel replica in layout order. When the name also maps replicas to devices
+    (`g=`, replica i on GPU g[i]) and the layout is pure data parallel, a rank keeps its device
+    and takes the share of the replica placed there: share_of_rank[g[i]] = shares[i]."""
+    shares = list(p.layout.dp_shares) or shares_from_layout_name(p.layout_name)
+    gpus = _device_map_from_layout_name(p.layout_name)
+    if not shares or gpus is None or gpus == list(range(len(gpus))):
+        return shares
+    if sorted(gpus) != list(range(len(shares))):
+        raise ValueError(f"device map of {len(gpus)} entries is not a permutation of the "
+                         f"{len(shares)} replicas")
+    out = [0] * len(shares)
+    for replica, gpu in enumerate(gpus):
+        out[gpu] = shares[replica]
+    return out
+
