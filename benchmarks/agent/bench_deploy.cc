@@ -237,6 +237,15 @@ SimClusterOptions cluster_options(const Args& a) {
   return o;
 }
 
+// The run's settings, as both modes report them.
+nlohmann::json config_json(const Args& a) {
+  return {{"ranks", a.ranks},           {"scenario", a.scenario},
+          {"steps", a.steps},           {"step_ms", a.step_ms},
+          {"interval_steps", a.interval_steps}, {"steps_per_interval", a.steps_per_interval},
+          {"seed", a.seed},             {"slow_rank", a.slow_rank},
+          {"slow_from", a.slow_from}};
+}
+
 int run_child(const Args& a) {
   std::atomic<bool> stop{false};
   const SimClusterReport r = run_simulated_cluster(cluster_options(a), stop, a.steps);
@@ -341,17 +350,9 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
       "thread(s), %u cores\n",
       a.ranks, a.scenario.c_str(), static_cast<unsigned long long>(a.steps), a.step_ms,
       a.interval_steps, a.agent_io_threads, std::thread::hardware_concurrency());
-  fig["config"] = {{"ranks", a.ranks},
-                   {"scenario", a.scenario},
-                   {"steps", a.steps},
-                   {"step_ms", a.step_ms},
-                   {"interval_steps", a.interval_steps},
-                   {"steps_per_interval", a.steps_per_interval},
-                   {"agent_io_threads", a.agent_io_threads},
-                   {"seed", a.seed},
-                   {"slow_rank", a.slow_rank},
-                   {"slow_from", a.slow_from},
-                   {"cores", std::thread::hardware_concurrency()}};
+  fig["config"] = config_json(a);
+  fig["config"]["agent_io_threads"] = a.agent_io_threads;
+  fig["config"]["cores"] = std::thread::hardware_concurrency();
   fig["policy"] = report_policy(a, o, s);
   std::printf(
       "  decisions %llu, switches %llu, committed %llu, aborted %llu, stragglers detected %llu\n",
@@ -513,16 +514,8 @@ int run_straggler(Args a, nlohmann::json& fig) {
       "every %d steps\n",
       a.ranks, a.scenario.c_str(), a.slow_rank, static_cast<unsigned long long>(a.slow_from),
       a.step_ms, a.interval_steps);
-  fig["config"] = {{"ranks", a.ranks},
-                   {"scenario", a.scenario},
-                   {"steps", a.steps},
-                   {"step_ms", a.step_ms},
-                   {"interval_steps", a.interval_steps},
-                   {"steps_per_interval", a.steps_per_interval},
-                   {"seed", a.seed},
-                   {"slow_rank", a.slow_rank},
-                   {"slow_factor", 3.0},
-                   {"slow_from", a.slow_from}};
+  fig["config"] = config_json(a);
+  fig["config"]["slow_factor"] = 3.0;
   fig["policy"] = report_policy(a, o, stats);
   fig["counts"] = {{"decisions", stats.decisions},
                    {"switches_decided", stats.switches_decided},
