@@ -8,7 +8,7 @@ docs/data/): the benchmarks' own `--json` reports, and for CLI commands and Pyth
 same envelope (commit, cores, load average at start and end, UTC time) around their output.
 Then `scripts/render-results.py` rewrites the tables in the docs from those files.
 
-Sections (default: all of them, in this order; about 45 minutes on a 2-core machine):
+Sections (default: all of them, in this order; about 25 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
   training        parapilot train on mixed, the validation curve against wall time
   policy-latency  bench_policy
