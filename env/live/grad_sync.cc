@@ -17,10 +17,12 @@ class LocalCollectives final : public Collectives {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  void all_reduce_sum(std::vector<at::Tensor>&) override {}
-  void all_reduce_max(at::Tensor&) override {}
-  std::vector<at::Tensor> all_gather(const at::Tensor& input) override { return {input.clone()}; }
-  void broadcast(std::vector<at::Tensor>&) override {}
+  Status all_reduce_sum(std::vector<at::Tensor>&) override { return {}; }
+  Status all_reduce_max(at::Tensor&) override { return {}; }
+  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
+    return std::vector<at::Tensor>{input.clone()};
+  }
+  Status broadcast(std::vector<at::Tensor>&) override { return {}; }
   std::string backend() const override { return "local"; }
 };
 
@@ -78,17 +80,17 @@ PowerSgdCompressor::PowerSgdCompressor(std::int64_t m, std::int64_t n, int rank,
   orthogonalize(q_);
 }
 
-std::uint64_t PowerSgdCompressor::reduce(at::Tensor& grad, Collectives& c) {
+StatusOr<std::uint64_t> PowerSgdCompressor::reduce(at::Tensor& grad, Collectives& c) {
   at::Tensor g = grad.reshape({m_, n_});
   at::Tensor acc = g + residual_;
   at::Tensor p = acc.mm(q_);  // m x r
   std::vector<at::Tensor> ps{p};
-  c.all_reduce_sum(ps);
+  if (Status st = c.all_reduce_sum(ps); !st.ok()) return st;
   orthogonalize(p);
   at::Tensor q = acc.t().mm(p);   // n x r: this rank's share of the next basis
   residual_ = acc - p.mm(q.t());  // what the local projection did not capture
   std::vector<at::Tensor> qs{q};
-  c.all_reduce_sum(qs);
+  if (Status st = c.all_reduce_sum(qs); !st.ok()) return st;
   q_ = q.clone();
   g.copy_(p.mm(q.t()));
   return tensor_bytes(p) + tensor_bytes(q);
@@ -124,8 +126,8 @@ void GradientSync::configure(const std::vector<Compression>& compression, double
   bucket_bytes_ = bucket_bytes;
 }
 
-SyncStats GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,
-                             const std::function<void()>& before_call) {
+StatusOr<SyncStats> GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,
+                                       const std::function<void()>& before_call) {
   SyncStats s;
   const int world = c.world_size();
   auto call = [&] {
@@ -159,7 +161,7 @@ SyncStats GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,
     }
     call();
     const auto t0 = Clock::now();
-    c.all_reduce_sum(flats);
+    if (Status st = c.all_reduce_sum(flats); !st.ok()) return st;
     s.all_reduce_ms += ms_since(t0);
     s.all_reduce_calls += static_cast<std::uint32_t>(flats.size());
     s.buckets = std::max<std::uint32_t>(s.buckets, static_cast<std::uint32_t>(flats.size()));
@@ -180,16 +182,18 @@ SyncStats GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,
       auto [values, idx] = topk_[i]->compress(grads[i]);
       call();
       const auto t0 = Clock::now();
-      std::vector<at::Tensor> all_values = c.all_gather(values);
-      std::vector<at::Tensor> all_idx = c.all_gather(idx);
+      StatusOr<std::vector<at::Tensor>> all_values = c.all_gather(values);
+      if (!all_values.ok()) return all_values.status();
+      StatusOr<std::vector<at::Tensor>> all_idx = c.all_gather(idx);
+      if (!all_idx.ok()) return all_idx.status();
       s.all_gather_ms += ms_since(t0);
       s.all_gather_calls += 2;
       const std::uint64_t payload = tensor_bytes(values) + tensor_bytes(idx);
       s.payload_bytes += payload;
       s.all_gather_bytes += ring_all_gather_bytes(payload, world);
       at::Tensor sum = at::zeros({layers_[i].numel()}, at::kFloat);
-      for (std::size_t r = 0; r < all_values.size(); ++r)
-        sum.index_add_(0, all_idx[r], all_values[r]);
+      for (std::size_t r = 0; r < all_values->size(); ++r)
+        sum.index_add_(0, (*all_idx)[r], (*all_values)[r]);
       grads[i].copy_(sum.view(grads[i].sizes()));
     } else if (compression_[i] == Compression::powersgd) {
       const std::int64_t m = layers_[i].shape[0];
@@ -199,7 +203,9 @@ SyncStats GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,
             std::make_unique<PowerSgdCompressor>(m, n, powersgd_rank_, seed_ * 1000003u + i);
       call();
       const auto t0 = Clock::now();
-      const std::uint64_t payload = powersgd_[i]->reduce(grads[i], c);
+      const StatusOr<std::uint64_t> reduced = powersgd_[i]->reduce(grads[i], c);
+      if (!reduced.ok()) return reduced.status();
+      const std::uint64_t payload = *reduced;
       s.all_reduce_ms += ms_since(t0);
       s.all_reduce_calls += 2;
       s.payload_bytes += payload;

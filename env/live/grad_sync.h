@@ -14,37 +14,32 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "core/status.h"
 #include "env/live/action.h"
 
 namespace parapilot::live {
 
-/// A collective failed or timed out (a peer died or hung).
-class CollectiveError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 /// Collectives over the data-parallel group. Calls must be made in the same order on every rank.
-/// Failures (peer gone, timeout) throw CollectiveError.
+/// A failure (a peer gone, a timeout) returns kCollectiveFailed naming the backend's reason;
+/// after one, the group is not usable again.
 class Collectives {
  public:
   virtual ~Collectives() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   /// In-place sum of each tensor across ranks (all launched, then all waited for).
-  virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  virtual Status all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
   /// In-place element-wise maximum across ranks.
-  virtual void all_reduce_max(at::Tensor& tensor) = 0;
+  virtual Status all_reduce_max(at::Tensor& tensor) = 0;
   /// Every rank's `input` (same shape on all ranks), in rank order.
-  virtual std::vector<at::Tensor> all_gather(const at::Tensor& input) = 0;
+  virtual StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) = 0;
   /// Copies rank 0's tensors to every rank.
-  virtual void broadcast(std::vector<at::Tensor>& tensors) = 0;
+  virtual Status broadcast(std::vector<at::Tensor>& tensors) = 0;
   /// "gloo", "nccl", "local".
   virtual std::string backend() const = 0;
 };
@@ -76,7 +71,7 @@ class PowerSgdCompressor {
   /// In place: `grad` (m x n) becomes the sum over ranks of the rank-r approximations; the
   /// residual keeps grad + old residual - (this rank's projection onto the shared basis).
   /// Returns the bytes this rank contributed to the two all-reduces.
-  std::uint64_t reduce(at::Tensor& grad, Collectives& c);
+  StatusOr<std::uint64_t> reduce(at::Tensor& grad, Collectives& c);
   const at::Tensor& residual() const { return residual_; }
 
  private:
@@ -114,8 +109,9 @@ class GradientSync {
                  std::int64_t bucket_bytes);
   /// In place: grads[i] becomes the sum over ranks (as compressed). `before_call` runs before
   /// each collective call (fault injection: link delay).
-  SyncStats sync(std::vector<at::Tensor>& grads, Collectives& c,
-                 const std::function<void()>& before_call = {});
+  /// A collective's failure is returned as it came (the gradients are then undefined).
+  StatusOr<SyncStats> sync(std::vector<at::Tensor>& grads, Collectives& c,
+                           const std::function<void()>& before_call = {});
   const std::vector<Compression>& compression() const { return compression_; }
 
  private:

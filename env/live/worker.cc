@@ -204,41 +204,50 @@ class GlooCollectives final : public Collectives {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      works.push_back(pg_->allreduce(one));
-    }
-    for (auto& w : works) wait(w);
+  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    return run([&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(pg_->allreduce(one));
+      }
+      for (auto& w : works) w->wait();
+    });
   }
-  void all_reduce_max(at::Tensor& tensor) override {
-    std::vector<at::Tensor> one{tensor};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp::MAX;
-    wait(pg_->allreduce(one, o));
+  Status all_reduce_max(at::Tensor& tensor) override {
+    return run([&] {
+      std::vector<at::Tensor> one{tensor};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      pg_->allreduce(one, o)->wait();
+    });
   }
-  std::vector<at::Tensor> all_gather(const at::Tensor& input) override {
+  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < world_; ++r) out[0].push_back(at::empty_like(input));
     std::vector<at::Tensor> in{input.contiguous()};
-    wait(pg_->allgather(out, in));
+    if (Status st = run([&] { pg_->allgather(out, in)->wait(); }); !st.ok()) return st;
     return out[0];
   }
-  void broadcast(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      wait(pg_->broadcast(one));
-    }
+  Status broadcast(std::vector<at::Tensor>& tensors) override {
+    return run([&] {
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        pg_->broadcast(one)->wait();
+      }
+    });
   }
   std::string backend() const override { return "gloo"; }
 
  private:
-  static void wait(const c10::intrusive_ptr<c10d::Work>& w) {
+  // Gloo reports a failed or timed-out collective by throwing; here it becomes a Status.
+  template <class F>
+  static Status run(F&& f) {
     try {
-      w->wait();
+      f();
+      return {};
     } catch (const std::exception& e) {
-      throw CollectiveError(std::string("gloo collective failed: ") + e.what());
+      return Status::collective_failed(std::string("gloo collective failed: ") + e.what());
     }
   }
   int rank_, world_;
@@ -260,38 +269,42 @@ class NcclCollectives final : public Collectives {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors) reduce(t, false);
+  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    for (auto& t : tensors)
+      if (Status st = reduce(t, false); !st.ok()) return st;
+    return {};
   }
-  void all_reduce_max(at::Tensor& tensor) override { reduce(tensor, true); }
-  std::vector<at::Tensor> all_gather(const at::Tensor& input) override {
+  Status all_reduce_max(at::Tensor& tensor) override { return reduce(tensor, true); }
+  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
     // All-gather as a sum all-reduce of a zero-padded [world, n] buffer (small top-k payloads).
     at::Tensor buf = at::zeros({world_, input.numel()}, input.options().dtype(at::kFloat));
     buf[rank_].copy_(input.reshape({-1}).to(at::kFloat));
-    reduce(buf, false);
+    if (Status st = reduce(buf, false); !st.ok()) return st;
     std::vector<at::Tensor> out;
     for (int r = 0; r < world_; ++r)
       out.push_back(buf[r].to(input.scalar_type()).view(input.sizes()));
     return out;
   }
-  void broadcast(std::vector<at::Tensor>& tensors) override {
+  Status broadcast(std::vector<at::Tensor>& tensors) override {
     for (auto& t : tensors) {
       if (rank_ != 0) t.zero_();
-      reduce(t, false);
+      if (Status st = reduce(t, false); !st.ok()) return st;
     }
+    return {};
   }
   std::string backend() const override { return "nccl"; }
 
  private:
-  void reduce(at::Tensor& t, bool max) {
+  Status reduce(at::Tensor& t, bool max) {
     const bool half = t.scalar_type() == at::kHalf;
     at::Tensor c = half ? t.contiguous() : t.to(at::kFloat).contiguous();
     try {
       comm_->all_reduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), half, max);
     } catch (const std::exception& e) {
-      throw CollectiveError(e.what());
+      return Status::collective_failed(e.what());
     }
     if (!c.is_same(t)) t.copy_(c);
+    return {};
   }
   int rank_, world_;
   std::unique_ptr<NcclComm> comm_;
@@ -451,12 +464,20 @@ int run_worker(const WorkerOptions& o) {
   double tokens = 0;
   std::uint64_t total_dp_bytes = 0;
   std::string failure;
+  // A collective that failed ends the training loop: the others notice through their own.
+  auto collective_ok = [&](const Status& st) {
+    if (st.ok()) return true;
+    failure = st.message();
+    exit_code = kWorkerCollectiveFailed;
+    return false;
+  };
   try {
+    bool started = false;
     {
       torch::NoGradGuard ng;
-      coll->broadcast(params);
+      started = collective_ok(coll->broadcast(params));
     }
-    while (true) {
+    while (started) {
       const double now_s = seconds_since(t_start);
       // 1. Boundary: agree on stopping and on the plan to switch to (max over ranks).
       at::Tensor control = at::zeros({2}, at::kDouble);
@@ -466,7 +487,7 @@ int run_worker(const WorkerOptions& o) {
                         (bus && bus->stop_requested());
       control[1] = stop ? 1.0 : 0.0;
       const auto tc = Clock::now();
-      coll->all_reduce_max(control);
+      if (!collective_ok(coll->all_reduce_max(control))) break;
       const double control_ms = seconds_since(tc) * 1000;
       if (control[1].item<double>() > 0) break;
       const auto next_plan = static_cast<std::uint64_t>(control[0].item<double>());
@@ -555,12 +576,14 @@ int run_worker(const WorkerOptions& o) {
         if (delayed)
           std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.link_delay_ms));
       };
-      const SyncStats sync = gsync.sync(grads, *coll, before_call);
+      const StatusOr<SyncStats> synced = gsync.sync(grads, *coll, before_call);
+      if (!collective_ok(synced.status())) break;
+      const SyncStats& sync = *synced;
       // 5. Global loss (for the log) and the update.
       at::Tensor loss_t = at::full({1}, local_loss, at::kDouble);
       std::vector<at::Tensor> lt{loss_t};
       const auto tl = Clock::now();
-      coll->all_reduce_sum(lt);
+      if (!collective_ok(coll->all_reduce_sum(lt))) break;
       const double loss_ms = seconds_since(tl) * 1000;
       opt->step();
 
@@ -619,9 +642,6 @@ int run_worker(const WorkerOptions& o) {
       }
       ++step;
     }
-  } catch (const CollectiveError& e) {
-    failure = e.what();
-    exit_code = kWorkerCollectiveFailed;
   } catch (const c10::Error& e) {
     failure = e.what_without_backtrace();
     exit_code = kWorkerCollectiveFailed;

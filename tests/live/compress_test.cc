@@ -6,6 +6,7 @@
 #include "env/live/grad_sync.h"
 
 using namespace parapilot::live;
+using parapilot::StatusOr;
 
 TEST_CASE("top-k: what is sent plus the residual is exactly the gradient plus the old residual") {
   at::manual_seed(3);
@@ -34,7 +35,9 @@ TEST_CASE("PowerSGD: the approximation plus the residual is the gradient plus th
   for (int step = 0; step < 3; ++step) {
     at::Tensor g = at::randn({32, 48});
     at::Tensor out = g.clone();
-    const std::uint64_t bytes = c.reduce(out, *local);
+    const StatusOr<std::uint64_t> reduced = c.reduce(out, *local);
+    REQUIRE(reduced.ok());
+    const std::uint64_t bytes = *reduced;
     CHECK(bytes == (32 + 48) * 4 * 4);
     CHECK(at::allclose(out + c.residual(), g + old_residual, 1e-5, 1e-5));
     old_residual = c.residual().clone();
@@ -44,7 +47,7 @@ TEST_CASE("PowerSGD: the approximation plus the residual is the gradient plus th
   at::Tensor low = at::randn({32, 4}).mm(at::randn({4, 48}));
   for (int step = 0; step < 3; ++step) {
     at::Tensor out = low.clone();
-    exact.reduce(out, *local);
+    REQUIRE(exact.reduce(out, *local).ok());
   }
   CHECK(exact.residual().abs().max().item<float>() < 1e-3f);
 }
@@ -60,7 +63,9 @@ TEST_CASE("GradientSync on one rank: dense layers unchanged, fp16 rounded, bytes
   std::vector<at::Tensor> before;
   for (const auto& g : grads) before.push_back(g.clone());
   auto local = make_local_collectives();
-  const SyncStats s = sync.sync(grads, *local);
+  const StatusOr<SyncStats> synced = sync.sync(grads, *local);
+  REQUIRE(synced.ok());
+  const SyncStats& s = *synced;
   CHECK(at::equal(grads[0], before[0]));
   CHECK(at::allclose(grads[1], before[1], 1e-3, 1e-3));
   CHECK(s.all_reduce_bytes == 0);  // one rank sends nothing
