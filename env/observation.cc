@@ -39,9 +39,18 @@ bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, i
   return false;
 }
 
+const char* feature_name(StateFeature f) {
+  static constexpr const char* kNames[] = {"min_speed", "mean_speed", "worst_slowdown", "speed_std", "slowed_fraction", "min_bandwidth", "mean_bandwidth", "congested_fraction", "failed_fraction", "min_speed_trend", "min_bandwidth_trend", "telemetry_age", "missing_fraction", "current_vs_best", "current_feasible", "current_fits", "since_last_switch", "run_left", "staging", "staging_left", "bubble_fraction", "exposed_dp_fraction", "seq_len_log", "candidates"};
+  return kNames[static_cast<int>(f)];
+}
+
+const char* feature_name(CandidateFeature f) {
+  static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback"};
+  return kNames[static_cast<int>(f)];
+}
+
 Observation build_observation(const ObservationInputs& in) {
   Observation o;
-  auto& st = o.state;
   const Conditions& belief = *in.beliefs;
   const int gpus = in.gpus;
   const int nodes = in.nodes;
@@ -64,58 +73,57 @@ Observation build_observation(const ObservationInputs& in) {
   double failed = 0;
   for (bool f : belief.gpu_failed) failed += f;
   const int H = in.horizon;
-  st[0] = static_cast<float>(min_speed);
-  st[1] = static_cast<float>(mean);
-  st[2] = static_cast<float>(std::min(1.0 / std::max(min_speed, 1e-3), 10.0) / 10.0);
-  st[3] = static_cast<float>(std::sqrt(std::max(0.0, sum2 / gpus - mean * mean)));
-  st[4] = static_cast<float>(slowed / gpus);
-  st[5] = static_cast<float>(min_bw);
-  st[6] = static_cast<float>(bw_sum / nodes);
-  st[7] = static_cast<float>(congested / nodes);
-  st[8] = static_cast<float>(failed / gpus);
-  st[9] = static_cast<float>(min_speed - in.previous_min_speed);
-  st[10] = static_cast<float>(min_bw - in.previous_min_bw);
-  st[11] = static_cast<float>(std::min(in.telemetry_age_intervals, 4) / 4.0);
-  st[12] = static_cast<float>(in.missing_fraction);
+  feature(o, StateFeature::kMinSpeed) = static_cast<float>(min_speed);
+  feature(o, StateFeature::kMeanSpeed) = static_cast<float>(mean);
+  feature(o, StateFeature::kWorstSlowdown) = static_cast<float>(std::min(1.0 / std::max(min_speed, 1e-3), 10.0) / 10.0);
+  feature(o, StateFeature::kSpeedStd) = static_cast<float>(std::sqrt(std::max(0.0, sum2 / gpus - mean * mean)));
+  feature(o, StateFeature::kSlowedFraction) = static_cast<float>(slowed / gpus);
+  feature(o, StateFeature::kMinBandwidth) = static_cast<float>(min_bw);
+  feature(o, StateFeature::kMeanBandwidth) = static_cast<float>(bw_sum / nodes);
+  feature(o, StateFeature::kCongestedFraction) = static_cast<float>(congested / nodes);
+  feature(o, StateFeature::kFailedFraction) = static_cast<float>(failed / gpus);
+  feature(o, StateFeature::kMinSpeedTrend) = static_cast<float>(min_speed - in.previous_min_speed);
+  feature(o, StateFeature::kMinBandwidthTrend) = static_cast<float>(min_bw - in.previous_min_bw);
+  feature(o, StateFeature::kTelemetryAge) = static_cast<float>(std::min(in.telemetry_age_intervals, 4) / 4.0);
+  feature(o, StateFeature::kMissingFraction) = static_cast<float>(in.missing_fraction);
   const CostBreakdown* cur = in.current_cost ? &*in.current_cost : nullptr;
   const bool cur_ok = cur && cur->feasible && cur->fits_in_memory;
   const std::vector<Candidate>& candidates = *in.candidates;
   const double best_pred = candidates.empty() ? 0.0 : candidates.front().cost.tokens_per_s;
   const double cur_pred = cur_ok ? cur->tokens_per_s : 0.0;
-  st[13] = static_cast<float>(
+  feature(o, StateFeature::kCurrentVsBest) = static_cast<float>(
       std::max(best_pred, cur_pred) > 0 ? cur_pred / std::max(best_pred, cur_pred) : 1.0);
-  st[14] = cur && cur->feasible ? 1.0f : 0.0f;
-  st[15] = cur && cur->fits_in_memory ? 1.0f : 0.0f;
-  st[16] = static_cast<float>(
+  feature(o, StateFeature::kCurrentFeasible) = cur && cur->feasible ? 1.0f : 0.0f;
+  feature(o, StateFeature::kCurrentFits) = cur && cur->fits_in_memory ? 1.0f : 0.0f;
+  feature(o, StateFeature::kSinceLastSwitch) = static_cast<float>(
       in.last_migration < 0
           ? 1.0
           : std::min(1.0, (in.interval - in.last_migration) / static_cast<double>(H)));
-  st[17] = static_cast<float>(in.remaining_intervals / H);
-  st[18] = in.staging ? 1.0f : 0.0f;
-  st[19] = static_cast<float>(in.staging ? std::min(1.0, in.staging_left_s / in.interval_s) : 0.0);
-  st[20] = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
-  st[21] = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
-  st[22] = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
-  st[23] = static_cast<float>(candidates.size()) / kMaxCandidates;
+  feature(o, StateFeature::kRunLeft) = static_cast<float>(in.remaining_intervals / H);
+  feature(o, StateFeature::kStaging) = in.staging ? 1.0f : 0.0f;
+  feature(o, StateFeature::kStagingLeft) = static_cast<float>(in.staging ? std::min(1.0, in.staging_left_s / in.interval_s) : 0.0);
+  feature(o, StateFeature::kBubbleFraction) = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
+  feature(o, StateFeature::kExposedDpFraction) = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
+  feature(o, StateFeature::kSeqLenLog) = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
+  feature(o, StateFeature::kCandidates) = static_cast<float>(candidates.size()) / kMaxCandidates;
 
   const double remaining_s = in.remaining_intervals * in.interval_s;
   const Strategy& current = *in.current;
   for (size_t k = 0; k < candidates.size() && k < static_cast<size_t>(kMaxCandidates); ++k) {
     const Candidate& c = candidates[k];
-    float* f = &o.candidates[k * kCandidateDim];
     const double gain = cur_pred > 0 ? c.cost.tokens_per_s / cur_pred : 10.0;
-    f[0] = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
-    f[1] = static_cast<float>(std::min(c.migration_s / in.interval_s, 4.0));
-    f[2] = static_cast<float>(1.0 - c.cost.memory_gib / std::max(c.cost.memory_capacity_gib, 1e-9));
-    f[3] = c.strategy.tp != current.tp ? 1.0f : 0.0f;
-    f[4] = c.strategy.pp != current.pp ? 1.0f : 0.0f;
-    f[5] = c.strategy.dp != current.dp ? 1.0f : 0.0f;
-    f[6] = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
+    feature(o, static_cast<int>(k), CandidateFeature::kLogGain) = static_cast<float>(std::clamp(std::log(gain), -2.0, 2.0));
+    feature(o, static_cast<int>(k), CandidateFeature::kMigrationTime) = static_cast<float>(std::min(c.migration_s / in.interval_s, 4.0));
+    feature(o, static_cast<int>(k), CandidateFeature::kMemoryHeadroom) = static_cast<float>(1.0 - c.cost.memory_gib / std::max(c.cost.memory_capacity_gib, 1e-9));
+    feature(o, static_cast<int>(k), CandidateFeature::kTpDiffers) = c.strategy.tp != current.tp ? 1.0f : 0.0f;
+    feature(o, static_cast<int>(k), CandidateFeature::kPpDiffers) = c.strategy.pp != current.pp ? 1.0f : 0.0f;
+    feature(o, static_cast<int>(k), CandidateFeature::kDpDiffers) = c.strategy.dp != current.dp ? 1.0f : 0.0f;
+    feature(o, static_cast<int>(k), CandidateFeature::kElastic) = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
     const double gained = (c.cost.tokens_per_s - cur_pred) * remaining_s;
     const double lost = std::max(cur_pred, c.cost.tokens_per_s) *
                             (kSwitchPauseS + in.staging_slowdown * c.migration_s) +
                         1.0;
-    f[7] = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
+    feature(o, static_cast<int>(k), CandidateFeature::kPayback) = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
     o.mask[k] = 1;
   }
   return o;

@@ -14,6 +14,67 @@
 
 namespace parapilot::env {
 
+/// The state vector's features by name (docs/observation.md lists them, by index and name;
+/// a test holds the two together). Values are their indices into Observation::state.
+enum class StateFeature : int {
+  kMinSpeed,  ///< 0
+  kMeanSpeed,  ///< 1
+  kWorstSlowdown,  ///< 2
+  kSpeedStd,  ///< 3
+  kSlowedFraction,  ///< 4
+  kMinBandwidth,  ///< 5
+  kMeanBandwidth,  ///< 6
+  kCongestedFraction,  ///< 7
+  kFailedFraction,  ///< 8
+  kMinSpeedTrend,  ///< 9
+  kMinBandwidthTrend,  ///< 10
+  kTelemetryAge,  ///< 11
+  kMissingFraction,  ///< 12
+  kCurrentVsBest,  ///< 13
+  kCurrentFeasible,  ///< 14
+  kCurrentFits,  ///< 15
+  kSinceLastSwitch,  ///< 16
+  kRunLeft,  ///< 17
+  kStaging,  ///< 18
+  kStagingLeft,  ///< 19
+  kBubbleFraction,  ///< 20
+  kExposedDpFraction,  ///< 21
+  kSeqLenLog,  ///< 22
+  kCandidates,  ///< 23
+  kCount
+};
+static_assert(static_cast<int>(StateFeature::kCount) == kStateDim);
+
+/// One candidate row's features by name; indices into a row of Observation::candidates.
+enum class CandidateFeature : int {
+  kLogGain,  ///< 0
+  kMigrationTime,  ///< 1
+  kMemoryHeadroom,  ///< 2
+  kTpDiffers,  ///< 3
+  kPpDiffers,  ///< 4
+  kDpDiffers,  ///< 5
+  kElastic,  ///< 6
+  kPayback,  ///< 7
+  kCount
+};
+static_assert(static_cast<int>(CandidateFeature::kCount) == kCandidateDim);
+
+/// The snake_case name of a feature, as docs/observation.md writes it.
+const char* feature_name(StateFeature f);
+const char* feature_name(CandidateFeature f);
+
+inline float& feature(Observation& o, StateFeature f) { return o.state[static_cast<int>(f)]; }
+inline float feature(const Observation& o, StateFeature f) {
+  return o.state[static_cast<int>(f)];
+}
+/// Candidate k's (0-based) feature f.
+inline float& feature(Observation& o, int k, CandidateFeature f) {
+  return o.candidates[k * kCandidateDim + static_cast<int>(f)];
+}
+inline float feature(const Observation& o, int k, CandidateFeature f) {
+  return o.candidates[k * kCandidateDim + static_cast<int>(f)];
+}
+
 /// Everything one observation is made of. Pointers must be non-null.
 struct ObservationInputs {
   const Conditions* beliefs = nullptr;  ///< the monitor's beliefs (empty vectors: nominal).

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "env/observation.h"
 #include "strategy/error.h"
 
 namespace parapilot::policy {
@@ -33,21 +34,24 @@ class ReactivePolicy : public Policy {
 
   int act(const env::Observation& o) override {
     ++since_switch_;
-    const bool staging = o.state[18] > 0.5f;
+    const bool staging = feature(o, env::StateFeature::kStaging) > 0.5f;
     if (staging) return 0;
     // A layout the monitor believes broken is replaced at once with the best candidate.
-    const bool broken = o.state[14] < 0.5f || o.state[15] < 0.5f;
+    const bool broken = feature(o, env::StateFeature::kCurrentFeasible) < 0.5f ||
+                        feature(o, env::StateFeature::kCurrentFits) < 0.5f;
     int best = 0;
     double best_gain = 0;
     for (int k = 0; k < env::kMaxCandidates; ++k) {
       if (!o.mask[k]) continue;
-      const float* f = &o.candidates[k * env::kCandidateDim];
-      const double gain = std::exp(static_cast<double>(f[0]));
+      const double gain =
+          std::exp(static_cast<double>(feature(o, k, env::CandidateFeature::kLogGain)));
       // Tokens gained over the look-ahead and lost while switching, in intervals of the
       // current layout's tokens.
       const double gained = (gain - 1.0) * options_.lookahead_intervals;
       const double lost =
-          options_.pause_fraction + options_.staging_slowdown * static_cast<double>(f[1]);
+          options_.pause_fraction +
+          options_.staging_slowdown *
+              static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
       const bool worth = broken || (gain >= options_.min_gain && gained >= options_.margin * lost &&
                                     since_switch_ >= options_.cooldown_intervals);
       if (worth && gain > best_gain) {

@@ -169,7 +169,7 @@ TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON l
   const Decision staging = d.decide(19, true, 10, {});
   CHECK(staging.action == 0);
   CHECK(staging.guardrail == "a switch is being staged");
-  CHECK(staging.observation.state[18] == 1.0f);
+  CHECK(feature(staging.observation, env::StateFeature::kStaging) == 1.0f);
 
   d.committed(first.target->strategy);
   CHECK(d.current() == first.target->strategy);

@@ -9,12 +9,13 @@
 #include <random>
 #include <sstream>
 
-#include "policy/baselines.h"
 #include "agent/evaluate.h"
 #include "env/env.h"
+#include "env/observation.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
+#include "policy/baselines.h"
 #include "strategy/error.h"
 
 using namespace parapilot;
@@ -244,4 +245,24 @@ TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GP
   CHECK(a.stragglers.front().rank == 5);
   CHECK(a.cause == "worker");
   CHECK(a.slowdown > 1.5);
+}
+
+TEST_CASE("docs/observation.md lists every feature by its index and name") {
+  std::ifstream in(std::string(PARAPILOT_SOURCE_DIR) + "/docs/observation.md");
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  for (int i = 0; i < kStateDim; ++i) {
+    const std::string row =
+        "| " + std::to_string(i) + " | `" + feature_name(static_cast<StateFeature>(i)) + "` |";
+    INFO(row);
+    CHECK(doc.find(row) != std::string::npos);
+  }
+  const auto cand = doc.find("## Candidates");
+  REQUIRE(cand != std::string::npos);
+  for (int i = 0; i < kCandidateDim; ++i) {
+    const std::string row = "| " + std::to_string(i) + " | `" +
+                            feature_name(static_cast<CandidateFeature>(i)) + "` |";
+    INFO(row);
+    CHECK(doc.find(row, cand) != std::string::npos);
+  }
 }
