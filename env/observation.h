@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "env/env.h"
+#include "env/sim/scenario.h"
 #include "strategy/planner.h"
 
 namespace parapilot::env {
@@ -93,9 +94,9 @@ struct ObservationInputs {
   int last_migration = -1;          ///< interval of the last committed switch; -1 when none.
   bool staging = false;
   double staging_left_s = 0;
-  double interval_s = 300;
+  double interval_s = kDefaultIntervalS;
   double seq_len_ratio = 1;  ///< current sequence length / the run's start.
-  double staging_slowdown = 0.1;
+  double staging_slowdown = kDefaultStagingSlowdown;
 };
 
 Observation build_observation(const ObservationInputs& in);

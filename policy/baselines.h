@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "env/sim/scenario.h"
 #include "policy/policy.h"
+#include "strategy/planner.h"
 
 namespace parapilot::policy {
 
@@ -24,9 +26,9 @@ struct ReactiveOptions {
   int cooldown_intervals = 2;   // intervals to wait after a switch
   // The switch cost the rule assumes, as a fraction of an interval's tokens: the staged
   // transfer slows training by this fraction of the migration time...
-  double staging_slowdown = 0.1;
+  double staging_slowdown = env::kDefaultStagingSlowdown;
   // ...and the switch pause stalls it for this fraction of an interval.
-  double pause_fraction = 2.0 / 300.0;
+  double pause_fraction = kSwitchPauseS / env::kDefaultIntervalS;
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 

@@ -78,16 +78,21 @@ struct PhaseDynamics {
   double convergence_penalty = 2.0;  // progress lost per unit of error above the budget
 };
 
+// Defaults a scenario starts from, also what the reactive rule assumes of the job it runs
+// (policy/baselines.h): one place for both.
+inline constexpr double kDefaultIntervalS = 300;        // seconds of training per interval
+inline constexpr double kDefaultStagingSlowdown = 0.1;  // slowdown while a switch is staged
+
 struct Scenario {
   std::string name;
   Family family = Family::kStraggler;
   ModelSpec model;
   ClusterSpec cluster;
   int horizon = 96;               // decision intervals per episode
-  double interval_s = 300;        // seconds of training per interval
+  double interval_s = kDefaultIntervalS;  // seconds of training per interval
   int global_batch = 0;           // 0: default_global_batch(gpus)
   double restart_s = 900;         // a crash (failed GPU, out of memory): reload and lost work
-  double staging_slowdown = 0.1;  // training slows this much while a switch is staged
+  double staging_slowdown = kDefaultStagingSlowdown;  // while a switch is staged
   TelemetryModel telemetry;
   StragglerDynamics straggler;
   CongestionDynamics congestion;
