@@ -51,12 +51,11 @@ int run(const std::string& command) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-}  // namespace
-
-TEST_CASE("parapilot deploy drives live Gloo workers: a slowed rank gets a smaller share") {
+// `policy_flag`: "" for deploy's default, the shipped learned policy; or " --agent-policy P".
+void drives_live_workers(const std::string& policy_flag, const std::string& expected_policy) {
   const std::string dir = temp_dir("loop");
   const std::string cmd = std::string(PARAPILOT_BIN) +
-                          " launch --workers 2 --agent deploy --agent-policy reactive"
+                          " launch --workers 2 --agent deploy" + policy_flag +
                           " --inject rank=1,slow=4x,at=3s --steps 70 --log-dir " + dir +
                           " --record " + dir + "/telemetry.csv" + kWorkerFlags + " > " + dir +
                           "/launch.log 2>&1";
@@ -68,6 +67,7 @@ TEST_CASE("parapilot deploy drives live Gloo workers: a slowed rank gets a small
   REQUIRE(!lines.empty());
   CHECK(lines.front()["event"] == "agent_started");
   CHECK(lines.front()["ranks"] == 2);
+  CHECK(lines.front()["policy"] == expected_policy);  // no fallback
   // The slow-rank event fires when the belief first crosses the threshold, which may be on the
   // way down; the belief itself must then reach the 4x slowdown (speed < 0.5).
   long slow_step = -1;
@@ -115,6 +115,17 @@ TEST_CASE("parapilot deploy drives live Gloo workers: a slowed rank gets a small
   CHECK(out.find("  now: " + lines.back()["layout"].get<std::string>()) != std::string::npos);
   CHECK(out.find("after the last switch:") != std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("parapilot deploy with the shipped policy drives live Gloo workers: a slowed rank gets "
+          "a smaller share") {
+  drives_live_workers("", "rl");
+}
+
+TEST_CASE("the same with the reactive baseline") {
+  drives_live_workers(" --agent-policy reactive", "reactive");
 }
 
 TEST_CASE("the agent killed: live workers train on, reconnect to a new agent, finish cleanly") {
