@@ -305,8 +305,8 @@ void run_deploy(const DeployFlags& f) {
   const rt::JobPace pace = agent.pace();
   const Strategy now = agent.current_layout();
   const rt::ProcessUsage usage = rt::process_usage();
-  const rt::Monitor* mon = agent.monitor();
-  const rt::MonitorCounters mc = mon ? mon->counters() : rt::MonitorCounters{};
+  const monitor::Monitor* mon = agent.monitor();
+  const monitor::MonitorCounters mc = mon ? mon->counters() : monitor::MonitorCounters{};
   nlohmann::json rejected = nlohmann::json::object();
   for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   auto q = [](std::vector<double> v, double p) {

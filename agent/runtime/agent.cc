@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/runtime/metrics.h"
-#include "agent/runtime/robust_stats.h"
+#include "env/monitor/robust_stats.h"
 #include "strategy/error.h"
 
 namespace parapilot::agent::runtime {
@@ -57,8 +57,8 @@ std::string counts_text(const std::vector<int>& counts) {
 
 struct DeployAgent::Impl {
   AgentOptions o;
-  std::unique_ptr<Monitor> monitor_owner;
-  std::atomic<Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
+  std::unique_ptr<monitor::Monitor> monitor_owner;
+  std::atomic<monitor::Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
   std::unique_ptr<DataParallelDecider> dp;  // a learned job, once known
   std::unique_ptr<MigrationExecutor> executor;
@@ -77,7 +77,7 @@ struct DeployAgent::Impl {
   double staging_predicted_s = 0;
   double step_wall_ms_ = 0;  // EWMA of the wall time between closed steps
   std::vector<std::pair<uint64_t, double>> step_ms;  // closed steps' wall time (most recent 200k)
-  Clock::time_point last_close{};
+  monitor::Clock::time_point last_close{};
   std::mutex decide_mutex;
   // What the ranks announced (JobInfo). For a learned job the first announcement defines it.
   std::optional<transport::JobInfo> job_info;
@@ -95,17 +95,17 @@ struct DeployAgent::Impl {
   void on_connect(const transport::PeerInfo& p);
   void on_disconnect(transport::PeerId id, std::string_view reason);
   void on_message(transport::PeerId id, transport::Message&& m);
-  void on_step(uint64_t step, Clock::time_point last_arrival);
+  void on_step(uint64_t step, monitor::Clock::time_point last_arrival);
   void on_outcome(const MigrationOutcome& r);
   void on_job_info(transport::PeerId id, const transport::JobInfo& info);
-  void decide_learned(uint64_t step, Clock::time_point last_arrival, Clock::time_point start,
-                      bool staging, const Beliefs& beliefs,
+  void decide_learned(uint64_t step, monitor::Clock::time_point last_arrival, monitor::Clock::time_point start,
+                      bool staging, const monitor::Beliefs& beliefs,
                       const std::vector<std::string>& evidence, const std::set<uint32_t>& ranks,
                       const nlohmann::json& rejected);
   // Latency figures of one decision (timestamps in order), under no lock.
-  void record_decision(Clock::time_point last_arrival, Clock::time_point callback_start,
-                       Clock::time_point decide_start, Clock::time_point decided,
-                       Clock::time_point sent, bool prepared);
+  void record_decision(monitor::Clock::time_point last_arrival, monitor::Clock::time_point callback_start,
+                       monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
+                       monitor::Clock::time_point sent, bool prepared);
   // Why the job cannot run a switch from `from` to `s` ("" when it can). Under the lock.
   std::string job_cannot_run(const Strategy& from, const Strategy& s) const;
   int ranks_of_job() const;  // under the lock; 0: not known yet
@@ -132,7 +132,7 @@ void DeployAgent::Impl::on_connect(const transport::PeerInfo& p) {
     ++rank_connections[p.rank];
     live.insert(p.rank);
   }
-  if (Monitor* m = monitor.load()) m->rank_connected(static_cast<int>(p.rank));
+  if (monitor::Monitor* m = monitor.load()) m->rank_connected(static_cast<int>(p.rank));
 }
 
 void DeployAgent::Impl::on_disconnect(transport::PeerId id, std::string_view reason) {
@@ -148,14 +148,14 @@ void DeployAgent::Impl::on_disconnect(transport::PeerId id, std::string_view rea
     ++stats.ranks_lost;
   }
   if (stopping) return;
-  if (Monitor* m = monitor.load()) m->rank_lost(static_cast<int>(rank));
+  if (monitor::Monitor* m = monitor.load()) m->rank_lost(static_cast<int>(rank));
   nlohmann::json j = {{"event", "rank_lost"}, {"rank", rank}, {"reason", std::string(reason)}};
   log(j.dump());
-  executor->on_rank_lost(rank, Clock::now());
+  executor->on_rank_lost(rank, monitor::Clock::now());
 }
 
 void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m) {
-  const auto now = Clock::now();
+  const auto now = monitor::Clock::now();
   if (auto* t = std::get_if<transport::Telemetry>(&m)) {
     // A rank may only speak for itself.
     {
@@ -176,7 +176,7 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
       std::lock_guard lock(mutex);
       step_wall_ms = step_wall_ms_;
     }
-    Monitor* mon = monitor.load();
+    monitor::Monitor* mon = monitor.load();
     executor->on_ready(*r, mon ? mon->newest_step() : 0, now, step_wall_ms);
   } else if (auto* a = std::get_if<transport::Ack>(&m)) {
     executor->on_ack(*a, now);
@@ -232,11 +232,11 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   }
   if (!learned_now) return;
   // The first announcement of a learned job: now it can be watched and planned for.
-  MonitorOptions mo = o.monitor;
+  monitor::MonitorOptions mo = o.monitor;
   mo.ranks = static_cast<int>(info.world_size);
   mo.gpus_per_node = mo.ranks;  // nodes are unknown: one peer group, one "node"
   mo.peer_group.clear();
-  monitor_owner = std::make_unique<Monitor>(mo);
+  monitor_owner = std::make_unique<monitor::Monitor>(mo);
   DataParallelOptions dpo = o.data_parallel;
   dpo.ranks = mo.ranks;
   dpo.global_batch = static_cast<int>(info.global_batch);
@@ -247,7 +247,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   }
   const std::string initial_shares = counts_text(dp->counts());  // before telemetry flows
   monitor_owner->set_step_callback(
-      [this](uint64_t step, Clock::time_point t) { on_step(step, t); });
+      [this](uint64_t step, monitor::Clock::time_point t) { on_step(step, t); });
   monitor.store(monitor_owner.get());
   // Ranks that connected before the job was known (rank_connected is idempotent, so a rank that
   // connects meanwhile and is registered by on_connect too is fine).
@@ -280,13 +280,13 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   log(j.dump());
 }
 
-void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
+void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_arrival) {
   if (stopping) return;
-  Monitor* mon = monitor.load();
-  const auto callback_start = Clock::now();
-  const Beliefs beliefs = mon->beliefs();
+  monitor::Monitor* mon = monitor.load();
+  const auto callback_start = monitor::Clock::now();
+  const monitor::Beliefs beliefs = mon->beliefs();
   if (decider) decider->update_beliefs(beliefs);
-  std::vector<MonitorEvent> events = mon->take_events();
+  std::vector<monitor::MonitorEvent> events = mon->take_events();
   {
     std::lock_guard lock(mutex);
     if (last_close.time_since_epoch().count() != 0 && callback_start > last_close) {
@@ -296,9 +296,9 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     }
     last_close = callback_start;
     if (beliefs.last_step_ms > 0) push_bounded(step_ms, {step, beliefs.last_step_ms}, 200000);
-    for (const MonitorEvent& e : events) {
-      if (e.kind == MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
-      if (e.kind == MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;
+    for (const monitor::MonitorEvent& e : events) {
+      if (e.kind == monitor::MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
+      if (e.kind == monitor::MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;
       push_bounded(stats.events, e, 1000);
       std::string who =
           e.rank >= 0 ? "rank " + std::to_string(e.rank) : "node " + std::to_string(e.node);
@@ -306,7 +306,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
       while (recent_evidence.size() > 8) recent_evidence.pop_front();
     }
   }
-  for (const MonitorEvent& e : events) {
+  for (const monitor::MonitorEvent& e : events) {
     nlohmann::json j = {
         {"event", to_string(e.kind)}, {"step", e.step},        {"rank", e.rank}, {"node", e.node},
         {"value", e.value},           {"evidence", e.evidence}};
@@ -327,20 +327,20 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     recent_evidence.clear();
     ranks = live;
     staging_left =
-        staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(Clock::now()))
+        staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(monitor::Clock::now()))
                 : 0.0;
     blocked = mismatch;
   }
-  const MonitorCounters mc = mon->counters();
+  const monitor::MonitorCounters mc = mon->counters();
   nlohmann::json rejected = nlohmann::json::object();
   for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   if (dp) {
     decide_learned(step, last_arrival, callback_start, staging, beliefs, evidence, ranks, rejected);
     return;
   }
-  const auto decide_start = Clock::now();
+  const auto decide_start = monitor::Clock::now();
   Decision d = decider->decide(step, staging, staging_left, evidence);
-  const auto decided = Clock::now();
+  const auto decided = monitor::Clock::now();
   bool prepared = false;
   std::string held;
   if (d.action > 0 && d.target) {
@@ -356,7 +356,7 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
     }
     if (held.empty()) prepared = executor->prepare(d.target->strategy, ranks, decided);
   }
-  record_decision(last_arrival, callback_start, decide_start, decided, Clock::now(), prepared);
+  record_decision(last_arrival, callback_start, decide_start, decided, monitor::Clock::now(), prepared);
   nlohmann::json j = nlohmann::json::parse(d.log_line, nullptr, false);
   if (j.is_object()) {
     j["telemetry_rejected"] = rejected;
@@ -367,14 +367,14 @@ void DeployAgent::Impl::on_step(uint64_t step, Clock::time_point last_arrival) {
   }
 }
 
-void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arrival,
-                                       Clock::time_point start, bool staging,
-                                       const Beliefs& beliefs,
+void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point last_arrival,
+                                       monitor::Clock::time_point start, bool staging,
+                                       const monitor::Beliefs& beliefs,
                                        const std::vector<std::string>& evidence,
                                        const std::set<uint32_t>& ranks,
                                        const nlohmann::json& rejected) {
   DataParallelDecision d = dp->decide(beliefs, staging);
-  const auto decided = Clock::now();
+  const auto decided = monitor::Clock::now();
   std::string blocked;
   int global_batch = 0;
   {
@@ -399,7 +399,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, Clock::time_point last_arr
       prepared = executor->prepare(shares_layout(d.counts, global_batch), members, decided);
     }
   }
-  record_decision(last_arrival, start, start, decided, Clock::now(), prepared);
+  record_decision(last_arrival, start, start, decided, monitor::Clock::now(), prepared);
   const double sps = d.current_step_ms > 0 ? 1000.0 * global_batch / d.current_step_ms : 0.0;
   nlohmann::json j = {
       {"event", "decision"},
@@ -461,11 +461,11 @@ void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
   log(j.dump());
 }
 
-void DeployAgent::Impl::record_decision(Clock::time_point last_arrival,
-                                        Clock::time_point callback_start,
-                                        Clock::time_point decide_start, Clock::time_point decided,
-                                        Clock::time_point sent, bool prepared) {
-  auto ms = [](Clock::time_point a, Clock::time_point b) {
+void DeployAgent::Impl::record_decision(monitor::Clock::time_point last_arrival,
+                                        monitor::Clock::time_point callback_start,
+                                        monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
+                                        monitor::Clock::time_point sent, bool prepared) {
+  auto ms = [](monitor::Clock::time_point a, monitor::Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
   std::lock_guard lock(mutex);
@@ -480,9 +480,9 @@ void DeployAgent::Impl::record_decision(Clock::time_point last_arrival,
 }
 
 std::string DeployAgent::Impl::render() const {
-  const Monitor* mon = monitor.load();
-  const MonitorCounters mc = mon ? mon->counters() : MonitorCounters{};
-  const Beliefs b = mon ? mon->beliefs() : Beliefs{};
+  const monitor::Monitor* mon = monitor.load();
+  const monitor::MonitorCounters mc = mon ? mon->counters() : monitor::MonitorCounters{};
+  const monitor::Beliefs b = mon ? mon->beliefs() : monitor::Beliefs{};
   AgentStats s;
   {
     std::lock_guard lock(mutex);
@@ -569,12 +569,12 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
   if (m.o.data_parallel.min_gain < 1) throw InputError("--min-gain must be >= 1");
   if (m.o.job) {
     const Job& job = *m.o.job;
-    MonitorOptions mo = m.o.monitor;
+    monitor::MonitorOptions mo = m.o.monitor;
     mo.ranks = job.gpus();
     mo.gpus_per_node =
         job.scenario.cluster.groups.empty() ? 8 : job.scenario.cluster.groups.front().gpus_per_node;
     mo.peer_group = job.planner->cost_model().topology().type_of_gpu;
-    m.monitor_owner = std::make_unique<Monitor>(mo);
+    m.monitor_owner = std::make_unique<monitor::Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
     LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
     m.stats.fallback = policy.fallback;
@@ -597,7 +597,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
       [&m](const MigrationOutcome& r) { m.on_outcome(r); });
   if (m.monitor_owner) {
     m.monitor_owner->set_step_callback(
-        [&m](uint64_t step, Clock::time_point t) { m.on_step(step, t); });
+        [&m](uint64_t step, monitor::Clock::time_point t) { m.on_step(step, t); });
   }
 
   transport::ServerHandlers h;
@@ -635,7 +635,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
   }
   m.ticker = std::thread([&m] {
     while (!m.stopping) {
-      m.executor->tick(Clock::now());
+      m.executor->tick(monitor::Clock::now());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
@@ -665,7 +665,7 @@ void DeployAgent::stop() {
 uint16_t DeployAgent::port() const { return impl_->server ? impl_->server->port() : 0; }
 uint16_t DeployAgent::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 std::string DeployAgent::metrics_text() const { return impl_->render(); }
-Monitor* DeployAgent::monitor() { return impl_->monitor.load(); }
+monitor::Monitor* DeployAgent::monitor() { return impl_->monitor.load(); }
 Decider& DeployAgent::decider() { return *impl_->decider; }
 Strategy DeployAgent::current_layout() const {
   if (impl_->decider) return impl_->decider->current();
@@ -698,8 +698,8 @@ JobPace DeployAgent::pace() const {
   }
   p.steps_before = before.size();
   p.steps_after = after.size();
-  if (!before.empty()) p.step_ms_before = median(before);
-  if (!after.empty()) p.step_ms_after = median(after);
+  if (!before.empty()) p.step_ms_before = monitor::median(before);
+  if (!after.empty()) p.step_ms_after = monitor::median(after);
   return p;
 }
 
@@ -716,7 +716,7 @@ bool DeployAgent::request_switch(const Strategy& target) {
     std::lock_guard lock(impl_->mutex);
     ranks = impl_->live;
   }
-  return impl_->executor->prepare(target, ranks, Clock::now());
+  return impl_->executor->prepare(target, ranks, monitor::Clock::now());
 }
 
 }  // namespace parapilot::agent::runtime

@@ -32,7 +32,7 @@
 #include "agent/runtime/dp_decider.h"
 #include "agent/runtime/job.h"
 #include "agent/runtime/migration.h"
-#include "agent/runtime/monitor.h"
+#include "env/monitor/monitor.h"
 #include "transport/bus.h"
 
 namespace parapilot::agent::runtime {
@@ -54,7 +54,7 @@ struct AgentOptions {
   int interval_steps = 10;  ///< closed steps per decision.
   DeciderOptions decider;
   MigrationOptions migration;
-  MonitorOptions monitor;  ///< ranks, gpus_per_node and peer groups are filled from the job.
+  monitor::MonitorOptions monitor;  ///< ranks, gpus_per_node and peer groups are filled from the job.
   std::function<void(const std::string&)> log;  ///< JSON lines; empty: stderr.
 };
 
@@ -76,7 +76,7 @@ struct AgentStats {
   std::vector<double>
       decide_ms;  ///< Decider::decide() alone (observation, policy, guardrails, log).
   std::vector<MigrationOutcome> outcomes;
-  std::vector<MonitorEvent> events;  ///< detection events (most recent 1000).
+  std::vector<monitor::MonitorEvent> events;  ///< detection events (most recent 1000).
   std::string policy;
   bool fallback = false;
   std::string fallback_reason;
@@ -110,7 +110,7 @@ class DeployAgent {
   JobPace pace() const;
   Strategy current_layout() const;
   /// The monitor; nullptr for a learned job until its first JobInfo.
-  Monitor* monitor();
+  monitor::Monitor* monitor();
   Decider& decider();  ///< a described job only.
   /// Starts a switch to `target` outside the policy (operators, tests). False while one is in
   /// flight or no rank is connected.

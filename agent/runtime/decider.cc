@@ -114,7 +114,7 @@ void Decider::planner_loop() {
   }
 }
 
-void Decider::update_beliefs(const Beliefs& beliefs) {
+void Decider::update_beliefs(const monitor::Beliefs& beliefs) {
   std::unique_lock lock(mutex_);
   beliefs_ = beliefs;
   have_beliefs_ = true;
@@ -194,7 +194,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   Decision d;
   d.step = step;
   std::shared_ptr<const Snapshot> snap;
-  Beliefs beliefs;
+  monitor::Beliefs beliefs;
   Strategy current;
   int last_migration = 0;
   int since_commit = 0;

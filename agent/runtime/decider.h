@@ -26,7 +26,7 @@
 
 #include "policy/baselines.h"
 #include "agent/runtime/job.h"
-#include "agent/runtime/monitor.h"
+#include "env/monitor/monitor.h"
 #include "env/observation.h"
 
 namespace parapilot::agent::runtime {
@@ -82,7 +82,7 @@ class Decider {
   Decider& operator=(const Decider&) = delete;
 
   /// Fresh beliefs (cheap; call as often as they change). Re-plans when they moved enough.
-  void update_beliefs(const Beliefs& beliefs);
+  void update_beliefs(const monitor::Beliefs& beliefs);
   /// Decides for one interval ending at `step`. `staging_left_s` > 0 while a switch is staged.
   /// `evidence` (e.g. the monitor's recent events) goes into the log line.
   Decision decide(uint64_t step, bool staging, double staging_left_s,
@@ -117,7 +117,7 @@ class Decider {
 
   mutable std::mutex mutex_;  // guards everything below
   Strategy current_;
-  Beliefs beliefs_;
+  monitor::Beliefs beliefs_;
   bool have_beliefs_ = false;
   std::shared_ptr<const Snapshot> snapshot_;
   Conditions planned_beliefs_;

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "agent/runtime/robust_stats.h"
+#include "env/monitor/robust_stats.h"
 
 namespace parapilot::agent::runtime {
 
@@ -36,8 +36,8 @@ std::vector<int> round_counts(const std::vector<double>& exact, int total) {
 // Median and robust standard error of the median-like centre.
 std::pair<double, double> centre(const std::vector<double>& v) {
   if (v.empty()) return {0, 0};
-  const double m = median(v);
-  const double se = 1.4826 * mad(v, m) / std::sqrt(static_cast<double>(v.size()));
+  const double m = monitor::median(v);
+  const double se = 1.4826 * monitor::mad(v, m) / std::sqrt(static_cast<double>(v.size()));
   return {m, se};
 }
 
@@ -132,7 +132,7 @@ std::vector<double> DataParallelDecider::steps_since(uint64_t first) const {
   return out;
 }
 
-DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging) {
+DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool staging) {
   DataParallelDecision d;
   ++since_switch_;
   // The shares in force, as the ranks report them (a job may start on its own shares).
@@ -215,8 +215,8 @@ DataParallelDecision DataParallelDecider::decide(const Beliefs& b, bool staging)
     d.reason = "no compute measurement yet from rank(s) " + missing;
     return d;
   }
-  const double median_ms = median(per_sample);
-  const double median_fixed = median(fixed);
+  const double median_ms = monitor::median(per_sample);
+  const double median_fixed = monitor::median(fixed);
   std::vector<double> step_of(o_.ranks);
   for (int r = 0; r < o_.ranks; ++r) step_of[r] = fixed[r] + per_sample[r] * counts_[r];
   const auto slowest = std::max_element(step_of.begin(), step_of.end());

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/runtime/monitor.h"
+#include "env/monitor/monitor.h"
 
 namespace parapilot::agent::runtime {
 
@@ -76,7 +76,7 @@ class DataParallelDecider {
   /// One closed step's wall time (Beliefs::last_step_ms), in step order.
   void observe_step(uint64_t step, double step_ms);
   /// Decides at the end of a decision interval. `staging`: a switch is in flight.
-  DataParallelDecision decide(const Beliefs& beliefs, bool staging);
+  DataParallelDecision decide(const monitor::Beliefs& beliefs, bool staging);
   /// A switch to `counts` took effect at `switch_at_step`; `revert` when it undid the last one.
   void committed(const std::vector<int>& counts, uint64_t switch_at_step, bool revert);
   /// A switch was aborted (the cool-down still applies, so aborts cannot repeat every interval).

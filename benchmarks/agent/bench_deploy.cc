@@ -344,7 +344,7 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const AgentStats s = agent.stats();
   const ProcessUsage usage = process_usage();
-  const MonitorCounters mc = agent.monitor()->counters();
+  const monitor::MonitorCounters mc = agent.monitor()->counters();
   std::printf(
       "agent: %d ranks, %s, %llu steps of %.0f ms, a decision every %d steps, %d bus I/O "
       "thread(s), %u cores\n",
@@ -471,7 +471,7 @@ int run_straggler(Args a, nlohmann::json& fig) {
   std::chrono::steady_clock::time_point slowed, detected, committed;
   bool was_detected = false;
   uint64_t detected_step = 0;
-  MonitorEvent detection;
+  monitor::MonitorEvent detection;
   for (uint64_t s = 0; s < a.steps; ++s) {
     if (s == a.slow_from) slowed = std::chrono::steady_clock::now();
     with.run(1);
@@ -479,8 +479,8 @@ int run_straggler(Args a, nlohmann::json& fig) {
     if (!was_detected && st.stragglers_detected > 0) {
       detected = std::chrono::steady_clock::now();
       // The first slow_rank event (stragglers_detected counts those).
-      const auto it = std::find_if(st.events.begin(), st.events.end(), [](const MonitorEvent& e) {
-        return e.kind == MonitorEvent::Kind::slow_rank;
+      const auto it = std::find_if(st.events.begin(), st.events.end(), [](const monitor::MonitorEvent& e) {
+        return e.kind == monitor::MonitorEvent::Kind::slow_rank;
       });
       detection = it != st.events.end() ? *it : st.events.front();
       detected_step = detection.step;

@@ -34,8 +34,8 @@ LoadedPolicy always_first() {
   return p;
 }
 
-Beliefs slowed_beliefs(int gpus, int slow_gpu, double speed) {
-  Beliefs b;
+monitor::Beliefs slowed_beliefs(int gpus, int slow_gpu, double speed) {
+  monitor::Beliefs b;
   b.conditions.gpu_speed.assign(gpus, 1.0);
   b.conditions.gpu_speed[slow_gpu] = speed;
   b.slow_ranks = {slow_gpu};

@@ -10,7 +10,7 @@
 
 #include "agent/runtime/agent.h"
 #include "agent/runtime/dp_decider.h"
-#include "agent/runtime/robust_stats.h"
+#include "env/monitor/robust_stats.h"
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -18,8 +18,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-Beliefs measured(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
-  Beliefs b;
+monitor::Beliefs measured(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
+  monitor::Beliefs b;
   b.rank_compute_ms = per_sample_ms;
   b.compute_per_sample = true;
   b.rank_samples.assign(counts.begin(), counts.end());
@@ -107,21 +107,21 @@ TEST_CASE("nothing is proposed before the job's first steps were measured") {
 
 TEST_CASE("noise on healthy ranks moves nothing") {
   // Per-step compute noise of +-20% on every rank, through the monitor's estimator as deploy
-  // configures it for a learned job (RobustEwma, alpha 0.2).
+  // configures it for a learned job (monitor::RobustEwma, alpha 0.2).
   DataParallelDecider d(options4());
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-0.2, 0.2);
-  RobustEwma::Options eo;
+  monitor::RobustEwma::Options eo;
   eo.alpha = 0.2;
-  std::vector<RobustEwma> level(4, RobustEwma(eo));
+  std::vector<monitor::RobustEwma> level(4, monitor::RobustEwma(eo));
   uint64_t step = 0;
   for (int interval = 0; interval < 300; ++interval) {
     for (int s = 0; s < 10; ++s) {
-      for (RobustEwma& l : level) l.add(1.0 + u(rng));
+      for (monitor::RobustEwma& l : level) l.add(1.0 + u(rng));
     }
     step = feed(d, step, 10, 100, 0.2, rng);
     std::vector<double> levels;
-    for (const RobustEwma& l : level) levels.push_back(l.value());
+    for (const monitor::RobustEwma& l : level) levels.push_back(l.value());
     const DataParallelDecision x = d.decide(measured(levels, d.counts()), false);
     INFO(x.reason);
     REQUIRE(x.kind == DataParallelDecision::Kind::keep);

@@ -195,7 +195,7 @@ TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old
   CHECK(samples_at_abort < static_cast<double>(at_abort) * batch(rig));
   check_exactly_once(r, rig.stepped, samples_at_abort + 10 * batch(rig) * 15.0 / 16.0);
   // The lost GPU is believed failed.
-  const Beliefs b = rig.agent->monitor()->beliefs();
+  const monitor::Beliefs b = rig.agent->monitor()->beliefs();
   REQUIRE(b.conditions.gpu_failed.size() == 16);
   CHECK(b.conditions.gpu_failed[7]);
 }

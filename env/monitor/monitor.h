@@ -33,7 +33,7 @@
 #include "core/status.h"
 #include "transport/messages.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::monitor {
 
 using Clock = std::chrono::steady_clock;
 
@@ -147,4 +147,4 @@ class Monitor {
   StepCallback callback_;
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::monitor

@@ -11,7 +11,7 @@
 #include <deque>
 #include <vector>
 
-namespace parapilot::agent::runtime {
+namespace parapilot::monitor {
 
 /// Median of `v` (the mean of the two middle values for an even count); 0 for an empty input.
 inline double median(std::vector<double> v) {
@@ -113,4 +113,4 @@ class RobustEwma {
   std::deque<double> window_;
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::monitor

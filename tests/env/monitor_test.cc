@@ -5,11 +5,11 @@
 #include <cmath>
 #include <limits>
 
-#include "agent/runtime/monitor.h"
-#include "agent/runtime/robust_stats.h"
+#include "env/monitor/monitor.h"
+#include "env/monitor/robust_stats.h"
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::monitor;
 
 namespace {
 

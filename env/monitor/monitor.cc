@@ -1,12 +1,12 @@
-#include "agent/runtime/monitor.h"
+#include "env/monitor/monitor.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "agent/runtime/robust_stats.h"
+#include "env/monitor/robust_stats.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::monitor {
 
 const char* to_string(MonitorEvent::Kind kind) {
   switch (kind) {
@@ -503,4 +503,4 @@ uint64_t Monitor::newest_step() const {
   return s_->newest;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::monitor
