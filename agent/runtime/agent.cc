@@ -436,7 +436,13 @@ void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
   if (r.committed) {
     if (decider) decider->committed(r.target);
     if (dp) dp->committed(r.target.dp_shares, r.switch_at_step, revert);
-    monitor.load()->layout_changed();
+    if (decider) {
+      // Peers are ranks at the same pipeline stage on the same GPU type, as in the simulator.
+      monitor.load()->layout_changed(
+          monitor::peer_groups(o.job->planner->cost_model().topology(), r.target));
+    } else {
+      monitor.load()->layout_changed();
+    }
   } else if (dp) {
     dp->aborted();
   }
@@ -569,11 +575,9 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
   if (m.o.data_parallel.min_gain < 1) throw InputError("--min-gain must be >= 1");
   if (m.o.job) {
     const Job& job = *m.o.job;
-    monitor::MonitorOptions mo = m.o.monitor;
-    mo.ranks = job.gpus();
-    mo.gpus_per_node =
-        job.scenario.cluster.groups.empty() ? 8 : job.scenario.cluster.groups.front().gpus_per_node;
-    mo.peer_group = job.planner->cost_model().topology().type_of_gpu;
+    const ClusterTopology& topology = job.planner->cost_model().topology();
+    monitor::MonitorOptions mo = monitor::options_for(topology, m.o.monitor);
+    mo.peer_group = monitor::peer_groups(topology, job.initial(m.o.decider.initial_layout));
     m.monitor_owner = std::make_unique<monitor::Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
     LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
@@ -584,7 +588,9 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
           {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback_reason}};
       m.log(j.dump());
     }
-    m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), m.o.decider);
+    DeciderOptions decider = m.o.decider;
+    decider.interval_steps = m.o.interval_steps;
+    m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), decider);
     m.stats.policy = m.decider->policy_name();
   } else {
     m.stats.policy = "measured-shares";

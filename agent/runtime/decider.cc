@@ -223,7 +223,13 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.nodes = job_->nodes();
   in.previous_min_speed = previous_min_speed;
   in.previous_min_bw = previous_min_bw;
-  in.telemetry_age_intervals = 0;
+  {
+    const uint64_t per = static_cast<uint64_t>(std::max(1, o_.interval_steps));
+    const uint64_t now = (step + 1) / per;  // the boundary after the interval ending at `step`
+    const uint64_t newest = beliefs.any_closed ? beliefs.last_closed_step / per : 0;
+    in.telemetry_age_intervals =
+        static_cast<int>(beliefs.any_closed ? (now > newest ? now - newest : 0) : now);
+  }
   in.missing_fraction = beliefs.missing_fraction;
   in.current = &current;
   in.current_cost = current_cost;

@@ -56,6 +56,10 @@ struct DeciderOptions {
   int horizon = 0;             ///< normalises time features; 0: the scenario's horizon.
   int run_intervals = 0;       ///< planned length of the run; 0: unknown (half the horizon left).
   double interval_s = 0;       ///< seconds per decision interval; 0: the scenario's.
+  /// Training steps per decision interval (decide() is called at each interval's last step):
+  /// telemetry age is measured as the simulator measures it, in intervals from the one holding
+  /// the monitor's newest closed step to the decision. 0: one step per interval.
+  int interval_steps = 0;
   bool async_planning = true;
   std::string initial_layout = "planned";
 };

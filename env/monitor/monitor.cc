@@ -55,24 +55,40 @@ std::string telemetry_problem(const transport::Telemetry& t, const MonitorOption
   return "";
 }
 
+// What is wrong with a sample handed in directly (the checks telemetry_problem makes on the
+// message, on the fields the monitor reads); "" when nothing is.
+std::string sample_problem(const StepSample& x, const MonitorOptions& o) {
+  auto bad_number = [&](double v) -> const char* {
+    if (std::isnan(v)) return "nan";
+    if (std::isinf(v)) return "infinite";
+    if (v < 0) return "negative";
+    if (v > o.max_compute_ms) return "absurd";
+    return nullptr;
+  };
+  if (x.rank < 0 || x.rank >= o.ranks) return "unknown_rank";
+  if (x.end_ns < x.start_ns) return "negative";
+  const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
+  if (wall_ms > o.max_compute_ms) return "absurd";
+  for (double v : {x.compute_ms, x.inter_ms, x.longest_collective_ms, x.queue_depth}) {
+    if (const char* r = bad_number(v)) return r;
+  }
+  for (double v : {x.samples, x.fixed_ms, x.wait_ms}) {  // -1: not reported
+    if (v == -1) continue;
+    if (const char* r = bad_number(v)) return r;
+  }
+  if (x.compute_ms > wall_ms + 1.0 || x.longest_collective_ms > wall_ms + 1.0) return "absurd";
+  for (const auto& l : x.layers) {
+    if (std::isnan(l.norm) || std::isnan(l.max_abs)) return "nan";
+    if (std::isinf(l.norm) || std::isinf(l.max_abs)) return "infinite";
+    if (l.norm < 0 || l.max_abs < 0) return "negative";
+  }
+  return "";
+}
+
 enum class Liveness : uint8_t { unknown, live, lost };
 
-struct Sample {
-  int rank = 0;
-  uint64_t start_ns = 0;
-  double compute_ms = 0;
-  double work = -1;  // samples this rank processed (info/samples); -1: not reported
-  double wall_ms = 0;
-  double fixed_ms = -1;  // per-step part not scaling with samples (phase/optimizer); -1: none
-  double wait_ms = -1;   // measured wait in the gradient collectives (wait/dp); -1: not reported
-  double inter_bytes = 0;
-  double inter_ms = 0;
-  double queue = 0;
-  std::vector<std::pair<uint32_t, double>> layer_norms;
-};
-
 struct StepAgg {
-  std::vector<Sample> samples;
+  std::vector<StepSample> samples;
   std::vector<uint8_t> seen;
   Clock::time_point last_arrival;
 };
@@ -128,11 +144,12 @@ struct Monitor::State {
   double median_wait_ms = 0;
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
-  int expected() const {
-    if (!any_connected) return o.ranks;
-    int live = 0;
-    for (const auto& r : ranks) live += r.liveness == Liveness::live;
-    return live;
+  int live_count = 0;  // ranks whose liveness is live
+
+  int expected() const { return any_connected ? live_count : o.ranks; }
+  void set_liveness(int rank, Liveness l) {
+    live_count += (l == Liveness::live) - (ranks[rank].liveness == Liveness::live);
+    ranks[rank].liveness = l;
   }
 
   void close(uint64_t step, StepAgg& agg, Clock::time_point trigger,
@@ -175,40 +192,116 @@ void Monitor::set_step_callback(StepCallback callback) {
   callback_ = std::move(callback);
 }
 
+StepSample to_sample(const transport::Telemetry& t) {
+  StepSample x;
+  x.rank = static_cast<int>(std::min<uint32_t>(t.rank, INT32_MAX));
+  x.step = t.step;
+  x.start_ns = t.step_start_ns;
+  x.end_ns = t.step_end_ns;
+  x.compute_ms = t.compute_ms;
+  x.queue_depth = t.queue_depth;
+  for (const auto& [name, c] : t.collectives) {
+    x.longest_collective_ms = std::max(x.longest_collective_ms, c.ms);
+    if (name == "info/samples") x.samples = static_cast<double>(c.bytes);
+    if (name == "wait/dp") x.wait_ms = c.ms;
+    if (name == "phase/optimizer") x.fixed_ms = c.ms;
+    if (name.find("inter") == std::string::npos) continue;
+    x.inter_bytes += static_cast<double>(c.bytes);
+    x.inter_ms += c.ms;
+  }
+  x.layers = t.layers;
+  return x;
+}
+
+transport::Telemetry to_telemetry(const StepSample& x) {
+  transport::Telemetry t;
+  t.rank = static_cast<uint32_t>(x.rank);
+  t.step = x.step;
+  t.step_start_ns = x.start_ns;
+  t.step_end_ns = x.end_ns;
+  t.compute_ms = x.compute_ms;
+  t.queue_depth = static_cast<uint32_t>(x.queue_depth);
+  if (x.samples >= 0) t.collectives["info/samples"] = {0, static_cast<uint64_t>(x.samples), 1};
+  if (x.wait_ms >= 0) t.collectives["wait/dp"] = {x.wait_ms, 0, 1};
+  if (x.fixed_ms >= 0) t.collectives["phase/optimizer"] = {x.fixed_ms, 0, 1};
+  if (x.inter_bytes > 0 || x.inter_ms > 0) {
+    t.collectives["all_reduce/dp/inter"] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes), 1};
+  }
+  t.layers = x.layers;
+  return t;
+}
+
+MonitorOptions options_for(const ClusterTopology& topology, MonitorOptions base) {
+  base.ranks = topology.num_gpus();
+  base.gpus_per_node = topology.nodes.empty() ? 8 : topology.nodes.front().gpus;
+  base.peer_group = topology.type_of_gpu;
+  return base;
+}
+
+std::vector<int> peer_groups(const ClusterTopology& topology, const Strategy& layout) {
+  const int pp = std::max(1, layout.pp);
+  // Unused GPUs: group type (stage pp, past every real stage).
+  std::vector<int> group(topology.num_gpus());
+  for (int g = 0; g < topology.num_gpus(); ++g) group[g] = topology.type_of_gpu[g] * (pp + 1) + pp;
+  for (int d = 0; d < layout.dp; ++d) {
+    for (int p = 0; p < pp; ++p) {
+      for (int i = 0; i < std::max(1, layout.tp); ++i) {
+        const int g = layout.gpu_of_rank(d, p, i);
+        if (g >= 0 && g < topology.num_gpus()) {
+          group[g] = topology.type_of_gpu[g] * (pp + 1) + p;
+        }
+      }
+    }
+  }
+  return group;
+}
+
 Status Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival) {
+  {
+    std::lock_guard lock(mutex_);
+    const std::string reason = telemetry_problem(t, s_->o);
+    if (!reason.empty()) {
+      ++s_->counters.rejected;
+      ++s_->counters.rejected_by_reason[reason];
+      return Status::rejected(reason);
+    }
+  }
+  return ingest(to_sample(t), arrival);
+}
+
+Status Monitor::ingest(const StepSample& sample, Clock::time_point arrival) {
   std::vector<std::pair<uint64_t, Clock::time_point>> closed;
   StepCallback callback;
   {
     std::lock_guard lock(mutex_);
     State& s = *s_;
-    std::string reason = telemetry_problem(t, s.o);
-    if (reason.empty() && s.any_seen && t.step > s.newest + s.o.max_step_jump)
+    std::string reason = sample_problem(sample, s.o);
+    if (reason.empty() && s.any_seen && sample.step > s.newest + s.o.max_step_jump)
       reason = "absurd_step";
     // Ranks report their steps in order: one already reported is a duplicate.
-    if (reason.empty() && s.ranks[t.rank].reported && t.step <= s.ranks[t.rank].newest) {
+    if (reason.empty() && s.ranks[sample.rank].reported &&
+        sample.step <= s.ranks[sample.rank].newest) {
       reason = "duplicate";
     }
-    if (reason.empty() && s.any_closed && t.step <= s.last_closed) {
+    if (reason.empty() && s.any_closed && sample.step <= s.last_closed) {
       // Its step already closed without it: the rank's own levels still learn from it, the
       // cross-rank comparisons of that step cannot.
       ++s.counters.accepted;
       ++s.counters.late;
-      RankStats& r = s.ranks[t.rank];
+      RankStats& r = s.ranks[sample.rank];
       r.reported = true;
-      r.newest = t.step;
-      double work = -1, fixed = -1;
-      for (const auto& [name, c] : t.collectives) {
-        if (name == "info/samples") work = static_cast<double>(c.bytes);
-        if (name == "phase/optimizer") fixed = c.ms;
-      }
-      add_compute(r, t.compute_ms, work, fixed, s.counters.outliers);
+      r.newest = sample.step;
+      add_compute(r, sample.compute_ms, sample.samples, sample.fixed_ms, s.counters.outliers);
       return Status();
     }
     StepAgg* agg = nullptr;
     if (reason.empty()) {
-      agg = &s.pending[t.step];
-      if (agg->seen.empty()) agg->seen.assign(s.o.ranks, 0);
-      if (agg->seen[t.rank]) reason = "duplicate";
+      agg = &s.pending[sample.step];
+      if (agg->seen.empty()) {
+        agg->seen.assign(s.o.ranks, 0);
+        agg->samples.reserve(s.o.ranks);
+      }
+      if (agg->seen[sample.rank]) reason = "duplicate";
     }
     if (!reason.empty()) {
       ++s.counters.rejected;
@@ -216,44 +309,25 @@ Status Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival)
       return Status::rejected(reason);
     }
     ++s.counters.accepted;
-    s.ranks[t.rank].reported = true;
-    s.ranks[t.rank].newest = std::max(s.ranks[t.rank].newest, t.step);
-    Sample x;
-    x.rank = static_cast<int>(t.rank);
-    x.start_ns = t.step_start_ns;
-    x.compute_ms = t.compute_ms;
-    x.wall_ms = static_cast<double>(t.step_end_ns - t.step_start_ns) / 1e6;
-    x.queue = t.queue_depth;
-    for (const auto& [name, c] : t.collectives) {
-      if (name == "info/samples") x.work = static_cast<double>(c.bytes);
-      if (name == "wait/dp") x.wait_ms = c.ms;
-      if (name == "phase/optimizer") x.fixed_ms = c.ms;
-      if (name.find("inter") == std::string::npos) continue;
-      x.inter_bytes += static_cast<double>(c.bytes);
-      x.inter_ms += c.ms;
-    }
-    for (const auto& l : t.layers) {
-      x.layer_norms.emplace_back(l.layer, static_cast<double>(l.norm));
-      s.beliefs.nonfinite_gradients += l.nonfinite_count;
-    }
-    agg->seen[t.rank] = 1;
-    agg->samples.push_back(std::move(x));
+    s.ranks[sample.rank].reported = true;
+    s.ranks[sample.rank].newest = std::max(s.ranks[sample.rank].newest, sample.step);
+    for (const auto& l : sample.layers) s.beliefs.nonfinite_gradients += l.nonfinite_count;
+    agg->seen[sample.rank] = 1;
+    agg->samples.push_back(sample);
     agg->last_arrival = arrival;
-    s.newest = s.any_seen ? std::max(s.newest, t.step) : t.step;
+    const uint64_t step = sample.step;
+    s.newest = s.any_seen ? std::max(s.newest, step) : step;
     s.any_seen = true;
 
     // Close steps in order: older ones that a rank has moved well past, then this one if every
     // live rank reported it.
     const int expected = s.expected();
+    const bool this_full = static_cast<int>(agg->samples.size()) >= expected;
     while (!s.pending.empty()) {
       auto it = s.pending.begin();
       const bool lagging = it->first + static_cast<uint64_t>(s.o.close_lag_steps) <= s.newest;
       const bool full = static_cast<int>(it->second.samples.size()) >= expected;
-      const bool older_than_full = [&] {
-        auto cur = s.pending.find(t.step);
-        return it->first < t.step && cur != s.pending.end() &&
-               static_cast<int>(cur->second.samples.size()) >= expected;
-      }();
+      const bool older_than_full = it->first < step && this_full;
       if (!(lagging || full || older_than_full)) break;
       s.close(it->first, it->second, arrival, closed);
       s.pending.erase(it);
@@ -272,10 +346,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   const int missing = expected_count - static_cast<int>(agg.samples.size());
   // Arrival at the collective = step start + compute-only time, relative to the earliest start.
   uint64_t min_start = UINT64_MAX;
-  for (const Sample& x : agg.samples) min_start = std::min(min_start, x.start_ns);
+  for (const StepSample& x : agg.samples) min_start = std::min(min_start, x.start_ns);
   std::vector<double> arrivals;
   arrivals.reserve(agg.samples.size());
-  for (const Sample& x : agg.samples) {
+  for (const StepSample& x : agg.samples) {
     arrivals.push_back(static_cast<double>(x.start_ns - min_start) / 1e6 + x.compute_ms);
   }
   const double last = arrivals.empty() ? 0 : *std::max_element(arrivals.begin(), arrivals.end());
@@ -285,15 +359,16 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   walls.reserve(arrivals.size());
   std::map<uint32_t, std::vector<double>> layer_norms;
   for (size_t i = 0; i < agg.samples.size(); ++i) {
-    const Sample& x = agg.samples[i];
+    const StepSample& x = agg.samples[i];
     RankStats& r = ranks[x.rank];
     // Speed compares compute per sample when ranks report their samples (elastic shares give
     // ranks unequal work), else compute per step.
-    if (x.work > 0) per_sample = true;
-    add_compute(r, x.compute_ms, x.work, x.fixed_ms, counters.outliers);
-    r.wall.add(x.wall_ms);
-    walls.push_back(x.wall_ms);
-    beliefs.rank_samples[x.rank] = std::max(0.0, x.work);
+    if (x.samples > 0) per_sample = true;
+    add_compute(r, x.compute_ms, x.samples, x.fixed_ms, counters.outliers);
+    const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
+    r.wall.add(wall_ms);
+    walls.push_back(wall_ms);
+    beliefs.rank_samples[x.rank] = std::max(0.0, x.samples);
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
     waits.push_back(wait);
     r.last_wait_ms = wait;
@@ -304,9 +379,9 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
       const double transfer_ms = std::max(x.inter_ms - wait, 1e-3);
       if (!r.bandwidth.add(x.inter_bytes / transfer_ms / 1e6)) ++counters.outliers;
     }
-    r.queue = r.samples == 0 ? x.queue : 0.8 * r.queue + 0.2 * x.queue;
+    r.queue = r.samples == 0 ? x.queue_depth : 0.8 * r.queue + 0.2 * x.queue_depth;
     ++r.samples;
-    for (const auto& [layer, norm] : x.layer_norms) layer_norms[layer].push_back(norm);
+    for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
   median_wait_ms = median(waits);
   beliefs.last_step_ms = median(std::move(walls));
@@ -404,7 +479,13 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
   }
   std::map<int, double> ref_bw;
-  for (auto& [g, levels] : known) ref_bw[g] = median(std::move(levels));
+  // The upper median (the faster middle node), as for speed: of two nodes, a congested one must
+  // not drag its own reference halfway down.
+  for (auto& [g, levels] : known) {
+    const auto mid = levels.begin() + static_cast<std::ptrdiff_t>(levels.size() / 2);
+    std::nth_element(levels.begin(), mid, levels.end());
+    ref_bw[g] = *mid;
+  }
   for (int node = 0; node < nodes; ++node) {
     const double ref = ref_bw.count(node_group(node)) ? ref_bw[node_group(node)] : 0.0;
     if (node_level[node] > 0 && ref > 0) {
@@ -453,7 +534,7 @@ void Monitor::rank_connected(int rank) {
   std::lock_guard lock(mutex_);
   if (rank < 0 || rank >= s_->o.ranks) return;
   s_->any_connected = true;
-  s_->ranks[rank].liveness = Liveness::live;
+  s_->set_liveness(rank, Liveness::live);
   if (!s_->beliefs.conditions.gpu_failed.empty()) s_->beliefs.conditions.gpu_failed[rank] = false;
 }
 
@@ -462,7 +543,7 @@ void Monitor::rank_lost(int rank) {
   if (rank < 0 || rank >= s_->o.ranks) return;
   RankStats& st = s_->ranks[rank];
   if (st.liveness == Liveness::lost) return;
-  st.liveness = Liveness::lost;
+  s_->set_liveness(rank, Liveness::lost);
   if (s_->beliefs.conditions.gpu_failed.empty()) {
     s_->beliefs.conditions.gpu_failed.assign(s_->o.ranks, false);
   }
@@ -471,8 +552,14 @@ void Monitor::rank_lost(int rank) {
                         "disconnected from the bus"});
 }
 
-void Monitor::layout_changed() {
+void Monitor::layout_changed(std::vector<int> peer_group) {
   std::lock_guard lock(mutex_);
+  if (!peer_group.empty()) {
+    if (static_cast<int>(peer_group.size()) != s_->o.ranks) {
+      throw std::invalid_argument("Monitor::layout_changed: peer_group needs one entry per rank");
+    }
+    s_->o.peer_group = std::move(peer_group);
+  }
   for (RankStats& st : s_->ranks) {
     st.compute.reset();
     st.fixed.reset();

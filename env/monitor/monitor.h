@@ -29,8 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "strategy/cost_model.h"
 #include "core/status.h"
+#include "strategy/cluster.h"
+#include "strategy/cost_model.h"
+#include "strategy/strategy.h"
 #include "transport/messages.h"
 
 namespace parapilot::monitor {
@@ -96,6 +98,30 @@ struct Beliefs {
   std::vector<int> congested_nodes;
 };
 
+/// One rank's training step as the monitor reads it: the fields of a bus Telemetry message it
+/// uses, by meaning. Producers that are not on the bus (the simulator) hand these in directly;
+/// bus telemetry is read into one by to_sample(), so both go through the same estimator.
+struct StepSample {
+  int rank = 0;
+  uint64_t step = 0;
+  uint64_t start_ns = 0;  ///< the rank's clock, ns.
+  uint64_t end_ns = 0;    ///< >= start_ns.
+  double compute_ms = 0;  ///< compute-only time: the step minus waiting in collectives.
+  double samples = -1;    ///< samples the rank processed ("info/samples"); -1: not reported.
+  double fixed_ms = -1;   ///< per-step part not scaling with samples ("phase/optimizer"); -1: none.
+  double wait_ms = -1;    ///< measured wait in the gradient collectives ("wait/dp"); -1: none.
+  double inter_bytes = 0;  ///< bytes sent in collectives crossing nodes (keys containing "inter").
+  double inter_ms = 0;     ///< ...and the time spent in them, waiting included.
+  double longest_collective_ms = 0;  ///< the longest single collective (validation).
+  double queue_depth = 0;
+  std::vector<transport::LayerGradStat> layers;  ///< per-layer gradient statistics.
+};
+
+/// The sample a bus Telemetry message carries (collective keys as documented in wire-format.md).
+StepSample to_sample(const transport::Telemetry& t);
+/// The bus message for a sample (the inverse of to_sample on the fields it reads).
+transport::Telemetry to_telemetry(const StepSample& x);
+
 struct MonitorCounters {
   uint64_t accepted = 0;
   uint64_t rejected = 0;
@@ -106,6 +132,15 @@ struct MonitorCounters {
   uint64_t slow_rank_events = 0;
   uint64_t congestion_events = 0;
 };
+
+/// Options for a job on `topology` (rank r on GPU r): its world size, node size and, as peer
+/// groups, the GPU types; the rest from `base`.
+MonitorOptions options_for(const ClusterTopology& topology, MonitorOptions base = {});
+
+/// Speed reference groups for `layout` on `topology`: ranks of one GPU type at one pipeline
+/// stage are peers (stages own different layers, so their compute differs at equal speed).
+/// GPUs the layout does not use form a group of their own per type.
+std::vector<int> peer_groups(const ClusterTopology& topology, const Strategy& layout);
 
 class Monitor {
  public:
@@ -119,14 +154,18 @@ class Monitor {
   /// keys of MonitorCounters::rejected_by_reason); rejected samples are counted, never used. A
   /// sample whose step already closed is accepted for its rank's own levels (counted as late).
   Status ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
+  /// The same for a sample already read (ingest(t) is ingest(to_sample(t))).
+  Status ingest(const StepSample& x, Clock::time_point arrival = Clock::now());
 
   /// Liveness from the bus: a rank that connected (live) or went away (lost: believed failed).
   /// Ranks never seen are neither; a step closes when every live rank reported it.
   void rank_connected(int rank);
   void rank_lost(int rank);
 
-  /// The layout changed: compute times of every rank change, so per-rank levels restart.
-  void layout_changed();
+  /// The layout changed: compute times of every rank change, so per-rank levels restart. A
+  /// non-empty `peer_group` (one entry per rank) replaces the speed reference groups, e.g.
+  /// peer_groups() of the new layout.
+  void layout_changed(std::vector<int> peer_group = {});
 
   /// Called once per closed step with the arrival time of the sample that closed it (the step's
   /// last sample, or a later step's when the step closed with samples missing).

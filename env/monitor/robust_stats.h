@@ -8,7 +8,6 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
-#include <deque>
 #include <vector>
 
 namespace parapilot::monitor {
@@ -55,12 +54,15 @@ class RobustEwma {
     if (count_ == 0) {
       level_ = x;
       ++count_;
-      window_.push_back(x);
+      push(x);
       return true;
     }
-    const double spread = std::max(1.4826 * window_mad(), o_.rel_floor * std::abs(level_));
     const double dev = x - level_;
-    if (std::abs(dev) > o_.reject_k * spread && spread > 0) {
+    const double floor = o_.rel_floor * std::abs(level_);
+    // Within reject_k floors of the level a sample is an inlier whatever the MAD: skip it.
+    const bool near = std::abs(dev) <= o_.reject_k * floor;
+    const double spread = near ? floor : std::max(1.4826 * window_mad(), floor);
+    if (!near && std::abs(dev) > o_.reject_k * spread && spread > 0) {
       const int side = dev > 0 ? 1 : -1;
       if (side != outlier_side_) pending_.clear();
       outlier_side_ = side;
@@ -68,7 +70,8 @@ class RobustEwma {
       ++rejected_;
       if (static_cast<int>(pending_.size()) >= o_.confirm) {
         level_ = median(pending_);
-        window_.assign(pending_.begin(), pending_.end());
+        size_ = head_ = 0;
+        for (double p : pending_) push(p);
         pending_.clear();
         outlier_side_ = 0;
         ++shifts_;
@@ -79,8 +82,7 @@ class RobustEwma {
     pending_.clear();
     outlier_side_ = 0;
     level_ = (1 - o_.alpha) * level_ + o_.alpha * x;
-    window_.push_back(x);
-    while (static_cast<int>(window_.size()) > o_.window) window_.pop_front();
+    push(x);
     ++count_;
     return true;
   }
@@ -92,14 +94,25 @@ class RobustEwma {
   void reset() { *this = RobustEwma(o_); }
 
  private:
-  // MAD of the window around the level, without allocating (the window holds <= 64 samples).
+  static constexpr int kMaxWindow = 64;
+  int capacity() const { return std::clamp(o_.window, 1, kMaxWindow); }
+  // Appends to the window of recent inliers, dropping the oldest beyond its capacity.
+  void push(double x) {
+    const int cap = capacity();
+    if (size_ < cap) {
+      window_[(head_ + size_++) % cap] = x;
+    } else {
+      window_[head_] = x;
+      head_ = (head_ + 1) % cap;
+    }
+  }
+  // MAD of the window around the level, without allocating.
   double window_mad() const {
-    std::array<double, 64> d{};
-    const size_t n = std::min<size_t>(window_.size(), d.size());
-    for (size_t i = 0; i < n; ++i) d[i] = std::abs(window_[i] - level_);
-    const auto mid = d.begin() + static_cast<std::ptrdiff_t>(n / 2);
-    std::nth_element(d.begin(), mid, d.begin() + static_cast<std::ptrdiff_t>(n));
-    if (n % 2 == 1) return *mid;
+    std::array<double, kMaxWindow> d;  // only the first size_ are used
+    for (int i = 0; i < size_; ++i) d[i] = std::abs(window_[i] - level_);
+    const auto mid = d.begin() + size_ / 2;
+    std::nth_element(d.begin(), mid, d.begin() + size_);
+    if (size_ % 2 == 1) return *mid;
     return 0.5 * (*mid + *std::max_element(d.begin(), mid));
   }
 
@@ -110,7 +123,9 @@ class RobustEwma {
   long shifts_ = 0;
   int outlier_side_ = 0;
   std::vector<double> pending_;
-  std::deque<double> window_;
+  std::array<double, kMaxWindow> window_{};  // a ring of size_ recent inliers from head_
+  int size_ = 0;
+  int head_ = 0;
 };
 
 }  // namespace parapilot::monitor

@@ -141,9 +141,11 @@ Scenario load_scenario(const std::string& path) {
   };
   sub("telemetry", [&](TableReader& t) {
     if (auto v = t.get_double("noise", 0, 1)) s.telemetry.noise = *v;
-    if (auto v = t.get_int("delay_intervals", 0, 100))
+    if (auto v = t.get_int("delay_intervals", 1, 100))
       s.telemetry.delay_intervals = static_cast<int>(*v);
     if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
+    if (auto v = t.get_int("steps_per_interval", 1, 64))
+      s.telemetry.steps_per_interval = static_cast<int>(*v);
   });
   sub("straggler", [&](TableReader& t) {
     auto& d = s.straggler;

@@ -20,9 +20,10 @@ enum class Family { kHetero, kStraggler, kCongestion, kFailure, kPhase, kMixed }
 const char* to_string(Family family);
 
 struct TelemetryModel {
-  double noise = 0.05;         // relative noise (lognormal sigma) of each speed / bandwidth sample
-  int delay_intervals = 1;     // samples describe the interval this many steps ago
-  double missing_prob = 0.05;  // chance a GPU's or node's sample is missing in an interval
+  double noise = 0.05;         // lognormal sigma of each reported time (compute, transfer)
+  int delay_intervals = 1;     // an interval's telemetry arrives this many intervals after it began
+  double missing_prob = 0.05;  // chance a rank's sample of a step is missing
+  int steps_per_interval = 4;  // training steps reported per interval (the monitor's samples)
 };
 
 struct StragglerDynamics {

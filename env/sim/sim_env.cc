@@ -40,8 +40,6 @@ std::string interval_key(const Truth& truth, int t) {
   return key.str();
 }
 
-double at(const std::vector<double>& v, int i) { return v.empty() ? 1.0 : v[i]; }
-
 // The same layout run at another global batch (a batch ramp changes the batch under a running
 // layout): uniform shares when the batch divides evenly, trying smaller microbatches first;
 // otherwise shares proportional to the old ones (largest remainder, whole microbatches).
@@ -192,6 +190,18 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   missing_fraction_ = 0;
   previous_min_speed_ = previous_min_bw_ = 1;
   belief_ = Conditions{};
+  {
+    const ClusterTopology& topo = planner_for(scenario_.model.seq_len).cost_model().topology();
+    monitor::MonitorOptions mo = monitor::options_for(topo);
+    // A step closes once a rank reported the next one: with a few steps per interval and
+    // samples missing, waiting longer would hold beliefs back a whole interval.
+    mo.close_lag_steps = 1;
+    monitor_ = std::make_unique<monitor::Monitor>(mo);
+    for (int g = 0; g < topo.num_gpus(); ++g) monitor_->rank_connected(g);
+  }
+  telemetry_.reset();
+  in_flight_.clear();
+  clock_ns_ = 0;
 
   // The layout a team picks before the run: the best plan for the nominal cluster, or pure
   // data parallel with equal shares.
@@ -225,57 +235,73 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
                      "\" (planned | uniform-dp)");
   }
   current_ = chosen_ = initial_;
+  observe_telemetry();  // failures present from the start are seen at once
   replan_if_needed(true);
   return observation();
 }
 
+void SimEnv::emit_telemetry(int t) {
+  const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
+  const Conditions& truth = truth_.conditions[t];
+  if (!cost.evaluate(current_, truth).feasible) return;  // the job is down: no steps to report
+  if (!telemetry_ || !(telemetry_layout_ == current_)) {
+    monitor_->layout_changed(monitor::peer_groups(cost.topology(), current_));
+    telemetry_.emplace(cost, current_);
+    telemetry_layout_ = current_;
+  }
+  const TelemetryModel& m = scenario_.telemetry;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<monitor::StepSample> all, step;
+  for (int k = 0; k < m.steps_per_interval; ++k) {
+    step.clear();
+    const double ms = telemetry_->generate(
+        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, step);
+    clock_ns_ += static_cast<uint64_t>(ms * 1e6);
+    for (monitor::StepSample& x : step) {
+      if (uniform(rng_) >= m.missing_prob) all.push_back(std::move(x));
+    }
+  }
+  in_flight_.emplace_back(t, std::move(all));
+}
+
 void SimEnv::observe_telemetry() {
-  // Samples describe the interval `delay` steps ago; failures are seen at once (the job
-  // crashes or the GPU drops out of the collective).
-  const int gpus = scenario_.cluster.num_gpus();
-  const int nodes = scenario_.cluster.num_nodes();
-  const int sampled = t_ - scenario_.telemetry.delay_intervals;
-  const double min_speed_before =
+  // Samples of an interval arrive `delay` intervals after it began; failures are seen at once
+  // (the job crashes or the GPU drops out of the collective).
+  previous_min_speed_ =
       belief_.gpu_speed.empty()
           ? 1.0
           : *std::min_element(belief_.gpu_speed.begin(), belief_.gpu_speed.end());
-  const double min_bw_before =
+  previous_min_bw_ =
       belief_.node_inter_bw.empty()
           ? 1.0
           : *std::min_element(belief_.node_inter_bw.begin(), belief_.node_inter_bw.end());
-  previous_min_speed_ = min_speed_before;
-  previous_min_bw_ = min_bw_before;
-  belief_.gpu_failed = truth_.conditions[std::min(t_, scenario_.horizon - 1)].gpu_failed;
-  if (sampled < 0) {
-    ++telemetry_age_;
-    return;
-  }
-  const Conditions& truth = truth_.conditions[sampled];
-  std::normal_distribution<double> noise(0.0, scenario_.telemetry.noise);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  // Robust update: a sample far from the belief replaces it (a change point), a close one
-  // is averaged in (EWMA) to damp noise.
-  auto update = [&](std::vector<double>& belief, int count, const std::vector<double>& real,
-                    int& missing) {
-    for (int i = 0; i < count; ++i) {
-      if (uniform(rng_) < scenario_.telemetry.missing_prob) {
-        ++missing;
-        continue;
+  const Conditions& now = truth_.conditions[std::min(t_, scenario_.horizon - 1)];
+  for (int g = 0; g < scenario_.cluster.num_gpus(); ++g) {
+    if (now.failed(g) != belief_.failed(g)) {
+      if (now.failed(g)) {
+        monitor_->rank_lost(g);
+      } else {
+        monitor_->rank_connected(g);
       }
-      const double sample = at(real, i) * std::exp(noise(rng_));
-      const double old = at(belief, i);
-      const double updated =
-          std::abs(std::log(sample / old)) > 0.2 ? sample : 0.5 * old + 0.5 * sample;
-      if (belief.empty() && std::abs(updated - 1.0) < 1e-12) continue;
-      if (belief.empty()) belief.assign(count, 1.0);
-      belief[i] = std::min(updated, 1.5);
     }
+  }
+  const auto arrival = monitor::Clock::now();
+  while (!in_flight_.empty() &&
+         in_flight_.front().first <= t_ - scenario_.telemetry.delay_intervals) {
+    for (const monitor::StepSample& x : in_flight_.front().second) monitor_->ingest(x, arrival);
+    in_flight_.pop_front();
+  }
+  const monitor::Beliefs b = monitor_->beliefs();
+  belief_ = b.conditions;
+  // Nominal where nothing is believed otherwise: the planner's fast path for empty vectors.
+  auto nominal = [](const std::vector<double>& v) {
+    return std::all_of(v.begin(), v.end(), [](double x) { return x == 1.0; });
   };
-  int missing = 0;
-  update(belief_.gpu_speed, gpus, truth.gpu_speed, missing);
-  update(belief_.node_inter_bw, nodes, truth.node_inter_bw, missing);
-  missing_fraction_ = static_cast<double>(missing) / (gpus + nodes);
-  telemetry_age_ = scenario_.telemetry.delay_intervals;
+  if (nominal(belief_.gpu_speed)) belief_.gpu_speed.clear();
+  if (nominal(belief_.node_inter_bw)) belief_.node_inter_bw.clear();
+  missing_fraction_ = b.any_closed ? b.missing_fraction : 0.0;
+  const int S = scenario_.telemetry.steps_per_interval;
+  telemetry_age_ = b.any_closed ? t_ - static_cast<int>(b.last_closed_step / S) : t_;
 }
 
 void SimEnv::replan_if_needed(bool force) {
@@ -355,6 +381,7 @@ StepResult SimEnv::step(int action) {
   }
   tokens += tps * remaining;
 
+  emit_telemetry(t);
   if (recording_) record_interval(t);
   const double best = best_tokens_per_s(t) * interval;
   result.info.tokens = tokens;

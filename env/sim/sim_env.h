@@ -1,6 +1,8 @@
 // The simulator env: a training run of `horizon` decision intervals on a cluster whose true
-// conditions evolve per the scenario and stay hidden. The agent sees noisy, delayed, sometimes
-// missing telemetry (as a monitor would), gets up to kMaxCandidates layouts from the planner,
+// conditions evolve per the scenario and stay hidden. Each interval's training steps report
+// per-rank telemetry (env/sim/step_telemetry.h: noisy, sometimes missing, delivered late per
+// the scenario's telemetry model); the deploy agent's Monitor (env/monitor/monitor.h) turns it
+// into the beliefs the agent sees. The agent gets up to kMaxCandidates layouts from the planner
 // and keeps its layout or switches. Switching costs what it costs on the real links: the new
 // layout is staged in the background (training continues, slowed), then a switch pause.
 // Reward = tokens processed in the interval / tokens the best layout under the true conditions
@@ -10,13 +12,16 @@
 // Not thread-safe (one episode at a time); deterministic for (scenario, seed).
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 
 #include "env/env.h"
+#include "env/monitor/monitor.h"
 #include "env/sim/scenario.h"
+#include "env/sim/step_telemetry.h"
 #include "env/trace/telemetry.h"
 #include "strategy/planner.h"
 
@@ -48,6 +53,8 @@ class SimEnv : public Env {
   // The running layout, at the current interval's global batch.
   const Strategy& current_layout() const { return current_; }
   const Truth& truth() const { return truth_; }
+  /// What the monitor believes now (empty vectors: nominal), from the telemetry delivered so far.
+  const Conditions& beliefs() const { return belief_; }
 
   // Tokens per second that count in interval t (of the episode since the last reset) for a
   // layout run at that interval's global batch under the true conditions: the cost model's
@@ -68,6 +75,9 @@ class SimEnv : public Env {
   const GradientStats& true_gradients(int t) const;
   const GradientStats& measured_gradients() const;
   int measured_regime() const;
+  // Runs the interval's training steps' telemetry (StepTelemetry) into the delivery queue.
+  void emit_telemetry(int t);
+  // Delivers what is due to the monitor and takes its beliefs.
   void observe_telemetry();
   void replan_if_needed(bool force);
   Observation observation();
@@ -89,6 +99,11 @@ class SimEnv : public Env {
   std::optional<Strategy> target_;
   double staging_left_s_ = 0;
   int last_migration_ = -1;
+  std::unique_ptr<monitor::Monitor> monitor_;  // the deploy agent's estimator, fed telemetry
+  std::optional<StepTelemetry> telemetry_;     // of telemetry_layout_
+  Strategy telemetry_layout_;
+  std::deque<std::pair<int, std::vector<monitor::StepSample>>> in_flight_;  // by interval
+  uint64_t clock_ns_ = 0;
   Conditions belief_;          // what the monitor believes now
   Conditions belief_at_plan_;  // beliefs the candidates were planned under
   int seq_len_at_plan_ = 0;

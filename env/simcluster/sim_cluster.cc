@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "env/sim/step_telemetry.h"
 #include "strategy/error.h"
 
 namespace parapilot::env {
@@ -65,10 +66,7 @@ struct SimulatedCluster::Impl {
   mutable std::mutex mutex;  // guards the job state below (held by step())
   uint64_t step = 0;
   Strategy layout;
-  double nominal_compute_ms = 0;
-  double grad_bytes = 0;
-  std::vector<double> type_scale;  // per GPU: compute time relative to the slowest type
-  std::vector<double> gpu_samples;  // per GPU: samples it processes per step under the layout
+  std::optional<env::StepTelemetry> telemetry;  // what each rank measures under `layout`
   SimClusterReport report;
   std::mt19937_64 rng;
   uint64_t clock_ns = 0;
@@ -84,22 +82,7 @@ struct SimulatedCluster::Impl {
 };
 
 void SimulatedCluster::Impl::layout_changed() {
-  const CostModel& cost = job->planner->cost_model();
-  const CostBreakdown b = cost.evaluate(layout, Conditions{});
-  nominal_compute_ms = std::max(1e-3, (b.iteration_time_s - b.dp_comm_s - b.optimizer_s) * 1000.0);
-  grad_bytes = static_cast<double>(job->scenario.model.total_params()) * 2.0 /
-               std::max(1, layout.tp * layout.pp);
-  // Each rank of a replica works on the replica's share; the share counts once per replica.
-  gpu_samples.assign(o.ranks, 0.0);
-  const std::vector<int> shares = layout.shares();
-  const double per_replica = std::max(1, layout.tp * layout.pp);
-  for (int d = 0; d < layout.dp; ++d)
-    for (int p = 0; p < layout.pp; ++p)
-      for (int t = 0; t < layout.tp; ++t) {
-        const int g = layout.gpu_of_rank(d, p, t);
-        if (g >= 0 && g < o.ranks && d < static_cast<int>(shares.size()))
-          gpu_samples[g] = shares[d] / per_replica;
-      }
+  telemetry.emplace(job->planner->cost_model(), layout);
 }
 
 Conditions SimulatedCluster::Impl::true_conditions(uint64_t s) const {
@@ -137,12 +120,6 @@ SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_
   m.rng.seed(m.o.seed * 7919 + 17);
   m.layout = job_->initial(m.o.initial_layout);
   m.layout_changed();
-  const ClusterTopology& topo = job_->planner->cost_model().topology();
-  double min_peak = 1e300;
-  for (const GpuType& t : topo.types) min_peak = std::min(min_peak, t.peak_tflops);
-  m.type_scale.resize(m.o.ranks);
-  for (int g = 0; g < m.o.ranks; ++g)
-    m.type_scale[g] = min_peak / topo.types[topo.type_of_gpu[g]].peak_tflops;
   m.clock_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                          std::chrono::system_clock::now().time_since_epoch())
                                          .count());
@@ -381,30 +358,25 @@ void SimulatedCluster::step() {
 
   // 3. Train one step on every live rank.
   const Conditions truth = m.true_conditions(s);
-  const ClusterTopology& topo = m.job->planner->cost_model().topology();
-  std::normal_distribution<double> noise(0.0, m.o.telemetry_noise);
   const int n = m.o.ranks;
-  std::vector<double> compute(n, 0.0), transfer(n, 0.0);
+  std::vector<uint8_t> alive(n, 0);
   bool staging = false;
-  double last_arrival = 0, max_transfer = 0;
   for (int g = 0; g < n; ++g) {
     Rank& r = *m.ranks[g];
     if (!r.alive) continue;
-    compute[g] = m.nominal_compute_ms * m.type_scale[g] / truth.speed(g) * std::exp(noise(m.rng));
-    const int node = topo.node_of_gpu[g];
-    const double gbps = topo.nodes[node].inter_GBps * truth.inter(node);
-    transfer[g] = m.grad_bytes / std::max(gbps, 1e-6) / 1e6 * std::exp(noise(m.rng));
-    last_arrival = std::max(last_arrival, compute[g]);
-    max_transfer = std::max(max_transfer, transfer[g]);
+    alive[g] = 1;
     for (int i = 0; i < m.o.param_dim; ++i) r.params[i] += update_of(s, i);
     ++r.updates;
-    m.report.samples += m.gpu_samples[g];
+    m.report.samples += m.telemetry->gpu_samples()[g];
     if (r.staged) {
       staging = true;
       r.staged->replay_log.push_back(s);
     }
   }
-  const double step_ms = last_arrival + max_transfer;
+  const uint64_t start_ns = m.clock_ns;
+  std::vector<monitor::StepSample> samples;
+  const double step_ms =
+      m.telemetry->generate(truth, s, start_ns, m.o.telemetry_noise, m.rng, samples, &alive);
   const CostBreakdown b = m.job->planner->cost_model().evaluate(m.layout, truth);
   double tps = b.feasible && b.fits_in_memory ? b.tokens_per_s : 0.0;
   if (staging) tps *= 1.0 - m.job->scenario.staging_slowdown;
@@ -414,7 +386,6 @@ void SimulatedCluster::step() {
   m.report.tokens_per_s_by_step.push_back(tps);
 
   // 4. Telemetry and PlanReady of every live rank.
-  const uint64_t start_ns = m.clock_ns;
   for (int g = 0; g < n; ++g) {
     Rank& r = *m.ranks[g];
     if (!r.alive) continue;
@@ -422,16 +393,12 @@ void SimulatedCluster::step() {
       r.staged->ready_sent = true;
       m.send(r, transport::PlanReady{r.staged->plan_id, r.id, true, ""});
     }
-    transport::Telemetry t;
+  }
+  for (const monitor::StepSample& x : samples) {
+    Rank& r = *m.ranks[x.rank];
+    transport::Telemetry t = monitor::to_telemetry(x);
     t.rank = r.id;
-    t.step = s;
-    t.step_start_ns = start_ns;
-    t.step_end_ns = start_ns + static_cast<uint64_t>(step_ms * 1e6);
-    t.compute_ms = compute[g];
     t.queue_depth = r.staged ? 2u : 1u;
-    const double wait = last_arrival - compute[g];
-    t.collectives["all_reduce/dp/inter"] = {std::min(wait + transfer[g], step_ms),
-                                            static_cast<uint64_t>(m.grad_bytes), 1};
     for (int l = 0; l < m.o.grad_layers; ++l) {
       t.layers.push_back({static_cast<uint32_t>(l), static_cast<float>(1.0 + 0.1 * l), 0.5f, 0});
     }

@@ -18,7 +18,7 @@ env::Scenario quiet_scenario() {
   s.horizon = 8;
   s.telemetry.noise = 0;
   s.telemetry.missing_prob = 0;
-  s.telemetry.delay_intervals = 0;
+  s.telemetry.delay_intervals = 1;
   return s;
 }
 
@@ -60,7 +60,7 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
   auto job = make_job(scenario);
   REQUIRE(job->planned_initial == sim.current_layout());
   const Strategy& current = job->planned_initial;
-  auto build = [&](const Conditions& beliefs, int t, double previous_min_speed) {
+  auto build = [&](const Conditions& beliefs, int t, double previous_min_speed, int age) {
     PlanRequest request;
     request.conditions = beliefs;
     request.space = job->scenario.space;
@@ -73,6 +73,7 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
     in.gpus = 16;
     in.nodes = 2;
     in.previous_min_speed = previous_min_speed;
+    in.telemetry_age_intervals = age;
     in.current = &current;
     in.current_cost = job->planner->cost_model().evaluate(current, beliefs);
     in.candidates = &candidates;
@@ -83,14 +84,14 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
     in.staging_slowdown = scenario.staging_slowdown;
     return env::build_observation(in);
   };
-  // Interval 0: nominal beliefs. The simulator's telemetry age starts at 0 and grows by one
-  // while no sample has arrived yet; with no delay it is 0.
-  const env::Observation ours0 = build(Conditions{}, 0, 1.0);
+  // Interval 0: nominal beliefs, no telemetry yet (age 0 at the start).
+  const env::Observation ours0 = build(Conditions{}, 0, 1.0, 0);
   CHECK(ours0.state == sim0.state);
   CHECK(ours0.candidates == sim0.candidates);
   CHECK(ours0.mask == sim0.mask);
-  // Interval 1: the monitor believes GPU 3 at a third (noise-free samples replace the belief).
-  const env::Observation ours1 = build(slowed, 1, 1.0);
+  // Interval 1: interval 0's telemetry arrived (one interval of delay: age 1), and the
+  // monitor believes GPU 3 at a third of its peers' speed (noise-free samples).
+  const env::Observation ours1 = build(slowed, 1, 1.0, 1);
   for (int i = 0; i < env::kStateDim; ++i) {
     CAPTURE(i);
     CHECK(ours1.state[i] == sim1.state[i]);
@@ -224,4 +225,32 @@ TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in l
   }
   CHECK(elastic > 0);
   CHECK_FALSE(from_wire(to_wire(job->planned_initial), *job, "dp1-tp1-pp1-mb1-z1;zz=3"));
+}
+
+TEST_CASE("telemetry age is measured: intervals from the newest closed step to the decision") {
+  auto job = make_job("straggler", 16);
+  DeciderOptions o;
+  o.async_planning = false;
+  o.interval_steps = 10;
+  Decider d(job, always_first(), o);
+  const float per_interval =  // the feature's value for an age of one interval
+      [&] {
+        monitor::Beliefs b = slowed_beliefs(16, 3, 0.5);
+        b.any_closed = true;
+        b.last_closed_step = 9;
+        d.update_beliefs(b);
+        return feature(d.decide(9, false, 0).observation, env::StateFeature::kTelemetryAge);
+      }();
+  CHECK(per_interval > 0.0f);  // fresh telemetry of the interval just ended: one interval
+  monitor::Beliefs stale = slowed_beliefs(16, 3, 0.5);
+  stale.any_closed = true;
+  stale.last_closed_step = 9;  // nothing closed since interval 0
+  d.update_beliefs(stale);
+  CHECK(feature(d.decide(29, false, 0).observation, env::StateFeature::kTelemetryAge) ==
+        doctest::Approx(3 * per_interval));
+  monitor::Beliefs none = slowed_beliefs(16, 3, 0.5);
+  none.any_closed = false;  // no step ever closed: as old as the run
+  d.update_beliefs(none);
+  CHECK(feature(d.decide(39, false, 0).observation, env::StateFeature::kTelemetryAge) ==
+        doctest::Approx(4 * per_interval));
 }

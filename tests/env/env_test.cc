@@ -247,6 +247,43 @@ TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GP
   CHECK(a.slowdown > 1.5);
 }
 
+TEST_CASE("simulator beliefs come from the monitor fed with the steps' telemetry") {
+  Scenario s = builtin_scenario(Family::kStraggler, 16);  // default noise, delay and loss
+  Truth truth;
+  for (int t = 0; t < 6; ++t) {
+    Conditions c;
+    c.gpu_speed.assign(16, 1.0);
+    c.gpu_speed[5] = 0.4;
+    c.node_inter_bw = {1.0, 0.3};
+    c.gpu_failed.assign(16, false);
+    if (t >= 4) c.gpu_failed[12] = true;
+    truth.conditions.push_back(c);
+    truth.seq_len.push_back(s.model.seq_len);
+  }
+  SimEnv env(s, "recorded", truth);
+  ResetOptions uniform;
+  uniform.initial_layout = "uniform-dp";  // data parallel across both nodes: the links show
+  env.reset(3, uniform);
+  CHECK(env.beliefs().gpu_speed.empty());  // nothing measured yet
+  env.step(0);
+  env.step(0);
+  // Interval 0's and 1's telemetry arrived: the slow GPU and the congested node are believed
+  // near their truth; every other GPU and node reads exactly nominal (noise within the band).
+  const Conditions& b = env.beliefs();
+  REQUIRE(b.gpu_speed.size() == 16u);
+  REQUIRE(b.node_inter_bw.size() == 2u);
+  CHECK(b.gpu_speed[5] == doctest::Approx(0.4).epsilon(0.1));
+  for (int g = 0; g < 16; ++g) {
+    if (g != 5) CHECK(b.gpu_speed[g] == 1.0);
+  }
+  CHECK(b.node_inter_bw[0] == 1.0);
+  CHECK(b.node_inter_bw[1] == doctest::Approx(0.3).epsilon(0.15));
+  CHECK_FALSE(b.failed(12));
+  env.step(0);
+  env.step(0);  // GPU 12 fails in interval 4: seen at once, before its telemetry could say
+  CHECK(env.beliefs().failed(12));
+}
+
 TEST_CASE("docs/observation.md lists every feature by its index and name") {
   std::ifstream in(std::string(PARAPILOT_SOURCE_DIR) + "/docs/observation.md");
   REQUIRE(in);

@@ -276,3 +276,49 @@ TEST_CASE("with reported samples, a slow rank given a smaller share still reads 
     }
   }
 }
+
+TEST_CASE("a sample handed in directly and its bus message are read alike") {
+  StepSample x;
+  x.rank = 3;
+  x.step = 17;
+  x.start_ns = 1'000'000'000;
+  x.end_ns = 1'250'000'000;
+  x.compute_ms = 180;
+  x.samples = 24;
+  x.fixed_ms = 12;
+  x.wait_ms = 20;
+  x.inter_bytes = 5e8;
+  x.inter_ms = 60;
+  x.queue_depth = 2;
+  x.layers = {{0, 1.5f, 0.25f, 0}, {1, 0.5f, 0.125f, 3}};
+  const StepSample back = to_sample(to_telemetry(x));
+  CHECK(back.rank == x.rank);
+  CHECK(back.step == x.step);
+  CHECK(back.start_ns == x.start_ns);
+  CHECK(back.end_ns == x.end_ns);
+  CHECK(back.compute_ms == x.compute_ms);
+  CHECK(back.samples == x.samples);
+  CHECK(back.fixed_ms == x.fixed_ms);
+  CHECK(back.wait_ms == x.wait_ms);
+  CHECK(back.inter_bytes == x.inter_bytes);
+  CHECK(back.inter_ms == x.inter_ms);
+  CHECK(back.queue_depth == x.queue_depth);
+  CHECK(back.layers == x.layers);
+
+  // Bad values are refused the same way on both paths.
+  MonitorOptions o;
+  o.ranks = 4;
+  Monitor m(o);
+  StepSample bad = x;
+  bad.compute_ms = std::numeric_limits<double>::quiet_NaN();
+  CHECK(m.ingest(bad).message() == "nan");
+  CHECK(m.ingest(to_telemetry(bad)).message() == "nan");
+  bad = x;
+  bad.rank = 4;
+  CHECK(m.ingest(bad).message() == "unknown_rank");
+  bad = x;
+  bad.fixed_ms = -3;
+  CHECK(m.ingest(bad).message() == "negative");
+  CHECK(m.ingest(x).ok());
+  CHECK(m.counters().rejected == 4);
+}
