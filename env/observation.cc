@@ -99,7 +99,8 @@ Observation build_observation(const ObservationInputs& in) {
       in.last_migration < 0
           ? 1.0
           : std::min(1.0, (in.interval - in.last_migration) / static_cast<double>(H)));
-  feature(o, StateFeature::kRunLeft) = static_cast<float>(in.remaining_intervals / H);
+  feature(o, StateFeature::kRunLeft) =
+      in.remaining_intervals < 0 ? -1.0f : static_cast<float>(in.remaining_intervals / H);
   feature(o, StateFeature::kStaging) = in.staging ? 1.0f : 0.0f;
   feature(o, StateFeature::kStagingLeft) = static_cast<float>(in.staging ? std::min(1.0, in.staging_left_s / in.interval_s) : 0.0);
   feature(o, StateFeature::kBubbleFraction) = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
@@ -107,7 +108,9 @@ Observation build_observation(const ObservationInputs& in) {
   feature(o, StateFeature::kSeqLenLog) = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
   feature(o, StateFeature::kCandidates) = static_cast<float>(candidates.size()) / kMaxCandidates;
 
-  const double remaining_s = in.remaining_intervals * in.interval_s;
+  // Payback over the run left; over half the horizon when the run's length is unknown.
+  const double remaining_s =
+      (in.remaining_intervals < 0 ? H / 2.0 : in.remaining_intervals) * in.interval_s;
   const Strategy& current = *in.current;
   for (size_t k = 0; k < candidates.size() && k < static_cast<size_t>(kMaxCandidates); ++k) {
     const Candidate& c = candidates[k];

@@ -76,6 +76,9 @@ inline float feature(const Observation& o, int k, CandidateFeature f) {
   return o.candidates[k * kCandidateDim + static_cast<int>(f)];
 }
 
+/// ObservationInputs::remaining_intervals when the run's planned length is unknown.
+inline constexpr double kUnknownRemaining = -1;
+
 /// Everything one observation is made of. Pointers must be non-null.
 struct ObservationInputs {
   const Conditions* beliefs = nullptr;  ///< the monitor's beliefs (empty vectors: nominal).
@@ -90,7 +93,9 @@ struct ObservationInputs {
   const std::vector<Candidate>* candidates = nullptr;  ///< <= kMaxCandidates, current excluded.
   int interval = 0;                                    ///< decision intervals so far (t).
   int horizon = 96;                                    ///< H: normalises time features.
-  double remaining_intervals = 96;  ///< intervals of the run left (H - t in the simulator).
+  /// Intervals of the run left (H - t in the simulator); kUnknownRemaining when the run's
+  /// length is unknown (run_left reads -1).
+  double remaining_intervals = 96;
   int last_migration = -1;          ///< interval of the last committed switch; -1 when none.
   bool staging = false;
   double staging_left_s = 0;

@@ -118,7 +118,7 @@ struct DeployFlags {
   uint32_t commit_margin_steps = 3;
   uint32_t commit_lead_ms = 500;
   std::string initial_layout = "planned";
-  int run_intervals = 0;
+  int64_t total_steps = 0;
 };
 
 std::string shares_or(const nlohmann::json& j, const char* key) {
@@ -266,7 +266,9 @@ void run_deploy(const DeployFlags& f) {
   o.interval_steps = f.interval_steps;
   o.decider.cooldown_intervals = f.cooldown;
   o.decider.initial_layout = f.initial_layout;
-  o.decider.run_intervals = f.run_intervals;
+  // The planned run length in decisions (ceil); 0: unknown.
+  o.decider.run_intervals =
+      static_cast<int>((f.total_steps + f.interval_steps - 1) / f.interval_steps);
   o.migration.prepare_deadline_ms = f.prepare_deadline_ms;
   o.migration.commit_margin_steps = f.commit_margin_steps;
   o.migration.commit_lead_ms = f.commit_lead_ms;
@@ -484,8 +486,9 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--initial-layout", d->initial_layout,
                   "the job's layout at start: planned | uniform-dp")
       ->capture_default_str();
-  cmd->add_option("--run-intervals", d->run_intervals,
-                  "planned run length in decisions (0: unknown, half the horizon always left)")
+  cmd->add_option("--total-steps", d->total_steps,
+                  "the job's planned length in training steps (0: unknown; the policy is told so)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->callback([d] { run_deploy(*d); });
 

@@ -236,9 +236,10 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.candidates = &d.candidates;
   in.interval = d.interval;
   in.horizon = o_.horizon;
+  // The fraction of the run left, on the horizon's scale; unknown when no length was given.
   in.remaining_intervals = o_.run_intervals > 0 ? std::max(0, o_.run_intervals - d.interval) * 1.0 *
                                                       o_.horizon / o_.run_intervals
-                                                : o_.horizon / 2.0;
+                                                : env::kUnknownRemaining;
   in.last_migration = last_migration;
   in.staging = staging;
   in.staging_left_s = staging_left_s;

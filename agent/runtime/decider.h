@@ -54,7 +54,7 @@ std::string guardrail_for(const Candidate& target, const CostBreakdown& under_be
 struct DeciderOptions {
   int cooldown_intervals = 2;  ///< decisions to wait after a committed switch.
   int horizon = 0;             ///< normalises time features; 0: the scenario's horizon.
-  int run_intervals = 0;       ///< planned length of the run; 0: unknown (half the horizon left).
+  int run_intervals = 0;       ///< planned length of the run in decisions; 0: unknown.
   double interval_s = 0;       ///< seconds per decision interval; 0: the scenario's.
   /// Training steps per decision interval (decide() is called at each interval's last step):
   /// telemetry age is measured as the simulator measures it, in intervals from the one holding

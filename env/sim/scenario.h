@@ -94,6 +94,9 @@ struct Scenario {
   int global_batch = 0;           // 0: default_global_batch(gpus)
   double restart_s = 900;         // a crash (failed GPU, out of memory): reload and lost work
   double staging_slowdown = kDefaultStagingSlowdown;  // while a switch is staged
+  // Chance an episode's job declares its planned length (deploy: --total-steps); otherwise the
+  // policy sees the run's length as unknown, as deploy does when no length is given.
+  double run_length_known_prob = 0.75;
   TelemetryModel telemetry;
   StragglerDynamics straggler;
   CongestionDynamics congestion;

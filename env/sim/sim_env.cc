@@ -181,6 +181,8 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   truth_ = recorded_ ? *recorded_ : generate_truth(scenario_, seed);
   if (truth_.global_batch.empty()) truth_.global_batch.assign(scenario_.horizon, global_batch_);
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
+  run_length_known_ =
+      std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < scenario_.run_length_known_prob;
   best_cache_.clear();
   t_ = 0;
   target_.reset();
@@ -451,7 +453,7 @@ Observation SimEnv::observation() {
   in.candidates = &candidates_;
   in.interval = t_;
   in.horizon = H;
-  in.remaining_intervals = H - t_;
+  in.remaining_intervals = run_length_known_ ? H - t_ : kUnknownRemaining;
   in.last_migration = last_migration_;
   in.staging = target_.has_value();
   in.staging_left_s = staging_left_s_;

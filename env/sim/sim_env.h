@@ -112,6 +112,7 @@ class SimEnv : public Env {
   double previous_min_speed_ = 1, previous_min_bw_ = 1;
   double missing_fraction_ = 0;
   int telemetry_age_ = 0;
+  bool run_length_known_ = true;  // this episode's job declared its length
   std::vector<Candidate> candidates_;
   std::optional<CostBreakdown> current_belief_cost_;
   std::vector<trace::TelemetrySample>* recording_ = nullptr;
