@@ -49,6 +49,14 @@ const char* feature_name(CandidateFeature f) {
   return kNames[static_cast<int>(f)];
 }
 
+std::string input_name(int input) {
+  if (input >= 0 && input < kStateDim) return feature_name(static_cast<StateFeature>(input));
+  if (input >= kStateDim && input < kStateDim + kCandidateDim) {
+    return std::string("candidate.") + feature_name(static_cast<CandidateFeature>(input - kStateDim));
+  }
+  return "?";
+}
+
 Observation build_observation(const ObservationInputs& in) {
   Observation o;
   const Conditions& belief = *in.beliefs;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "env/env.h"
@@ -63,6 +64,9 @@ static_assert(static_cast<int>(CandidateFeature::kCount) == kCandidateDim);
 /// The snake_case name of a feature, as docs/observation.md writes it.
 const char* feature_name(StateFeature f);
 const char* feature_name(CandidateFeature f);
+/// An input by flat index: a StateFeature's name below kStateDim, "candidate.NAME" for
+/// kStateDim + a CandidateFeature.
+std::string input_name(int input);
 
 inline float& feature(Observation& o, StateFeature f) { return o.state[static_cast<int>(f)]; }
 inline float feature(const Observation& o, StateFeature f) {

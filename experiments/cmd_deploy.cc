@@ -328,6 +328,7 @@ void run_deploy(const DeployFlags& f) {
                       {"telemetry_before_job_info", s.telemetry_before_job},
                       {"telemetry_rejected", rejected},
                       {"stragglers_detected", s.stragglers_detected},
+                         {"features_clipped", s.features_clipped},
                       {"decision_latency_ms_p50", q(s.decision_latency_ms, 0.5)},
                       {"decision_latency_ms_p99", q(s.decision_latency_ms, 0.99)},
                       {"prepare_latency_ms_p50", q(s.prepare_latency_ms, 0.5)},

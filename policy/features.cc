@@ -55,4 +55,23 @@ env::Observation ObservationNormalizer::normalise(const env::Observation& o) con
   return out;
 }
 
+std::vector<int> ObservationNormalizer::clipped(const env::Observation& o) const {
+  std::vector<int> out;
+  auto at_clip = [](const RunningStats& st, int i, float x) {
+    return st.count >= 2 && std::abs(static_cast<double>(normalised(st, i, x))) >= ObservationNormalizer::kClip;
+  };
+  for (int i = 0; i < env::kStateDim; ++i) {
+    if (at_clip(state_, i, o.state[i])) out.push_back(i);
+  }
+  for (int j = 0; j < env::kCandidateDim; ++j) {
+    for (int k = 0; k < env::kMaxCandidates; ++k) {
+      if (o.mask[k] && at_clip(candidate_, j, o.candidates[k * env::kCandidateDim + j])) {
+        out.push_back(env::kStateDim + j);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace parapilot::policy

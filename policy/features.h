@@ -42,6 +42,8 @@ class ObservationNormalizer {
   // Folds an observation into the statistics (candidates only where present).
   void update(const env::Observation& o);
   env::Observation normalise(const env::Observation& o) const;
+  /// The features of `o` whose normalised value reaches ±kClip (Policy::clipped_inputs).
+  std::vector<int> clipped(const env::Observation& o) const;
 
   const RunningStats& state_stats() const { return state_; }
   const RunningStats& candidate_stats() const { return candidate_; }

@@ -20,6 +20,9 @@ class LearnedPolicy : public Policy {
     const auto logits = actor_.logits(normalizer_.normalise(o));
     return greedy_action(logits.data(), env::kNumActions);
   }
+  std::vector<int> clipped_inputs(const env::Observation& o) const override {
+    return normalizer_.clipped(o);
+  }
 
  private:
   FastActor actor_;

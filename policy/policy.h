@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "env/env.h"
 
@@ -22,6 +23,12 @@ class Policy {
   virtual void begin_episode() {}
   // Returns 0 (keep) or k in 1..kMaxCandidates (switch to candidate k-1).
   virtual int act(const env::Observation& observation) = 0;
+  /// The inputs of `observation` this policy can read only at its clip: for a learned policy,
+  /// features whose normalised value reaches ±5 standard deviations of what training produced.
+  /// Entries are StateFeature indices, and kStateDim + a CandidateFeature index for a
+  /// candidate's feature (once per feature, whichever candidates; env::input_name names them).
+  /// Rules clip nothing.
+  virtual std::vector<int> clipped_inputs(const env::Observation&) const { return {}; }
 };
 
 }  // namespace parapilot::policy

@@ -250,6 +250,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   {
     std::lock_guard lock(policy_mutex_);
     d.policy_action = policy_->act(d.observation);
+    d.clipped_inputs = policy_->clipped_inputs(d.observation);
   }
   int action = d.policy_action;
   if (action < 0 || action > env::kMaxCandidates ||
@@ -301,6 +302,9 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   j["choice"] = d.target ? nlohmann::json(layout_name(d.target->strategy)) : nlohmann::json("keep");
   j["predicted_gain"] = d.predicted_gain;
   j["migration_s"] = d.migration_s;
+  nlohmann::json clipped = nlohmann::json::array();
+  for (int i : d.clipped_inputs) clipped.push_back(env::input_name(i));
+  j["features_clipped"] = clipped;
   d.log_line = j.dump();
   return d;
 }

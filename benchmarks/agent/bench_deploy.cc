@@ -203,7 +203,15 @@ nlohmann::json report_policy(const Args& a, const AgentOptions& o, const AgentSt
                                     : (" from " + o.policy_path).c_str(),
               s.fallback ? "; FELL BACK to the reactive baseline: " : "",
               s.fallback ? s.fallback_reason.c_str() : "");
+  std::string by_input;
+  for (const auto& [name, n] : s.features_clipped_by_input) {
+    by_input += " " + name + "=" + std::to_string(n);
+  }
+  std::printf("  policy inputs read at the normaliser's clip (outside training's range): %llu%s\n",
+              static_cast<unsigned long long>(s.features_clipped), by_input.c_str());
   return {{"requested", a.policy.empty() ? "default" : a.policy},
+          {"features_clipped", s.features_clipped},
+          {"features_clipped_by_input", s.features_clipped_by_input},
           {"path", o.policy_path},
           {"name", s.policy},
           {"fallback", s.fallback},
