@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "strategy/cost_formulas.h"
+
 namespace parapilot {
 
 namespace {
@@ -19,23 +21,6 @@ constexpr double kAdamBytesPerParam = 30.0;  // fp32 master, m, v read+write; gr
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-double ring_allreduce_s(int n, double bytes, double bw_Bps, double latency_s) {
-  if (n <= 1 || bytes <= 0) return 0;
-  return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * bytes / bw_Bps;
-}
-
-// All-gather or reduce-scatter where bytes is the full (gathered) size.
-double ring_gather_s(int n, double bytes, double bw_Bps, double latency_s) {
-  if (n <= 1 || bytes <= 0) return 0;
-  return (n - 1) * latency_s + static_cast<double>(n - 1) / n * bytes / bw_Bps;
-}
-
-// Bytes per parameter held on each GPU (Megatron-LM's accounting): 16-bit weights, a gradient
-// buffer in fp32 for bf16 models (accumulated and reduced in fp32) or fp16 for fp16 models,
-// and fp32 master weights with Adam's two moments.
-constexpr double kWeightBytes = 2.0;
-constexpr double kOptimizerBytes = 12.0;
-double grad_bytes(const ModelSpec& model) { return model.dtype == DType::kBF16 ? 4.0 : 2.0; }
 
 }  // namespace
 
@@ -307,9 +292,9 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
 
   MemoryBreakdown m;
   const double dp = s.dp;
-  m.weights_gib = params * kWeightBytes / (s.zero >= 3 ? dp : 1.0) / kGiB;
-  m.gradients_gib = params * grad_bytes(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
-  m.optimizer_gib = params * kOptimizerBytes / (s.zero >= 1 ? dp : 1.0) / kGiB;
+  m.weights_gib = params * kWeightBytesPerParam / (s.zero >= 3 ? dp : 1.0) / kGiB;
+  m.gradients_gib = params * grad_bytes_per_param(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
+  m.optimizer_gib = params * kOptimizerBytesPerParam / (s.zero >= 1 ? dp : 1.0) / kGiB;
   m.reserved_gib = kReservedGiB;
 
   // Activations per block per microbatch (Korthikanti et al. 2022, generalised to GQA and
@@ -631,7 +616,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
                                                      : 2.0 * model_.head_dim();
   const bool gated = model_.activation == Activation::kSwiGLU;
   const double block_params = static_cast<double>(model_.params_per_layer()) / t;
-  const double grad_reduce = grad_bytes(model_);
+  const double grad_reduce = grad_bytes_per_param(model_);
   // Weight matrices of one block on one tp rank (rows x cols), for PowerSGD.
   const double mat_rows[4] = {h, h / t, h, f / t};
   const double mat_cols[4] = {h / t + kv_per_rank, h, (gated ? 2.0 : 1.0) * f / t, h};
@@ -744,7 +729,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       double after_backward = 0;  // cannot overlap: ZeRO parameter all-gather
       if (s.zero >= 1) {
         grads = ring_gather_s(n, ar_bytes, bw, latency);  // reduce-scatter
-        after_backward = ring_gather_s(n, params * kWeightBytes, bw, latency);
+        after_backward = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
       } else {
         grads = ring_allreduce_s(n, ar_bytes, bw, latency);
       }
@@ -760,7 +745,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       exposed += after_backward;
       if (s.zero >= 3) {
         // Parameters gathered before each forward and backward, prefetched under compute.
-        const double gather = ring_gather_s(n, params * kWeightBytes, bw, latency);
+        const double gather = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
         exposed += m * std::max(0.0, 2.0 * gather - (rt.fwd + rt.bwd));
       }
       if (work.timings) work.timings->dp_exposed_s.push_back(exposed);
