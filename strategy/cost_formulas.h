@@ -24,6 +24,18 @@ inline double ring_gather_s(int n, double bytes, double bw_Bps, double latency_s
   return (n - 1) * latency_s + static_cast<double>(n - 1) / n * bytes / bw_Bps;
 }
 
+// Exposed time of one tensor-parallel collective of collective_s seconds. Plain: all of it.
+// Overlapped (Transformer Engine's userbuffers, Megatron's tp_comm_overlap): the collective is
+// cut into tp chunks pipelined with the GEMM it feeds or drains (paired_gemm_s); the first
+// chunk cannot hide, and the rest hides as far as the GEMM lasts.
+inline double exposed_tp_collective_s(double collective_s, int tp, bool overlap,
+                                      double paired_gemm_s) {
+  if (!overlap || tp <= 1) return collective_s;
+  const double first_chunk = collective_s / tp;
+  const double beyond_gemm = collective_s - paired_gemm_s;
+  return first_chunk > beyond_gemm ? first_chunk : beyond_gemm;
+}
+
 // Bytes per parameter held on a GPU (Megatron-LM's accounting): 16-bit weights; fp32 master
 // weights and Adam's two moments; the gradient buffer, fp32 for bf16 models (accumulated and
 // reduced in fp32) and fp16 for fp16 models.
