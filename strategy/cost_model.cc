@@ -22,7 +22,6 @@ constexpr double kFp8CastBytesPerParam = 4.0;  // read bf16 weight, write FP8 co
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-
 }  // namespace
 
 struct CostModel::BlockTimes {
@@ -33,7 +32,7 @@ struct CostModel::BlockTimes {
   double last_fwd = 0, last_bwd = 0;    // final norm, logits and loss (last chunk only)
   // Flash attention kernel of one block (context parallelism hides its ring under them).
   double attention_fwd = 0, attention_bwd = 0;
-  double kv_block_bytes = 0;  // keys and values one context-parallel rank holds (ring step)
+  double kv_block_bytes = 0;    // keys and values one context-parallel rank holds (ring step)
   double linear_gemms_fwd = 0;  // the four linear-layer GEMMs of one block, forward
   double hbm_Bps = 0;
 };
@@ -103,7 +102,7 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
   const bool gated = model_.activation == Activation::kSwiGLU;
 
   linear(tokens, h / t + kv_per_rank, h);  // QKV
-  linear(tokens, h, h / t);                 // output projection
+  linear(tokens, h, h / t);                // output projection
   linear(tokens, (gated ? 2 : 1) * f / t, h);
   linear(tokens, h, f / t);
   // Element-wise kernels (2-byte elements): two norms (read + write), two fused
@@ -370,7 +369,8 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   const double dp = static_cast<double>(s.dp) * s.cp;
   m.weights_gib = params * kWeightBytesPerParam / (s.zero >= 3 ? dp : 1.0) / kGiB;
   // FP8 keeps an FP8 copy of every block weight and its transpose (1 + 1 bytes per parameter).
-  if (s.fp8) m.weights_gib += layers * static_cast<double>(model_.params_per_layer()) / t * 2.0 / kGiB;
+  if (s.fp8)
+    m.weights_gib += layers * static_cast<double>(model_.params_per_layer()) / t * 2.0 / kGiB;
   m.gradients_gib = params * grad_bytes_per_param(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
   m.optimizer_gib = params * kOptimizerBytesPerParam / (s.zero >= 1 ? dp : 1.0) / kGiB;
   m.reserved_gib = kReservedGiB;
@@ -392,9 +392,8 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   const double split = sbh * (2.0 + 4.0 * kv_fraction + 2.0 + (gated ? 6.0 : 4.0) * f / h);
   // Unfused attention stores the scores: softmax output, dropout mask and output (5 bytes per
   // score). Flash attention stores none, only the softmax statistics (fp32, one per row).
-  const double scores = s.attention == Attention::kUnfused
-                            ? 5.0 * model_.heads * seq * seq * b
-                            : 4.0 * model_.heads * seq * b;
+  const double scores = s.attention == Attention::kUnfused ? 5.0 * model_.heads * seq * seq * b
+                                                           : 4.0 * model_.heads * seq * b;
   double per_block = 0;
   const double rep = s.sp ? replicated / t : replicated;
   switch (s.recompute) {
@@ -527,10 +526,10 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
                    : topo_.intra_latency_s + bytes * node_links[first].intra_s_per_byte;
     };
     const double steps = s.cp - 1;
-    const double fwd = steps * std::max(0.0, step_s(bt.kv_block_bytes) -
-                                                 bt.attention_fwd * slow / s.cp);
-    const double bwd = steps * std::max(0.0, step_s(2.0 * bt.kv_block_bytes) -
-                                                 bt.attention_bwd * slow / s.cp);
+    const double fwd =
+        steps * std::max(0.0, step_s(bt.kv_block_bytes) - bt.attention_fwd * slow / s.cp);
+    const double bwd =
+        steps * std::max(0.0, step_s(2.0 * bt.kv_block_bytes) - bt.attention_bwd * slow / s.cp);
     return (s.recompute == Recompute::kFull ? 2.0 : 1.0) * fwd + bwd;
   };
 
@@ -797,8 +796,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     const int reducers = s.dp * s.cp;  // ranks holding the same parameters
     const double owned = s.zero >= 1 ? params / reducers : params;
     const double fp8_casts = s.fp8 ? layers * block_params * kFp8CastBytesPerParam : 0.0;
-    optimizer = std::max(optimizer, (owned * kAdamBytesPerParam + fp8_casts) /
-                                        blocks[rt.type].hbm_Bps * rt.slow);
+    optimizer = std::max(
+        optimizer, (owned * kAdamBytesPerParam + fp8_casts) / blocks[rt.type].hbm_Bps * rt.slow);
 
     if (reducers > 1) {
       // The DP group of this pipeline rank: how it spreads over nodes sets its bandwidth.
@@ -911,8 +910,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     for (int r = 0; r < s.dp; ++r) {
       for (int p = 0; p < pp; ++p) {
         for (int k = 0; k < s.cp; ++k) {
-          peak_sum += s.tp *
-                      topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0, k)]].peak_tflops * 1e12;
+          peak_sum +=
+              s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0, k)]].peak_tflops * 1e12;
         }
       }
     }

@@ -16,18 +16,24 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdi
   out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
   for (int r = 0; r < s.dp; ++r)
     for (int p = 0; p < s.pp; ++p)
-      for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t) + 1] += s.virtual_stages;
+      for (int c = 0; c < s.cp; ++c)
+        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
   for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
   out.items.resize(static_cast<size_t>(out.first[gpu_count]));
   thread_local std::vector<int> cursor;
   cursor.assign(out.first.begin(), out.first.end() - 1);
+  // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
+  // optimizer state over the dp x cp ranks that hold it.
+  const int owners = s.dp * s.cp;
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < s.pp; ++p) {
-      for (int t = 0; t < s.tp; ++t) {
-        const int gpu = s.gpu_of_rank(r, p, t);
+      for (int i = 0; i < s.tp * s.cp; ++i) {
+        const int t = i % s.tp, cpi = i / s.tp;
+        const int gpu = s.gpu_of_rank(r, p, t, cpi);
+        const int owner = r * s.cp + cpi;
         const double lo = static_cast<double>(t) / s.tp, hi = static_cast<double>(t + 1) / s.tp;
-        const double olo = s.zero >= 1 ? static_cast<double>(r) / s.dp : 0.0;
-        const double ohi = s.zero >= 1 ? static_cast<double>(r + 1) / s.dp : 1.0;
+        const double olo = s.zero >= 1 ? static_cast<double>(owner) / owners : 0.0;
+        const double ohi = s.zero >= 1 ? static_cast<double>(owner + 1) / owners : 1.0;
         for (int k = 0; k < s.virtual_stages; ++k) {
           const int c = k * s.pp + p;
           int a = first[c], b = first[c] + chunks[c] - 1;

@@ -27,15 +27,16 @@ double Search::network_link_s(int slower, double bytes) const {
   return topo_.inter_latency_s + bytes / bw;
 }
 
-void Search::make_groups(int tp) {
-  if (scratch_.groups.size() <= static_cast<size_t>(tp)) {
-    scratch_.groups.resize(tp + 1);
-    scratch_.flat_gpus.resize(tp + 1);
-    scratch_.speed_order.resize(tp + 1);
-    scratch_.speed_order_keys.resize(tp + 1);
+void Search::make_groups(int tp, int cp) {
+  const int unit = tp * cp;  // GPUs of one stage
+  if (scratch_.groups.size() <= static_cast<size_t>(unit)) {
+    scratch_.groups.resize(unit + 1);
+    scratch_.flat_gpus.resize(unit + 1);
+    scratch_.speed_order.resize(unit + 1);
+    scratch_.speed_order_keys.resize(unit + 1);
   }
-  std::vector<Group>& groups = scratch_.groups[tp];
-  std::vector<int>& flat_gpus = scratch_.flat_gpus[tp];
+  std::vector<Group>& groups = scratch_.groups[unit];
+  std::vector<int>& flat_gpus = scratch_.flat_gpus[unit];
   groups.clear();
   flat_gpus.clear();
   std::vector<int>& usable = scratch_.usable;
@@ -45,13 +46,13 @@ void Search::make_groups(int tp) {
     for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
       if (!c_.failed(gpu)) usable.push_back(gpu);
     }
-    for (size_t i = 0; i + tp <= usable.size(); i += tp) {
+    for (size_t i = 0; i + unit <= usable.size(); i += unit) {
       Group g;
       g.first = static_cast<int>(flat_gpus.size());
       g.node = n;
       g.type = node.type;
       g.slow = 0;
-      for (int t = 0; t < tp; ++t) {
+      for (int t = 0; t < unit; ++t) {
         flat_gpus.push_back(usable[i + t]);
         g.slow = std::max(g.slow, 1.0 / c_.speed(usable[i + t]));
       }
@@ -63,13 +64,13 @@ void Search::make_groups(int tp) {
   type_block_s.assign(topo_.types.size(), -1.0);
   for (auto& g : groups) {
     double& block_s = type_block_s[g.type];
-    if (block_s < 0) block_s = block_costs(g.type, tp, 1, false, Recompute::kNone).block_s;
+    if (block_s < 0) block_s = block_costs(g.type, tp, cp, 1, false, Recompute::kNone).block_s;
     g.speed_proxy = 1.0 / (block_s * g.slow);
   }
   // The order depends on the sequence of speeds alone: the same speeds as the last sort for
   // this tp (on this thread) give the same order.
-  std::vector<int>& order = scratch_.speed_order[tp];
-  std::vector<double>& keys = scratch_.speed_order_keys[tp];
+  std::vector<int>& order = scratch_.speed_order[unit];
+  std::vector<double>& keys = scratch_.speed_order_keys[unit];
   bool same = keys.size() == groups.size() && order.size() == groups.size();
   for (size_t i = 0; i < groups.size() && same; ++i) same = keys[i] == groups[i].speed_proxy;
   if (same) return;
@@ -85,7 +86,7 @@ void Search::make_groups(int tp) {
 }
 
 // The next placement of this search, its per-slot vectors sized for dp * pp slots.
-Placement& Search::new_placement(int tp, int pp, int dp) {
+Placement& Search::new_placement(int tp, int cp, int pp, int dp) {
   std::vector<Placement>& pool = scratch_.placements;
   if (placement_count_ == pool.size()) pool.emplace_back();
   Placement& pl = pool[placement_count_++];
@@ -93,6 +94,7 @@ Placement& Search::new_placement(int tp, int pp, int dp) {
   pl.dp = dp;
   pl.pp = pp;
   pl.tp = tp;
+  pl.cp = cp;
   pl.group.resize(used);
   pl.type.resize(used);
   pl.slow.resize(used);
@@ -103,10 +105,10 @@ Placement& Search::new_placement(int tp, int pp, int dp) {
   return pl;
 }
 
-void Search::add_placements(int tp, int pp, int dp) {
+void Search::add_placements(int tp, int cp, int pp, int dp) {
   const int used = dp * pp;
-  const std::vector<int>& order = scratch_.speed_order[tp];
-  const std::vector<Group>& groups = scratch_.groups[tp];
+  const std::vector<int>& order = scratch_.speed_order[tp * cp];
+  const std::vector<Group>& groups = scratch_.groups[tp * cp];
 
   // Per-slot type, slowness and NVLink speed class of a placement whose groups are set.
   auto finish = [&](Placement& pl) {
@@ -172,7 +174,7 @@ void Search::add_placements(int tp, int pp, int dp) {
     }
   }
   {
-    Placement& pl = new_placement(tp, pp, dp);
+    Placement& pl = new_placement(tp, cp, pp, dp);
     std::copy(chosen.begin(), chosen.begin() + used, pl.group.begin());
     for (int r = 0; r < dp; ++r) {
       // Node order inside a replica.
@@ -187,7 +189,7 @@ void Search::add_placements(int tp, int pp, int dp) {
               std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) < 1e-9;
   }
   if (!uniform && dp > 1 && pp > 1 && space_.mixed_types_in_pipeline) {
-    Placement& pl = new_placement(tp, pp, dp);
+    Placement& pl = new_placement(tp, cp, pp, dp);
     for (int r = 0; r < dp; ++r) {
       for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = chosen[p * dp + r];
     }
@@ -199,9 +201,9 @@ void Search::add_placements(int tp, int pp, int dp) {
 const Placement& Search::detailed(int placement_index) {
   Placement& pl = scratch_.placements[placement_index];
   if (pl.detailed) return pl;
-  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, used = dp * pp;
-  const std::vector<Group>& groups = scratch_.groups[tp];
-  const std::vector<int>& flat_gpus = scratch_.flat_gpus[tp];
+  const int dp = pl.dp, pp = pl.pp, unit = pl.tp * pl.cp, used = dp * pp;
+  const std::vector<Group>& groups = scratch_.groups[unit];
+  const std::vector<int>& flat_gpus = scratch_.flat_gpus[unit];
   for (auto* v :
        {&pl.next_latency_s, &pl.next_s_per_byte, &pl.prev_latency_s, &pl.prev_s_per_byte}) {
     v->resize(used);
@@ -241,13 +243,14 @@ const Placement& Search::detailed(int placement_index) {
     link(slot, r * pp + (p + 1) % pp, pl.next_latency_s[slot], pl.next_s_per_byte[slot]);
     link(slot, r * pp + (p + pp - 1) % pp, pl.prev_latency_s[slot], pl.prev_s_per_byte[slot]);
   }
-  pl.gpus.resize(static_cast<size_t>(used) * tp);
-  bool identity = used * tp == topo_.num_gpus();
+  // Rank ((r * pp + p) * cp + c) * tp + t is the group's GPU c * tp + t.
+  pl.gpus.resize(static_cast<size_t>(used) * unit);
+  bool identity = used * unit == topo_.num_gpus();
   for (int r = 0; r < dp; ++r) {
     for (int p = 0; p < pp; ++p) {
       const Group& g = groups[pl.group[r * pp + p]];
-      for (int t = 0; t < tp; ++t) {
-        const int rank = (r * pp + p) * tp + t;
+      for (int t = 0; t < unit; ++t) {
+        const int rank = (r * pp + p) * unit + t;
         pl.gpus[rank] = flat_gpus[g.first + t];
         identity = identity && pl.gpus[rank] == rank;
       }

@@ -18,8 +18,9 @@ bool tp_legal(int tp, const ModelSpec& model) {
   return model.heads % tp == 0 && (model.kv_heads % tp == 0 || tp % model.kv_heads == 0);
 }
 
-const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompute rc) {
-  auto key = std::make_tuple(type, tp, mb, sp, rc);
+const BlockCosts& Search::block_costs(int type, int tp, int cp, int mb, bool sp, Recompute rc) {
+  const BlockKey key{
+      type, tp, cp, mb, sp, rc, kernels_.attention, kernels_.fp8, kernels_.tp_comm_overlap};
   auto it = block_cache_.find(key);
   if (it != block_cache_.end()) return it->second;
   {
@@ -30,21 +31,22 @@ const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompu
     }
   }
   const CostModel& probe = probes_[type];
-  Strategy s;
+  Strategy s = kernels_;
   s.dp = 1;
   s.tp = tp;
+  s.cp = cp;
   s.pp = 1;
   s.sp = sp;
   s.microbatch_size = mb;
   s.global_batch = mb;
   s.recompute = rc;
   s.zero = 0;
-  for (int g = 0; g < tp; ++g) s.gpus.push_back(g);
+  for (int g = 0; g < tp * cp; ++g) s.gpus.push_back(g);
   const CostBreakdown whole = probe.evaluate(s);
   const double all_compute = whole.compute_s + whole.recompute_s;  // 3 blocks + ends
-  const double tpc = whole.tp_comm_s / 3.0;
+  const double tpc = (whole.tp_comm_s + whole.cp_comm_s) / 3.0;
   s.pp = 2;
-  for (int g = tp; g < 2 * tp; ++g) s.gpus.push_back(g);
+  for (int g = tp * cp; g < 2 * tp * cp; ++g) s.gpus.push_back(g);
   s.stage_layers = {1, 2};
   const PipelineTimings one = probe.pipeline_timings(s);
   s.stage_layers = {2, 1};
@@ -63,12 +65,16 @@ const BlockCosts& Search::block_costs(int type, int tp, int mb, bool sp, Recompu
 }
 
 // Mirrors the cost model: 4 collectives per block (6 with full recompute) over NVLink.
-double Search::tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const {
+double Search::tp_comm_per_block_s(int node, int tp, int cp, int mb, Recompute rc) const {
   if (tp <= 1) return 0;
-  const double bytes = static_cast<double>(mb) * model_.seq_len * model_.hidden * 2.0;
+  const double bytes = static_cast<double>(mb) * model_.seq_len / cp * model_.hidden * 2.0;
   const double bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(node);
   const int collectives = 4 + (rc == Recompute::kFull ? 2 : 0);
-  return collectives * ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s);
+  // With tp_comm_overlap the GEMM a collective pairs with is not known here: the first
+  // chunk, which never hides, keeps the figure a lower bound (the bound stays a bound).
+  return collectives *
+         exposed_tp_collective_s(ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s), tp,
+                                 kernels_.tp_comm_overlap, kInf);
 }
 
 // Global batches to try for dp replicas of microbatch mb whose microbatch counts are multiples
@@ -90,9 +96,10 @@ std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
   return {};
 }
 
-void Search::add_shapes(int placement_index, int tp) {
+void Search::add_shapes(int placement_index) {
   const Placement& pl = scratch_.placements[placement_index];
-  const int dp = pl.dp, pp = pl.pp;
+  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, cp = pl.cp;
+  const int seq = model_.seq_len / cp;  // the tokens of a sequence one context rank holds
   const int layers = model_.layers;
 
   thread_local std::vector<bool> sps;
@@ -145,10 +152,10 @@ void Search::add_shapes(int placement_index, int tp) {
     }
     double block_s[8];
     for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
-      block_s[t] = type_used[t] ? block_costs(static_cast<int>(t), tp, mb, sp, rc).block_s : 0;
+      block_s[t] = type_used[t] ? block_costs(static_cast<int>(t), tp, cp, mb, sp, rc).block_s : 0;
     }
     for (size_t n = 0; n < link_node.size(); ++n) {
-      link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, mb, rc);
+      link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
     }
     const size_t at = rate_store.size();
     rate_store.resize(at + 2 * static_cast<size_t>(dp));
@@ -170,8 +177,8 @@ void Search::add_shapes(int placement_index, int tp) {
   };
 
   for (bool sp : sps) {
-    if (sp && (tp == 1 || model_.seq_len % tp != 0)) continue;
-    if (!sp && tp > 1 && space_.sp.empty() && model_.seq_len % tp == 0) {
+    if (sp && (tp == 1 || seq % tp != 0)) continue;
+    if (!sp && tp > 1 && space_.sp.empty() && seq % tp == 0) {
       continue;  // sequence parallelism: less memory and less element-wise time, same traffic
     }
     rates.clear();
@@ -246,6 +253,7 @@ void Search::add_shapes(int placement_index, int tp) {
               shape.upper_tokens_per_s = upper_tokens_per_s;
               shape.placement = placement_index;
               shape.tp = tp;
+              shape.cp = cp;
               shape.sp = sp;
               shape.schedule = sched;
               shape.v = v;
@@ -297,9 +305,10 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   Outcome no_fit;
   no_fit.kind = Outcome::Kind::kNoFit;
 
-  Strategy s;
+  Strategy s = kernels_;
   s.dp = dp;
   s.tp = tp;
+  s.cp = shape.cp;
   s.pp = pp;
   s.sp = shape.sp;
   s.microbatch_size = mb;
@@ -353,17 +362,19 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   }
 
   // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
-  const double p2p_bytes = static_cast<double>(mb) * model_.seq_len * model_.hidden * 2.0 / tp;
+  const double p2p_bytes =
+      static_cast<double>(mb) * model_.seq_len / shape.cp * model_.hidden * 2.0 / tp;
   const BlockCosts* type_costs[8] = {};
   for (int slot = 0; slot < dp * pp; ++slot) {
     if (!type_costs[pl.type[slot]]) {
-      type_costs[pl.type[slot]] = &block_costs(pl.type[slot], tp, mb, shape.sp, shape.recompute);
+      type_costs[pl.type[slot]] =
+          &block_costs(pl.type[slot], tp, shape.cp, mb, shape.sp, shape.recompute);
     }
   }
   thread_local std::vector<double> link_tp_s;
   link_tp_s.resize(pl.link_node.size());
   for (size_t n = 0; n < pl.link_node.size(); ++n) {
-    link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, mb, shape.recompute);
+    link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, shape.cp, mb, shape.recompute);
   }
   for (int r = 0; r < dp; ++r) {
     for (int p = 0; p < pp; ++p) {
@@ -547,32 +558,42 @@ PlanResult Search::run() {
   }
   const int max_pp = space_.max_pp > 0 ? std::min(space_.max_pp, model_.layers) : model_.layers;
 
-  for (int tp : tps) {
-    if (!tp_legal(tp, model_)) continue;
-    make_groups(tp);
-    const int groups = static_cast<int>(scratch_.groups[tp].size());
-    if (groups == 0) continue;
-    // Healthy group count: pipeline depths that divide it are the defaults.
-    int healthy = 0;
-    for (const auto& n : topo_.nodes) healthy += n.gpus / tp;
-    std::vector<int> pps = space_.pp;
-    if (pps.empty()) {
-      for (int pp = 1; pp <= max_pp; ++pp) {
-        if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
-      }
-    }
-    for (int pp : pps) {
-      if (pp > max_pp || pp > groups || pp > model_.layers) continue;
-      std::vector<int> dps = space_.dp;
-      if (dps.empty()) dps.push_back(groups / pp);
-      for (int dp : dps) {
-        if (dp < 1 || dp * pp > groups) continue;
-        const size_t first = placement_count_;
-        add_placements(tp, pp, dp);
-        for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i), tp);
-      }
-    }
+  // Context-parallel degrees: listed, or every one whose stage fits a node and whose 2 * cp
+  // chunks divide the sequence; ring attention needs the fused attention kernel.
+  std::vector<int> cps = space_.cp;
+  if (cps.empty()) {
+    for (int c = 1; c <= max_node; c *= 2) cps.push_back(c);
   }
+  for (int tp : tps)
+    for (int cp : cps) {
+      if (!tp_legal(tp, model_)) continue;
+      if (cp > 1 && (kernels_.attention != Attention::kFlash || model_.seq_len % (2 * cp) != 0))
+        continue;
+      if (tp * cp > max_node) continue;
+      make_groups(tp, cp);
+      const int groups = static_cast<int>(scratch_.groups[tp * cp].size());
+      if (groups == 0) continue;
+      // Healthy group count: pipeline depths that divide it are the defaults.
+      int healthy = 0;
+      for (const auto& n : topo_.nodes) healthy += n.gpus / (tp * cp);
+      std::vector<int> pps = space_.pp;
+      if (pps.empty()) {
+        for (int pp = 1; pp <= max_pp; ++pp) {
+          if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
+        }
+      }
+      for (int pp : pps) {
+        if (pp > max_pp || pp > groups || pp > model_.layers) continue;
+        std::vector<int> dps = space_.dp;
+        if (dps.empty()) dps.push_back(groups / pp);
+        for (int dp : dps) {
+          if (dp < 1 || dp * pp > groups) continue;
+          const size_t first = placement_count_;
+          add_placements(tp, cp, pp, dp);
+          for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
+        }
+      }
+    }
 
   // Each track ranks its families as a search over its layouts alone would.
   tracks_.emplace_back();

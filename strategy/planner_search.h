@@ -31,9 +31,12 @@ struct BlockCosts {
 
 // Block costs keyed by (GPU type, tp, microbatch, sp, recompute), shared by every plan() call
 // of a Planner and its copies.
+// (GPU type, tp, cp, microbatch, sp, recompute); the kernel settings are the search's own.
+using BlockKey = std::tuple<int, int, int, int, bool, Recompute, Attention, bool, bool>;
+
 struct BlockCostCache {
   std::mutex mutex;
-  std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> costs;
+  std::map<BlockKey, BlockCosts> costs;
 };
 
 namespace planner_internal {
@@ -41,7 +44,7 @@ namespace planner_internal {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr int kDefaultMaxVirtualStages = 8;
 
-// A tensor-parallel group: tp usable GPUs inside one node.
+// A stage's GPUs: tp x cp usable GPUs inside one node (cp tensor-parallel groups side by side).
 struct Group {
   int first = 0;  // index into the flat GPU list
   int node = 0;
@@ -52,7 +55,7 @@ struct Group {
 
 // Which group runs (replica, pipeline rank): group[r * pp + p].
 struct Placement {
-  int dp = 0, pp = 0, tp = 0;
+  int dp = 0, pp = 0, tp = 0, cp = 1;
   std::vector<int> group;  // index into the groups of its tp
   // Per slot r * pp + p: the group's GPU type and slowness.
   std::vector<int> type;
@@ -70,10 +73,11 @@ struct Placement {
 
 // Buffers the searches of one thread reuse (a search never runs inside another).
 struct SearchScratch {
-  std::vector<Placement> placements;        // the running search's first placement_count_
-  std::vector<std::vector<Group>> groups;   // per tp: its tensor-parallel groups
-  std::vector<std::vector<int>> flat_gpus;  // per tp: the GPUs of its groups, group after group
-  // Per tp: group indices fastest first (stable), and the group speeds it was sorted by.
+  std::vector<Placement> placements;  // the running search's first placement_count_
+  // Indexed by a stage's GPU count tp x cp: its groups, their GPUs group after group, the
+  // group indices fastest first (stable) and the group speeds they were sorted by.
+  std::vector<std::vector<Group>> groups;
+  std::vector<std::vector<int>> flat_gpus;
   std::vector<std::vector<int>> speed_order;
   std::vector<std::vector<double>> speed_order_keys;
   // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
@@ -85,17 +89,17 @@ struct SearchScratch {
 };
 
 struct Family {
-  int tp, pp, dp;
+  int tp, pp, dp, cp;
   bool sp;
   Schedule schedule;
   Recompute recompute;
-  auto key() const { return std::tie(tp, pp, dp, sp, schedule, recompute); }
+  auto key() const { return std::tie(tp, pp, dp, cp, sp, schedule, recompute); }
   bool operator<(const Family& o) const { return key() < o.key(); }
   bool operator==(const Family& o) const { return key() == o.key(); }
 };
 
 inline Family family_of(const Strategy& s) {
-  return Family{s.tp, s.pp, s.dp, s.sp, s.schedule, s.recompute};
+  return Family{s.tp, s.pp, s.dp, s.cp, s.sp, s.schedule, s.recompute};
 }
 
 // One layout to evaluate before its boundaries and shares are chosen.
@@ -103,6 +107,7 @@ struct Shape {
   double upper_tokens_per_s;  // bound on its throughput (branch and bound)
   int placement;              // index into the search's placements
   int tp;
+  int cp;
   bool sp;
   Schedule schedule;
   int v;
@@ -152,7 +157,6 @@ bool searches_zero0_variants(const PlanRequest& req, int layers);
 // Whether tp splits the model's heads and key/value heads.
 bool tp_legal(int tp, const ModelSpec& model);
 
-
 // Everything one plan() call computes and reuses.
 class Search {
  public:
@@ -166,21 +170,30 @@ class Search {
         req_(request),
         c_(request.conditions),
         space_(request.space),
-        scratch_(thread_scratch()) {}
+        scratch_(thread_scratch()) {
+    // How the job runs its kernels is not the planner's choice: the current layout's, if any.
+    if (request.current) {
+      kernels_.attention = request.current->attention;
+      kernels_.fp8 = request.current->fp8;
+      kernels_.tp_comm_overlap = request.current->tp_comm_overlap;
+      kernels_.overlap_param_gather = request.current->overlap_param_gather;
+      kernels_.overlap_grad_reduce = request.current->overlap_grad_reduce;
+    }
+  }
 
   PlanResult run();
 
  private:
-  const BlockCosts& block_costs(int type, int tp, int mb, bool sp, Recompute rc);
-  double tp_comm_per_block_s(int node, int tp, int mb, Recompute rc) const;
+  const BlockCosts& block_costs(int type, int tp, int cp, int mb, bool sp, Recompute rc);
+  double tp_comm_per_block_s(int node, int tp, int cp, int mb, Recompute rc) const;
   double nvlink_s(int node, double bytes) const;
   int slower_end(int node_a, int node_b) const;
   double network_link_s(int slower_node, double bytes) const;
   std::vector<int> global_batches(int dp, int mb, int unit) const;
-  void make_groups(int tp);
-  void add_placements(int tp, int pp, int dp);
-  void add_shapes(int placement_index, int tp);
-  Placement& new_placement(int tp, int pp, int dp);
+  void make_groups(int tp, int cp);
+  void add_placements(int tp, int cp, int pp, int dp);
+  void add_shapes(int placement_index);
+  Placement& new_placement(int tp, int cp, int pp, int dp);
   const Placement& detailed(int placement_index);
   Outcome evaluate_shape(const Shape& shape);
   static SearchScratch& thread_scratch() {
@@ -200,7 +213,8 @@ class Search {
   const Conditions& c_;
   const SearchSpace& space_;
 
-  std::map<std::tuple<int, int, int, bool, Recompute>, BlockCosts> block_cache_;
+  Strategy kernels_;  // attention, fp8 and overlap settings every searched layout takes
+  std::map<BlockKey, BlockCosts> block_cache_;
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions

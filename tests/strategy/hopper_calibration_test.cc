@@ -86,8 +86,8 @@ TEST_CASE("cost model predicts the published Hopper runs within 10% and fits the
         "recompute %.3f tp %.3f cp %.3f pp %.3f bubble %.3f dp %.3f opt %.3f; mem %.1f of %.0f "
         "GiB; MFU %.1f%%)\n",
         row.at("id").c_str(), model.name.c_str(), published, b.iteration_time_s, 100 * error,
-        b.compute_s, b.recompute_s, b.tp_comm_s, b.cp_comm_s, b.pp_comm_s, b.bubble_s,
-        b.dp_comm_s, b.optimizer_s, b.memory_gib, b.memory_capacity_gib, 100 * b.mfu);
+        b.compute_s, b.recompute_s, b.tp_comm_s, b.cp_comm_s, b.pp_comm_s, b.bubble_s, b.dp_comm_s,
+        b.optimizer_s, b.memory_gib, b.memory_capacity_gib, 100 * b.mfu);
     CHECK_MESSAGE(b.fits_in_memory, row.at("id") << ": " << b.reason);
     CHECK_MESSAGE(std::abs(error) <= 0.10, row.at("id") << " error " << 100 * error << "%");
   }

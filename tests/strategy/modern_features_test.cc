@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "strategy/cost_model.h"
+#include "strategy/planner.h"
 #include "strategy/spec_io.h"
 
 using namespace parapilot;
@@ -65,8 +66,8 @@ TEST_CASE("ring attention hides inside a node and shows across a congested netwo
   const ModelSpec m = *model_preset("llama3-8b");
   const ClusterSpec c = *cluster_preset("2x8xh100");
   const CostModel cost(m, c);
-  const Strategy inside = parse("tp=4,cp=2,global_batch=8", m, c);   // cp pairs in one node
-  const Strategy across = parse("tp=8,cp=2,global_batch=8", m, c);   // cp pairs span nodes
+  const Strategy inside = parse("tp=4,cp=2,global_batch=8", m, c);  // cp pairs in one node
+  const Strategy across = parse("tp=8,cp=2,global_batch=8", m, c);  // cp pairs span nodes
   CHECK(inside.gpu_of_rank(0, 0, 0, 1) == 4);
   CHECK(across.gpu_of_rank(0, 0, 0, 1) == 8);
   // Nominal links: NVLink hides entirely under the attention, the network nearly.
@@ -86,8 +87,7 @@ TEST_CASE("ring attention hides inside a node and shows across a congested netwo
                         across_b.cp_comm_s + across_b.pp_comm_s + across_b.bubble_s +
                         across_b.dp_comm_s + across_b.optimizer_s));
   // The class-sharing evaluation agrees with the replica-by-replica reference.
-  CHECK(cost.evaluate_exhaustive(across, congested).iteration_time_s ==
-        across_b.iteration_time_s);
+  CHECK(cost.evaluate_exhaustive(across, congested).iteration_time_s == across_b.iteration_time_s);
 }
 
 TEST_CASE("fp8 runs GEMMs at the FP8 peak, keeps FP8 weight copies, and needs Hopper") {
@@ -120,4 +120,35 @@ TEST_CASE("fp8 runs GEMMs at the FP8 peak, keeps FP8 weight copies, and needs Ho
   REQUIRE(problem);
   CHECK(problem->key == "fp8");
   CHECK(problem->reason.find("a100-80g") != std::string::npos);
+}
+
+TEST_CASE("the planner searches cp, and a space restricted to cp = 1 gets none") {
+  // llama3-8b at 32k tokens on 2 nodes of 8 h100: long sequences are what cp is for.
+  ModelSpec m = *model_preset("llama3-8b");
+  m.seq_len = 32768;
+  const ClusterSpec c = *cluster_preset("2x8xh100");
+  const Planner planner(m, c);
+  PlanRequest open;
+  open.space.global_batch = 16;
+  open.top_k = 5;
+  const PlanResult any = planner.plan(open);
+  REQUIRE_FALSE(any.candidates.empty());
+  bool some_cp = false;
+  for (const Candidate& cand : any.candidates) {
+    some_cp = some_cp || cand.strategy.cp > 1;
+    CHECK_FALSE(find_problem(cand.strategy, m, c));
+    CHECK(cand.cost.fits_in_memory);
+    CHECK(cand.cost.iteration_time_s ==
+          doctest::Approx(planner.cost_model().evaluate(cand.strategy).iteration_time_s));
+  }
+  CHECK(some_cp);
+  PlanRequest no_cp = open;
+  no_cp.space.cp = {1};
+  const PlanResult without = planner.plan(no_cp);
+  for (const Candidate& cand : without.candidates) CHECK(cand.strategy.cp == 1);
+  // The unrestricted search can only do as well or better.
+  if (!without.candidates.empty()) {
+    CHECK(any.candidates[0].cost.tokens_per_s >=
+          without.candidates[0].cost.tokens_per_s * (1 - 1e-9));
+  }
 }
