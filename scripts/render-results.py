@@ -352,6 +352,21 @@ def env_speed(d):
     return table(head, rows) + "\n\n%g s per case. " % f["seconds_per_case"] + source(r)
 
 
+def cost_model_calibration(d):
+    r = d("calibration.json")
+    rows = []
+    for x in r["figures"]["rows"]:
+        unit = "s/step" if x["figure"] == "iteration_s" else "TFLOP/s/GPU"
+        fmt = "%.3f %s" if x["figure"] == "iteration_s" else "%.1f %s"
+        rows.append(["%s (`%s`)" % (x["run"], x["file"]), x["gpus"], x["layout"], x["attention"],
+                     fmt % (x["published"], unit), fmt % (x["predicted"], unit),
+                     "%+.1f%%" % (100 * x["error"]),
+                     "%.1f of %.0f GiB, %s" % (x["memory_gib"], x["memory_capacity_gib"],
+                                               "fits" if x["fits_in_memory"] else "**does not fit**")])
+    head = ["run", "GPUs", "layout", "attention", "published", "predicted", "error", "memory"]
+    return table(head, rows) + "\n\nDeterministic (no timing). " + source(r)
+
+
 def cost_model_speed(d):
     r = d("cost-model.json")
     f = r["figures"]
@@ -377,6 +392,7 @@ RENDER = {
     "planner-mixed": planner_mixed,
     "env-speed": env_speed,
     "cost-model-speed": cost_model_speed,
+    "cost-model-calibration": cost_model_calibration,
     "training": training,
     "policy-quality": policy_quality,
     "policy-summary": policy_summary,
