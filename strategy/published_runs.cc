@@ -22,30 +22,30 @@ struct Line {
       throw InputError(where + ": column '" + column + "' is missing or empty");
     return it->second;
   }
-  int integer(const std::string& column) const {
+  // The whole cell parsed by `parse` (std::stoi or std::stod), or an error saying `expected`.
+  template <typename T, typename Parse>
+  T parsed(const std::string& column, Parse parse, bool positive, const char* expected) const {
     const std::string& v = text(column);
     size_t used = 0;
-    int out = 0;
+    T out{};
     try {
-      out = std::stoi(v, &used);
+      out = parse(v, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != v.size()) throw InputError(where + ": " + column + ": not an integer: " + v);
+    if (used != v.size() || (positive && !(out > 0)))
+      throw InputError(where + ": " + column + ": not " + expected + ": " + v);
     return out;
   }
+  int integer(const std::string& column) const {
+    return parsed<int>(
+        column, [](const std::string& v, size_t* used) { return std::stoi(v, used); }, false,
+        "an integer");
+  }
   double number(const std::string& column) const {
-    const std::string& v = text(column);
-    size_t used = 0;
-    double out = 0;
-    try {
-      out = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || !(out > 0))
-      throw InputError(where + ": " + column + ": not a positive number: " + v);
-    return out;
+    return parsed<double>(
+        column, [](const std::string& v, size_t* used) { return std::stod(v, used); }, true,
+        "a positive number");
   }
 };
 
@@ -166,6 +166,12 @@ std::vector<PublishedRun> load_hopper_runs(const std::string& path) {
     runs.push_back(std::move(run));
   }
   return runs;
+}
+
+double PublishedRun::published() const { return iteration_s > 0 ? iteration_s : tflops_per_gpu; }
+
+double PublishedRun::predicted(const CostBreakdown& b) const {
+  return iteration_s > 0 ? b.iteration_time_s : b.tflops_per_gpu;
 }
 
 }  // namespace parapilot

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "strategy/cluster.h"
+#include "strategy/cost_model.h"
 #include "strategy/model.h"
 #include "strategy/strategy.h"
 
@@ -27,6 +28,11 @@ struct PublishedRun {
   Strategy strategy;
   double iteration_s = 0;     // published step time; 0 when the row gives TFLOP/s instead
   double tflops_per_gpu = 0;  // published model TFLOP/s per GPU; 0 when it gives the step
+
+  // The figure the row publishes (step time or TFLOP/s per GPU), and the same figure of a
+  // prediction.
+  double published() const;
+  double predicted(const CostBreakdown& b) const;
 };
 
 std::vector<PublishedRun> load_sc21_runs(const std::string& path);

@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
     for (const PublishedRun& run : source.runs) {
       const CostBreakdown b = CostModel(run.model, run.cluster).evaluate(run.strategy);
       const bool by_step = run.iteration_s > 0;
-      const double published = by_step ? run.iteration_s : run.tflops_per_gpu;
-      const double predicted = by_step ? b.iteration_time_s : b.tflops_per_gpu;
+      const double published = run.published();
+      const double predicted = run.predicted(b);
       const Strategy& s = run.strategy;
       std::string layout = "tp" + std::to_string(s.tp) + " pp" + std::to_string(s.pp);
       if (s.virtual_stages > 1) layout += " v" + std::to_string(s.virtual_stages);
