@@ -257,6 +257,21 @@ const Placement& Search::detailed(int placement_index) {
     }
   }
   if (identity) pl.gpus.clear();
+  pl.replicas_alike = true;
+  for (int slot = pp; slot < used && pl.replicas_alike; ++slot) {
+    const int first = slot % pp;
+    pl.replicas_alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
+                        pl.slot_link[slot] == pl.slot_link[first] &&
+                        pl.next_latency_s[slot] == pl.next_latency_s[first] &&
+                        pl.next_s_per_byte[slot] == pl.next_s_per_byte[first] &&
+                        pl.prev_latency_s[slot] == pl.prev_latency_s[first] &&
+                        pl.prev_s_per_byte[slot] == pl.prev_s_per_byte[first];
+  }
+  pl.capacity_gib.assign(pp, kInf);
+  for (int slot = 0; slot < used; ++slot) {
+    double& capacity = pl.capacity_gib[slot % pp];
+    capacity = std::min(capacity, topo_.types[pl.type[slot]].memory_gib);
+  }
   pl.detailed = true;
   return pl;
 }

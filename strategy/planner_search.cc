@@ -349,10 +349,7 @@ Outcome Search::evaluate_shape(const Shape& shape) {
     s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
     for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
     for (int p = 0; p < pp; ++p) {
-      double capacity = kInf;
-      for (int r = 0; r < dp; ++r) {
-        capacity = std::min(capacity, topo_.types[pl.type[r * pp + p]].memory_gib);
-      }
+      const double capacity = pl.capacity_gib[p];
       const double per_block = (m2[p] - m1[p]) / v;
       const double base = m1[p] - per_block * v;
       const double room = per_block > 0 ? (capacity - base) / per_block : layers;
@@ -376,7 +373,9 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   for (size_t n = 0; n < pl.link_node.size(); ++n) {
     link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, shape.cp, mb, shape.recompute);
   }
-  for (int r = 0; r < dp; ++r) {
+  // Alike replicas cost alike: replica 0's costs stand for every replica.
+  const int distinct = pl.replicas_alike ? 1 : dp;
+  for (int r = 0; r < distinct; ++r) {
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
@@ -399,8 +398,10 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   // One row per replica, weighted by its microbatch count; a single row when every replica is
   // identical. partition_blocks drops rows that can never be the slowest, so rows that differ
   // (e.g. by measured speed noise) cost little.
+  for (int r = distinct; r < dp; ++r)
+    std::copy(costs.begin(), costs.begin() + pp, costs.begin() + r * pp);
   bool replicas_alike = true;
-  for (int r = 1; r < dp && replicas_alike; ++r) {
+  for (int r = 1; r < dp && replicas_alike && !pl.replicas_alike; ++r) {
     for (int p = 0; p < pp && replicas_alike; ++p) {
       replicas_alike = costs[r * pp + p].fixed_s == costs[p].fixed_s &&
                        costs[r * pp + p].per_block_s == costs[p].per_block_s;

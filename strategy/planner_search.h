@@ -69,6 +69,10 @@ struct Placement {
   // interleaving): latency and seconds per byte.
   std::vector<double> next_latency_s, next_s_per_byte, prev_latency_s, prev_s_per_byte;
   std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
+  // Whether every replica's slots match replica 0's (type, slowness, links): then every
+  // replica times alike, whatever the shape.
+  bool replicas_alike = false;
+  std::vector<double> capacity_gib;  // per pipeline rank: the least memory among its GPUs
 };
 
 // Buffers the searches of one thread reuse (a search never runs inside another).
