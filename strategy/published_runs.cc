@@ -153,12 +153,13 @@ std::vector<PublishedRun> load_hopper_runs(const std::string& path) {
     }
     const double nic = line.number("inter_node_Gbps");
     for (NodeGroup& g : run.cluster.groups) g.inter_node_Gbps = nic;
-    std::string keys =
-        "tp=" + line.text("tp") + ",pp=" + line.text("pp") + ",cp=" + line.text("cp") +
-        ",sp=" + line.text("sp") + ",microbatch_size=" + line.text("microbatch") +
-        ",global_batch=" + line.text("global_batch") + ",recompute=" + line.text("recompute") +
-        ",zero=" + line.text("zero") + ",attention=" + line.text("attention") +
-        ",fp8=" + line.text("fp8") + ",tp_comm_overlap=true";
+    std::string keys = "tp=" + line.text("tp") + ",pp=" + line.text("pp") +
+                       ",cp=" + line.text("cp") + ",sp=" + line.text("sp") +
+                       ",microbatch_size=" + line.text("microbatch") +
+                       ",global_batch=" + line.text("global_batch") +
+                       ",recompute=" + line.text("recompute") + ",zero=" + line.text("zero") +
+                       ",attention=" + line.text("attention") + ",fp8=" + line.text("fp8") +
+                       ",tp_comm_overlap=true,overlap_grad_reduce=true,overlap_param_gather=true";
     if (line.integer("virtual_stages") > 1)
       keys += ",schedule=interleaved,virtual_stages=" + line.text("virtual_stages");
     run.strategy = parse_layout(line, keys, m, run.cluster);

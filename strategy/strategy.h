@@ -60,7 +60,7 @@ struct Strategy {
   bool tp_comm_overlap = false;
   // ZeRO >= 1: the parameter all-gather after the step overlapped, bucket by bucket, with the
   // next forward pass (Megatron's overlap_param_gather).
-  bool overlap_param_gather = true;
+  bool overlap_param_gather = false;
   // Transformer blocks per (virtual) stage in pipeline order; chunk c of pipeline rank p is
   // entry c * pp + p. Empty means balanced (as even as possible, remainder to the middle).
   std::vector<int> stage_layers;
