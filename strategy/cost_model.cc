@@ -307,9 +307,13 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     group.first_node = static_cast<int>(l.spanned_nodes.size());
     group.min_members = s.dp * s.cp;
     group.inter_GBps = group.intra_GBps = kInf;
+    // Member (r, c) of the group: the first GPU of context rank c of stage p of replica r.
+    auto member_node = [&](int r, int c) {
+      return c == 0 ? rank_node[r * pp + p] : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
+    };
     for (int r = 0; r < s.dp; ++r) {
       for (int c = 0; c < s.cp; ++c) {
-        const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
+        const int node = member_node(r, c);
         if (per_node[node]++ == 0) {
           ++group.nodes_spanned;
           l.spanned_nodes.push_back(node);
@@ -320,7 +324,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     }
     for (int r = 0; r < s.dp; ++r) {
       for (int c = 0; c < s.cp; ++c) {
-        int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)]];
+        int& count = per_node[member_node(r, c)];
         if (count > 0) group.min_members = std::min(group.min_members, count);
         count = 0;
       }
@@ -558,10 +562,12 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       // or listed one by one under an explicit placement.
       const bool contiguous = s.gpus.empty();
       double speed = kInf;
-      for (int i = 0; i < s.tp * s.cp; ++i) {
-        const int g = contiguous ? gpu0 + i : s.gpu_of_rank(r, p, i % s.tp, i / s.tp);
-        if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
-        if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
+      for (int k = 0; k < s.cp; ++k) {
+        for (int i = 0; i < s.tp; ++i) {
+          const int g = contiguous ? gpu0 + k * s.tp + i : s.gpu_of_rank(r, p, i, k);
+          if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
+          if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
+        }
       }
       slow = speed == kInf ? 1.0 : 1.0 / speed;
     }
