@@ -45,7 +45,10 @@ nlohmann::json to_json(const Strategy& s) {
   j["dp"] = s.dp;
   j["tp"] = s.tp;
   j["pp"] = s.pp;
+  j["cp"] = s.cp;
   j["sp"] = s.sp;
+  j["attention"] = to_string(s.attention);
+  j["fp8"] = s.fp8;
   j["microbatch_size"] = s.microbatch_size;
   j["global_batch"] = s.global_batch;
   j["schedule"] = to_string(s.schedule);
@@ -53,6 +56,8 @@ nlohmann::json to_json(const Strategy& s) {
   j["recompute"] = to_string(s.recompute);
   j["zero"] = s.zero;
   j["overlap_grad_reduce"] = s.overlap_grad_reduce;
+  j["overlap_param_gather"] = s.overlap_param_gather;
+  j["tp_comm_overlap"] = s.tp_comm_overlap;
   if (s.stage_layers.empty())
     j["stages"] = "balanced";
   else
@@ -85,19 +90,22 @@ nlohmann::json to_json(const CostBreakdown& b) {
   j["memory_gb_per_gpu"] = b.memory_gib;
   j["memory_capacity_gb"] = b.memory_capacity_gib;
   j["fits_in_memory"] = b.fits_in_memory;
-  j["breakdown"] = {{"compute_s", b.compute_s},    {"recompute_s", b.recompute_s},
-                    {"tp_comm_s", b.tp_comm_s},    {"pp_comm_s", b.pp_comm_s},
-                    {"bubble_s", b.bubble_s},      {"dp_comm_s", b.dp_comm_s},
-                    {"optimizer_s", b.optimizer_s}};
+  j["breakdown"] = {{"compute_s", b.compute_s}, {"recompute_s", b.recompute_s},
+                    {"tp_comm_s", b.tp_comm_s}, {"cp_comm_s", b.cp_comm_s},
+                    {"pp_comm_s", b.pp_comm_s}, {"bubble_s", b.bubble_s},
+                    {"dp_comm_s", b.dp_comm_s}, {"optimizer_s", b.optimizer_s}};
   return j;
 }
 
 std::string describe(const Strategy& s) {
   std::ostringstream out;
-  out << "dp=" << s.dp << " tp=" << s.tp << " pp=" << s.pp << (s.sp ? " sp" : "")
-      << " mb=" << s.microbatch_size << " gb=" << s.global_batch << " " << to_string(s.schedule);
+  out << "dp=" << s.dp << " tp=" << s.tp << " pp=" << s.pp;
+  if (s.cp > 1) out << " cp=" << s.cp;
+  out << (s.sp ? " sp" : "") << " mb=" << s.microbatch_size << " gb=" << s.global_batch << " "
+      << to_string(s.schedule);
   if (s.virtual_stages > 1) out << "(v=" << s.virtual_stages << ")";
-  out << " recompute=" << to_string(s.recompute) << " zero=" << s.zero;
+  out << " recompute=" << to_string(s.recompute) << " zero=" << s.zero
+      << " attention=" << to_string(s.attention) << (s.fp8 ? " fp8" : "");
   if (!s.stage_layers.empty()) {
     out << " stages=[";
     for (size_t i = 0; i < s.stage_layers.size(); ++i) out << (i ? "," : "") << s.stage_layers[i];

@@ -42,7 +42,8 @@ void print_table(const ModelSpec& model, const ClusterSpec& cluster, const Strat
   std::printf("%-22s %10s %8s\n", "time breakdown", "seconds", "share");
   const std::pair<const char*, double> rows[] = {
       {"compute", b.compute_s},           {"recompute", b.recompute_s},
-      {"tp/sp collectives", b.tp_comm_s}, {"pipeline p2p", b.pp_comm_s},
+      {"tp/sp collectives", b.tp_comm_s}, {"cp ring (exposed)", b.cp_comm_s},
+      {"pipeline p2p", b.pp_comm_s},
       {"pipeline bubble", b.bubble_s},    {"dp reduction (exposed)", b.dp_comm_s},
       {"optimizer", b.optimizer_s}};
   for (const auto& [name, value] : rows) {

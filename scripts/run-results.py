@@ -13,6 +13,7 @@ Sections (default: all of them, in this order; about 25 minutes on a 2-core mach
   training        parapilot train on mixed, the validation curve against wall time
   policy-latency  bench_policy
   planner         bench_planner, bench_env, bench_cost_model
+  calibration     calibration_report: the cost model on the published runs (deterministic)
   deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
   deploy-live     bench_closed_loop, 3 rounds
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
@@ -34,8 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,uniform-dp,oracle"
-SECTIONS = ["policy", "training", "policy-latency", "planner", "deploy-sim", "deploy-live",
-            "pytorch", "live"]
+SECTIONS = ["policy", "training", "policy-latency", "planner", "calibration", "deploy-sim",
+            "deploy-live", "pytorch", "live"]
 
 
 def git(*args):
@@ -121,6 +122,10 @@ class Runner:
         self.bench("planner.json", [self.bin("benchmarks", "strategy", "bench_planner"), "5"])
         self.bench("env.json", [self.bin("benchmarks", "env", "bench_env"), "3"])
         self.bench("cost-model.json", [self.bin("benchmarks", "strategy", "bench_cost_model")])
+
+    def calibration(self):
+        self.bench("calibration.json",
+                   [self.bin("benchmarks", "strategy", "calibration_report")])
 
     def deploy_sim(self):
         b = self.bin("benchmarks", "agent", "bench_deploy")

@@ -1,5 +1,6 @@
 #include "strategy/cluster.h"
 
+#include <algorithm>
 #include <charconv>
 
 namespace parapilot {
@@ -11,11 +12,22 @@ namespace {
 // (about 250 of 312 TFLOP/s), ~72% on Hopper (about 700 of 989 TFLOP/s), from public GEMM
 // benchmarks. NICs: EDR 100 Gb/s with V100 (DGX-1), HDR 200 Gb/s with A100 (DGX A100),
 // NDR 400 Gb/s with Hopper (DGX H100).
+// Network: HDR (and EDR) fabrics at 0.70 of line rate, between the nccl-tests all-reduce
+// figures of 16 HDR A100 nodes (~0.58) and the SC'21 rows; NDR at 0.85, the nccl-tests
+// all-reduce of 2 nodes of 8 H100 (~339 GB/s busbw = 8 NICs x 50 GB/s x 0.85).
+constexpr double kHdrEfficiency = 0.70;
+constexpr double kNdrEfficiency = 0.85;
+constexpr double kHopperGemm = 0.65;
+constexpr double kHopperAttention = 0.35;
+
 const std::vector<GpuType>& catalogue() {
   static const std::vector<GpuType> types = {
-      {"v100", 125, 32, 900, 300, 100, 0.80},      {"a100-40g", 312, 40, 1555, 600, 200, 0.72},
-      {"a100-80g", 312, 80, 2039, 600, 200, 0.72}, {"h800", 989, 80, 3350, 400, 400, 0.72},
-      {"h100", 989, 80, 3350, 900, 400, 0.72},     {"h200", 989, 141, 4800, 900, 400, 0.72},
+      {"v100", 125, 32, 900, 300, 100, 0.80, 0.40, 0, kHdrEfficiency},
+      {"a100-40g", 312, 40, 1555, 600, 200, 0.72, 0.55, 0, kHdrEfficiency},
+      {"a100-80g", 312, 80, 2039, 600, 200, 0.72, 0.55, 0, kHdrEfficiency},
+      {"h800", 989, 80, 3350, 400, 400, kHopperGemm, kHopperAttention, 1979, kNdrEfficiency},
+      {"h100", 989, 80, 3350, 900, 400, kHopperGemm, kHopperAttention, 1979, kNdrEfficiency},
+      {"h200", 989, 141, 4800, 900, 400, kHopperGemm, kHopperAttention, 1979, kNdrEfficiency},
   };
   return types;
 }
@@ -100,6 +112,11 @@ ClusterTopology::ClusterTopology(const ClusterSpec& spec)
       inter_latency_s(spec.inter_node_latency_us * 1e-6),
       intra_efficiency(spec.intra_node_efficiency),
       inter_efficiency(spec.inter_node_efficiency) {
+  if (inter_efficiency <= 0) {
+    inter_efficiency = 1.0;
+    for (const NodeGroup& g : spec.groups)
+      inter_efficiency = std::min(inter_efficiency, g.gpu.network_efficiency);
+  }
   for (const auto& group : spec.groups) {
     int type = -1;
     for (size_t i = 0; i < types.size(); ++i) {

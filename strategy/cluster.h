@@ -22,6 +22,12 @@ struct GpuType {
   double nvlink_GBps_bidir = 0;  // NVLink bandwidth per GPU, both directions together
   double nic_Gbps = 0;           // usual network bandwidth per GPU in a node of this type
   double gemm_efficiency = 0;    // fraction of peak reached by large, well-shaped GEMMs
+  // Fraction of peak the fused (flash) attention kernel sustains, forward and backward.
+  double attention_efficiency = 0;
+  double fp8_tflops = 0;  // dense FP8 tensor-core peak; 0 = the GPU has no FP8 tensor cores
+  // Fraction of the usual NIC's line rate that large collectives reach between nodes of
+  // this type (the default of ClusterSpec::inter_node_efficiency).
+  double network_efficiency = 0.70;
 };
 
 // Catalogue lookup: v100, a100-40g, a100-80g, h800, h100, h200.
@@ -43,7 +49,8 @@ struct ClusterSpec {
   double inter_node_latency_us = 8.0;  // per collective step or p2p message over the network
   // Fraction of the nominal link rate collectives reach for large messages (busbw / link).
   double intra_node_efficiency = 0.80;
-  double inter_node_efficiency = 0.70;
+  // 0 = the lowest network_efficiency of the node groups' GPU types (their usual NICs).
+  double inter_node_efficiency = 0;
 
   int num_gpus() const;
   int num_nodes() const;

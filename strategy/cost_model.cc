@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "strategy/cost_formulas.h"
+
 namespace parapilot {
 
 namespace {
@@ -16,26 +18,9 @@ constexpr double kKernelOverheadS = 2e-6;    // fixed cost per kernel: launch, t
 constexpr double kReservedGiB = 1.0;         // CUDA context, allocator slack, NCCL buffers
 constexpr double kBucketParams = 40e6;       // gradient bucket (Megatron's default size)
 constexpr double kAdamBytesPerParam = 30.0;  // fp32 master, m, v read+write; grad read; param write
+constexpr double kFp8CastBytesPerParam = 4.0;  // read bf16 weight, write FP8 copy and transpose
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double ring_allreduce_s(int n, double bytes, double bw_Bps, double latency_s) {
-  if (n <= 1 || bytes <= 0) return 0;
-  return 2.0 * (n - 1) * latency_s + 2.0 * (n - 1) / n * bytes / bw_Bps;
-}
-
-// All-gather or reduce-scatter where bytes is the full (gathered) size.
-double ring_gather_s(int n, double bytes, double bw_Bps, double latency_s) {
-  if (n <= 1 || bytes <= 0) return 0;
-  return (n - 1) * latency_s + static_cast<double>(n - 1) / n * bytes / bw_Bps;
-}
-
-// Bytes per parameter held on each GPU (Megatron-LM's accounting): 16-bit weights, a gradient
-// buffer in fp32 for bf16 models (accumulated and reduced in fp32) or fp16 for fp16 models,
-// and fp32 master weights with Adam's two moments.
-constexpr double kWeightBytes = 2.0;
-constexpr double kOptimizerBytes = 12.0;
-double grad_bytes(const ModelSpec& model) { return model.dtype == DType::kBF16 ? 4.0 : 2.0; }
 
 }  // namespace
 
@@ -45,6 +30,10 @@ struct CostModel::BlockTimes {
   double recompute = 0;                 // extra forward work recomputed during backward
   double first_fwd = 0, first_bwd = 0;  // embedding (first chunk only)
   double last_fwd = 0, last_bwd = 0;    // final norm, logits and loss (last chunk only)
+  // Flash attention kernel of one block (context parallelism hides its ring under them).
+  double attention_fwd = 0, attention_bwd = 0;
+  double kv_block_bytes = 0;    // keys and values one context-parallel rank holds (ring step)
+  double linear_gemms_fwd = 0;  // the four linear-layer GEMMs of one block, forward
   double hbm_Bps = 0;
 };
 
@@ -70,17 +59,38 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
   const GpuType& gpu = topo_.types[type];
   const double flops_Bps = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency;
   const double hbm_Bps = gpu.hbm_GBps * 1e9 * kHbmEfficiency;
-  // Roofline per GEMM: compute-bound at the achievable peak, memory-bound on 2-byte operands.
-  auto gemm = [&](double m, double n, double k, double batch = 1) {
-    const double compute = 2.0 * m * n * k / flops_Bps;
-    const double memory = 2.0 * (m * k + k * n + m * n) / hbm_Bps;
+  // Roofline per GEMM: compute-bound at the achievable peak, memory-bound on its operands
+  // (2 bytes each in bf16/fp16, 1 in FP8 at the FP8 peak).
+  auto gemm_at = [&](double m, double n, double k, double batch, double rate, double bytes) {
+    const double compute = 2.0 * m * n * k / rate;
+    const double memory = bytes * (m * k + k * n + m * n) / hbm_Bps;
     return batch * std::max(compute, memory) + kKernelOverheadS;
   };
+  auto gemm = [&](double m, double n, double k, double batch = 1) {
+    return gemm_at(m, n, k, batch, flops_Bps, 2.0);
+  };
   auto streaming = [&](double bytes) { return bytes / hbm_Bps + kKernelOverheadS; };
+  // A linear layer's forward GEMM (M tokens x N outputs x K inputs) and the extra work of its
+  // backward beyond two GEMMs of the same shape. In FP8 (Transformer-Engine style) the GEMMs
+  // run at the FP8 peak on 1-byte operands; the forward casts its bf16 input to FP8 (read 2,
+  // write 1 byte per element), the backward casts the output gradient to FP8 with its transpose
+  // (read 2, write 1 + 1) and transposes the saved FP8 input for the weight gradient (1 + 1).
+  const double fp8_Bps = gpu.fp8_tflops * 1e12 * gpu.gemm_efficiency;
+  double gemms = 0, casts_fwd = 0, casts_bwd = 0;
+  auto linear = [&](double m, double n, double k) {
+    if (!s.fp8) {
+      gemms += gemm(m, n, k);
+      return;
+    }
+    gemms += gemm_at(m, n, k, 1, fp8_Bps, 1.0);
+    casts_fwd += streaming(3.0 * m * k);
+    casts_bwd += streaming(4.0 * m * n) + streaming(2.0 * m * k);
+  };
 
   const double t = s.tp;
   const double b = s.microbatch_size;
-  const double seq = model_.seq_len;
+  const double full_seq = model_.seq_len;
+  const double seq = full_seq / s.cp;  // the part of the sequence this context rank holds
   const double h = model_.hidden;
   const double f = model_.ffn_hidden;
   const double d = model_.head_dim();
@@ -91,36 +101,57 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
       model_.kv_heads >= s.tp ? static_cast<double>(model_.kv_width()) / t : 2.0 * d;
   const bool gated = model_.activation == Activation::kSwiGLU;
 
-  const double qkv = gemm(tokens, h / t + kv_per_rank, h);
-  const double scores = gemm(seq, seq, d, b * heads_per_rank);
-  const double context = gemm(seq, d, seq, b * heads_per_rank);
-  const double projection = gemm(tokens, h, h / t);
-  const double fc1 = gemm(tokens, (gated ? 2 : 1) * f / t, h);
-  const double fc2 = gemm(tokens, h, f / t);
-  const double matmuls = qkv + scores + context + projection + fc1 + fc2;
-
+  linear(tokens, h / t + kv_per_rank, h);  // QKV
+  linear(tokens, h, h / t);                // output projection
+  linear(tokens, (gated ? 2 : 1) * f / t, h);
+  linear(tokens, h, f / t);
   // Element-wise kernels (2-byte elements): two norms (read + write), two fused
-  // bias-dropout-residual adds (2 reads, 1 write, 1-byte mask), fused scale-mask-softmax with
-  // attention dropout (9 bytes per score), and the MLP activation.
-  const double softmax = streaming(9.0 * b * heads_per_rank * seq * seq);
+  // bias-dropout-residual adds (2 reads, 1 write, 1-byte mask) and the MLP activation.
   const double elementwise = streaming(8.0 * norm_tokens * h) + streaming(14.0 * norm_tokens * h) +
-                             softmax + streaming((gated ? 6.0 : 4.0) * tokens * f / t);
+                             streaming((gated ? 6.0 : 4.0) * tokens * f / t);
 
   BlockTimes out;
   out.hbm_Bps = hbm_Bps;
-  out.fwd = matmuls + elementwise;
-  out.bwd = 2.0 * out.fwd;  // data and weight gradients: two GEMMs per forward GEMM
+  out.linear_gemms_fwd = gemms;
+  double core_recompute = 0;  // the attention core, which selective recompute runs again
+  if (s.attention == Attention::kUnfused) {
+    // Scores and values as batched GEMMs with d = head_dim, and a fused scale-mask-softmax
+    // with attention dropout reading and writing the s x s scores (9 bytes per score).
+    const double scores = gemm(seq, seq, d, b * heads_per_rank);
+    const double context = gemm(seq, d, seq, b * heads_per_rank);
+    const double softmax = streaming(9.0 * b * heads_per_rank * seq * seq);
+    core_recompute = scores + context + softmax;
+    out.fwd = gemms + casts_fwd + elementwise + core_recompute;
+    // Data and weight gradients: two GEMMs per forward GEMM.
+    out.bwd = 2.0 * (gemms + elementwise + core_recompute) + casts_bwd;
+  } else {
+    // One fused kernel: the scores stay on chip, so its HBM traffic is Q, K, V and the output.
+    // A causal mask skips half the blocks (2 b s^2 d FLOPs per head instead of 4); a context
+    // rank computes 1/cp of them (2 cp chunks per rank balance the causal work). The backward
+    // recomputes the scores in the kernel: 2.5 times the forward FLOPs (5 GEMMs to 2).
+    const double attention_Bps = gpu.peak_tflops * 1e12 * gpu.attention_efficiency;
+    const double flops = 2.0 * b * heads_per_rank * full_seq * full_seq * d / s.cp;
+    const double io_bytes = 2.0 * tokens * (2.0 * h / t) + 2.0 * b * full_seq * kv_per_rank;
+    out.attention_fwd = std::max(flops / attention_Bps, io_bytes / hbm_Bps) + kKernelOverheadS;
+    out.attention_bwd =
+        std::max(2.5 * flops / attention_Bps, 2.0 * io_bytes / hbm_Bps) + kKernelOverheadS;
+    out.kv_block_bytes = 2.0 * tokens * kv_per_rank;
+    core_recompute = out.attention_fwd;
+    out.fwd = gemms + casts_fwd + elementwise + out.attention_fwd;
+    out.bwd = 2.0 * (gemms + elementwise) + casts_bwd + out.attention_bwd;
+  }
   switch (s.recompute) {
     case Recompute::kNone:
       break;
     case Recompute::kSelective:
-      out.recompute = scores + context + softmax;
+      out.recompute = core_recompute;
       break;
     case Recompute::kFull:
       out.recompute = out.fwd;
       break;
   }
 
+  // The embedding and output layer stay in 16 bits (as Transformer Engine keeps them).
   const double vocab_per_rank = model_.vocab / t;
   out.first_fwd = streaming(2.0 * norm_tokens * h);
   out.first_bwd = streaming(4.0 * norm_tokens * h);
@@ -166,15 +197,17 @@ struct ChunkLayout {
 // What a layout (dp x pp x tp ranks on given GPUs) fixes regardless of conditions.
 struct CostModel::Layout {
   unsigned long long model_id = 0;
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0;
   PlacementOrder placement = PlacementOrder::kTpPpDp;
   std::vector<int> gpus;  // the explicit placement, if any
   // Per replica: the first replica with the same link pattern, rank by rank (the node class
-  // of the rank's first GPU, and whether its pipeline neighbours sit on the same node or else
-  // their node classes). Replicas of one class time alike under nominal conditions.
+  // of the rank's first GPU, whether its pipeline neighbours sit on the same node or else
+  // their node classes, and whether its context-parallel ring leaves the node or else the
+  // class of its slowest network end). Replicas of one class time alike under nominal
+  // conditions.
   std::vector<int> replica_class;
   std::vector<int> replica_of_gpu;  // per cluster GPU: the replica using it, or -1
-  // Per pipeline rank: how its data-parallel group spreads over nodes.
+  // Per pipeline rank: how its gradient-reduction group (dp x cp members) spreads over nodes.
   struct DpGroup {
     int nodes_spanned = 0;
     int min_members = 0;                    // fewest members on one node
@@ -186,13 +219,25 @@ struct CostModel::Layout {
   double peak_flops = 0;  // sum of the peaks of the GPUs used
 };
 
+unsigned long long CostModel::cp_ring_class(const Strategy& s, int r, int p) const {
+  const int first = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, 0)];
+  int slowest = first;
+  bool spans = false;
+  for (int c = 1; c < s.cp; ++c) {
+    const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
+    spans = spans || node != first;
+    if (topo_.nodes[node].inter_GBps < topo_.nodes[slowest].inter_GBps) slowest = node;
+  }
+  return spans ? 1 + static_cast<unsigned long long>(node_class_[slowest]) : 0;
+}
+
 const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   constexpr int kEntries = 32;
   thread_local Layout cache[kEntries];
   thread_local int next_entry = 0;
   for (const Layout& entry : cache) {
     if (entry.model_id == id_ && entry.dp == s.dp && entry.tp == s.tp && entry.pp == s.pp &&
-        entry.placement == s.placement && entry.gpus == s.gpus)
+        entry.cp == s.cp && entry.placement == s.placement && entry.gpus == s.gpus)
       return entry;
   }
   Layout& l = cache[next_entry];
@@ -201,6 +246,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.dp = s.dp;
   l.tp = s.tp;
   l.pp = s.pp;
+  l.cp = s.cp;
   l.placement = s.placement;
   l.gpus = s.gpus;
 
@@ -208,7 +254,9 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.replica_of_gpu.assign(topo_.num_gpus(), -1);
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < pp; ++p) {
-      for (int i = 0; i < s.tp; ++i) l.replica_of_gpu[s.gpu_of_rank(r, p, i)] = r;
+      for (int c = 0; c < s.cp; ++c) {
+        for (int i = 0; i < s.tp; ++i) l.replica_of_gpu[s.gpu_of_rank(r, p, i, c)] = r;
+      }
     }
   }
   // Node of each rank's first GPU, rank (r, p) at r * pp + p.
@@ -219,26 +267,30 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   }
   // Link pattern of each rank; replicas are compared with the first replica of each class
   // found so far (few: a replica beyond kMaxClasses classes stands alone).
+  // With context parallelism each rank has a second word: its ring's link class.
+  const int words = s.cp > 1 ? 2 : 1;
   thread_local std::vector<unsigned long long> keys;
-  keys.resize(static_cast<size_t>(s.dp) * pp);
+  keys.resize(static_cast<size_t>(s.dp) * pp * words);
   constexpr int kMaxClasses = 16;
   int firsts[kMaxClasses];
   int class_count = 0;
   l.replica_class.resize(s.dp);
   for (int r = 0; r < s.dp; ++r) {
     const int* nodes = &rank_node[static_cast<size_t>(r) * pp];
-    unsigned long long* key = &keys[static_cast<size_t>(r) * pp];
+    unsigned long long* key = &keys[static_cast<size_t>(r) * pp * words];
     for (int p = 0; p < pp; ++p) {
       const int node = nodes[p];
       const int next = nodes[(p + 1) % pp];
       const int prev = nodes[(p + pp - 1) % pp];
-      key[p] = static_cast<unsigned long long>(node_class_[node]) << 42 |
-               static_cast<unsigned long long>(next == node ? 0 : 1 + node_class_[next]) << 21 |
-               static_cast<unsigned long long>(prev == node ? 0 : 1 + node_class_[prev]);
+      key[p * words] = static_cast<unsigned long long>(node_class_[node]) << 42 |
+                       static_cast<unsigned long long>(next == node ? 0 : 1 + node_class_[next])
+                           << 21 |
+                       static_cast<unsigned long long>(prev == node ? 0 : 1 + node_class_[prev]);
+      if (words == 2) key[p * words + 1] = cp_ring_class(s, r, p);
     }
     l.replica_class[r] = r;
     for (int k = 0; k < class_count; ++k) {
-      if (std::equal(key, key + pp, &keys[static_cast<size_t>(firsts[k]) * pp])) {
+      if (std::equal(key, key + pp * words, &keys[static_cast<size_t>(firsts[k]) * pp * words])) {
         l.replica_class[r] = firsts[k];
         break;
       }
@@ -253,21 +305,29 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   for (int p = 0; p < s.pp; ++p) {
     Layout::DpGroup& group = l.dp_groups[p];
     group.first_node = static_cast<int>(l.spanned_nodes.size());
-    group.min_members = s.dp;
+    group.min_members = s.dp * s.cp;
     group.inter_GBps = group.intra_GBps = kInf;
+    // Member (r, c) of the group: the first GPU of context rank c of stage p of replica r.
+    auto member_node = [&](int r, int c) {
+      return c == 0 ? rank_node[r * pp + p] : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
+    };
     for (int r = 0; r < s.dp; ++r) {
-      const int node = rank_node[r * pp + p];
-      if (per_node[node]++ == 0) {
-        ++group.nodes_spanned;
-        l.spanned_nodes.push_back(node);
-        group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
-        group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
+      for (int c = 0; c < s.cp; ++c) {
+        const int node = member_node(r, c);
+        if (per_node[node]++ == 0) {
+          ++group.nodes_spanned;
+          l.spanned_nodes.push_back(node);
+          group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
+          group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
+        }
       }
     }
     for (int r = 0; r < s.dp; ++r) {
-      int& count = per_node[rank_node[r * pp + p]];
-      if (count > 0) group.min_members = std::min(group.min_members, count);
-      count = 0;
+      for (int c = 0; c < s.cp; ++c) {
+        int& count = per_node[member_node(r, c)];
+        if (count > 0) group.min_members = std::min(group.min_members, count);
+        count = 0;
+      }
     }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
   }
@@ -277,8 +337,10 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     l.peak_flops = 0;
     for (int r = 0; r < s.dp; ++r) {
       for (int p = 0; p < s.pp; ++p) {
-        l.peak_flops +=
-            s.tp * topo_.types[topo_.nodes[rank_node[r * pp + p]].type].peak_tflops * 1e12;
+        for (int c = 0; c < s.cp; ++c) {
+          l.peak_flops +=
+              s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0, c)]].peak_tflops * 1e12;
+        }
       }
     }
   }
@@ -306,16 +368,21 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   }
 
   MemoryBreakdown m;
-  const double dp = s.dp;
-  m.weights_gib = params * kWeightBytes / (s.zero >= 3 ? dp : 1.0) / kGiB;
-  m.gradients_gib = params * grad_bytes(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
-  m.optimizer_gib = params * kOptimizerBytes / (s.zero >= 1 ? dp : 1.0) / kGiB;
+  // ZeRO shards over the gradient-reduction group: the dp replicas times the cp ranks that
+  // hold the same parameters (Megatron's distributed optimizer shards over dp x cp).
+  const double dp = static_cast<double>(s.dp) * s.cp;
+  m.weights_gib = params * kWeightBytesPerParam / (s.zero >= 3 ? dp : 1.0) / kGiB;
+  // FP8 keeps an FP8 copy of every block weight and its transpose (1 + 1 bytes per parameter).
+  if (s.fp8)
+    m.weights_gib += layers * static_cast<double>(model_.params_per_layer()) / t * 2.0 / kGiB;
+  m.gradients_gib = params * grad_bytes_per_param(model_) / (s.zero >= 2 ? dp : 1.0) / kGiB;
+  m.optimizer_gib = params * kOptimizerBytesPerParam / (s.zero >= 1 ? dp : 1.0) / kGiB;
   m.reserved_gib = kReservedGiB;
 
   // Activations per block per microbatch (Korthikanti et al. 2022, generalised to GQA and
   // gated MLPs): bytes = sbh * (replicated + split / t) + attention scores.
   const double b = s.microbatch_size;
-  const double seq = model_.seq_len;
+  const double seq = static_cast<double>(model_.seq_len) / s.cp;  // this context rank's part
   const double h = model_.hidden;
   const double f = model_.ffn_hidden;
   const double sbh = seq * b * h;
@@ -327,7 +394,10 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   // Split across tp ranks: Q (2), K and V (4 * kv_fraction), projection input (2), MLP
   // activation input and fc2 input (4 * f/h, 6 * f/h when gated).
   const double split = sbh * (2.0 + 4.0 * kv_fraction + 2.0 + (gated ? 6.0 : 4.0) * f / h);
-  const double scores = 5.0 * model_.heads * seq * seq * b;  // softmax out, mask, dropout out
+  // Unfused attention stores the scores: softmax output, dropout mask and output (5 bytes per
+  // score). Flash attention stores none, only the softmax statistics (fp32, one per row).
+  const double scores = s.attention == Attention::kUnfused ? 5.0 * model_.heads * seq * seq * b
+                                                           : 4.0 * model_.heads * seq * b;
   double per_block = 0;
   const double rep = s.sp ? replicated / t : replicated;
   switch (s.recompute) {
@@ -387,7 +457,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   BlockTimes blocks[kMaxTypes];
   for (size_t i = 0; i < topo_.types.size(); ++i) blocks[i] = block_times(static_cast<int>(i), s);
 
-  const double tokens = static_cast<double>(s.microbatch_size) * model_.seq_len;
+  // Tokens of one microbatch on one context-parallel rank.
+  const double tokens = static_cast<double>(s.microbatch_size) * model_.seq_len / s.cp;
   const double tp_bytes = tokens * model_.hidden * 2.0;  // one TP collective's buffer
   const int tp_collectives =
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
@@ -397,6 +468,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // network transfer (its seconds per byte), and one tensor-parallel collective.
   struct NodeLinks {
     double intra_p2p_s;
+    double intra_s_per_byte;
     double inter_s_per_byte;
     double tp_collective_s;
   };
@@ -407,6 +479,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     const double intra_Bps =
         topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * intra_factor;
     links.intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
+    links.intra_s_per_byte = 1.0 / intra_Bps;
     links.inter_s_per_byte =
         1.0 / (topo_.nodes[n].inter_GBps * inter_factor * 1e9 * topo_.inter_efficiency);
     links.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
@@ -439,13 +512,39 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
            p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
   };
 
+  // Ring attention: per block, every context rank passes the keys and values it holds cp - 1
+  // times forward, and keys, values and their gradients (twice the bytes) backward. Each step
+  // runs under the attention of the block that arrived before it; what the attention cannot
+  // hide is exposed. Inside a node the ring runs over NVLink, else at its slowest network end.
+  auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
+    const int first = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, 0)];
+    bool spans = false;
+    double inter_s_per_byte = node_links[first].inter_s_per_byte;
+    for (int k = 1; k < s.cp; ++k) {
+      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      spans = spans || node != first;
+      inter_s_per_byte = std::max(inter_s_per_byte, node_links[node].inter_s_per_byte);
+    }
+    auto step_s = [&](double bytes) {
+      return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
+                   : topo_.intra_latency_s + bytes * node_links[first].intra_s_per_byte;
+    };
+    const double steps = s.cp - 1;
+    const double fwd =
+        steps * std::max(0.0, step_s(bt.kv_block_bytes) - bt.attention_fwd * slow / s.cp);
+    const double bwd =
+        steps * std::max(0.0, step_s(2.0 * bt.kv_block_bytes) - bt.attention_bwd * slow / s.cp);
+    return (s.recompute == Recompute::kFull ? 2.0 : 1.0) * fwd + bwd;
+  };
+
   // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
-  // collectives and p2p on the slowest GPU of its tensor-parallel group.
+  // collectives, exposed ring-attention transfers and p2p on the slowest GPU of its
+  // tensor-parallel and context-parallel groups.
   struct RankTime {
-    double fwd, bwd, recompute, tp, p2p, slow;
+    double fwd, bwd, recompute, tp, cp, p2p, slow;
     int type;
     bool failed;
-    double total() const { return fwd + bwd + tp + p2p; }
+    double total() const { return fwd + bwd + tp + cp + p2p; }
   };
   // Transformer blocks held by each pipeline rank (all its chunks).
   thread_local std::vector<int> rank_layers;
@@ -459,20 +558,25 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     rt.type = topo_.type_of_gpu[gpu0];
     double slow = 1.0;
     if (!c.gpu_speed.empty() || !c.gpu_failed.empty()) {
-      // The tensor-parallel group's GPUs are gpu0 .. gpu0 + tp - 1 under the placement orders,
+      // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
       // or listed one by one under an explicit placement.
       const bool contiguous = s.gpus.empty();
       double speed = kInf;
-      for (int i = 0; i < s.tp; ++i) {
-        const int g = contiguous ? gpu0 + i : s.gpu_of_rank(r, p, i);
-        if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
-        if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
+      for (int k = 0; k < s.cp; ++k) {
+        for (int i = 0; i < s.tp; ++i) {
+          const int g = contiguous ? gpu0 + k * s.tp + i : s.gpu_of_rank(r, p, i, k);
+          if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
+          if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
+        }
       }
       slow = speed == kInf ? 1.0 : 1.0 / speed;
     }
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
-    const double one_collective = node_links[topo_.node_of_gpu[gpu0]].tp_collective_s;
+    // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
+    const double one_collective =
+        exposed_tp_collective_s(node_links[topo_.node_of_gpu[gpu0]].tp_collective_s, s.tp,
+                                s.tp_comm_overlap, 0.5 * bt.linear_gemms_fwd * slow);
     const int layers = rank_layers[p];
     if (pp > 1) {
       // Activations go to the next chunk, input gradients back to the previous one: every
@@ -496,6 +600,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     rt.recompute *= slow;
     rt.bwd = rt.bwd * slow + rt.recompute;
     rt.tp = layers * tp_collectives * one_collective;
+    if (s.cp > 1) rt.cp = layers * cp_ring_s(r, p, bt, slow);
     return rt;
   };
 
@@ -631,7 +736,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
                                                      : 2.0 * model_.head_dim();
   const bool gated = model_.activation == Activation::kSwiGLU;
   const double block_params = static_cast<double>(model_.params_per_layer()) / t;
-  const double grad_reduce = grad_bytes(model_);
+  const double grad_reduce = grad_bytes_per_param(model_);
   // Weight matrices of one block on one tp rank (rows x cols), for PowerSGD.
   const double mat_rows[4] = {h, h / t, h, f / t};
   const double mat_cols[4] = {h / t + kv_per_rank, h, (gated ? 2.0 : 1.0) * f / t, h};
@@ -692,13 +797,17 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     params += extra;
     ar_bytes += extra * grad_reduce;
 
-    // Optimizer step on the parameters this rank owns.
-    const double owned = s.zero >= 1 ? params / s.dp : params;
-    optimizer = std::max(optimizer, owned * kAdamBytesPerParam / blocks[rt.type].hbm_Bps * rt.slow);
+    // Optimizer step on the parameters this rank owns; with FP8, then the cast of every block
+    // weight it holds to FP8 and its transpose (read 2, write 1 + 1 bytes per parameter).
+    const int reducers = s.dp * s.cp;  // ranks holding the same parameters
+    const double owned = s.zero >= 1 ? params / reducers : params;
+    const double fp8_casts = s.fp8 ? layers * block_params * kFp8CastBytesPerParam : 0.0;
+    optimizer = std::max(
+        optimizer, (owned * kAdamBytesPerParam + fp8_casts) / blocks[rt.type].hbm_Bps * rt.slow);
 
-    if (s.dp > 1) {
+    if (reducers > 1) {
       // The DP group of this pipeline rank: how it spreads over nodes sets its bandwidth.
-      int nodes_spanned = 0, min_members = s.dp;
+      int nodes_spanned = 0, min_members = reducers;
       double inter_bw = kInf, intra_bw = kInf;
       if (layout_info) {
         const Layout::DpGroup& group = layout_info->dp_groups[p];
@@ -715,16 +824,17 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
           }
         }
       } else {
-        for (int r = 0; r < s.dp; ++r) {
-          const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
+        for (int member = 0; member < reducers; ++member) {
+          const int node = topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)];
           if (per_node[node]++ == 0) {
             ++nodes_spanned;
             inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
             intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
           }
         }
-        for (int r = 0; r < s.dp; ++r) {
-          int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)]];
+        for (int member = 0; member < reducers; ++member) {
+          int& count =
+              per_node[topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)]];
           if (count > 0) min_members = std::min(min_members, count);
           count = 0;
         }
@@ -739,12 +849,19 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         if (min_members > 1) bw = std::min(bw, intra_bw * 1e9 * topo_.intra_efficiency);
         latency = topo_.inter_latency_s;
       }
-      const int n = s.dp;
+      const int n = reducers;
       double grads;
-      double after_backward = 0;  // cannot overlap: ZeRO parameter all-gather
+      double after_backward = 0;  // ZeRO's parameter all-gather after the step
       if (s.zero >= 1) {
         grads = ring_gather_s(n, ar_bytes, bw, latency);  // reduce-scatter
-        after_backward = ring_gather_s(n, params * kWeightBytes, bw, latency);
+        after_backward = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
+        if (s.overlap_param_gather) {
+          // Megatron's overlap_param_gather: bucket by bucket under the next forward pass,
+          // each bucket needed only by its own layers; the first bucket waits.
+          const double first_bucket =
+              after_backward * std::min(1.0, kBucketParams / std::max(params, 1.0));
+          after_backward = std::max(after_backward - rt.fwd, first_bucket);
+        }
       } else {
         grads = ring_allreduce_s(n, ar_bytes, bw, latency);
       }
@@ -760,7 +877,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       exposed += after_backward;
       if (s.zero >= 3) {
         // Parameters gathered before each forward and backward, prefetched under compute.
-        const double gather = ring_gather_s(n, params * kWeightBytes, bw, latency);
+        const double gather = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
         exposed += m * std::max(0.0, 2.0 * gather - (rt.fwd + rt.bwd));
       }
       if (work.timings) work.timings->dp_exposed_s.push_back(exposed);
@@ -776,6 +893,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   out.compute_s = m * (bottleneck.fwd + bottleneck.bwd - bottleneck.recompute);
   out.recompute_s = m * bottleneck.recompute;
   out.tp_comm_s = m * bottleneck.tp;
+  out.cp_comm_s = m * bottleneck.cp;
   out.pp_comm_s = m * bottleneck.p2p;
   out.bubble_s = std::max(0.0, worst_pipeline - m * bottleneck.total());
   out.dp_comm_s = dp_exposed;
@@ -797,8 +915,10 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     peak_sum = 0;
     for (int r = 0; r < s.dp; ++r) {
       for (int p = 0; p < pp; ++p) {
-        peak_sum +=
-            s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0)]].peak_tflops * 1e12;
+        for (int k = 0; k < s.cp; ++k) {
+          peak_sum +=
+              s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0, k)]].peak_tflops * 1e12;
+        }
       }
     }
   }
@@ -824,10 +944,12 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       for (int k = 0; k < v; ++k) {
         const int chunk = k * pp + p;
         const double share = layers ? static_cast<double>(chunks.count(chunk)) / layers : 1.0;
-        // TP collectives run inside each pass, in proportion to its work.
-        const double tp_fwd = rt.tp * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
+        // TP collectives and ring-attention transfers run inside each pass, in proportion to
+        // its work.
+        const double collectives = rt.tp + rt.cp;
+        const double tp_fwd = collectives * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
         tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
-        tl.backward_s[chunk] = (rt.bwd + rt.tp - tp_fwd) * share;
+        tl.backward_s[chunk] = (rt.bwd + collectives - tp_fwd) * share;
         if (chunk + 1 < chunk_count)
           tl.p2p_s[chunk] =
               link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0));

@@ -39,6 +39,7 @@ struct CostBreakdown {
   double compute_s = 0;            // forward + backward matmuls and element-wise work
   double recompute_s = 0;          // activation recomputation
   double tp_comm_s = 0;            // tensor/sequence-parallel collectives
+  double cp_comm_s = 0;            // context-parallel ring transfers not hidden by attention
   double pp_comm_s = 0;            // pipeline point-to-point transfers on the critical path
   double bubble_s = 0;             // pipeline fill and drain (and waiting on slower stages)
   double dp_comm_s = 0;            // exposed data-parallel gradient reduction / ZeRO gathers
@@ -108,6 +109,9 @@ class CostModel {
   // reference returned stays valid until the calling thread's next call).
   const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
+  // 0 when the context-parallel ring of (replica r, stage p) stays in one node, else 1 + the
+  // node class of its slowest network end.
+  unsigned long long cp_ring_class(const Strategy& s, int r, int p) const;
   void run(const Strategy& s, const Conditions& c, Work& work) const;
 
   ModelSpec model_;

@@ -45,7 +45,7 @@ struct Candidate {
 
 struct PlanResult {
   // Best first by predicted throughput (tokens/s); all feasible and fitting in memory. Diverse:
-  // no two share (tp, pp, dp, sp, schedule, recompute), i.e. they differ in more than
+  // no two share (tp, pp, dp, cp, sp, schedule, recompute), i.e. they differ in more than
   // microbatch size, virtual stages, ZeRO stage, stage boundaries, shares or compression.
   std::vector<Candidate> candidates;
   std::optional<Candidate> current;  // the current layout under these conditions, when given

@@ -125,6 +125,7 @@ SearchSpace load_search_space(const std::string& path, const ModelSpec& model) {
   SearchSpace s;
   s.tp = read_int_list(r, "tp", 1, 1024);
   s.pp = read_int_list(r, "pp", 1, model.layers);
+  s.cp = read_int_list(r, "cp", 1, 1024);
   s.dp = read_int_list(r, "dp", 1, kMaxDim);
   s.microbatch_size = read_int_list(r, "microbatch_size", 1, kMaxDim);
   s.virtual_stages = read_int_list(r, "virtual_stages", 1, model.layers);

@@ -108,6 +108,9 @@ GpuType read_gpu_type(TableReader& r) {
   t.nvlink_GBps_bidir = need("nvlink_GBps", 1e-3, 1e7);
   t.nic_Gbps = r.get_double("nic_Gbps", 1e-3, 1e7).value_or(200);
   t.gemm_efficiency = r.get_double("gemm_efficiency", 0.01, 1.0).value_or(0.75);
+  t.attention_efficiency = r.get_double("attention_efficiency", 0.01, 1.0).value_or(0.5);
+  t.fp8_tflops = r.get_double("fp8_tflops", 0, 1e6).value_or(0);
+  t.network_efficiency = r.get_double("network_efficiency", 0.01, 1.0).value_or(0.70);
   r.reject_unknown();
   return t;
 }
@@ -228,9 +231,15 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   const auto tp = r.get_int("tp", 1, kMaxDim);
   const auto pp = r.get_int("pp", 1, kMaxDim);
   const auto dp = r.get_int("dp", 1, kMaxDim);
+  const auto cp = r.get_int("cp", 1, kMaxDim);
   s.tp = to_int(tp.value_or(1));
   s.pp = to_int(pp.value_or(1));
+  s.cp = to_int(cp.value_or(1));
   if (auto v = r.get_bool("sp")) s.sp = *v;
+  if (auto v = r.get_choice("attention", {"flash", "unfused"})) {
+    s.attention = *v == "flash" ? Attention::kFlash : Attention::kUnfused;
+  }
+  if (auto v = r.get_bool("fp8")) s.fp8 = *v;
   if (auto v = r.get_int("microbatch_size", 1, kMaxDim)) s.microbatch_size = to_int(*v);
   if (auto v = r.get_int("global_batch", 1, kMaxDim))
     s.global_batch = to_int(*v);
@@ -249,6 +258,8 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   }
   if (auto v = r.get_int("zero", 0, 3)) s.zero = to_int(*v);
   if (auto v = r.get_bool("overlap_grad_reduce")) s.overlap_grad_reduce = *v;
+  if (auto v = r.get_bool("overlap_param_gather")) s.overlap_param_gather = *v;
+  if (auto v = r.get_bool("tp_comm_overlap")) s.tp_comm_overlap = *v;
   if (const toml::node* n = r.get_node("stages")) {
     if (const auto* text = n->as_string()) {
       if (text->get() != "balanced") {
@@ -310,15 +321,17 @@ Strategy read_strategy(TableReader& r, const ModelSpec& model, const ClusterSpec
   }
   r.reject_unknown();
 
-  // dp defaults to what the GPUs leave after tp and pp.
+  // dp defaults to what the GPUs leave after tp, pp and cp.
   const int gpus = s.gpus.empty() ? cluster.num_gpus() : static_cast<int>(s.gpus.size());
+  const int model_parallel = s.tp * s.pp * s.cp;
   if (dp) {
     s.dp = to_int(*dp);
-  } else if (gpus % (s.tp * s.pp) != 0) {
-    r.fail(tp ? "tp" : "pp", "tp*pp = " + std::to_string(s.tp * s.pp) + " does not divide the " +
-                                 std::to_string(gpus) + " GPUs");
+  } else if (gpus % model_parallel != 0) {
+    r.fail(cp ? "cp" : tp ? "tp" : "pp", "tp*pp*cp = " + std::to_string(model_parallel) +
+                                             " does not divide the " + std::to_string(gpus) +
+                                             " GPUs");
   } else {
-    s.dp = gpus / (s.tp * s.pp);
+    s.dp = gpus / model_parallel;
   }
   if (auto problem = find_problem(s, model, cluster)) r.fail(problem->key, problem->reason);
   return s;
@@ -541,13 +554,17 @@ std::string strategy_to_toml(const Strategy& s) {
     out << "]";
   };
   out << "[strategy]\n";
-  out << "dp = " << s.dp << "\ntp = " << s.tp << "\npp = " << s.pp << "\n";
+  out << "dp = " << s.dp << "\ntp = " << s.tp << "\npp = " << s.pp << "\ncp = " << s.cp << "\n";
   out << "sp = " << (s.sp ? "true" : "false") << "\n";
+  out << "attention = \"" << to_string(s.attention) << "\"\n";
+  out << "fp8 = " << (s.fp8 ? "true" : "false") << "\n";
   out << "microbatch_size = " << s.microbatch_size << "\nglobal_batch = " << s.global_batch << "\n";
   out << "schedule = \"" << to_string(s.schedule) << "\"\nvirtual_stages = " << s.virtual_stages
       << "\n";
   out << "recompute = \"" << to_string(s.recompute) << "\"\nzero = " << s.zero << "\n";
   out << "overlap_grad_reduce = " << (s.overlap_grad_reduce ? "true" : "false") << "\n";
+  out << "overlap_param_gather = " << (s.overlap_param_gather ? "true" : "false") << "\n";
+  out << "tp_comm_overlap = " << (s.tp_comm_overlap ? "true" : "false") << "\n";
   out << "stages = ";
   if (s.stage_layers.empty())
     out << "\"balanced\"";

@@ -47,6 +47,7 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
   if (s.dp < 1) return problem("dp", "must be >= 1");
   if (s.tp < 1) return problem("tp", "must be >= 1");
   if (s.pp < 1) return problem("pp", "must be >= 1");
+  if (s.cp < 1) return problem("cp", "must be >= 1");
   if (s.microbatch_size < 1) return problem("microbatch_size", "must be >= 1");
   if (s.global_batch < 1) return problem("global_batch", "must be >= 1");
   if (s.virtual_stages < 1) return problem("virtual_stages", "must be >= 1");
@@ -54,13 +55,14 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
 
   const int gpus = cluster.num_gpus();
   if (s.gpus.empty() && s.num_gpus() != gpus) {
-    return problem("dp", "dp*tp*pp = " + str(s.dp) + "*" + str(s.tp) + "*" + str(s.pp) + " = " +
-                             str(s.num_gpus()) + " but the cluster has " + str(gpus) + " GPUs");
+    return problem("dp", "dp*tp*pp*cp = " + str(s.dp) + "*" + str(s.tp) + "*" + str(s.pp) + "*" +
+                             str(s.cp) + " = " + str(s.num_gpus()) + " but the cluster has " +
+                             str(gpus) + " GPUs");
   }
   if (!s.gpus.empty()) {
     if (static_cast<int>(s.gpus.size()) != s.num_gpus()) {
       return problem("placement", "lists " + str(static_cast<int>(s.gpus.size())) +
-                                      " GPUs but dp*tp*pp = " + str(s.num_gpus()));
+                                      " GPUs but dp*tp*pp*cp = " + str(s.num_gpus()));
     }
     std::set<int> seen;
     for (int g : s.gpus) {
@@ -80,21 +82,44 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
     return problem("tp", "tp = " + str(s.tp) + " and the model's " + str(model.kv_heads) +
                              " key/value heads must divide one another");
   }
-  if (s.sp && model.seq_len % s.tp != 0) {
+  if (s.cp > 1) {
+    if (s.attention != Attention::kFlash) {
+      return problem("cp", "context parallelism (cp = " + str(s.cp) +
+                               ") needs attention = \"flash\": ring attention runs inside the "
+                               "fused attention kernel");
+    }
+    // The sequence is cut into 2*cp chunks, two per rank, so that causal work balances.
+    if (model.seq_len % (2 * s.cp) != 0) {
+      return problem("cp", "cp = " + str(s.cp) + " needs 2*cp = " + str(2 * s.cp) +
+                               " to divide seq_len = " + str(model.seq_len));
+    }
+  }
+  if (s.sp && (model.seq_len / s.cp) % s.tp != 0) {
     return problem("sp", "sequence parallelism needs tp = " + str(s.tp) +
-                             " to divide seq_len = " + str(model.seq_len));
+                             " to divide the sequence each context-parallel rank holds (" +
+                             str(model.seq_len / s.cp) + ")");
   }
 
-  // Tensor-parallel groups must stay inside one node.
+  // Tensor-parallel groups must stay inside one node; FP8 needs FP8 tensor cores on every GPU
+  // the layout uses.
   ClusterTopology topo(cluster);
   for (int d = 0; d < s.dp; ++d) {
     for (int p = 0; p < s.pp; ++p) {
-      const int node = topo.node_of_gpu[s.gpu_of_rank(d, p, 0)];
-      for (int t = 1; t < s.tp; ++t) {
-        if (topo.node_of_gpu[s.gpu_of_rank(d, p, t)] != node) {
-          return problem("tp", "the tensor-parallel group of replica " + str(d) + ", stage " +
-                                   str(p) + " spans nodes (tp = " + str(s.tp) +
-                                   " does not fit the node boundaries)");
+      for (int c = 0; c < s.cp; ++c) {
+        const int node = topo.node_of_gpu[s.gpu_of_rank(d, p, 0, c)];
+        for (int t = 1; t < s.tp; ++t) {
+          if (topo.node_of_gpu[s.gpu_of_rank(d, p, t, c)] != node) {
+            return problem("tp", "the tensor-parallel group of replica " + str(d) + ", stage " +
+                                     str(p) + (s.cp > 1 ? ", context rank " + str(c) : "") +
+                                     " spans nodes (tp = " + str(s.tp) +
+                                     " does not fit the node boundaries)");
+          }
+        }
+        const GpuType& type = topo.types[topo.nodes[node].type];
+        if (s.fp8 && type.fp8_tflops <= 0) {
+          return problem("fp8", "fp8 = true needs FP8 tensor cores, which the " + type.name +
+                                    " lacks (its fp8_tflops is 0); use fp8 = false or Hopper "
+                                    "GPUs (h100, h800, h200)");
         }
       }
     }
@@ -214,6 +239,10 @@ const char* to_string(Recompute recompute) {
       return "full";
   }
   return "?";
+}
+
+const char* to_string(Attention attention) {
+  return attention == Attention::kFlash ? "flash" : "unfused";
 }
 
 const char* to_string(PlacementOrder order) {

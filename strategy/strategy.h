@@ -17,6 +17,9 @@ namespace parapilot {
 enum class Schedule { kGPipe, k1F1B, kInterleaved };
 enum class Recompute { kNone, kSelective, kFull };
 enum class PlacementOrder { kTpPpDp, kTpDpPp };  // innermost first
+// How the attention core runs: one fused kernel that keeps the scores on chip (flash), or
+// separate GEMMs and softmax with the s x s scores in memory (unfused, Megatron-LM 2021-22).
+enum class Attention { kFlash, kUnfused };
 
 // How one layer's gradients travel in the data-parallel reduction.
 struct Compression {
@@ -40,7 +43,12 @@ struct Strategy {
   int dp = 1;
   int tp = 1;
   int pp = 1;
+  // Context parallelism: the sequence is split over cp ranks that each hold a tensor-parallel
+  // shard of the same stage; attention passes key/value blocks around them (ring attention).
+  int cp = 1;
   bool sp = false;  // sequence parallelism inside the tensor-parallel group
+  Attention attention = Attention::kFlash;
+  bool fp8 = false;  // linear-layer GEMMs in FP8 (Transformer-Engine style; bf16 parameters)
   int microbatch_size = 1;
   int global_batch = 1;
   Schedule schedule = Schedule::k1F1B;
@@ -48,28 +56,37 @@ struct Strategy {
   Recompute recompute = Recompute::kNone;
   int zero = 0;                     // ZeRO stage 0-3; 1 is Megatron's distributed optimizer
   bool overlap_grad_reduce = true;  // bucketed DP reduction overlapped with backward
+  // Tensor-parallel collectives pipelined with their GEMMs (Megatron's tp_comm_overlap).
+  bool tp_comm_overlap = false;
+  // ZeRO >= 1: the parameter all-gather after the step overlapped, bucket by bucket, with the
+  // next forward pass (Megatron's overlap_param_gather).
+  bool overlap_param_gather = false;
   // Transformer blocks per (virtual) stage in pipeline order; chunk c of pipeline rank p is
   // entry c * pp + p. Empty means balanced (as even as possible, remainder to the middle).
   std::vector<int> stage_layers;
   PlacementOrder placement = PlacementOrder::kTpPpDp;
-  // Explicit GPU of each rank, rank = (dp_index * pp + pp_index) * tp + tp_index. Empty means
-  // the placement order over GPUs 0..dp*tp*pp-1.
+  // Explicit GPU of each rank, rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp +
+  // tp_index. Empty means the placement order over GPUs 0..dp*tp*pp*cp-1.
   std::vector<int> gpus;
   // Samples per data-parallel replica; empty means uniform (global_batch / dp each).
   std::vector<int> dp_shares;
   Compression compression;  // default for every layer
   std::vector<CompressionOverride> compression_overrides;
 
-  int num_gpus() const { return dp * tp * pp; }
+  int num_gpus() const { return dp * tp * pp * cp; }
   int num_chunks() const { return pp * virtual_stages; }
 
   // Derived views (valid once find_problem() returned nullopt).
   std::vector<int> layers_per_chunk(int layers) const;  // resolves "balanced"
   std::vector<int> shares() const;                      // resolves uniform shares
-  int gpu_of_rank(int dp_index, int pp_index, int tp_index) const {
-    if (!gpus.empty()) return gpus[(dp_index * pp + pp_index) * tp + tp_index];
-    if (placement == PlacementOrder::kTpPpDp) return (dp_index * pp + pp_index) * tp + tp_index;
-    return (pp_index * dp + dp_index) * tp + tp_index;
+  // The GPU of a rank. A stage's cp tensor-parallel groups sit next to one another, just
+  // outside tp (Megatron's tp-cp order); cp_index 0 is the first of them.
+  int gpu_of_rank(int dp_index, int pp_index, int tp_index, int cp_index = 0) const {
+    const int stage = placement == PlacementOrder::kTpPpDp || !gpus.empty()
+                          ? dp_index * pp + pp_index
+                          : pp_index * dp + dp_index;
+    const int rank = (stage * cp + cp_index) * tp + tp_index;
+    return gpus.empty() ? rank : gpus[rank];
   }
   const Compression& compression_of_layer(int layer) const;
 
@@ -92,6 +109,7 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
 const char* to_string(Schedule schedule);
 const char* to_string(Recompute recompute);
 const char* to_string(PlacementOrder order);
+const char* to_string(Attention attention);
 std::string to_string(const Compression& compression);
 // Parses "none", "fp16", "topk:RATIO", "powersgd:RANK"; nullopt when malformed.
 std::optional<Compression> parse_compression(const std::string& text);

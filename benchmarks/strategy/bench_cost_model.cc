@@ -71,20 +71,25 @@ int main(int argc, char** argv) {
   fig["cluster"] = "128x8xa100-80g";
   fig["layouts"] = layouts.size();
   fig["seconds_per_case"] = seconds;
-  fig["target_evaluations_per_s"] = 200000;
+  // Targets: nominal 450,000 evaluations/s, slowed 200,000, on one core.
+  const double target[2] = {450000, 200000};
+  fig["target_evaluations_per_s"] = target[1];
+  fig["target_nominal_evaluations_per_s"] = target[0];
   fig["cases"] = nlohmann::json::array();
   std::printf("cost model: gpt3-175b (96 layers) on 1024 a100-80g, %zu layouts, one thread\n",
               layouts.size());
   for (const char* name : {"nominal", "slowed"}) {
-    const Conditions& c = name[0] == 'n' ? Conditions{} : slowed;
+    const bool nominal = name[0] == 'n';
+    const Conditions& c = nominal ? Conditions{} : slowed;
     std::vector<double> rates;
     for (int rep = 0; rep < 5; ++rep) rates.push_back(run(cost, layouts, c, seconds / 5, sink));
     std::sort(rates.begin(), rates.end());
     std::printf(
         "  %-8s conditions: median %10.0f evaluations/s  (min %.0f, max %.0f; target >= "
-        "200000)\n",
-        name, rates[2], rates[0], rates[4]);
+        "%.0f)\n",
+        name, rates[2], rates[0], rates[4], target[nominal ? 0 : 1]);
     fig["cases"].push_back({{"conditions", name},
+                            {"target_evaluations_per_s", target[nominal ? 0 : 1]},
                             {"median_evaluations_per_s", rates[2]},
                             {"min_evaluations_per_s", rates[0]},
                             {"max_evaluations_per_s", rates[4]}});

@@ -48,6 +48,7 @@ SearchSpace default_space() {
   SearchSpace space;
   space.tp = {1, 2, 4, 8};
   space.pp = {1, 2, 4};
+  space.cp = {1};  // the simulated jobs' sequences are short: no context parallelism
   space.microbatch_size = {1, 2};
   space.recompute = {Recompute::kSelective};
   space.zero = {1};

@@ -90,7 +90,7 @@ TEST_CASE("bad input exits with code 2 and a message naming what is wrong") {
       {"simulate --strategy " + bad.path(), bad.path() + ":4: [strategy] unknown key 'tpp'"},
       {"simulate --model /nonexistent/model.toml", "no such file"},
       {"simulate --frobnicate", "frobnicate"},
-      {"simulate --strategy tp=3,global_batch=8", "tp*pp = 3 does not divide the 16 GPUs"},
+      {"simulate --strategy tp=3,global_batch=8", "tp*pp*cp = 3 does not divide the 16 GPUs"},
       {"simulate --conditions " + bad.path(), "no [conditions] table"},
       {"nosuchcommand", "nosuchcommand"},
       {"simulate --trace /nonexistent-dir/trace.json", "cannot write"},

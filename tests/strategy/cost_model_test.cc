@@ -197,7 +197,8 @@ TEST_CASE("memory matches a hand computation (GPT block, tp=2, pp=2, 1F1B, no re
   // 4 blocks of hidden h=1024, 16 heads, seq s=1024, vocab 32000, microbatch b=2, global 8.
   const ModelSpec m = small_gpt();
   const ClusterSpec c = *cluster_preset("1x8xa100-80g");
-  const Strategy s = layout(2, 2, 2, 2, 8);
+  Strategy s = layout(2, 2, 2, 2, 8);
+  s.attention = Attention::kUnfused;  // Korthikanti et al. count the stored attention scores
   REQUIRE_FALSE(find_problem(s, m, c));
   const CostModel cost(m, c);
 
@@ -298,11 +299,12 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
   m.layers = 24;
   const char* clusters[] = {"16x8xa100-80g", "4x8xa100-80g+4x8xh100+4x8xa100-40g",
                             "6x4xv100+2x8xh200+3x8xa100-80g",
-                            "3x4xh100+3x4xa100-80g+3x4xh100+3x4xv100"};
+                            "3x4xh100+3x4xa100-80g+3x4xh100+3x4xv100",
+                            "3x8xh100+4x4xh200"};  // Hopper only: FP8 layouts
   std::mt19937_64 rng(20261129);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
-  int compared = 0, infeasible = 0, conditioned = 0;
+  int compared = 0, infeasible = 0, conditioned = 0, context_parallel = 0, fp8 = 0;
   for (const char* name : clusters) {
     const ClusterSpec cluster = *cluster_preset(name);
     const CostModel cost(m, cluster);
@@ -311,7 +313,8 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       Strategy s;
       s.tp = 1 << pick(4);
       s.pp = std::vector<int>{1, 2, 3, 4, 6, 8}[pick(6)];
-      const int max_dp = gpus / (s.tp * s.pp);
+      s.cp = chance(0.3) ? 1 << (1 + pick(2)) : 1;
+      const int max_dp = gpus / (s.tp * s.pp * s.cp);
       if (max_dp < 1) continue;
       s.dp = 1 + pick(max_dp);
       s.sp = s.tp > 1 && chance(0.5);
@@ -320,6 +323,10 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       s.recompute = static_cast<Recompute>(pick(3));
       s.zero = pick(4);
       s.overlap_grad_reduce = chance(0.7);
+      s.overlap_param_gather = chance(0.7);
+      s.tp_comm_overlap = chance(0.3);
+      s.fp8 = chance(0.2);  // refused by find_problem where a GPU lacks FP8
+      if (s.cp == 1 && chance(0.3)) s.attention = Attention::kUnfused;
       s.placement = chance(0.5) ? PlacementOrder::kTpPpDp : PlacementOrder::kTpDpPp;
       if (s.pp > 1 && chance(0.3)) {
         s.schedule = Schedule::kInterleaved;
@@ -348,11 +355,12 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       s.compression = kinds[pick(4)];
       if (chance(0.2)) s.compression_overrides.push_back({0, 3, kinds[pick(4)]});
       if (chance(0.15)) {
-        // An explicit placement: a random choice of GPUs, whole tp groups kept in one node.
+        // An explicit placement: a random choice of GPUs, whole tp groups kept in one node
+        // (a stage's cp groups land anywhere).
         std::vector<int> groups(gpus / s.tp);
         std::iota(groups.begin(), groups.end(), 0);
         std::shuffle(groups.begin(), groups.end(), rng);
-        for (int i = 0; i < s.dp * s.pp; ++i)
+        for (int i = 0; i < s.dp * s.pp * s.cp; ++i)
           for (int j = 0; j < s.tp; ++j) s.gpus.push_back(groups[i] * s.tp + j);
       }
       if (find_problem(s, m, cluster)) continue;
@@ -382,11 +390,14 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       CHECK(fast.reason == ref.reason);
       CHECK(fast.iteration_time_s == ref.iteration_time_s);
       infeasible += !ref.feasible;
+      context_parallel += s.cp > 1;
+      fp8 += s.fp8;
       ++compared;
       if (!ref.feasible) continue;
       CHECK(fast.compute_s == ref.compute_s);
       CHECK(fast.recompute_s == ref.recompute_s);
       CHECK(fast.tp_comm_s == ref.tp_comm_s);
+      CHECK(fast.cp_comm_s == ref.cp_comm_s);
       CHECK(fast.pp_comm_s == ref.pp_comm_s);
       CHECK(fast.bubble_s == ref.bubble_s);
       CHECK(fast.dp_comm_s == ref.dp_comm_s);
@@ -403,4 +414,6 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
   CHECK(compared > 1000);
   CHECK(infeasible > 20);
   CHECK(conditioned > 500);
+  CHECK(context_parallel > 200);
+  CHECK(fp8 > 30);
 }

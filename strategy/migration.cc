@@ -1,0 +1,118 @@
+#include "strategy/migration.h"
+
+#include <algorithm>
+
+#include "strategy/cost_formulas.h"
+
+namespace parapilot {
+namespace planner_internal {
+
+void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
+  const std::vector<int> chunks = s.layers_per_chunk(model.layers);
+  std::vector<int> first(chunks.size());
+  for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
+  // Count per GPU, then fill in (replica, stage, tp rank, virtual stage) order, the order in
+  // which a GPU's holdings are listed.
+  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
+  for (int r = 0; r < s.dp; ++r)
+    for (int p = 0; p < s.pp; ++p)
+      for (int c = 0; c < s.cp; ++c)
+        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
+  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
+  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
+  thread_local std::vector<int> cursor;
+  cursor.assign(out.first.begin(), out.first.end() - 1);
+  // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
+  // optimizer state over the dp x cp ranks that hold it.
+  const int owners = s.dp * s.cp;
+  for (int r = 0; r < s.dp; ++r) {
+    for (int p = 0; p < s.pp; ++p) {
+      for (int i = 0; i < s.tp * s.cp; ++i) {
+        const int t = i % s.tp, cpi = i / s.tp;
+        const int gpu = s.gpu_of_rank(r, p, t, cpi);
+        const int owner = r * s.cp + cpi;
+        const double lo = static_cast<double>(t) / s.tp, hi = static_cast<double>(t + 1) / s.tp;
+        const double olo = s.zero >= 1 ? static_cast<double>(owner) / owners : 0.0;
+        const double ohi = s.zero >= 1 ? static_cast<double>(owner + 1) / owners : 1.0;
+        for (int k = 0; k < s.virtual_stages; ++k) {
+          const int c = k * s.pp + p;
+          int a = first[c], b = first[c] + chunks[c] - 1;
+          if (c == 0) a = -1;
+          if (c == s.num_chunks() - 1) b = model.layers;
+          out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+double overlap(double a0, double a1, double b0, double b1) {
+  return std::max(0.0, std::min(a1, b1) - std::max(a0, b0));
+}
+
+}  // namespace
+
+Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
+                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo) {
+  const int gpus = topo.num_gpus();
+  thread_local Holdings after;
+  holdings_of(to, model, gpus, after);
+  const double weight_bytes = kWeightBytesPerParam;
+  const double grad_bytes = grad_bytes_per_param(model);
+  const double optimizer_bytes = kOptimizerBytesPerParam;
+  auto layer_params = [&](int layer) {
+    if (layer < 0) return static_cast<double>(model.embedding_params());
+    if (layer >= model.layers) {
+      return model.tied_embeddings ? static_cast<double>(model.vocab) * model.hidden
+                                   : static_cast<double>(model.output_params());
+    }
+    return static_cast<double>(model.params_per_layer());
+  };
+  // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
+  // of its ZeRO slice), optionally intersected with another holding.
+  auto bytes_of = [&](const Holding& h, const Holding* other) {
+    const int a = other ? std::max(h.first_layer, other->first_layer) : h.first_layer;
+    const int b = other ? std::min(h.last_layer, other->last_layer) : h.last_layer;
+    if (a > b) return 0.0;
+    double params = 0;
+    if (a < 0) params += layer_params(-1);
+    const int blocks = std::min(b, model.layers - 1) - std::max(a, 0) + 1;
+    if (blocks > 0) params += blocks * static_cast<double>(model.params_per_layer());
+    // A tied output layer on the embedding's own GPU is the same tensor.
+    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) {
+      params += layer_params(model.layers);
+    }
+    const double width =
+        other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
+    auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };
+    auto opt_hi = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_hi; };
+    const double opt_width = other ? overlap(opt_lo(h), opt_hi(h), opt_lo(*other), opt_hi(*other))
+                                   : opt_hi(h) - opt_lo(h);
+    return params * (width * (weight_bytes + grad_bytes) + opt_width * optimizer_bytes);
+  };
+  Migration m;
+  double slowest = 0;
+  for (int g = 0; g < gpus; ++g) {
+    double need = 0;
+    for (int i = after.first[g]; i < after.first[g + 1]; ++i) {
+      const Holding& h = after.items[static_cast<size_t>(i)];
+      need += bytes_of(h, nullptr);
+      for (int j = before.first[g]; j < before.first[g + 1]; ++j)
+        need -= bytes_of(h, &before.items[static_cast<size_t>(j)]);
+    }
+    need = std::max(0.0, need);
+    if (need <= 0) continue;
+    m.total_bytes += need;
+    m.max_bytes = std::max(m.max_bytes, need);
+    const int node = topo.node_of_gpu[g];
+    const double bw = topo.nodes[node].inter_GBps * c.inter(node) * 1e9 * topo.inter_efficiency;
+    slowest = std::max(slowest, need / bw);
+  }
+  if (m.total_bytes > 0 || !(from == to)) m.time_s = slowest + kSwitchPauseS;
+  return m;
+}
+
+}  // namespace planner_internal
+}  // namespace parapilot

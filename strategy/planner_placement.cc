@@ -1,0 +1,280 @@
+// Search: tensor-parallel groups of usable GPUs, their placement into replicas and pipeline
+// stages (packed and spread), and the links between neighbouring stages (docs/planner.md).
+#include "strategy/planner_search.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace parapilot {
+namespace planner_internal {
+
+// One p2p message between two GPUs of a node.
+double Search::nvlink_s(int node, double bytes) const {
+  const double bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(node);
+  return topo_.intra_latency_s + bytes / bw;
+}
+
+// The node whose network bandwidth a link between two nodes runs at (std::min's choice).
+int Search::slower_end(int na, int nb) const {
+  const double a = topo_.nodes[na].inter_GBps * c_.inter(na);
+  const double b = topo_.nodes[nb].inter_GBps * c_.inter(nb);
+  return b < a ? nb : na;
+}
+
+double Search::network_link_s(int slower, double bytes) const {
+  const double bw =
+      topo_.nodes[slower].inter_GBps * c_.inter(slower) * 1e9 * topo_.inter_efficiency;
+  return topo_.inter_latency_s + bytes / bw;
+}
+
+void Search::make_groups(int tp, int cp) {
+  const int unit = tp * cp;  // GPUs of one stage
+  if (scratch_.groups.size() <= static_cast<size_t>(unit)) {
+    scratch_.groups.resize(unit + 1);
+    scratch_.flat_gpus.resize(unit + 1);
+    scratch_.speed_order.resize(unit + 1);
+    scratch_.speed_order_keys.resize(unit + 1);
+  }
+  std::vector<Group>& groups = scratch_.groups[unit];
+  std::vector<int>& flat_gpus = scratch_.flat_gpus[unit];
+  groups.clear();
+  flat_gpus.clear();
+  std::vector<int>& usable = scratch_.usable;
+  for (int n = 0; n < topo_.num_nodes(); ++n) {
+    const auto& node = topo_.nodes[n];
+    usable.clear();
+    for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
+      if (!c_.failed(gpu)) usable.push_back(gpu);
+    }
+    for (size_t i = 0; i + unit <= usable.size(); i += unit) {
+      Group g;
+      g.first = static_cast<int>(flat_gpus.size());
+      g.node = n;
+      g.type = node.type;
+      g.slow = 0;
+      for (int t = 0; t < unit; ++t) {
+        flat_gpus.push_back(usable[i + t]);
+        g.slow = std::max(g.slow, 1.0 / c_.speed(usable[i + t]));
+      }
+      groups.push_back(g);
+    }
+  }
+  // One block time per GPU type (negative: not looked up yet).
+  std::vector<double>& type_block_s = scratch_.type_block_s;
+  type_block_s.assign(topo_.types.size(), -1.0);
+  for (auto& g : groups) {
+    double& block_s = type_block_s[g.type];
+    if (block_s < 0) block_s = block_costs(g.type, tp, cp, 1, false, Recompute::kNone).block_s;
+    g.speed_proxy = 1.0 / (block_s * g.slow);
+  }
+  // The order depends on the sequence of speeds alone: the same speeds as the last sort for
+  // this tp (on this thread) give the same order.
+  std::vector<int>& order = scratch_.speed_order[unit];
+  std::vector<double>& keys = scratch_.speed_order_keys[unit];
+  bool same = keys.size() == groups.size() && order.size() == groups.size();
+  for (size_t i = 0; i < groups.size() && same; ++i) same = keys[i] == groups[i].speed_proxy;
+  if (same) return;
+  keys.clear();  // until the order below is complete
+  const size_t n = groups.size();
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return groups[a].speed_proxy > groups[b].speed_proxy * (1 + 1e-12);
+  });
+  keys.resize(n);
+  for (size_t i = 0; i < groups.size(); ++i) keys[i] = groups[i].speed_proxy;
+}
+
+// The next placement of this search, its per-slot vectors sized for dp * pp slots.
+Placement& Search::new_placement(int tp, int cp, int pp, int dp) {
+  std::vector<Placement>& pool = scratch_.placements;
+  if (placement_count_ == pool.size()) pool.emplace_back();
+  Placement& pl = pool[placement_count_++];
+  const size_t used = static_cast<size_t>(dp) * pp;
+  pl.dp = dp;
+  pl.pp = pp;
+  pl.tp = tp;
+  pl.cp = cp;
+  pl.group.resize(used);
+  pl.type.resize(used);
+  pl.slow.resize(used);
+  pl.slot_link.resize(used);
+  pl.link_node.clear();
+  pl.types_used = 0;
+  pl.detailed = false;
+  return pl;
+}
+
+void Search::add_placements(int tp, int cp, int pp, int dp) {
+  const int used = dp * pp;
+  const std::vector<int>& order = scratch_.speed_order[tp * cp];
+  const std::vector<Group>& groups = scratch_.groups[tp * cp];
+
+  // Per-slot type, slowness and NVLink speed class of a placement whose groups are set.
+  auto finish = [&](Placement& pl) {
+    std::vector<double>& link_speed = scratch_.link_speed;
+    link_speed.clear();
+    int last_node = -1, last_link = 0;
+    for (int slot = 0; slot < used; ++slot) {
+      const Group& g = groups[pl.group[slot]];
+      pl.type[slot] = g.type;
+      pl.slow[slot] = g.slow;
+      if (g.type < 8) pl.types_used |= 1u << g.type;
+      const int node = g.node;
+      if (node != last_node) {  // the same node has the same speed, hence the same class
+        const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
+        size_t i = 0;
+        while (i < link_speed.size() && link_speed[i] != speed) ++i;
+        if (i == link_speed.size()) {
+          link_speed.push_back(speed);
+          pl.link_node.push_back(node);
+        }
+        last_node = node;
+        last_link = static_cast<int>(i);
+      }
+      pl.slot_link[slot] = last_link;
+    }
+  };
+
+  // Packed: replicas of similar speed (slow groups together; elastic shares absorb the rest).
+  std::vector<int>& chosen = scratch_.chosen;
+  if (space_.mixed_types_in_pipeline) {
+    chosen.assign(order.begin(), order.begin() + used);
+  } else {
+    // Whole replicas per GPU type, fastest groups of each type first.
+    std::vector<std::vector<int>>& by_type = scratch_.by_type;
+    by_type.resize(topo_.types.size());
+    for (auto& list : by_type) list.clear();
+    for (int g : order) by_type[groups[g].type].push_back(g);
+    std::vector<int>& replicas = scratch_.replicas;
+    replicas.assign(by_type.size(), 0);
+    int total = 0;
+    for (size_t k = 0; k < by_type.size(); ++k) {
+      replicas[k] = static_cast<int>(by_type[k].size()) / pp;
+      total += replicas[k];
+    }
+    if (total < dp) return;
+    // Drop whole replicas of the slowest groups until dp remain.
+    for (int excess = total - dp; excess > 0; --excess) {
+      int worst = -1;
+      double worst_speed = kInf;
+      for (size_t k = 0; k < by_type.size(); ++k) {
+        if (replicas[k] == 0) continue;
+        const double speed = groups[by_type[k][replicas[k] * pp - 1]].speed_proxy;
+        if (speed < worst_speed) {
+          worst_speed = speed;
+          worst = static_cast<int>(k);
+        }
+      }
+      --replicas[worst];
+    }
+    chosen.clear();
+    for (size_t k = 0; k < by_type.size(); ++k) {
+      chosen.insert(chosen.end(), by_type[k].begin(), by_type[k].begin() + replicas[k] * pp);
+    }
+  }
+  {
+    Placement& pl = new_placement(tp, cp, pp, dp);
+    std::copy(chosen.begin(), chosen.begin() + used, pl.group.begin());
+    for (int r = 0; r < dp; ++r) {
+      // Node order inside a replica.
+      std::sort(pl.group.begin() + r * pp, pl.group.begin() + (r + 1) * pp);
+    }
+    finish(pl);
+  }
+  // Spread: every replica gets the same mix, stage p from the p-th speed tier.
+  bool uniform = true;
+  for (int i = 1; i < used && uniform; ++i) {
+    uniform = uniform &&
+              std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) < 1e-9;
+  }
+  if (!uniform && dp > 1 && pp > 1 && space_.mixed_types_in_pipeline) {
+    Placement& pl = new_placement(tp, cp, pp, dp);
+    for (int r = 0; r < dp; ++r) {
+      for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = chosen[p * dp + r];
+    }
+    finish(pl);
+  }
+}
+
+// A placement with its point-to-point links and GPU list, computed on first use.
+const Placement& Search::detailed(int placement_index) {
+  Placement& pl = scratch_.placements[placement_index];
+  if (pl.detailed) return pl;
+  const int dp = pl.dp, pp = pl.pp, unit = pl.tp * pl.cp, used = dp * pp;
+  const std::vector<Group>& groups = scratch_.groups[unit];
+  const std::vector<int>& flat_gpus = scratch_.flat_gpus[unit];
+  for (auto* v :
+       {&pl.next_latency_s, &pl.next_s_per_byte, &pl.prev_latency_s, &pl.prev_s_per_byte}) {
+    v->resize(used);
+  }
+  std::vector<double>& intra_latency_s = scratch_.intra_latency_s;
+  std::vector<double>& intra_s_per_byte = scratch_.intra_s_per_byte;
+  std::vector<double>& inter_latency_s = scratch_.inter_latency_s;
+  std::vector<double>& inter_s_per_byte = scratch_.inter_s_per_byte;
+  if (!links_ready_) {
+    const int nodes = topo_.num_nodes();
+    for (auto* v : {&intra_latency_s, &intra_s_per_byte, &inter_latency_s, &inter_s_per_byte}) {
+      v->resize(nodes);
+    }
+    for (int n = 0; n < nodes; ++n) {
+      intra_latency_s[n] = nvlink_s(n, 0.0);
+      intra_s_per_byte[n] = nvlink_s(n, 1.0) - intra_latency_s[n];
+      inter_latency_s[n] = network_link_s(n, 0.0);
+      inter_s_per_byte[n] = network_link_s(n, 1.0) - inter_latency_s[n];
+    }
+    links_ready_ = true;
+  }
+  // The link between the first GPUs of two slots' groups: latency and seconds per byte.
+  auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
+    const int na = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
+    const int nb = topo_.node_of_gpu[flat_gpus[groups[pl.group[other]].first]];
+    if (na == nb) {
+      latency_s = intra_latency_s[na];
+      s_per_byte = intra_s_per_byte[na];
+    } else {
+      const int slower = slower_end(na, nb);
+      latency_s = inter_latency_s[slower];
+      s_per_byte = inter_s_per_byte[slower];
+    }
+  };
+  for (int slot = 0; slot < used; ++slot) {
+    const int r = slot / pp, p = slot % pp;
+    link(slot, r * pp + (p + 1) % pp, pl.next_latency_s[slot], pl.next_s_per_byte[slot]);
+    link(slot, r * pp + (p + pp - 1) % pp, pl.prev_latency_s[slot], pl.prev_s_per_byte[slot]);
+  }
+  // Rank ((r * pp + p) * cp + c) * tp + t is the group's GPU c * tp + t.
+  pl.gpus.resize(static_cast<size_t>(used) * unit);
+  bool identity = used * unit == topo_.num_gpus();
+  for (int r = 0; r < dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      const Group& g = groups[pl.group[r * pp + p]];
+      for (int t = 0; t < unit; ++t) {
+        const int rank = (r * pp + p) * unit + t;
+        pl.gpus[rank] = flat_gpus[g.first + t];
+        identity = identity && pl.gpus[rank] == rank;
+      }
+    }
+  }
+  if (identity) pl.gpus.clear();
+  pl.replicas_alike = true;
+  for (int slot = pp; slot < used && pl.replicas_alike; ++slot) {
+    const int first = slot % pp;
+    pl.replicas_alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
+                        pl.slot_link[slot] == pl.slot_link[first] &&
+                        pl.next_latency_s[slot] == pl.next_latency_s[first] &&
+                        pl.next_s_per_byte[slot] == pl.next_s_per_byte[first] &&
+                        pl.prev_latency_s[slot] == pl.prev_latency_s[first] &&
+                        pl.prev_s_per_byte[slot] == pl.prev_s_per_byte[first];
+  }
+  pl.capacity_gib.assign(pp, kInf);
+  for (int slot = 0; slot < used; ++slot) {
+    double& capacity = pl.capacity_gib[slot % pp];
+    capacity = std::min(capacity, topo_.types[pl.type[slot]].memory_gib);
+  }
+  pl.detailed = true;
+  return pl;
+}
+
+}  // namespace planner_internal
+}  // namespace parapilot

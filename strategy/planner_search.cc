@@ -1,0 +1,669 @@
+// Search: the layout shapes of the space, their throughput bounds, evaluation through the cost
+// model and the ranking of families (docs/planner.md).
+#include "strategy/planner_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "strategy/cost_formulas.h"
+#include "strategy/error.h"
+#include "strategy/partitioner.h"
+
+namespace parapilot {
+namespace planner_internal {
+
+bool tp_legal(int tp, const ModelSpec& model) {
+  return model.heads % tp == 0 && (model.kv_heads % tp == 0 || tp % model.kv_heads == 0);
+}
+
+const BlockCosts& Search::block_costs(int type, int tp, int cp, int mb, bool sp, Recompute rc) {
+  const BlockKey key{
+      type, tp, cp, mb, sp, rc, kernels_.attention, kernels_.fp8, kernels_.tp_comm_overlap};
+  auto it = block_cache_.find(key);
+  if (it != block_cache_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(shared_block_costs_.mutex);
+    auto shared = shared_block_costs_.costs.find(key);
+    if (shared != shared_block_costs_.costs.end()) {
+      return block_cache_.emplace(key, shared->second).first->second;
+    }
+  }
+  const CostModel& probe = probes_[type];
+  Strategy s = kernels_;
+  s.dp = 1;
+  s.tp = tp;
+  s.cp = cp;
+  s.pp = 1;
+  s.sp = sp;
+  s.microbatch_size = mb;
+  s.global_batch = mb;
+  s.recompute = rc;
+  s.zero = 0;
+  for (int g = 0; g < tp * cp; ++g) s.gpus.push_back(g);
+  const CostBreakdown whole = probe.evaluate(s);
+  const double all_compute = whole.compute_s + whole.recompute_s;  // 3 blocks + ends
+  const double tpc = (whole.tp_comm_s + whole.cp_comm_s) / 3.0;
+  s.pp = 2;
+  for (int g = tp * cp; g < 2 * tp * cp; ++g) s.gpus.push_back(g);
+  s.stage_layers = {1, 2};
+  const PipelineTimings one = probe.pipeline_timings(s);
+  s.stage_layers = {2, 1};
+  const PipelineTimings two = probe.pipeline_timings(s);
+  const double first1 = one.forward_s[0] + one.backward_s[0];  // block + embedding + tp
+  const double first2 = two.forward_s[0] + two.backward_s[0];  // 2 blocks + embedding + 2 tp
+  BlockCosts out;
+  out.block_s = first2 - first1 - tpc;
+  out.embedding_s = std::max(0.0, first1 - out.block_s - tpc);
+  out.logits_s = std::max(0.0, all_compute - 3.0 * out.block_s - out.embedding_s);
+  {
+    std::lock_guard<std::mutex> lock(shared_block_costs_.mutex);
+    shared_block_costs_.costs.emplace(key, out);
+  }
+  return block_cache_.emplace(key, out).first->second;
+}
+
+// Mirrors the cost model: 4 collectives per block (6 with full recompute) over NVLink.
+double Search::tp_comm_per_block_s(int node, int tp, int cp, int mb, Recompute rc) const {
+  if (tp <= 1) return 0;
+  const double bytes = static_cast<double>(mb) * model_.seq_len / cp * model_.hidden * 2.0;
+  const double bw = topo_.nodes[node].intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(node);
+  const int collectives = 4 + (rc == Recompute::kFull ? 2 : 0);
+  // With tp_comm_overlap the GEMM a collective pairs with is not known here: the first
+  // chunk, which never hides, keeps the figure a lower bound (the bound stays a bound).
+  return collectives *
+         exposed_tp_collective_s(ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s), tp,
+                                 kernels_.tp_comm_overlap, kInf);
+}
+
+// Global batches to try for dp replicas of microbatch mb whose microbatch counts are multiples
+// of unit (elastic shares need only a multiple of mb * unit, with at least one unit each).
+std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
+  const int step = mb * unit;
+  if (space_.global_batch > 0) {
+    const int b = space_.global_batch;
+    if (b % step == 0 && b >= dp * step) return {b};
+    return {};
+  }
+  const int hi = space_.global_batch_max / step * step;
+  if (hi >= space_.global_batch_min && hi >= dp * step) {
+    // Prefer a batch that splits evenly, when the range has one close to the top.
+    const int even = space_.global_batch_max / (step * dp) * (step * dp);
+    if (even >= space_.global_batch_min && even > 0 && even != hi) return {hi, even};
+    return {hi};
+  }
+  return {};
+}
+
+void Search::add_shapes(int placement_index) {
+  const Placement& pl = scratch_.placements[placement_index];
+  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, cp = pl.cp;
+  const int seq = model_.seq_len / cp;  // the tokens of a sequence one context rank holds
+  const int layers = model_.layers;
+
+  thread_local std::vector<bool> sps;
+  sps = space_.sp;
+  if (sps.empty()) sps = {false, true};
+  // Sequence parallelism splits inside a tensor-parallel group: without one (tp = 1) it does
+  // not exist, so a space asking only for sp = true still allows tp = 1 layouts.
+  if (tp == 1) sps = {false};
+  thread_local std::vector<Recompute> rcs;
+  rcs = space_.recompute;
+  if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  thread_local std::vector<int> zeros;
+  zeros = space_.zero;
+  if (zeros.empty()) zeros = {0, 1, 2, 3};
+  thread_local std::vector<Schedule> schedules;
+  schedules = space_.schedule;
+  if (schedules.empty()) schedules = {Schedule::k1F1B, Schedule::kInterleaved};
+  // GPipe runs as fast as 1F1B in the cost model and never needs less memory.
+  const bool has_1f1b =
+      std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
+
+  bool type_used[8];
+  for (int k = 0; k < 8; ++k) type_used[k] = (pl.types_used >> k & 1u) != 0;
+  const std::vector<int>& slot_link = pl.slot_link;
+  const std::vector<int>& link_node = pl.link_node;
+  thread_local std::vector<double> link_tp_s;
+  link_tp_s.resize(link_node.size());
+  thread_local std::vector<int> vs;
+  // (microbatch, global batch) pairs of one v, the same for every ZeRO stage and recompute.
+  thread_local std::vector<std::pair<int, int>> batches;
+  // Bounds of one v, per (recompute, pair): the same for every ZeRO stage.
+  thread_local std::vector<double> bounds;
+  // Per (recompute, microbatch) of one sp: each replica's sum of 1 / beta and fastest beta,
+  // which every schedule and v share.
+  struct Rates {
+    Recompute rc;
+    int mb;
+    double sum_rate;
+    size_t at;  // rate_store[at + 2r] = replica r's rate, rate_store[at + 2r + 1] its beta_min
+  };
+  thread_local std::vector<Rates> rates;
+  thread_local std::vector<double> rate_store;
+  auto rates_of = [&](bool sp, Recompute rc, int mb) -> const Rates& {
+    for (const Rates& e : rates) {
+      if (e.rc == rc && e.mb == mb) return e;
+    }
+    if (pp == 1) {  // one v only: nothing to share
+      rates.clear();
+      rate_store.clear();
+    }
+    double block_s[8];
+    for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
+      block_s[t] = type_used[t] ? block_costs(static_cast<int>(t), tp, cp, mb, sp, rc).block_s : 0;
+    }
+    for (size_t n = 0; n < link_node.size(); ++n) {
+      link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
+    }
+    const size_t at = rate_store.size();
+    rate_store.resize(at + 2 * static_cast<size_t>(dp));
+    double sum_rate = 0;
+    for (int r = 0; r < dp; ++r) {
+      double rate = 0, beta_min = kInf;
+      for (int p = 0; p < pp; ++p) {
+        const int slot = r * pp + p;
+        const double beta = block_s[pl.type[slot]] * pl.slow[slot] + link_tp_s[slot_link[slot]];
+        rate += 1.0 / beta;
+        beta_min = std::min(beta_min, beta);
+      }
+      rate_store[at + 2 * r] = rate;
+      rate_store[at + 2 * r + 1] = beta_min;
+      sum_rate += rate;
+    }
+    rates.push_back(Rates{rc, mb, sum_rate, at});
+    return rates.back();
+  };
+
+  for (bool sp : sps) {
+    if (sp && (tp == 1 || seq % tp != 0)) continue;
+    if (!sp && tp > 1 && space_.sp.empty() && seq % tp == 0) {
+      continue;  // sequence parallelism: less memory and less element-wise time, same traffic
+    }
+    rates.clear();
+    rate_store.clear();
+    for (Schedule sched : schedules) {
+      if (sched == Schedule::kGPipe && has_1f1b) continue;
+      vs.assign(1, 1);
+      if (sched == Schedule::kInterleaved) {
+        if (pp < 2) continue;
+        vs.clear();
+        if (!space_.virtual_stages.empty()) {
+          for (int v : space_.virtual_stages) {
+            if (v >= 2 && pp * v <= layers) vs.push_back(v);
+          }
+        } else {
+          for (int v = 2; v <= kDefaultMaxVirtualStages && pp * v <= layers; ++v) vs.push_back(v);
+        }
+      }
+      for (int v : vs) {
+        const int unit = sched == Schedule::kInterleaved ? pp : 1;
+        // Microbatch sizes: listed, or every divisor of the largest batch in play.
+        batches.clear();
+        auto add_batches = [&](int mb) {
+          for (int batch : global_batches(dp, mb, unit)) batches.emplace_back(mb, batch);
+        };
+        if (!space_.microbatch_size.empty()) {
+          for (int mb : space_.microbatch_size) add_batches(mb);
+        } else {
+          const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
+          for (int mb = 1; mb * dp * unit <= b; ++mb) {
+            if (space_.global_batch_max > 0 || b % mb == 0) add_batches(mb);
+            if (space_.global_batch_max > 0 && mb >= 64) break;
+          }
+        }
+        bounds.clear();
+        bool have_bounds = false;
+        for (int zero : zeros) {
+          if (zero >= 2 && pp > 1) continue;
+          if (zero > 0 && dp == 1 && space_.zero.empty()) continue;  // nothing to shard
+          size_t k = 0;
+          for (Recompute rc : rcs) {
+            bool have_rates = false;
+            int last_mb = 0;
+            double sum_rate = 0, weighted = 0;
+            for (const auto& [mb, batch] : batches) {
+              double upper_tokens_per_s;
+              if (have_bounds) {
+                upper_tokens_per_s = bounds[k];
+              } else {
+                // Bound: no stage can beat L / sum(1/beta) per microbatch and replica; the
+                // pipeline adds at least (sum - max) / v (see docs/planner.md).
+                // The rates depend on the microbatch, not the batch.
+                if (!have_rates || mb != last_mb) {
+                  const Rates& e = rates_of(sp, rc, mb);
+                  const double* rate_beta = rate_store.data() + e.at;
+                  sum_rate = e.sum_rate;
+                  weighted = 0;
+                  for (int r = 0; r < dp; ++r) {
+                    weighted += layers * rate_beta[2 * r + 1] / v * rate_beta[2 * r];
+                  }
+                  have_rates = true;
+                  last_mb = mb;
+                }
+                const int total = batch / mb;
+                const double bound_s =
+                    (layers * (total - static_cast<double>(dp) / v) + weighted) / sum_rate;
+                upper_tokens_per_s = static_cast<double>(batch) * model_.seq_len / bound_s;
+                bounds.push_back(upper_tokens_per_s);
+              }
+              ++k;
+              Shape shape;
+              shape.upper_tokens_per_s = upper_tokens_per_s;
+              shape.placement = placement_index;
+              shape.tp = tp;
+              shape.cp = cp;
+              shape.sp = sp;
+              shape.schedule = sched;
+              shape.v = v;
+              shape.recompute = rc;
+              shape.zero = zero;
+              shape.mb = mb;
+              shape.global_batch = batch;
+              shapes_.push_back(shape);
+            }
+          }
+          have_bounds = true;
+        }
+      }
+    }
+  }
+}
+
+void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
+  if (outcome.kind == Outcome::Kind::kNone) return;
+  const CostBreakdown& b = outcome.cost;
+  if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
+    auto [it, inserted] = track.no_fit_mb.emplace(fit_key(shape), shape.mb);
+    if (!inserted) it->second = std::min(it->second, shape.mb);
+  }
+  if (outcome.kind != Outcome::Kind::kEvaluated || !b.feasible || !b.fits_in_memory) return;
+  const Strategy& s = outcome.strategy;
+  const Family f = family_of(s);
+  auto it = track.best.find(f);
+  if (it == track.best.end()) {
+    track.best.emplace(f, Candidate{s, b, 0, 0});
+  } else if (b.tokens_per_s > it->second.cost.tokens_per_s) {
+    it->second = Candidate{s, b, 0, 0};
+  } else {
+    return;
+  }
+  track.top.clear();
+  for (const auto& [key, cand] : track.best) track.top.push_back(cand.cost.tokens_per_s);
+  if (static_cast<int>(track.top.size()) >= track.top_k) {
+    std::nth_element(track.top.begin(), track.top.begin() + (track.top_k - 1), track.top.end(),
+                     std::greater<double>());
+    track.kth = track.top[track.top_k - 1];
+  }
+}
+
+Outcome Search::evaluate_shape(const Shape& shape) {
+  const Placement& pl = detailed(shape.placement);
+  const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
+  const int layers = model_.layers;
+  Outcome no_fit;
+  no_fit.kind = Outcome::Kind::kNoFit;
+
+  Strategy s = kernels_;
+  s.dp = dp;
+  s.tp = tp;
+  s.cp = shape.cp;
+  s.pp = pp;
+  s.sp = shape.sp;
+  s.microbatch_size = mb;
+  s.global_batch = shape.global_batch;
+  s.schedule = shape.schedule;
+  s.virtual_stages = v;
+  s.recompute = shape.recompute;
+  s.zero = shape.zero;
+  s.gpus = pl.gpus;
+  const int total = shape.global_batch / mb;
+  const int unit = shape.schedule == Schedule::kInterleaved ? pp : 1;
+  const bool even = total % (dp * unit) == 0;
+  if (!even) {
+    // Provisional shares (memory bound below uses the largest).
+    s.dp_shares.assign(dp, 0);
+    int left = total / unit;
+    for (int r = 0; r < dp; ++r) {
+      const int n = left / (dp - r);
+      s.dp_shares[r] = n * unit * mb;
+      left -= n;
+    }
+    std::sort(s.dp_shares.begin(), s.dp_shares.end(), std::greater<int>());
+  }
+
+  // Memory: per-GPU footprint is affine in the blocks a rank holds; find each rank's limit.
+  thread_local std::vector<RankCost> costs;
+  thread_local std::vector<int> counts;
+  costs.assign(static_cast<size_t>(dp) * pp, RankCost{});
+  counts.assign(pp, 0);
+  thread_local std::vector<int> max_blocks;
+  max_blocks.assign(pp, layers);
+  {
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 1);
+    thread_local std::vector<double> m1, m2;
+    m1.assign(pp, 0);
+    m2.assign(pp, 0);
+    for (int p = 0; p < pp; ++p) m1[p] = cost_.memory(s, 0, p).total_gib();
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
+    for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
+    for (int p = 0; p < pp; ++p) {
+      const double capacity = pl.capacity_gib[p];
+      const double per_block = (m2[p] - m1[p]) / v;
+      const double base = m1[p] - per_block * v;
+      const double room = per_block > 0 ? (capacity - base) / per_block : layers;
+      max_blocks[p] = room >= layers ? layers : static_cast<int>(std::floor(room + 1e-9));
+      if (max_blocks[p] < v) return no_fit;
+    }
+  }
+
+  // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
+  const double p2p_bytes =
+      static_cast<double>(mb) * model_.seq_len / shape.cp * model_.hidden * 2.0 / tp;
+  const BlockCosts* type_costs[8] = {};
+  for (int slot = 0; slot < dp * pp; ++slot) {
+    if (!type_costs[pl.type[slot]]) {
+      type_costs[pl.type[slot]] =
+          &block_costs(pl.type[slot], tp, shape.cp, mb, shape.sp, shape.recompute);
+    }
+  }
+  thread_local std::vector<double> link_tp_s;
+  link_tp_s.resize(pl.link_node.size());
+  for (size_t n = 0; n < pl.link_node.size(); ++n) {
+    link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, shape.cp, mb, shape.recompute);
+  }
+  // Alike replicas cost alike: replica 0's costs stand for every replica.
+  const int distinct = pl.replicas_alike ? 1 : dp;
+  for (int r = 0; r < distinct; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      const int slot = r * pp + p;
+      const double slow = pl.slow[slot];
+      const BlockCosts& bc = *type_costs[pl.type[slot]];
+      RankCost& rc = costs[slot];
+      rc.per_block_s = bc.block_s * slow + link_tp_s[pl.slot_link[slot]];
+      double fixed = 0;
+      if (p == 0) fixed += bc.embedding_s * slow;
+      if (p == pp - 1) fixed += bc.logits_s * slow;
+      // Each chunk sends to the next chunk and (backward) to the previous one.
+      const int sends_next = p == pp - 1 ? v - 1 : v;
+      const int sends_prev = p == 0 ? v - 1 : v;
+      fixed += sends_next * (pl.next_latency_s[slot] + p2p_bytes * pl.next_s_per_byte[slot]);
+      fixed += sends_prev * (pl.prev_latency_s[slot] + p2p_bytes * pl.prev_s_per_byte[slot]);
+      rc.fixed_s = fixed;
+      rc.max_blocks = max_blocks[p];
+    }
+  }
+
+  // One row per replica, weighted by its microbatch count; a single row when every replica is
+  // identical. partition_blocks drops rows that can never be the slowest, so rows that differ
+  // (e.g. by measured speed noise) cost little.
+  for (int r = distinct; r < dp; ++r)
+    std::copy(costs.begin(), costs.begin() + pp, costs.begin() + r * pp);
+  bool replicas_alike = true;
+  for (int r = 1; r < dp && replicas_alike && !pl.replicas_alike; ++r) {
+    for (int p = 0; p < pp && replicas_alike; ++p) {
+      replicas_alike = costs[r * pp + p].fixed_s == costs[p].fixed_s &&
+                       costs[r * pp + p].per_block_s == costs[p].per_block_s;
+    }
+  }
+  thread_local std::vector<int> micro, before;
+  thread_local std::vector<RankCost> rows;
+  micro.assign(dp, total / dp);
+  auto build_rows = [&]() {
+    bool one = replicas_alike;
+    for (int r = 1; r < dp && one; ++r) one = micro[r] == micro[0];
+    const int count = one ? 1 : dp;
+    rows.resize(static_cast<size_t>(count) * pp);
+    for (int r = 0; r < count; ++r) {
+      for (int p = 0; p < pp; ++p) {
+        RankCost w = costs[r * pp + p];
+        w.fixed_s *= micro[r];
+        w.per_block_s *= micro[r];
+        rows[r * pp + p] = w;
+      }
+    }
+    return count;
+  };
+  auto shares_from_partition = [&]() {
+    thread_local std::vector<double> per_mb, fixed;
+    per_mb.assign(dp, 0);
+    fixed.assign(dp, 0);
+    for (int r = 0; r < dp; ++r) {
+      double max = 0, sum = 0;
+      for (int p = 0; p < pp; ++p) {
+        const RankCost& c = costs[r * pp + p];
+        const double t = c.fixed_s + c.per_block_s * counts[p];
+        max = std::max(max, t);
+        sum += t;
+      }
+      per_mb[r] = max;
+      fixed[r] = (sum - max) / v;
+    }
+    allocate_microbatches(per_mb.data(), fixed.data(), dp, total, unit, micro.data());
+  };
+
+  double bottleneck = 0;
+  thread_local std::vector<int> counts_before;
+  for (int round = 0; round < 2; ++round) {
+    const int row_count = build_rows();
+    if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
+      return no_fit;
+    }
+    // The shares depend only on the counts: the same counts as the previous round give the
+    // same shares again.
+    if (round > 0 && counts == counts_before) break;
+    counts_before = counts;
+    before = micro;
+    shares_from_partition();
+    if (micro == before) break;
+  }
+
+  std::vector<int> per_rank(counts.begin(), counts.end());
+  s.dp_shares.clear();
+  std::vector<int> chosen = chunk_layers(per_rank, v);
+  s.stage_layers.clear();
+  if (chosen != s.layers_per_chunk(layers)) s.stage_layers = std::move(chosen);
+  bool uniform = true;
+  for (int r = 1; r < dp; ++r) uniform = uniform && micro[r] == micro[0];
+  if (!uniform) {
+    s.dp_shares.resize(dp);
+    for (int r = 0; r < dp; ++r) s.dp_shares[r] = micro[r] * mb;
+  }
+  if (uniform && !even) return {};  // cannot happen: an uneven total has no uniform split
+  ++evaluated_;
+  Outcome out;
+  out.kind = Outcome::Kind::kEvaluated;
+  out.cost = cost_.evaluate(s, c_);
+  out.strategy = std::move(s);
+  return out;
+}
+
+// A track's top K families, the leaders compressed where it pays, best first.
+std::vector<Candidate> Search::finish(const Track& track) {
+  std::vector<Candidate> ranked;
+  for (const auto& [family, cand] : track.best) ranked.push_back(cand);
+  auto by_throughput = [](const Candidate& a, const Candidate& b) {
+    return a.cost.tokens_per_s > b.cost.tokens_per_s;
+  };
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  // Compression can reorder the leaders: apply it to twice as many as returned.
+  const int k = track.top_k;
+  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * k));
+  ranked.resize(keep);
+  // Compression only shortens the exposed DP reduction (the cost model's one term that depends
+  // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
+  // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
+  std::vector<double> final_tps;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    Candidate& cand = ranked[i];
+    if (static_cast<int>(i) >= k) {
+      std::nth_element(final_tps.begin(), final_tps.begin() + (k - 1), final_tps.end(),
+                       std::greater<double>());
+      const double kth = final_tps[k - 1];
+      const double floor_s = cand.cost.iteration_time_s - cand.cost.dp_comm_s;
+      const double best_case =
+          floor_s > 0 ? cand.cost.tokens_per_s * cand.cost.iteration_time_s / floor_s : kInf;
+      if (best_case * (1 + 1e-9) < kth) continue;
+    }
+    auto done = std::find_if(compressed_.begin(), compressed_.end(),
+                             [&](const auto& entry) { return entry.first == cand.strategy; });
+    if (done != compressed_.end()) {
+      cand = done->second;
+    } else {
+      const Strategy plain = cand.strategy;
+      choose_compression(cand);
+      compressed_.emplace_back(plain, cand);
+    }
+    final_tps.push_back(cand.cost.tokens_per_s);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
+  if (static_cast<int>(ranked.size()) > k) ranked.resize(k);
+  return ranked;
+}
+
+PlanResult Search::run() {
+  const auto start = std::chrono::steady_clock::now();
+  const int gpus = topo_.num_gpus();
+  if (req_.top_k < 1) throw InputError("--top: must be >= 1, got " + std::to_string(req_.top_k));
+  auto check_size = [&](size_t size, int expected, const char* what) {
+    if (size != 0 && static_cast<int>(size) != expected) {
+      throw InputError(std::string("conditions: ") + what + " has " + std::to_string(size) +
+                       " entries but the cluster has " + std::to_string(expected));
+    }
+  };
+  check_size(c_.gpu_speed.size(), gpus, "gpu_speed");
+  check_size(c_.gpu_failed.size(), gpus, "failed_gpus");
+  check_size(c_.node_inter_bw.size(), topo_.num_nodes(), "node_inter_bw");
+  check_size(c_.node_intra_bw.size(), topo_.num_nodes(), "node_intra_bw");
+  for (double s : c_.gpu_speed) {
+    if (!(s > 0)) throw InputError("conditions: gpu_speed factors must be > 0");
+  }
+
+  PlanResult result;
+  if (req_.current) {
+    Candidate cur{*req_.current, cost_.evaluate(*req_.current, c_), 0, 0};
+    ++evaluated_;
+    result.current = cur;
+  }
+
+  int usable = 0;
+  for (int g = 0; g < gpus; ++g) usable += c_.failed(g) ? 0 : 1;
+  if (usable == 0) throw InputError("conditions: every GPU is marked failed");
+
+  int max_node = 1;
+  for (const auto& n : topo_.nodes) max_node = std::max(max_node, n.gpus);
+  std::vector<int> tps = space_.tp;
+  if (tps.empty()) {
+    for (int t = 1; t <= max_node; ++t) tps.push_back(t);
+  }
+  const int max_pp = space_.max_pp > 0 ? std::min(space_.max_pp, model_.layers) : model_.layers;
+
+  // Context-parallel degrees: listed, or every one whose stage fits a node and whose 2 * cp
+  // chunks divide the sequence; ring attention needs the fused attention kernel.
+  std::vector<int> cps = space_.cp;
+  if (cps.empty()) {
+    for (int c = 1; c <= max_node; c *= 2) cps.push_back(c);
+  }
+  for (int tp : tps)
+    for (int cp : cps) {
+      if (!tp_legal(tp, model_)) continue;
+      if (cp > 1 && (kernels_.attention != Attention::kFlash || model_.seq_len % (2 * cp) != 0))
+        continue;
+      if (tp * cp > max_node) continue;
+      make_groups(tp, cp);
+      const int groups = static_cast<int>(scratch_.groups[tp * cp].size());
+      if (groups == 0) continue;
+      // Healthy group count: pipeline depths that divide it are the defaults.
+      int healthy = 0;
+      for (const auto& n : topo_.nodes) healthy += n.gpus / (tp * cp);
+      std::vector<int> pps = space_.pp;
+      if (pps.empty()) {
+        for (int pp = 1; pp <= max_pp; ++pp) {
+          if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
+        }
+      }
+      for (int pp : pps) {
+        if (pp > max_pp || pp > groups || pp > model_.layers) continue;
+        std::vector<int> dps = space_.dp;
+        if (dps.empty()) dps.push_back(groups / pp);
+        for (int dp : dps) {
+          if (dp < 1 || dp * pp > groups) continue;
+          const size_t first = placement_count_;
+          add_placements(tp, cp, pp, dp);
+          for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
+        }
+      }
+    }
+
+  // Each track ranks its families as a search over its layouts alone would.
+  tracks_.emplace_back();
+  tracks_.back().top_k = req_.top_k;
+  const bool with_zero0 = searches_zero0_variants(req_, model_.layers);
+  if (with_zero0) {
+    tracks_.emplace_back();
+    tracks_.back().top_k = std::max(req_.top_k, req_.zero0_top_k);
+    tracks_.back().zero0_only = true;
+  }
+
+  // Best bound first; a track stops once no remaining layout can enter its top K. A shape is
+  // evaluated once, whichever tracks take it.
+  std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {
+    return a.upper_tokens_per_s > b.upper_tokens_per_s;
+  });
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    const Shape& shape = shapes_[i];
+    bool taken = false, computed = false, all_done = true;
+    Outcome outcome;
+    for (Track& track : tracks_) {
+      if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
+      all_done = all_done && track.done;
+      if (track.done || !track.covers(shape)) continue;
+      taken = true;
+      if (auto it = track.no_fit_mb.find(fit_key(shape));
+          it != track.no_fit_mb.end() && shape.mb >= it->second) {
+        continue;
+      }
+      if (!computed) {
+        outcome = evaluate_shape(shape);
+        computed = true;
+      }
+      record(track, shape, outcome);
+    }
+    if (all_done) {
+      pruned_ += static_cast<long>(shapes_.size() - i);
+      break;
+    }
+    if (!taken) ++pruned_;
+  }
+
+  std::vector<Candidate> ranked = finish(tracks_[0]);
+  if (with_zero0) {
+    // The faster of each family's variants, best first (the first track's on a tie).
+    std::vector<Candidate> all = std::move(ranked);
+    const std::vector<Candidate> zero0 = finish(tracks_[1]);
+    all.insert(all.end(), zero0.begin(), zero0.end());
+    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+      return a.cost.tokens_per_s > b.cost.tokens_per_s;
+    });
+    ranked.clear();
+    for (const Candidate& cand : all) {
+      if (static_cast<int>(ranked.size()) == req_.top_k) break;
+      const Family family = family_of(cand.strategy);
+      const bool same_family = std::any_of(ranked.begin(), ranked.end(), [&](const Candidate& o) {
+        return family_of(o.strategy) == family;
+      });
+      if (!same_family) ranked.push_back(cand);
+    }
+  }
+  result.candidates = std::move(ranked);
+
+  result.evaluated = evaluated_;
+  result.pruned = pruned_;
+  result.search_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace planner_internal
+}  // namespace parapilot
