@@ -247,7 +247,12 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.staging_slowdown = job_->scenario.staging_slowdown;
   d.observation = env::build_observation(in);
 
-  {
+  if (staging) {
+    // The simulator ignores actions while a switch is staged, so the policy is not asked: it
+    // would read a state it rarely saw (staging outlasting an interval) for nothing.
+    d.guardrail = guardrail_for(Candidate{}, current_cost, true, since_commit,
+                                o_.cooldown_intervals);
+  } else {
     std::lock_guard lock(policy_mutex_);
     d.policy_action = policy_->act(d.observation);
     d.clipped_inputs = policy_->clipped_inputs(d.observation);

@@ -131,19 +131,28 @@ TEST_CASE("ppo: bad configs and env ids are input errors") {
   CHECK_THROWS_AS(ag::PpoTrainer{c}, parapilot::InputError);
 }
 
-TEST_CASE("ppo: the shipped default policy loads and schedules mixed as well as reactive") {
+TEST_CASE("ppo: the shipped default policy loads and is not worse than reactive on mixed") {
   auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
   auto reactive = parapilot::policy::make_baseline("reactive");
   auto env = parapilot::env::make_env("sim:mixed");
+  // Paired on the same seeds: the per-episode difference of scores against the oracle.
+  std::vector<double> diff;
   double rl_score = 0, reactive_score = 0;
-  for (uint64_t seed = 1000; seed < 1003; ++seed) {
+  const int episodes = 10;
+  for (uint64_t seed = 1000; seed < 1000 + episodes; ++seed) {
     const double oracle = ag::run_oracle(*env, seed).throughput_tokens_per_s;
-    rl_score += ag::run_episode(*env, *policy, seed).throughput_tokens_per_s / oracle / 3;
-    reactive_score += ag::run_episode(*env, *reactive, seed).throughput_tokens_per_s / oracle / 3;
+    const double rl = ag::run_episode(*env, *policy, seed).throughput_tokens_per_s / oracle;
+    const double re = ag::run_episode(*env, *reactive, seed).throughput_tokens_per_s / oracle;
+    diff.push_back(rl - re);
+    rl_score += rl / episodes;
+    reactive_score += re / episodes;
   }
-  std::printf("shipped policy on mixed, seeds 1000-1002: %.4f of the oracle; reactive %.4f\n",
-              rl_score, reactive_score);
-  // The same seeds for both. Retrain and replace checkpoints/default-mixed.ckpt when the
-  // simulator or the observation changes enough to break this (docs/policy.md).
-  CHECK(rl_score >= reactive_score);
+  const auto d = ag::mean_interval(diff);
+  std::printf("shipped policy on mixed, seeds 1000-1009: %.4f of the oracle; reactive %.4f; "
+              "paired difference %+.4f +- %.4f (95%%)\n",
+              rl_score, reactive_score, d.mean, d.half_width);
+  // Parity, not a win (issue 17): reactive must not be significantly better. Retrain and
+  // replace checkpoints/default-mixed.ckpt when the simulator or the observation changes
+  // enough to break this (docs/policy.md).
+  CHECK(d.mean + d.half_width >= 0);
 }
