@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "env/observation.h"
 #include "strategy/error.h"
 
 namespace parapilot::agent {
@@ -13,6 +14,7 @@ EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
   double reward_sum = 0;
   int steps = 0;
   while (true) {
+    for (int i : policy.clipped_inputs(obs)) ++stats.clipped_inputs[env::input_name(i)];
     const env::StepResult r = env.step(policy.act(obs));
     stats.tokens += r.info.tokens;
     stats.tokens_per_s_by_interval.push_back(r.info.tokens_per_s);

@@ -103,10 +103,13 @@ Observation build_observation(const ObservationInputs& in) {
       std::max(best_pred, cur_pred) > 0 ? cur_pred / std::max(best_pred, cur_pred) : 1.0);
   feature(o, StateFeature::kCurrentFeasible) = cur && cur->feasible ? 1.0f : 0.0f;
   feature(o, StateFeature::kCurrentFits) = cur && cur->fits_in_memory ? 1.0f : 0.0f;
+  // Recent switches matter, old ones do not: intervals since the last, saturating at
+  // kSwitchMemoryIntervals (a job that never switched reads as one that switched long ago, a
+  // state training sees often, rather than a rare 1 on the horizon's scale).
   feature(o, StateFeature::kSinceLastSwitch) = static_cast<float>(
-      in.last_migration < 0
-          ? 1.0
-          : std::min(1.0, (in.interval - in.last_migration) / static_cast<double>(H)));
+      in.last_migration < 0 ? 1.0
+                            : std::min(1.0, (in.interval - in.last_migration) /
+                                                static_cast<double>(kSwitchMemoryIntervals)));
   feature(o, StateFeature::kRunLeft) =
       in.remaining_intervals < 0 ? -1.0f : static_cast<float>(in.remaining_intervals / H);
   feature(o, StateFeature::kStaging) = in.staging ? 1.0f : 0.0f;

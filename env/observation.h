@@ -80,6 +80,9 @@ inline float feature(const Observation& o, int k, CandidateFeature f) {
   return o.candidates[k * kCandidateDim + static_cast<int>(f)];
 }
 
+/// since_last_switch saturates after this many intervals without a switch.
+inline constexpr int kSwitchMemoryIntervals = 8;
+
 /// ObservationInputs::remaining_intervals when the run's planned length is unknown.
 inline constexpr double kUnknownRemaining = -1;
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -52,6 +53,7 @@ struct PolicyResult {
   std::string name;
   std::vector<double> throughput, score, migrations;
   std::vector<double> curve;  // mean tokens/s per interval over episodes
+  std::map<std::string, int> clipped;  // inputs read at the clip, summed over episodes
 };
 
 void write_plot(const std::string& path, const std::vector<PolicyResult>& results,
@@ -153,6 +155,7 @@ void run_eval(const EvalOptions& o) {
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
+      for (const auto& [name, n] : stats.clipped_inputs) r.clipped[name] += n;
       if (r.curve.empty()) r.curve.assign(stats.tokens_per_s_by_interval.size(), 0.0);
       for (size_t t = 0; t < r.curve.size(); ++t) {
         r.curve[t] += stats.tokens_per_s_by_interval[t] / o.episodes;
@@ -182,6 +185,10 @@ void run_eval(const EvalOptions& o) {
                                {"score", s.mean},
                                {"score_ci95", s.half_width},
                                {"migrations_per_episode", m.mean}};
+      int clipped = 0;
+      for (const auto& [name, n] : r.clipped) clipped += n;
+      j["policies"][r.name]["inputs_clipped"] = clipped;
+      j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
     }
     std::cout << j.dump(2) << "\n";
     return;
@@ -199,6 +206,17 @@ void run_eval(const EvalOptions& o) {
     const auto m = agent::mean_interval(r.migrations);
     std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", width, r.name.c_str(), t.mean,
                 t.half_width, s.mean, s.half_width, m.mean);
+  }
+  for (const auto& r : results) {
+    if (r.clipped.empty()) continue;
+    std::string by_input;
+    int total = 0;
+    for (const auto& [name, n] : r.clipped) {
+      by_input += " " + name + "=" + std::to_string(n);
+      total += n;
+    }
+    std::printf("\n%s read %d inputs at the normaliser's clip (outside training's range):%s\n",
+                r.name.c_str(), total, by_input.c_str());
   }
   if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
 }

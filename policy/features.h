@@ -17,7 +17,7 @@ namespace parapilot::policy {
 
 // Bumped whenever the meaning or layout of the observation the network reads changes; a
 // checkpoint with another version is refused.
-inline constexpr uint32_t kFeatureSchemaVersion = 1;
+inline constexpr uint32_t kFeatureSchemaVersion = 2;
 
 // Running mean and variance per dimension (parallel Welford / Chan et al.).
 struct RunningStats {

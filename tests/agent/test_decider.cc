@@ -110,7 +110,7 @@ TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, 
   CHECK(no_loader.policy->name() == "reactive");
 
   PolicyLoader failing = [](const std::string& path) -> std::unique_ptr<parapilot::policy::Policy> {
-    throw InputError(path + ": feature schema 7, this build reads 1");
+    throw InputError(path + ": feature schema 7, this build reads 2");
   };
   const auto foreign = load_policy_or_reactive("old.ckpt", failing);
   CHECK(foreign.fallback);
