@@ -26,62 +26,59 @@ const char* to_string(MonitorEvent::Kind kind) {
 
 namespace {
 
+// Why a reported time is unusable (nan, infinite, negative, absurd); nullptr when it is fine.
+const char* bad_number(double v, const MonitorOptions& o) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return "infinite";
+  if (v < 0) return "negative";
+  if (v > o.max_compute_ms) return "absurd";
+  return nullptr;
+}
+
+// Why per-layer gradient statistics are unusable; nullptr when they are fine.
+const char* layers_problem(const std::vector<transport::LayerGradStat>& layers) {
+  for (const auto& l : layers) {
+    if (std::isnan(l.norm) || std::isnan(l.max_abs)) return "nan";
+    if (std::isinf(l.norm) || std::isinf(l.max_abs)) return "infinite";
+    if (l.norm < 0 || l.max_abs < 0) return "negative";
+  }
+  return nullptr;
+}
+
 // What is wrong with one sample's values (finite, non-negative, bounded, consistent); "" when
 // nothing is.
 std::string telemetry_problem(const transport::Telemetry& t, const MonitorOptions& o) {
-  auto bad_number = [&](double x) -> const char* {
-    if (std::isnan(x)) return "nan";
-    if (std::isinf(x)) return "infinite";
-    if (x < 0) return "negative";
-    if (x > o.max_compute_ms) return "absurd";
-    return nullptr;
-  };
   if (o.ranks > 0 && t.rank >= static_cast<uint32_t>(o.ranks)) return "unknown_rank";
-  if (const char* r = bad_number(t.compute_ms)) return r;
+  if (const char* r = bad_number(t.compute_ms, o)) return r;
   if (t.step_end_ns < t.step_start_ns) return "negative";
   const double wall_ms = static_cast<double>(t.step_end_ns - t.step_start_ns) / 1e6;
   if (wall_ms > o.max_compute_ms) return "absurd";
   // Compute-only time cannot exceed the step it is part of (1 ms of clock slack).
   if (t.compute_ms > wall_ms + 1.0) return "absurd";
   for (const auto& [name, c] : t.collectives) {
-    if (const char* r = bad_number(c.ms)) return r;
+    if (const char* r = bad_number(c.ms, o)) return r;
     if (c.ms > wall_ms + 1.0) return "absurd";
   }
-  for (const auto& l : t.layers) {
-    if (std::isnan(l.norm) || std::isnan(l.max_abs)) return "nan";
-    if (std::isinf(l.norm) || std::isinf(l.max_abs)) return "infinite";
-    if (l.norm < 0 || l.max_abs < 0) return "negative";
-  }
+  if (const char* r = layers_problem(t.layers)) return r;
   return "";
 }
 
 // What is wrong with a sample handed in directly (the checks telemetry_problem makes on the
 // message, on the fields the monitor reads); "" when nothing is.
 std::string sample_problem(const StepSample& x, const MonitorOptions& o) {
-  auto bad_number = [&](double v) -> const char* {
-    if (std::isnan(v)) return "nan";
-    if (std::isinf(v)) return "infinite";
-    if (v < 0) return "negative";
-    if (v > o.max_compute_ms) return "absurd";
-    return nullptr;
-  };
   if (x.rank < 0 || x.rank >= o.ranks) return "unknown_rank";
   if (x.end_ns < x.start_ns) return "negative";
   const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
   if (wall_ms > o.max_compute_ms) return "absurd";
   for (double v : {x.compute_ms, x.inter_ms, x.longest_collective_ms, x.queue_depth}) {
-    if (const char* r = bad_number(v)) return r;
+    if (const char* r = bad_number(v, o)) return r;
   }
   for (double v : {x.samples, x.fixed_ms, x.wait_ms}) {  // -1: not reported
     if (v == -1) continue;
-    if (const char* r = bad_number(v)) return r;
+    if (const char* r = bad_number(v, o)) return r;
   }
   if (x.compute_ms > wall_ms + 1.0 || x.longest_collective_ms > wall_ms + 1.0) return "absurd";
-  for (const auto& l : x.layers) {
-    if (std::isnan(l.norm) || std::isnan(l.max_abs)) return "nan";
-    if (std::isinf(l.norm) || std::isinf(l.max_abs)) return "infinite";
-    if (l.norm < 0 || l.max_abs < 0) return "negative";
-  }
+  if (const char* r = layers_problem(x.layers)) return r;
   return "";
 }
 
