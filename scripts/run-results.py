@@ -47,7 +47,8 @@ def git(*args):
 def envelope(name, args):
     """The same head a benchmark's --json report has (benchmarks/report.h)."""
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
+    # docs/data is what the run writes: results already written are not a change to the code.
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/data"):
         commit += "-dirty"
     return {"benchmark": name, "args": args, "commit": commit, "cores": os.cpu_count(),
             "load_average": {"start": list(os.getloadavg())},
