@@ -1,6 +1,6 @@
 // Machine-readable benchmark output. A benchmark given `--json FILE` writes one JSON object:
 //
-//   {"benchmark": NAME, "args": [...], "commit": "4156d61" (+"-dirty" when the source tree has
+//   {"benchmark": NAME, "args": [...], "commit": "4156d61" (+"-dirty" when the tree, docs/data aside, has
 //    uncommitted changes; "unknown" outside a git checkout), "cores": N,
 //    "load_average": {"start": [1, 5, 15 min], "end": [...]}, "utc": "2026-12-01T09:00:00Z",
 //    "figures": {...}}
