@@ -16,7 +16,7 @@ namespace parapilot::agent::runtime {
 
 std::string guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
                           int intervals_since_commit, int cooldown_intervals) {
-  if (staging) return "a switch is being staged";
+  if (staging) return "a switch is being staged";  // also decide()'s reason while staging
   if (intervals_since_commit < cooldown_intervals) return "cool-down after the last switch";
   if (!target.cost.fits_in_memory || !under_beliefs.fits_in_memory) {
     return "target predicted not to fit in memory";
@@ -250,8 +250,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   if (staging) {
     // The simulator ignores actions while a switch is staged, so the policy is not asked: it
     // would read a state it rarely saw (staging outlasting an interval) for nothing.
-    d.guardrail = guardrail_for(Candidate{}, current_cost, true, since_commit,
-                                o_.cooldown_intervals);
+    d.guardrail = "a switch is being staged";
   } else {
     std::lock_guard lock(policy_mutex_);
     d.policy_action = policy_->act(d.observation);

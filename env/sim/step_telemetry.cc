@@ -61,8 +61,6 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
   std::normal_distribution<double> jitter(0.0, noise);
   const size_t first = out.size();
   double last_arrival = 0, longest_transfer = 0;
-  std::vector<double> transfer;
-  transfer.reserve(ranks_.size());
   for (const Rank& r : ranks_) {
     if (truth.failed(r.gpu) || (alive && !(*alive)[r.gpu])) continue;
     const double speed = std::max(truth.speed(r.gpu), 1e-6);
@@ -79,7 +77,7 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
       const double GBps = std::max(r.inter_GBps * truth.inter(r.node), 1e-9);
       t = r.inter_bytes / GBps / 1e6 * std::exp(jitter(rng));
     }
-    transfer.push_back(t);
+    x.inter_ms = t;  // the transfer alone until the last arrival is known
     last_arrival = std::max(last_arrival, x.compute_ms);
     longest_transfer = std::max(longest_transfer, t);
     out.push_back(std::move(x));
@@ -90,7 +88,7 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
     monitor::StepSample& x = out[i];
     x.end_ns = end_ns;
     if (x.inter_bytes > 0) {
-      x.inter_ms = std::min(last_arrival - x.compute_ms + transfer[i - first], step_ms);
+      x.inter_ms = std::min(last_arrival - x.compute_ms + x.inter_ms, step_ms);
       x.longest_collective_ms = x.inter_ms;
     }
   }
