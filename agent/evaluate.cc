@@ -14,7 +14,9 @@ EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
   double reward_sum = 0;
   int steps = 0;
   while (true) {
-    for (int i : policy.clipped_inputs(obs)) ++stats.clipped_inputs[env::input_name(i)];
+    const policy::InputReport inputs = policy.check_inputs(obs);
+    for (int i : inputs.clipped) ++stats.clipped_inputs[env::input_name(i)];
+    for (int i : inputs.unseen) ++stats.unseen_inputs[env::input_name(i)];
     const env::StepResult r = env.step(policy.act(obs));
     stats.tokens += r.info.tokens;
     stats.tokens_per_s_by_interval.push_back(r.info.tokens_per_s);

@@ -20,9 +20,10 @@ struct EpisodeStats {
   int migrations = 0;
   int restarts = 0;
   std::vector<double> tokens_per_s_by_interval;
-  /// Policy inputs read at the normaliser's clip (Policy::clipped_inputs), summed over the
-  /// episode's decisions, by input (env::input_name); empty for rules and the oracle.
-  std::map<std::string, int> clipped_inputs;
+  /// Policy inputs read at the normaliser's clip, and outside training's range
+  /// (Policy::check_inputs), summed over the episode's decisions, by input (env::input_name);
+  /// empty for rules and the oracle.
+  std::map<std::string, int> clipped_inputs, unseen_inputs;
 };
 
 // Runs one episode of `policy` on `env` from `seed`.

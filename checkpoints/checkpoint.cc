@@ -24,7 +24,7 @@ namespace parapilot::policy {
 template <class Archive>
 void serialize(Archive& ar, RunningStats& s) {
   ar(cereal::make_nvp("count", s.count), cereal::make_nvp("mean", s.mean),
-     cereal::make_nvp("m2", s.m2));
+     cereal::make_nvp("m2", s.m2), cereal::make_nvp("min", s.min), cereal::make_nvp("max", s.max));
 }
 
 }  // namespace parapilot::policy
@@ -70,10 +70,12 @@ void parse_metadata(const std::string& json, Checkpoint& c) {
      cereal::make_nvp("update", c.update), cereal::make_nvp("metrics", c.metrics),
      cereal::make_nvp("state_stats", c.normalizer.state_stats()),
      cereal::make_nvp("candidate_stats", c.normalizer.candidate_stats()));
-  if (c.normalizer.state_stats().dims() != env::kStateDim ||
-      static_cast<int>(c.normalizer.state_stats().m2.size()) != env::kStateDim ||
-      c.normalizer.candidate_stats().dims() != env::kCandidateDim ||
-      static_cast<int>(c.normalizer.candidate_stats().m2.size()) != env::kCandidateDim) {
+  auto sized = [](const policy::RunningStats& s, int dims) {
+    return s.dims() == dims && static_cast<int>(s.m2.size()) == dims &&
+           static_cast<int>(s.min.size()) == dims && static_cast<int>(s.max.size()) == dims;
+  };
+  if (!sized(c.normalizer.state_stats(), env::kStateDim) ||
+      !sized(c.normalizer.candidate_stats(), env::kCandidateDim)) {
     throw std::runtime_error("normalisation statistics have the wrong size");
   }
 }

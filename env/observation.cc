@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace parapilot::env {
 
@@ -47,6 +48,29 @@ const char* feature_name(StateFeature f) {
 const char* feature_name(CandidateFeature f) {
   static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback"};
   return kNames[static_cast<int>(f)];
+}
+
+FeatureRange feature_range(StateFeature f) {
+  // Speeds and bandwidths are at most 1.5; their trends the difference of two such values;
+  // run_left is -1 when unknown; seq_len_log covers a sequence 16x shorter to 16x longer.
+  static constexpr FeatureRange kRanges[] = {
+      {0, 1.5f}, {0, 1.5f}, {0, 1},     {0, 1}, {0, 1},  {0, 1.5f}, {0, 1.5f}, {0, 1},
+      {0, 1},    {-1.5f, 1.5f}, {-1.5f, 1.5f}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1},
+      {0, 1},    {-1, 1},   {0, 1},     {0, 1}, {0, 1},  {0, 1},    {-1, 1},   {0, 1}};
+  static_assert(std::size(kRanges) == kStateDim);
+  return kRanges[static_cast<int>(f)];
+}
+
+FeatureRange feature_range(CandidateFeature f) {
+  static constexpr FeatureRange kRanges[] = {{-2, 2}, {0, 4}, {0, 1}, {0, 1},
+                                             {0, 1},  {0, 1}, {0, 1}, {-1, 1}};
+  static_assert(std::size(kRanges) == kCandidateDim);
+  return kRanges[static_cast<int>(f)];
+}
+
+FeatureRange input_range(int input) {
+  if (input >= kStateDim) return feature_range(static_cast<CandidateFeature>(input - kStateDim));
+  return feature_range(static_cast<StateFeature>(input));
 }
 
 std::string input_name(int input) {
@@ -116,7 +140,8 @@ Observation build_observation(const ObservationInputs& in) {
   feature(o, StateFeature::kStagingLeft) = static_cast<float>(in.staging ? std::min(1.0, in.staging_left_s / in.interval_s) : 0.0);
   feature(o, StateFeature::kBubbleFraction) = static_cast<float>(cur_ok ? cur->bubble_s / cur->iteration_time_s : 0.0);
   feature(o, StateFeature::kExposedDpFraction) = static_cast<float>(cur_ok ? cur->dp_comm_s / cur->iteration_time_s : 0.0);
-  feature(o, StateFeature::kSeqLenLog) = static_cast<float>(std::log2(in.seq_len_ratio) / 4.0);
+  feature(o, StateFeature::kSeqLenLog) =
+      static_cast<float>(std::clamp(std::log2(in.seq_len_ratio) / 4.0, -1.0, 1.0));
   feature(o, StateFeature::kCandidates) = static_cast<float>(candidates.size()) / kMaxCandidates;
 
   // Payback over the run left; over half the horizon when the run's length is unknown.

@@ -68,6 +68,18 @@ const char* feature_name(CandidateFeature f);
 /// kStateDim + a CandidateFeature.
 std::string input_name(int input);
 
+/// The values a feature can take by construction: build_observation yields every feature inside
+/// [lo, hi] for any inputs (beliefs' speeds and bandwidths in [0.01, 1.5], as the monitor
+/// reports them), and docs/observation.md lists these ranges (a test holds the three together).
+/// The policy's normaliser never clips a value inside its feature's range.
+struct FeatureRange {
+  float lo = 0, hi = 1;
+};
+FeatureRange feature_range(StateFeature f);
+FeatureRange feature_range(CandidateFeature f);
+/// By flat index, as input_name.
+FeatureRange input_range(int input);
+
 inline float& feature(Observation& o, StateFeature f) { return o.state[static_cast<int>(f)]; }
 inline float feature(const Observation& o, StateFeature f) {
   return o.state[static_cast<int>(f)];

@@ -54,6 +54,7 @@ struct PolicyResult {
   std::vector<double> throughput, score, migrations;
   std::vector<double> curve;  // mean tokens/s per interval over episodes
   std::map<std::string, int> clipped;  // inputs read at the clip, summed over episodes
+  std::map<std::string, int> unseen;   // inputs outside training's range, summed over episodes
 };
 
 void write_plot(const std::string& path, const std::vector<PolicyResult>& results,
@@ -156,6 +157,7 @@ void run_eval(const EvalOptions& o) {
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
       for (const auto& [name, n] : stats.clipped_inputs) r.clipped[name] += n;
+      for (const auto& [name, n] : stats.unseen_inputs) r.unseen[name] += n;
       if (r.curve.empty()) r.curve.assign(stats.tokens_per_s_by_interval.size(), 0.0);
       for (size_t t = 0; t < r.curve.size(); ++t) {
         r.curve[t] += stats.tokens_per_s_by_interval[t] / o.episodes;
@@ -185,10 +187,15 @@ void run_eval(const EvalOptions& o) {
                                {"score", s.mean},
                                {"score_ci95", s.half_width},
                                {"migrations_per_episode", m.mean}};
-      int clipped = 0;
-      for (const auto& [name, n] : r.clipped) clipped += n;
-      j["policies"][r.name]["inputs_clipped"] = clipped;
+      auto total = [](const std::map<std::string, int>& by_input) {
+        int n = 0;
+        for (const auto& [name, k] : by_input) n += k;
+        return n;
+      };
+      j["policies"][r.name]["inputs_clipped"] = total(r.clipped);
       j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
+      j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
+      j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
     }
     std::cout << j.dump(2) << "\n";
     return;
@@ -207,16 +214,20 @@ void run_eval(const EvalOptions& o) {
     std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", width, r.name.c_str(), t.mean,
                 t.half_width, s.mean, s.half_width, m.mean);
   }
-  for (const auto& r : results) {
-    if (r.clipped.empty()) continue;
-    std::string by_input;
+  auto report = [](const std::string& policy, const std::map<std::string, int>& by_input,
+                   const char* what) {
+    if (by_input.empty()) return;
+    std::string list;
     int total = 0;
-    for (const auto& [name, n] : r.clipped) {
-      by_input += " " + name + "=" + std::to_string(n);
+    for (const auto& [name, n] : by_input) {
+      list += " " + name + "=" + std::to_string(n);
       total += n;
     }
-    std::printf("\n%s read %d inputs at the normaliser's clip (outside training's range):%s\n",
-                r.name.c_str(), total, by_input.c_str());
+    std::printf("\n%s read %d inputs %s:%s\n", policy.c_str(), total, what, list.c_str());
+  };
+  for (const auto& r : results) {
+    report(r.name, r.clipped, "at the normaliser's clip");
+    report(r.name, r.unseen, "outside the range training produced");
   }
   if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
 }

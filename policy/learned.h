@@ -20,8 +20,8 @@ class LearnedPolicy : public Policy {
     const auto logits = actor_.logits(normalizer_.normalise(o));
     return greedy_action(logits.data(), env::kNumActions);
   }
-  std::vector<int> clipped_inputs(const env::Observation& o) const override {
-    return normalizer_.clipped(o);
+  InputReport check_inputs(const env::Observation& o) const override {
+    return {normalizer_.clipped(o), normalizer_.outside_training(o)};
   }
 
  private:

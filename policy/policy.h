@@ -14,6 +14,16 @@
 
 namespace parapilot::policy {
 
+/// The inputs of an observation a policy cannot read as training taught it, by flat input index:
+/// StateFeature indices, and kStateDim + a CandidateFeature index for a candidate's feature (once
+/// per feature, whichever candidates); env::input_name names them.
+struct InputReport {
+  /// Normalised value at the clip (ObservationNormalizer::kClip): read, but saturated.
+  std::vector<int> clipped;
+  /// Outside the range training produced (ObservationNormalizer::outside_training).
+  std::vector<int> unseen;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -23,12 +33,9 @@ class Policy {
   virtual void begin_episode() {}
   // Returns 0 (keep) or k in 1..kMaxCandidates (switch to candidate k-1).
   virtual int act(const env::Observation& observation) = 0;
-  /// The inputs of `observation` this policy can read only at its clip: for a learned policy,
-  /// features whose normalised value reaches ±5 standard deviations of what training produced.
-  /// Entries are StateFeature indices, and kStateDim + a CandidateFeature index for a
-  /// candidate's feature (once per feature, whichever candidates; env::input_name names them).
-  /// Rules clip nothing.
-  virtual std::vector<int> clipped_inputs(const env::Observation&) const { return {}; }
+  /// The inputs of `observation` a learned policy reads at its clip or never saw in training.
+  /// Rules read every input as it is: empty.
+  virtual InputReport check_inputs(const env::Observation&) const { return {}; }
 };
 
 }  // namespace parapilot::policy

@@ -357,10 +357,12 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
     if (held.empty()) prepared = executor->prepare(d.target->strategy, ranks, decided);
   }
   record_decision(last_arrival, callback_start, decide_start, decided, monitor::Clock::now(), prepared);
-  if (!d.clipped_inputs.empty()) {
+  if (!d.inputs.clipped.empty() || !d.inputs.unseen.empty()) {
     std::lock_guard lock(mutex);
-    stats.features_clipped += d.clipped_inputs.size();
-    for (int i : d.clipped_inputs) ++stats.features_clipped_by_input[env::input_name(i)];
+    stats.features_clipped += d.inputs.clipped.size();
+    for (int i : d.inputs.clipped) ++stats.features_clipped_by_input[env::input_name(i)];
+    stats.features_unseen += d.inputs.unseen.size();
+    for (int i : d.inputs.unseen) ++stats.features_unseen_by_input[env::input_name(i)];
   }
   nlohmann::json j = nlohmann::json::parse(d.log_line, nullptr, false);
   if (j.is_object()) {
@@ -509,10 +511,16 @@ std::string DeployAgent::Impl::render() const {
   out << "parapilot_decisions_total{action=\"keep\"} " << s.decisions - s.switches_decided << '\n';
   out << "parapilot_decisions_total{action=\"switch\"} " << s.switches_decided << '\n';
   metric("parapilot_features_clipped_total", "counter",
-         "Policy inputs read at the normaliser's clip (outside training's range), by input.");
+         "Policy inputs read at the normaliser's clip (saturated), by input.");
   out << "parapilot_features_clipped_total " << s.features_clipped << '\n';
   for (const auto& [name, n] : s.features_clipped_by_input) {
     out << "parapilot_features_clipped_total{input=\"" << name << "\"} " << n << '\n';
+  }
+  metric("parapilot_features_unseen_total", "counter",
+         "Policy inputs outside the range training produced, by input.");
+  out << "parapilot_features_unseen_total " << s.features_unseen << '\n';
+  for (const auto& [name, n] : s.features_unseen_by_input) {
+    out << "parapilot_features_unseen_total{input=\"" << name << "\"} " << n << '\n';
   }
   metric("parapilot_migrations_total", "counter", "Layout switches, by outcome.");
   out << "parapilot_migrations_total{outcome=\"committed\"} " << s.migrations_committed << '\n';

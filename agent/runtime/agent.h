@@ -70,10 +70,13 @@ struct AgentStats {
   uint64_t stragglers_detected = 0;
   uint64_t congested_links_detected = 0;
   uint64_t ranks_lost = 0;
-  /// Inputs the policy read at its clip, summed over decisions, in total and by input name
-  /// (outside the range training produced: the deployed job is not what it learned on).
+  /// Inputs the policy read at its clip (saturated), and inputs outside the range training
+  /// produced (the deployed job is not what it learned on), summed over decisions, in total and
+  /// by input name (Policy::check_inputs).
   uint64_t features_clipped = 0;
   std::map<std::string, uint64_t> features_clipped_by_input;
+  uint64_t features_unseen = 0;
+  std::map<std::string, uint64_t> features_unseen_by_input;
   int connected_ranks = 0;
   std::vector<double> decision_latency_ms;  ///< every decision (most recent 100000).
   std::vector<double> prepare_latency_ms;   ///< decisions that sent a PlanPrepare.

@@ -137,7 +137,9 @@ void Decider::update_beliefs(const monitor::Beliefs& beliefs) {
 void Decider::committed(const Strategy& s) {
   std::unique_lock lock(mutex_);
   current_ = s;
-  last_migration_ = interval_;
+  // The switch landed in the interval the last decision began (the simulator's t): the next
+  // decision reads since_last_switch = 1/8, as training does.
+  last_migration_ = interval_ - 1;
   since_commit_ = 0;
   planned_beliefs_ = beliefs_.conditions;
   const Conditions beliefs = beliefs_.conditions;
@@ -254,7 +256,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   } else {
     std::lock_guard lock(policy_mutex_);
     d.policy_action = policy_->act(d.observation);
-    d.clipped_inputs = policy_->clipped_inputs(d.observation);
+    d.inputs = policy_->check_inputs(d.observation);
   }
   int action = d.policy_action;
   if (action < 0 || action > env::kMaxCandidates ||
@@ -306,9 +308,13 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   j["choice"] = d.target ? nlohmann::json(layout_name(d.target->strategy)) : nlohmann::json("keep");
   j["predicted_gain"] = d.predicted_gain;
   j["migration_s"] = d.migration_s;
-  nlohmann::json clipped = nlohmann::json::array();
-  for (int i : d.clipped_inputs) clipped.push_back(env::input_name(i));
-  j["features_clipped"] = clipped;
+  auto names = [](const std::vector<int>& inputs) {
+    nlohmann::json out = nlohmann::json::array();
+    for (int i : inputs) out.push_back(env::input_name(i));
+    return out;
+  };
+  j["features_clipped"] = names(d.inputs.clipped);
+  j["features_unseen"] = names(d.inputs.unseen);
   d.log_line = j.dump();
   return d;
 }

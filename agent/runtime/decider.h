@@ -75,8 +75,8 @@ struct Decision {
   double migration_s = 0;
   std::vector<Candidate> candidates;
   env::Observation observation;
-  /// Inputs the policy read at its clip (Policy::clipped_inputs; env::input_name names them).
-  std::vector<int> clipped_inputs;
+  /// Inputs the policy read at its clip or never saw in training (Policy::check_inputs).
+  policy::InputReport inputs;
   std::string log_line;  ///< one JSON object, no newline.
 };
 

@@ -203,15 +203,19 @@ nlohmann::json report_policy(const Args& a, const AgentOptions& o, const AgentSt
                                     : (" from " + o.policy_path).c_str(),
               s.fallback ? "; FELL BACK to the reactive baseline: " : "",
               s.fallback ? s.fallback_reason.c_str() : "");
-  std::string by_input;
-  for (const auto& [name, n] : s.features_clipped_by_input) {
-    by_input += " " + name + "=" + std::to_string(n);
-  }
-  std::printf("  policy inputs read at the normaliser's clip (outside training's range): %llu%s\n",
-              static_cast<unsigned long long>(s.features_clipped), by_input.c_str());
+  auto print = [](const char* what, uint64_t total, const std::map<std::string, uint64_t>& by) {
+    std::string list;
+    for (const auto& [name, n] : by) list += " " + name + "=" + std::to_string(n);
+    std::printf("  policy inputs %s: %llu%s\n", what, static_cast<unsigned long long>(total),
+                list.c_str());
+  };
+  print("read at the normaliser's clip", s.features_clipped, s.features_clipped_by_input);
+  print("outside the range training produced", s.features_unseen, s.features_unseen_by_input);
   return {{"requested", a.policy.empty() ? "default" : a.policy},
           {"features_clipped", s.features_clipped},
           {"features_clipped_by_input", s.features_clipped_by_input},
+          {"features_unseen", s.features_unseen},
+          {"features_unseen_by_input", s.features_unseen_by_input},
           {"path", o.policy_path},
           {"name", s.policy},
           {"fallback", s.fallback},

@@ -14,8 +14,8 @@
 // wall time on rank 0) before the slowdown, between it and the switch, and after the switch,
 // against the run without an agent over the same windows; the share of the lost throughput the
 // switch won back, against the healthy rate and against the ideal (what shares in proportion to
-// speed can reach), and after / ideal. --policy is passed to deploy (--agent-policy; default
-// here: reactive); the policy the agent logged it ran is printed. --json FILE also writes every
+// speed can reach), and after / ideal. --policy is passed to deploy (--agent-policy; by default
+// none, so deploy runs the shipped policy); the policy the agent logged it ran is printed. --json FILE also writes every
 // figure as JSON (benchmarks/report.h): "rounds" (one object per round), "median", "policy".
 #include <sys/wait.h>
 #include <unistd.h>

@@ -84,12 +84,22 @@ TEST_CASE(
         const StepResult r = a->step(static_cast<int>(rng() % (kNumActions + 2)) - 1);
         CHECK(r.reward >= 0);
         CHECK(r.reward <= 1.5);
-        for (float v : r.observation.state) CHECK(std::abs(v) <= 10.0f);
-        for (float v : r.observation.candidates) CHECK(std::abs(v) <= 10.0f);
+        for (int i = 0; i < kStateDim; ++i) {
+          const FeatureRange range = input_range(i);
+          INFO(input_name(i));
+          CHECK(r.observation.state[i] >= range.lo);
+          CHECK(r.observation.state[i] <= range.hi);
+        }
         for (int k = 0; k < kMaxCandidates; ++k) {
-          if (!r.observation.mask[k]) {
-            for (int f = 0; f < kCandidateDim; ++f)
-              CHECK(r.observation.candidates[k * kCandidateDim + f] == 0.0f);
+          for (int f = 0; f < kCandidateDim; ++f) {
+            const float v = r.observation.candidates[k * kCandidateDim + f];
+            INFO(input_name(kStateDim + f));
+            if (!r.observation.mask[k]) {
+              CHECK(v == 0.0f);
+            } else {
+              CHECK(v >= input_range(kStateDim + f).lo);
+              CHECK(v <= input_range(kStateDim + f).hi);
+            }
           }
         }
         CHECK(r.truncated == (t == a->horizon() - 1));
@@ -284,21 +294,32 @@ TEST_CASE("simulator beliefs come from the monitor fed with the steps' telemetry
   CHECK(env.beliefs().failed(12));
 }
 
-TEST_CASE("docs/observation.md lists every feature by its index and name") {
+TEST_CASE("docs/observation.md lists every feature by its index, name and range") {
   std::ifstream in(std::string(PARAPILOT_SOURCE_DIR) + "/docs/observation.md");
   REQUIRE(in);
   const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  // "[lo, hi]" as the page writes it: shortest form, with a true minus sign.
+  auto range_text = [](FeatureRange r) {
+    auto number = [](float v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", static_cast<double>(std::abs(v)));
+      return (v < 0 ? std::string("\u2212") : std::string()) + buf;
+    };
+    return "[" + number(r.lo) + ", " + number(r.hi) + "]";
+  };
   for (int i = 0; i < kStateDim; ++i) {
-    const std::string row =
-        "| " + std::to_string(i) + " | `" + feature_name(static_cast<StateFeature>(i)) + "` |";
+    const auto f = static_cast<StateFeature>(i);
+    const std::string row = "| " + std::to_string(i) + " | `" + feature_name(f) + "` | " +
+                            range_text(feature_range(f)) + " |";
     INFO(row);
     CHECK(doc.find(row) != std::string::npos);
   }
   const auto cand = doc.find("## Candidates");
   REQUIRE(cand != std::string::npos);
   for (int i = 0; i < kCandidateDim; ++i) {
-    const std::string row = "| " + std::to_string(i) + " | `" +
-                            feature_name(static_cast<CandidateFeature>(i)) + "` |";
+    const auto f = static_cast<CandidateFeature>(i);
+    const std::string row = "| " + std::to_string(i) + " | `" + feature_name(f) + "` | " +
+                            range_text(feature_range(f)) + " |";
     INFO(row);
     CHECK(doc.find(row, cand) != std::string::npos);
   }

@@ -85,6 +85,9 @@ void drives_live_workers(const std::string& policy_flag, const std::string& expe
   CHECK(min_belief < 0.5);
   REQUIRE(!switch_steps.empty());
   CHECK(lines.back()["event"] == "agent_stopped");
+  // Conformance beside live workers: every input the policy read is one its training produced.
+  CHECK(lines.back()["features_unseen"] == 0);
+  CHECK(lines.back()["features_clipped"] == 0);
 
   // Every step ran exactly once on each rank, and its 8 microbatches were split without loss
   // or repetition, across every switch.

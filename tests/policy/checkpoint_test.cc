@@ -96,6 +96,9 @@ TEST_CASE("checkpoint: round trip keeps every field") {
   CHECK(r.normalizer.state_stats().count == c.normalizer.state_stats().count);
   CHECK(r.normalizer.state_stats().mean == c.normalizer.state_stats().mean);
   CHECK(r.normalizer.state_stats().m2 == c.normalizer.state_stats().m2);
+  CHECK(r.normalizer.state_stats().min == c.normalizer.state_stats().min);
+  CHECK(r.normalizer.state_stats().max == c.normalizer.state_stats().max);
+  CHECK(r.normalizer.state_stats().max[3] == 2.5);
   CHECK(r.normalizer.candidate_stats().mean == c.normalizer.candidate_stats().mean);
   // No temporary file is left behind.
   int files = 0;

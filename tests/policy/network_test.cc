@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "env/observation.h"
 #include "policy/features.h"
 #include "policy/network.h"
 
@@ -124,4 +125,35 @@ TEST_CASE("features: running normalisation") {
   CHECK(z.state[0] == doctest::Approx(1.0f));
   CHECK(z.state[1] == doctest::Approx(pp::ObservationNormalizer::kClip));
   CHECK(z.candidates[env::kCandidateDim] == 0.0f);  // missing candidates stay zero
+}
+
+TEST_CASE("features: a rare value inside the feature's range keeps its magnitude, and is named "
+          "when training never produced it") {
+  pp::ObservationNormalizer n;
+  env::Observation o;
+  o.mask = {1, 0, 0, 0};
+  const auto failed = static_cast<int>(env::StateFeature::kFailedFraction);
+  const auto gain = env::kStateDim + static_cast<int>(env::CandidateFeature::kLogGain);
+  for (int i = 0; i < 1000; ++i) {
+    o.state[failed] = i == 0 ? 0.125f : 0.0f;  // one failure in a thousand
+    o.candidates[0] = 0.1f * static_cast<float>(i % 3);  // log_gain in [0, 0.2]
+    n.update(o);
+  }
+  // The plain z-score of a 25% failure would be about 63 standard deviations: saturated. The
+  // scale keeps failed_fraction's whole range [0, 1] inside the clip.
+  o.state[failed] = 0.25f;
+  o.candidates[0] = 0.1f;
+  const auto z = n.normalise(o);
+  CHECK(z.state[failed] > 0.5f);
+  CHECK(static_cast<double>(z.state[failed]) < pp::ObservationNormalizer::kClip);
+  CHECK(n.clipped(o).empty());
+  // 0.25 is past anything training saw (at most 0.125); log_gain 0.1 is inside [0, 0.2].
+  CHECK(n.outside_training(o) == std::vector<int>{failed});
+  o.state[failed] = 0.125f;
+  o.candidates[0] = 0.2f + 0.03f;  // past training's largest by less than 2% of [-2, 2]
+  CHECK(n.outside_training(o).empty());
+  o.candidates[0] = -0.5f;
+  CHECK(n.outside_training(o) == std::vector<int>{gain});
+  o.mask = {0, 0, 0, 0};  // a missing candidate's zeros are not inputs
+  CHECK(n.outside_training(o).empty());
 }

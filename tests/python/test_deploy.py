@@ -1,5 +1,6 @@
 """End to end: an 8-rank CPU/Gloo DDP job (ddp_worker.py, rank 3 slowed down) connected to a real
-`parapilot deploy` (reactive policy). Telemetry reaches the agent, it detects the slow rank and
+`parapilot deploy`, with its default (the shipped learned policy) and with the reactive baseline
+beside it. Telemetry reaches the agent, it detects the slow rank and
 commits elastic shares; every rank switches at the committed step, the slow rank gets fewer
 samples, the share-weighted update still equals the full-batch update, and after the agent is
 stopped the job trains to the end on its last plan. deploy's scenarios need >= 8 GPUs, hence 8
@@ -40,6 +41,8 @@ def parapilot_binary():
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
 class DeployEndToEndTest(unittest.TestCase):
+    POLICY = None  # deploy's default: the shipped learned policy
+
     def setUp(self):
         self.exe = parapilot_binary()
         if self.exe is None:
@@ -54,9 +57,9 @@ class DeployEndToEndTest(unittest.TestCase):
         scenario.close()
         self.scenario_path = scenario.name
         self.addCleanup(os.unlink, self.scenario_path)
+        policy = ["--policy", self.POLICY] if self.POLICY else []
         self.deploy = subprocess.Popen(
-            [self.exe, "deploy", "--scenario", self.scenario_path,
-             "--policy", "reactive",
+            [self.exe, "deploy", "--scenario", self.scenario_path] + policy + [
              "--initial-layout", "uniform-dp", "--interval-steps", "5", "--cooldown", "1",
              "--listen", f"127.0.0.1:{self.port}", "--secret-file", self.secret.path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -64,7 +67,10 @@ class DeployEndToEndTest(unittest.TestCase):
         self.cond = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
-        self.wait_line(lambda e: e.get("event") == "agent_started", 20)
+        started = self.wait_line(lambda e: e.get("event") == "agent_started", 20)
+        # The policy asked for is the one that runs: no silent fallback to a baseline.
+        self.assertEqual(started["policy"], self.POLICY or "rl")
+        self.assertFalse(started["fallback"])
         self.job = None
 
     def _read(self):
@@ -139,6 +145,11 @@ class DeployEndToEndTest(unittest.TestCase):
         self.assertLess(res[0]["max_diff"], 1e-5,
                         f"first diverging steps (step, plan, samples per rank, diff): {big}; "
                         f"plans applied {res[0]['applied']}, committed {plan} at step {at}")
+
+
+class DeployReactiveEndToEndTest(DeployEndToEndTest):
+    """The same job with the reactive baseline, for comparison."""
+    POLICY = "reactive"
 
 
 if __name__ == "__main__":

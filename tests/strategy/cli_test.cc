@@ -267,3 +267,51 @@ TEST_CASE("the shipped policy is found from the binary: installed, or not at all
   INFO(deploy.out);
   CHECK(deploy.out.find("deciding with the reactive baseline") != std::string::npos);
 }
+
+TEST_CASE("deploy with the shipped policy beside 64 simulated ranks, one slowed 3x: every input "
+          "it reads is one training produced, and it speeds the job up") {
+  TempFile secret("0123456789abcdef0123456789abcdef\n", "secret");
+  const std::string bin = PARAPILOT_BIN;
+  namespace fs = std::filesystem;
+  const fs::path dir = secret.dir();  // removed with `secret`
+  // One run: deploy (its defaults, the shipped policy) on a free port, the simulated ranks
+  // against it, then SIGINT for deploy's closing line. `interval` = deploy's --interval-steps;
+  // beyond the run's length it never decides: the job as it runs without an agent.
+  auto once = [&](const std::string& name, int interval) {
+    const std::string log = (dir / (name + ".log")).string();
+    const std::string script =
+        bin + " deploy --scenario straggler --listen 127.0.0.1:0 --interval-steps " +
+        std::to_string(interval) + " --secret-file " + secret.path() + " > " + log +
+        " 2>/dev/null & A=$!; for i in $(seq 200); do grep -q agent_started " + log +
+        " && break; sleep 0.1; done; P=$(sed -n 's/.*\"port\":\\([0-9]*\\).*/\\1/p' " + log +
+        " | head -1); " + bin + " simcluster --ranks 64 --scenario straggler --agent 127.0.0.1:$P" +
+        " --secret-file " + secret.path() + " --no-dynamics --slow 17:3:100 --steps 400 --json; " +
+        "kill -INT $A; wait $A";
+    const Run r = run_shell(script);
+    INFO(script << "\n" << r.out);
+    REQUIRE(r.exit_code == 0);
+    const auto report = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+    std::ifstream in(log);
+    nlohmann::json stopped;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("event", "") == "agent_stopped") stopped = j;
+    }
+    REQUIRE(stopped.is_object());
+    return std::make_pair(report, stopped);
+  };
+  const auto [with_agent, agent_stats] = once("agent", 10);
+  const auto [without, idle_stats] = once("idle", 100000);
+  INFO(agent_stats.dump());
+  CHECK(agent_stats["committed"].get<int>() >= 1);
+  CHECK(agent_stats["features_clipped"] == 0);
+  CHECK(agent_stats["features_unseen"] == 0);
+  CHECK(idle_stats["committed"] == 0);
+  CHECK(with_agent["params_match_never_migrated"] == true);
+  // The same 400 steps in simulated time: the slowed rank holds every step back until the
+  // agent moves work off it (bench_deploy straggler measures about 1.7x).
+  const double speedup = without["sim_seconds"].get<double>() / with_agent["sim_seconds"].get<double>();
+  MESSAGE("simulated job time: " << without["sim_seconds"] << " s without the agent, "
+                                 << with_agent["sim_seconds"] << " s with it (" << speedup << "x)");
+  CHECK(speedup > 1.3);
+}
