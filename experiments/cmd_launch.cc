@@ -19,6 +19,7 @@
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
 #include "env/live/live_env.h"
+#include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
 #include "env/trace/telemetry.h"
@@ -48,29 +49,6 @@ struct LaunchOptions {
   std::string scenario = "straggler";
 };
 
-// The job as parapilot deploy sees it (a scenario TOML, docs/live.md "The agent beside the
-// cluster"): the workers' model, one node of `workers` GPUs, the global batch, and a search space
-// of what these workers can switch: pure data parallel with elastic shares.
-std::string job_scenario(const live::WorkerOptions& w, int workers, const std::string& dir) {
-  const live::ModelConfig& m = w.model;
-  const bool mlp = m.kind == "mlp";
-  std::ostringstream model;
-  model << "# The live workers' " << m.kind << " (parapilot launch --agent deploy).\n"
-        << "[model]\nname = \"live-" << m.kind << "\"\nlayers = " << m.layers
-        << "\nhidden = " << m.d_model << "\nheads = " << (mlp ? 1 : m.heads)
-        << "\nseq_len = " << (mlp ? m.context : m.seq_len) << "\nvocab = " << m.kVocab << "\n";
-  const std::string model_path = dir + "/model.toml";
-  write_file_atomically(model_path, [&](std::ostream& out) { out << model.str(); });
-  std::ostringstream job;
-  job << "# The local live cluster as parapilot deploy sees it (parapilot launch --agent deploy).\n"
-      << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x" << workers
-      << "xa100-80g\"\nmodel = \"" << model_path << "\"\nglobal_batch = " << w.global_batch
-      << "\n\n# What the workers can switch: data-parallel shares.\n[space]\ntp = [1]\npp = [1]\n"
-      << "microbatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";
-  const std::string path = dir + "/job.toml";
-  write_file_atomically(path, [&](std::ostream& out) { out << job.str(); });
-  return path;
-}
 
 // What the deploy agent did, from its JSON log: detections, switches, where the job ended and
 // its pace before the first switch and after the last.
@@ -185,7 +163,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       job_dir = dir;
     }
     co.agent_command = {"/proc/self/exe", "deploy",
-                        "--scenario", job_scenario(wo, o.workers, job_dir),
+                        "--scenario", live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir),
                         "--initial-layout", "uniform-dp",
                         "--interval-steps", std::to_string(o.agent_interval_steps),
                         "--cooldown", "1"};

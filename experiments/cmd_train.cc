@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,12 +39,26 @@ struct TrainOptions {
   double entropy_coef = 0.01;
 };
 
-// "straggler" -> "sim:straggler"; ids and .toml paths pass through; lists stay lists.
+// "straggler" -> "sim:straggler"; ids and .toml paths pass through; a folder stands for its
+// .toml files (scenarios) in name order; lists stay lists.
 std::string env_ids_of(const std::string& scenarios) {
   std::string out, item;
   int depth = 0;
   auto flush = [&] {
     if (item.empty()) return;
+    std::error_code ec;
+    if (std::filesystem::is_directory(item, ec)) {
+      std::vector<std::string> files;
+      for (const auto& e : std::filesystem::directory_iterator(item, ec)) {
+        if (e.is_regular_file() && e.path().extension() == ".toml")
+          files.push_back(e.path().string());
+      }
+      if (files.empty()) throw InputError("--scenario " + item + ": no scenario files in this folder");
+      std::sort(files.begin(), files.end());
+      for (const std::string& f : files) out += (out.empty() ? "" : ",") + f;
+      item.clear();
+      return;
+    }
     const bool plain = item.find(':') == std::string::npos &&
                        item.find(".toml") == std::string::npos &&
                        item.find('(') == std::string::npos;

@@ -126,8 +126,9 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   const int n = options_.workers;
   if (n < 1 || n > 64) throw InputError("--workers: must be in [1, 64]");
   if (options_.worker_command.empty()) throw std::logic_error("LocalCluster: no worker command");
-  if (options_.host_agent && !options_.agent_command.empty())
-    throw std::logic_error("LocalCluster: host_agent and agent_command exclude each other");
+  if (static_cast<int>(options_.host_agent) + static_cast<int>(!options_.agent_command.empty()) +
+          static_cast<int>(options_.agent_port > 0) > 1)
+    throw std::logic_error("LocalCluster: host_agent, agent_command and agent_port exclude each other");
   for (const FaultSpec& f : options_.faults)
     if (f.rank >= n)
       throw InputError("--inject: rank " + std::to_string(f.rank) + " does not exist (" +
@@ -141,20 +142,26 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
     if (ec) throw InputError("log folder '" + dir + "': " + ec.message());
   }
   start_ = std::chrono::steady_clock::now();
+  const bool has_agent =
+      options_.host_agent || !options_.agent_command.empty() || options_.agent_port > 0;
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
     if (key != "RANK" && key != "WORLD_SIZE" && key != "LOCAL_RANK" && key != "MASTER_ADDR" &&
-        key != "MASTER_PORT" && key != "LOCAL_WORLD_SIZE")
+        key != "MASTER_PORT" && key != "LOCAL_WORLD_SIZE" &&
+        !(has_agent && (key == "PARAPILOT_AGENT" || key == "PARAPILOT_SECRET_FILE")))
       env.push_back(kv);
   }
   std::vector<std::string> common = options_.worker_args;
-  if (options_.host_agent || !options_.agent_command.empty()) {
-    const transport::Secret secret = random_secret();
+  if (has_agent) {
+    const transport::Secret secret =
+        options_.agent_port > 0 ? options_.agent_secret : random_secret();
     secret_path_ = write_secret_file(secret);
-    int port = 0;
-    if (options_.host_agent) {
+    int port = options_.agent_port;
+    if (options_.agent_port > 0) {
+      // The caller's agent is already listening.
+    } else if (options_.host_agent) {
       ControllerOptions co;
       co.world_size = n;
       co.secret = secret;
@@ -167,8 +174,12 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
                                secret_path_});
       agent_pid_ = spawn(args, env, options_.agent_log);
     }
-    common.insert(common.end(),
-                  {"--agent", "127.0.0.1:" + std::to_string(port), "--secret-file", secret_path_});
+    if (options_.agent_flags) {
+      common.insert(common.end(), {"--agent", "127.0.0.1:" + std::to_string(port),
+                                   "--secret-file", secret_path_});
+    }
+    env.insert(env.end(), {"PARAPILOT_AGENT=127.0.0.1:" + std::to_string(port),
+                           "PARAPILOT_SECRET_FILE=" + secret_path_});
   }
   const int master_port = free_loopback_port();
   exits_.resize(n);

@@ -33,6 +33,13 @@ struct LocalClusterOptions {
   std::vector<std::string> agent_command;
   /// File for the agent process's stdout and stderr; empty = inherit this process's.
   std::string agent_log;
+  /// Or report to an agent this process already runs (the live env's deploy agent), listening
+  /// on 127.0.0.1:agent_port and holding agent_secret. Excludes host_agent and agent_command.
+  int agent_port = 0;
+  transport::Secret agent_secret;
+  /// Pass the agent as --agent/--secret-file flags (parapilot worker). The workers' environment
+  /// always carries it as PARAPILOT_AGENT and PARAPILOT_SECRET_FILE (parapilot.pytorch.Session).
+  bool agent_flags = true;
   /// Folder for worker-RANK.log (stdout and stderr); empty = inherit this process's.
   std::string log_dir;
 };

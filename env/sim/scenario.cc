@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <random>
 
@@ -114,9 +115,14 @@ Scenario load_scenario(const std::string& path) {
   // The size: `gpus` builds the family's cluster of 8-GPU nodes; a `cluster` (preset or spec
   // file) gives its own, of any size, and `gpus`, when also given, must agree with it.
   const auto gpus_value = r.get_int("gpus", 1, 1 << 16);
+  // A model or cluster file named by a relative path lies beside the scenario file.
+  auto beside = [&](const std::string& value) {
+    if (!looks_like_path(value) || std::filesystem::path(value).is_absolute()) return value;
+    return (std::filesystem::path(path).parent_path() / value).string();
+  };
   const auto cluster_name = r.get_string("cluster");
   std::optional<ClusterSpec> cluster;
-  if (cluster_name) cluster = load_cluster(*cluster_name);
+  if (cluster_name) cluster = load_cluster(beside(*cluster_name));
   if (cluster && gpus_value && *gpus_value != cluster->num_gpus())
     r.fail("gpus", "is " + std::to_string(*gpus_value) + " but the cluster has " +
                        std::to_string(cluster->num_gpus()) + " GPUs");
@@ -125,7 +131,7 @@ Scenario load_scenario(const std::string& path) {
   Scenario s = builtin_scenario(parse_family(*family_name), cluster ? 8 : gpus);
   if (cluster) s.cluster = *cluster;
   s.name = r.get_string("name").value_or(s.name);
-  if (auto m = r.get_string("model")) s.model = load_model(*m);
+  if (auto m = r.get_string("model")) s.model = load_model(beside(*m));
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
   if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
   if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
