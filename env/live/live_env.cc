@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 #include "env/live/local_cluster.h"
 #include "env/registry.h"
 #include "strategy/error.h"
+#include "strategy/spec_io.h"
 
 namespace parapilot::live {
 
@@ -90,13 +92,26 @@ class CallerPolicy final : public policy::Policy {
 class LiveEnv final : public env::Env {
  public:
   explicit LiveEnv(const env::EnvId& id) : id_(id) {
-    if (id.variant != "gloo" && id.variant != "nccl")
-      throw InputError("env live:" + id.variant + ": the variant must be gloo or nccl");
-    env::reject_unknown(id, {"workers", "interval_steps", "horizon", "slow_rank", "slow_factor",
-                             "slow_at", "link_delay_rank", "link_delay_ms", "layers", "d_model",
-                             "heads", "seq_len", "global_batch", "microbatch", "exe",
-                             "worker_arg", "log_dir"});
-    workers_ = int_param(id, "workers", 2, 1, 64);
+    if (id.variant != "gloo" && id.variant != "nccl" && id.variant != "torch")
+      throw InputError("env live:" + id.variant + ": the variant must be gloo, nccl or torch");
+    torch_ = id.variant == "torch";
+    if (torch_) {
+      env::reject_unknown(id, {"script", "nproc", "args", "python", "model", "global_batch",
+                               "seq_len", "interval_steps", "horizon", "log_dir"});
+      script_ = str_param(id, "script", "");
+      if (script_.empty()) throw InputError("env live:torch: script=PATH is required");
+      if (!std::filesystem::is_regular_file(script_))
+        throw InputError("env live:torch: script " + script_ + " is not a file");
+      script_args_ = str_param(id, "args", "");
+      python_ = str_param(id, "python", "python3");
+      workers_ = int_param(id, "nproc", 2, 1, 64);
+    } else {
+      env::reject_unknown(id, {"workers", "interval_steps", "horizon", "slow_rank", "slow_factor",
+                               "slow_at", "link_delay_rank", "link_delay_ms", "layers",
+                               "d_model", "heads", "seq_len", "global_batch", "microbatch", "exe",
+                               "worker_arg", "log_dir"});
+      workers_ = int_param(id, "workers", 2, 1, 64);
+    }
     interval_steps_ = int_param(id, "interval_steps", 10, 1, 100000);
     horizon_ = int_param(id, "horizon", 20, 1, 100000);
     slow_rank_ = int_param(id, "slow_rank", -1, -1, workers_ - 1);
@@ -108,7 +123,7 @@ class LiveEnv final : public env::Env {
     model_.d_model = int_param(id, "d_model", 32, 4, 4096);
     model_.heads = int_param(id, "heads", 2, 1, 64);
     model_.seq_len = int_param(id, "seq_len", 32, 2, 8192);
-    global_batch_ = int_param(id, "global_batch", 8 * workers_, workers_, 1 << 20);
+    global_batch_ = int_param(id, "global_batch", torch_ ? 64 : 8 * workers_, workers_, 1 << 20);
     microbatch_ = int_param(id, "microbatch", 1, 1, 1 << 20);
     validate(model_);
     if (global_batch_ % microbatch_ != 0)
@@ -120,7 +135,14 @@ class LiveEnv final : public env::Env {
     char pattern[] = "/tmp/parapilot-live-env-XXXXXX";
     if (!::mkdtemp(pattern)) throw InputError("env live: cannot create a folder for the job file");
     job_dir_ = pattern;
-    job_ = rt::make_job(write_job_scenario(model_, workers_, global_batch_, job_dir_), 0);
+    if (torch_ && id.params.count("model")) {
+      // The script's model as a preset or a TOML file (a relative path from here).
+      std::string model = str_param(id, "model", "");
+      if (looks_like_path(model)) model = std::filesystem::absolute(model).string();
+      job_ = rt::make_job(write_job_scenario(model, workers_, global_batch_, job_dir_), 0);
+    } else {
+      job_ = rt::make_job(write_job_scenario(model_, workers_, global_batch_, job_dir_), 0);
+    }
   }
   ~LiveEnv() override {
     stop();
@@ -171,13 +193,22 @@ class LiveEnv final : public env::Env {
     o.host_agent = false;
     o.agent_port = agent_->port();
     o.agent_secret = secret;
-    o.worker_command = {exe_, worker_arg_};
-    o.worker_args = {"--backend", id_.variant, "--steps", "0", "--seed", std::to_string(seed),
+    if (torch_) {
+      // A PyTorch script speaking the bus through parapilot.pytorch.Session: torchrun's
+      // variables, the agent in PARAPILOT_AGENT and PARAPILOT_SECRET_FILE, its own flags.
+      o.worker_command = {python_, script_};
+      std::istringstream words(script_args_);
+      for (std::string w; words >> w;) o.worker_args.push_back(w);
+      o.agent_flags = false;
+    } else {
+      o.worker_command = {exe_, worker_arg_};
+      o.worker_args = {"--backend", id_.variant, "--steps", "0", "--seed", std::to_string(seed),
                      "--layers", std::to_string(model_.layers), "--d-model",
                      std::to_string(model_.d_model), "--heads", std::to_string(model_.heads),
                      "--seq-len", std::to_string(model_.seq_len), "--global-batch",
                      std::to_string(global_batch_), "--microbatch", std::to_string(microbatch_),
                      "--threads", "1", "--collective-timeout", "20"};
+    }
     if (slow_rank_ >= 0) {
       FaultSpec f;
       f.rank = slow_rank_;
@@ -232,7 +263,7 @@ class LiveEnv final : public env::Env {
     last_at_ = next->second;
     last_step_ = step;
     interval_s_ = span_s;
-    const double tokens_per_sample = model_.seq_len;
+    const double tokens_per_sample = job_->scenario.model.seq_len;
     res.info.tokens = steps * global_batch_ * tokens_per_sample;
     res.info.tokens_per_s = span_s > 0 ? res.info.tokens / span_s : 0;
     double ideal_samples_per_s = 0;
@@ -284,7 +315,8 @@ class LiveEnv final : public env::Env {
   int workers_, interval_steps_, horizon_, slow_rank_, delay_rank_, global_batch_, microbatch_;
   double slow_factor_, slow_at_, delay_ms_;
   ModelConfig model_;
-  std::string exe_, worker_arg_, log_dir_, job_dir_;
+  bool torch_ = false;
+  std::string exe_, worker_arg_, log_dir_, job_dir_, script_, script_args_, python_;
   std::shared_ptr<const rt::Job> job_;
   std::shared_ptr<Handoff> handoff_;
   std::unique_ptr<rt::DeployAgent> agent_;

@@ -36,6 +36,11 @@ std::string write_job_scenario(const ModelConfig& m, int workers, int global_bat
         << "\nseq_len = " << (mlp ? m.context : m.seq_len) << "\nvocab = " << m.kVocab << "\n";
   const std::string model_path = dir + "/model.toml";
   write_whole(model_path, model.str());
+  return write_job_scenario(model_path, workers, global_batch, dir);
+}
+
+std::string write_job_scenario(const std::string& model_path, int workers, int global_batch,
+                               const std::string& dir) {
   std::ostringstream job;
   job << "# The local live cluster as the deploy agent sees it.\n"
       << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x" << workers

@@ -11,8 +11,12 @@
 
 namespace parapilot::live {
 
-/// Writes model.toml and job.toml into `dir` (each written whole, then renamed into place) and
-/// returns job.toml's path. Throws InputError when the folder cannot be written.
+/// Writes job.toml into `dir` (whole, then renamed into place) for a job training `model` (a
+/// preset name or a model TOML path) and returns its path. Throws InputError when the folder
+/// cannot be written.
+std::string write_job_scenario(const std::string& model, int workers, int global_batch,
+                               const std::string& dir);
+/// The same for the C++ workers' model, written beside it as model.toml.
 std::string write_job_scenario(const ModelConfig& model, int workers, int global_batch,
                                const std::string& dir);
 

@@ -13,7 +13,10 @@
 #include <thread>
 
 #include "env/env.h"
+#include "agent/evaluate.h"
 #include "env/live/live_env.h"
+#include "env/observation.h"
+#include "policy/loader.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
 #include "strategy/error.h"
@@ -177,33 +180,90 @@ TEST_CASE("a killed worker is reported and the others stop on the collective tim
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE(
-    "live:gloo is an Env: reset starts workers, step applies a candidate and measures a reward") {
+TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner candidates the "
+          "workers can switch, a committed switch, a measured reward") {
   register_live_envs();
   register_live_envs();  // idempotent
   auto env = parapilot::env::make_env(
-      "live:gloo(workers=2,interval_steps=3,horizon=2,slow_rank=1,slow_factor=2,layers=1,d_model="
-      "32,"
-      "seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)");
-  CHECK(env->horizon() == 2);
-  const auto obs = env->reset(7);
-  for (float v : obs.state) CHECK(std::isfinite(v));
-  CHECK(obs.mask[1] == 1);
-  const auto r1 = env->step(2);  // elastic shares
-  CHECK(r1.info.migration_committed);
-  CHECK(std::isfinite(r1.reward));
-  CHECK(r1.reward > 0);
-  CHECK(r1.info.tokens > 0);
-  CHECK(!r1.truncated);
-  CHECK(!r1.terminated);
-  const auto r2 = env->step(0);
-  CHECK(r2.truncated);
-  CHECK(!env->events().empty());
+      "live:gloo(workers=2,interval_steps=6,horizon=4,slow_rank=1,slow_factor=3,layers=1,"
+      "d_model=32,seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)");
+  CHECK(env->horizon() == 4);
+  auto in_range = [](const parapilot::env::Observation& o) {
+    using namespace parapilot::env;
+    for (int i = 0; i < kStateDim; ++i) {
+      INFO(input_name(i) << " = " << o.state[i]);
+      CHECK(o.state[i] >= input_range(i).lo);
+      CHECK(o.state[i] <= input_range(i).hi);
+    }
+    for (int k = 0; k < kMaxCandidates; ++k) {
+      for (int f = 0; f < kCandidateDim; ++f) {
+        const float v = o.candidates[k * kCandidateDim + f];
+        if (!o.mask[k]) {
+          CHECK(v == 0.0f);
+          continue;
+        }
+        INFO(input_name(kStateDim + f) << " = " << v);
+        CHECK(v >= input_range(kStateDim + f).lo);
+        CHECK(v <= input_range(kStateDim + f).hi);
+        // The workers switch data-parallel shares only: no candidate changes tp or pp.
+        CHECK(feature(o, k, CandidateFeature::kTpDiffers) == 0.0f);
+        CHECK(feature(o, k, CandidateFeature::kPpDiffers) == 0.0f);
+      }
+    }
+  };
+  auto obs = env->reset(7);
+  in_range(obs);
+  bool committed = false;
+  for (int t = 0; t < env->horizon(); ++t) {
+    // Switch to the first elastic candidate on offer, as a policy moving work off the slow rank.
+    int action = 0;
+    for (int k = 0; k < parapilot::env::kMaxCandidates && action == 0; ++k) {
+      if (obs.mask[k] && feature(obs, k, parapilot::env::CandidateFeature::kElastic) == 1.0f)
+        action = k + 1;
+    }
+    const auto r = env->step(committed ? 0 : action);
+    CAPTURE(t);
+    CHECK(!r.terminated);
+    CHECK(r.truncated == (t == env->horizon() - 1));
+    CHECK(std::isfinite(r.reward));
+    CHECK(r.reward > 0);
+    CHECK(r.reward <= 1.5);
+    CHECK(r.info.tokens > 0);
+    CHECK(r.info.best_tokens > r.info.tokens);  // the compute-bound ideal is out of reach
+    committed = committed || r.info.migration_committed;
+    if (!r.truncated) in_range(r.observation);
+    obs = r.observation;
+  }
+  CHECK(committed);
+  bool logged_commit = false;
+  for (const auto& [interval, line] : env->events())
+    logged_commit = logged_commit || line.find("\"committed\"") != std::string::npos;
+  CHECK(logged_commit);
   CHECK_THROWS_AS(parapilot::env::make_env("live:mpi(workers=2)"), parapilot::InputError);
   CHECK_THROWS_AS(parapilot::env::make_env("live:gloo(workers=0)"), parapilot::InputError);
   // A misspelt parameter is refused, not silently ignored.
   CHECK_THROWS_WITH_AS(parapilot::env::make_env("live:gloo(wokers=2)"),
                        doctest::Contains("unknown parameter \"wokers\""), parapilot::InputError);
+}
+
+TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside the range its "
+          "training produced") {
+  register_live_envs();
+  auto env = parapilot::env::make_env(
+      "live:gloo(workers=2,interval_steps=10,horizon=6,slow_rank=1,slow_factor=4,slow_at=1,"
+      "layers=2,d_model=64,heads=4,seq_len=64,global_batch=16,exe=/proc/self/exe,"
+      "worker_arg=--live-worker)");
+  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  const auto stats = parapilot::agent::run_episode(*env, *policy, 11);
+  std::string unseen, clipped;
+  for (const auto& [input, n] : stats.unseen_inputs) unseen += " " + input + "=" + std::to_string(n);
+  for (const auto& [input, n] : stats.clipped_inputs) clipped += " " + input + "=" + std::to_string(n);
+  INFO("outside training's range:" << unseen << "; at the clip:" << clipped);
+  CHECK(stats.unseen_inputs.empty());
+  CHECK(stats.clipped_inputs.empty());
+  CHECK(stats.throughput_tokens_per_s > 0);
+  MESSAGE("live:gloo, shipped policy: " << stats.migrations << " switches, mean reward "
+                                        << stats.mean_reward);
 }
 
 // A case that cannot run here: says why and, when ctest runs it alone with
@@ -249,4 +309,49 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
   CHECK(max_diff < 1e-4);
   std::filesystem::remove_all(dir);
 #endif
+}
+
+TEST_CASE("live:torch runs a PyTorch DDP script through the same agent and protocol: an elastic "
+          "switch commits, inputs stay inside training's range (skips without Python torch)") {
+  const std::string python = PARAPILOT_TEST_PYTHON;
+  if (std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+    skip(python + " cannot import torch (Debian: python3-torch)");
+    return;
+  }
+  // The example imports parapilot.pytorch from the source tree.
+  const std::string python_dir = std::string(PARAPILOT_SOURCE_DIR) + "/python";
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string saved = old ? old : "";
+  std::string path = python_dir;
+  if (!saved.empty()) path += ":" + saved;
+  ::setenv("PYTHONPATH", path.c_str(), 1);
+  register_live_envs();
+  auto env = parapilot::env::make_env(
+      "live:torch(script=" + std::string(PARAPILOT_SOURCE_DIR) +
+      "/examples/pytorch_ddp.py,python=" + python + ",nproc=2,global_batch=64,horizon=4,"
+      "interval_steps=10,"
+      "args=--steps 1000000 --global-batch 64 --slow-rank 1 --slow-ms 30)");
+  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto obs = env->reset(3);
+  bool committed = false;
+  std::vector<std::string> unseen;
+  for (int t = 0; t < env->horizon(); ++t) {
+    for (int i : policy->check_inputs(obs).unseen) unseen.push_back(parapilot::env::input_name(i));
+    int action = 0;
+    for (int k = 0; k < parapilot::env::kMaxCandidates && action == 0 && !committed; ++k) {
+      if (obs.mask[k] && feature(obs, k, parapilot::env::CandidateFeature::kElastic) == 1.0f)
+        action = k + 1;
+    }
+    const auto r = env->step(action);
+    CAPTURE(t);
+    CHECK(!r.terminated);
+    CHECK(r.reward > 0);
+    CHECK(r.info.tokens > 0);
+    committed = committed || r.info.migration_committed;
+    obs = r.observation;
+  }
+  CHECK(committed);
+  for (const std::string& input : unseen) MESSAGE("outside training's range: " << input);
+  CHECK(unseen.empty());
+  ::setenv("PYTHONPATH", saved.c_str(), 1);
 }
