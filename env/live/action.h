@@ -60,7 +60,7 @@ bool is_action_text(std::string_view name);
 
 /// The action a PlanPrepare asks of this pure data-parallel job of `world_size` ranks whose
 /// model has `layers` parameter tensors (docs/live.md, "Plans on the bus"):
-///  - layout_name is an action text (the live env, launch's builtin agent): that action;
+///  - layout_name is an action text (launch's builtin agent): that action;
 ///  - otherwise (parapilot deploy) the structured Layout, which must be dp = world_size,
 ///    tp = pp = 1. Its dp_shares (samples per replica; empty = equal) become the shares; when the
 ///    name maps replicas to devices (";g=3,0-2": replica i runs on rank g[i]) each rank keeps its

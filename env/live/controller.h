@@ -1,5 +1,5 @@
 // Controller: the in-process agent bus of a LocalCluster, used by `parapilot launch --agent
-// builtin`, the live env (live_env.h) and the live tests and benchmarks. A bus Server that
+// builtin` and the live tests and benchmarks. A bus Server that
 // collects the workers' telemetry and drives the plan protocol (PlanPrepare -> PlanReady ->
 // PlanCommit -> Ack) for a LiveAction its caller chooses, blocking in apply() until every rank
 // acked, the plan was aborted or the timeout passed; plus the measurements its callers decide
@@ -8,7 +8,8 @@
 //
 // It is not the deploy agent (agent/runtime/agent.h, `parapilot deploy`) and decides nothing
 // itself: no Monitor, policy, JobInfo handling or metrics. Its caller picks each action and when
-// to apply it (the live env's step(), launch's scripted and elastic actions). The action travels
+// to apply it (launch's scripted and elastic actions, the live tests' protocol checks), which
+// carry what only the C++ workers run (bucket size, microbatch, compression settings). The action travels
 // as text in PlanPrepare::layout_name (encode_action), which carries what the wire Layout has no
 // field for (bucket size, microbatch). Plan ids start at 1 and the commit lands two steps past
 // the newest step seen.
