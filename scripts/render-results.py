@@ -151,7 +151,8 @@ def tps3(x):
 
 
 def deploy_straggler(d):
-    reports = [d("deploy-straggler-64.json"), d("deploy-straggler-256.json")]
+    reports = [d("deploy-straggler-64.json"), d("deploy-straggler-64-reactive.json"),
+               d("deploy-straggler-256.json")]
     rows = []
     for r in reports:
         f = r["figures"]
@@ -217,25 +218,40 @@ def pct(x):
 
 
 def deploy_live(d):
-    r = d("deploy-live.json")
-    f = r["figures"]
+    reports = [d("deploy-live.json"), d("deploy-live-reactive.json")]
+    rows = []
+    medians = []
+    for r in reports:
+        f = r["figures"]
+        pol = f["policy"]
+        name = pol["name"] + (" (fell back: %s)" % pol["fallback_reason"] if pol["fallback"] else "")
+        medians.append((name, f["median"].get("recovered_share_of_loss"),
+                        f["median"].get("after_over_ideal")))
+        rows += deploy_live_rows(f, name)
+    head = ["policy", "round", "onset step", "detected", "committed",
+            "samples/s with the agent: before / during / after", "without: before / after",
+            "ideal", "after ÷ ideal", "recovered (of the loss)"]
+    summary = "; ".join("%s recovered %s of the loss (after ÷ ideal %s)" % (n, pct(rec), pct(ai))
+                        for n, rec, ai in medians)
+    return table(head, rows) + "
+
+Medians over the rounds: " + summary + ".
+
+" + source(*reports)
+
+
+def deploy_live_rows(f, name):
     rows = []
     for x in f["rounds"] + [dict(f["median"], round="median")]:
         sp = x["samples_per_s"]
         w, wo = sp["with_agent"], sp["without_agent"]
-        rows.append([x["round"], x.get("onset_step", ""),
+        rows.append([name, x["round"], x.get("onset_step", ""),
                      "+%.2f s" % x["detection_delay_s"] if x.get("detection_delay_s") is not None else "–",
                      "+%.2f s" % x["commit_delay_s"] if x.get("commit_delay_s") is not None else "–",
                      "%.1f / %.1f / **%.1f**" % (w["before"], w["during"], w["after"]),
                      "%.1f / %.1f" % (wo["before"], wo["after"]), "%.1f" % sp["ideal"],
                      pct(x.get("after_over_ideal")), pct(x.get("recovered_share_of_loss"))])
-    head = ["round", "onset step", "detected", "committed",
-            "samples/s with the agent: before / during / after", "without: before / after",
-            "ideal", "after ÷ ideal", "recovered (of the loss)"]
-    pol = f["policy"]
-    text = table(head, rows) + "\n\nPolicy: %s%s." % (
-        pol["name"], " (fell back: %s)" % pol["fallback_reason"] if pol["fallback"] else "")
-    return text + "\n\n" + source(r)
+    return rows
 
 
 def pytorch_job(d):

@@ -15,7 +15,7 @@ Sections (default: all of them, in this order; about 25 minutes on a 2-core mach
   planner         bench_planner, bench_env, bench_cost_model
   calibration     calibration_report: the cost model on the published runs (deterministic)
   deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
-  deploy-live     bench_closed_loop, 3 rounds
+  deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   live            bench_live elastic and compression
 
@@ -131,14 +131,16 @@ class Runner:
     def deploy_sim(self):
         b = self.bin("benchmarks", "agent", "bench_deploy")
         self.bench("deploy-straggler-64.json", [b, "straggler"])
+        self.bench("deploy-straggler-64-reactive.json", [b, "straggler", "--policy", "reactive"])
         self.bench("deploy-straggler-256.json", [b, "straggler", "--ranks", "256", "--steps",
                                                  "300"])
         for i in (1, 2, 3):
             self.bench("deploy-latency-%d.json" % i, [b, "latency"])
 
     def deploy_live(self):
-        self.bench("deploy-live.json", [self.bin("benchmarks", "live", "bench_closed_loop"),
-                                        "--rounds", "3"])
+        b = self.bin("benchmarks", "live", "bench_closed_loop")
+        self.bench("deploy-live.json", [b, "--rounds", "3"])
+        self.bench("deploy-live-reactive.json", [b, "--rounds", "3", "--policy", "reactive"])
 
     def pytorch(self):
         report = envelope("python_pytorch_job", ["ctest -R python_pytorch_job"])
