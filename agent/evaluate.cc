@@ -1,5 +1,6 @@
 #include "agent/evaluate.h"
 
+#include <cassert>
 #include <cmath>
 
 #include "env/observation.h"
@@ -45,6 +46,19 @@ EpisodeStats run_oracle(env::Env& env, uint64_t seed) {
   stats.throughput_tokens_per_s =
       stats.tokens / (static_cast<double>(oracle->tokens_per_interval.size()) * env.interval_s());
   return stats;
+}
+
+const char* PairedDifference::verdict() const {
+  if (difference.mean - difference.half_width > 0) return "better";
+  if (difference.mean + difference.half_width < 0) return "worse";
+  return "tie";
+}
+
+PairedDifference paired_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  assert(a.size() == b.size());
+  std::vector<double> d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return {mean_interval(d)};
 }
 
 Interval mean_interval(const std::vector<double>& values) {

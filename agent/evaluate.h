@@ -38,4 +38,13 @@ struct Interval {
 };
 Interval mean_interval(const std::vector<double>& values);
 
+/// The paired difference of two policies' per-episode figures on the same episodes:
+/// mean_interval of a[i] - b[i]. Precondition: a.size() == b.size().
+struct PairedDifference {
+  Interval difference;
+  /// "better" when the whole 95% interval lies above zero, "worse" below it, else "tie".
+  const char* verdict() const;
+};
+PairedDifference paired_difference(const std::vector<double>& a, const std::vector<double>& b);
+
 }  // namespace parapilot::agent

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "agent/evaluate.h"
+#include "policy/baselines.h"
 #include "policy/loader.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
@@ -25,10 +26,11 @@ struct EvalOptions {
   std::string scenario = "mixed";
   int episodes = 5;
   uint64_t seed = 1000;
-  std::string policies = "rl,static,reactive,uniform-dp,oracle";
+  std::string policies = "rl,static,reactive,threshold,ski-rental,uniform-dp,oracle";
   bool json = false;
   std::string plot;
   std::string record;  // telemetry CSV of the first policy's first episode
+  std::string reference;  // "": the best non-learned baseline among --policies
 };
 
 // "straggler" -> "sim:straggler"; ids and .toml paths pass through.
@@ -173,6 +175,22 @@ void run_eval(const EvalOptions& o) {
                           [&](std::ostream& out) { trace::write_telemetry(recorded, out); });
   }
 
+  // Every policy against one reference on the same episodes: by default the strongest rule (the
+  // best mean score among the non-learned baselines run), the one a learned policy must beat.
+  const std::vector<std::string> rules = policy::baseline_names();
+  const PolicyResult* reference = nullptr;
+  for (const auto& r : results) {
+    if (!o.reference.empty() ? r.name == o.reference
+                             : std::find(rules.begin(), rules.end(), r.name) != rules.end() &&
+                                   (!reference || agent::mean_interval(r.score).mean >
+                                                      agent::mean_interval(reference->score).mean)) {
+      reference = &r;
+    }
+  }
+  if (!o.reference.empty() && !reference)
+    throw InputError("--reference " + o.reference + ": not among --policies " + o.policies);
+  auto versus = [&](const PolicyResult& r) { return agent::paired_difference(r.score, reference->score); };
+
   if (o.json) {
     nlohmann::json j;
     j["scenario"] = env->id();
@@ -196,7 +214,14 @@ void run_eval(const EvalOptions& o) {
       j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
       j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
       j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
+      if (reference && &r != reference) {
+        const agent::PairedDifference d = versus(r);
+        j["policies"][r.name]["vs_reference"] = {{"score_difference", d.difference.mean},
+                                                 {"ci95", d.difference.half_width},
+                                                 {"verdict", d.verdict()}};
+      }
     }
+    if (reference) j["reference"] = reference->name;
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -205,14 +230,23 @@ void run_eval(const EvalOptions& o) {
               env->horizon(), env->interval_s());
   int width = 12;
   for (const auto& r : results) width = std::max(width, static_cast<int>(r.name.size()));
-  std::printf("%-*s %26s %22s %12s\n", width, "policy", "throughput (tokens/s)", "score vs oracle",
-              "migrations");
+  const std::string vs = reference ? "vs " + reference->name + " (paired)" : "";
+  std::printf("%-*s %26s %22s %12s   %s\n", width, "policy", "throughput (tokens/s)",
+              "score vs oracle", "migrations", vs.c_str());
   for (const auto& r : results) {
     const auto t = agent::mean_interval(r.throughput);
     const auto s = agent::mean_interval(r.score);
     const auto m = agent::mean_interval(r.migrations);
-    std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f\n", width, r.name.c_str(), t.mean,
-                t.half_width, s.mean, s.half_width, m.mean);
+    std::string paired = reference == &r ? "reference" : "";
+    if (reference && reference != &r) {
+      const agent::PairedDifference d = versus(r);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%+.4f ± %.4f %s", d.difference.mean, d.difference.half_width,
+                    d.verdict());
+      paired = buf;
+    }
+    std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f   %s\n", width, r.name.c_str(),
+                t.mean, t.half_width, s.mean, s.half_width, m.mean, paired.c_str());
   }
   auto report = [](const std::string& policy, const std::map<std::string, int>& by_input,
                    const char* what) {
@@ -247,8 +281,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option(
          "--policies", o->policies,
          "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
-         "static, reactive, uniform-dp, oracle")
+         "static, reactive, threshold, ski-rental, uniform-dp, oracle")
       ->capture_default_str();
+  cmd->add_option("--reference", o->reference,
+                  "Policy every other is compared with, paired on the same episodes (default: "
+                  "the best-scoring non-learned baseline among --policies)");
   cmd->add_flag("--json", o->json, "Print one JSON object keyed by policy");
   cmd->add_option("--plot", o->plot, "Write a PNG of throughput over time per policy (gnuplot)");
   cmd->add_option("--record", o->record,

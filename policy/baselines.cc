@@ -26,6 +26,84 @@ class UniformDpPolicy : public Policy {
   int act(const env::Observation&) override { return 0; }
 };
 
+bool staging(const env::Observation& o) { return feature(o, env::StateFeature::kStaging) > 0.5f; }
+
+// A layout the monitor believes broken is replaced at once.
+bool broken(const env::Observation& o) {
+  return feature(o, env::StateFeature::kCurrentFeasible) < 0.5f ||
+         feature(o, env::StateFeature::kCurrentFits) < 0.5f;
+}
+
+double gain(const env::Observation& o, int k) {
+  return std::exp(static_cast<double>(feature(o, k, env::CandidateFeature::kLogGain)));
+}
+
+// The present candidate with the largest predicted gain among those `eligible` accepts; 0 none.
+template <class Eligible>
+int best_candidate(const env::Observation& o, Eligible eligible) {
+  int best = 0;
+  double best_gain = 0;
+  for (int k = 0; k < env::kMaxCandidates; ++k) {
+    if (o.mask[k] && eligible(k) && gain(o, k) > best_gain) {
+      best_gain = gain(o, k);
+      best = k + 1;
+    }
+  }
+  return best;
+}
+
+class ThresholdPolicy : public Policy {
+ public:
+  explicit ThresholdPolicy(ThresholdOptions options) : options_(options) {}
+  std::string name() const override { return "threshold"; }
+  int act(const env::Observation& o) override {
+    if (staging(o)) return 0;
+    if (broken(o)) return best_candidate(o, [](int) { return true; });
+    return best_candidate(o, [&](int k) {
+      // payback P = tokens gained over the run left / tokens lost switching (the observation's,
+      // over the run's known length, or half the horizon when unknown). Over the run left R,
+      // the switch leaves g (R - L) of the current layout's R tokens: with P = (g - 1) R / (g L)
+      // that is a relative gain of (g - 1)(1 - 1/P).
+      const double g = gain(o, k);
+      const double p = 10.0 * static_cast<double>(feature(o, k, env::CandidateFeature::kPayback));
+      return g > 1 && p > 1 && 1 + (g - 1) * (1 - 1 / p) >= options_.min_amortised_gain;
+    });
+  }
+
+ private:
+  ThresholdOptions options_;
+};
+
+class SkiRentalPolicy : public Policy {
+ public:
+  explicit SkiRentalPolicy(SkiRentalOptions options) : options_(options) {}
+  std::string name() const override { return "ski-rental"; }
+  void begin_episode() override { lost_ = 0; }
+  int act(const env::Observation& o) override {
+    if (staging(o)) return 0;
+    if (broken(o)) {
+      lost_ = 0;
+      return best_candidate(o, [](int) { return true; });
+    }
+    // The rent: throughput lost this interval against the best candidate, accumulated while the
+    // condition lasts.
+    const double shortfall = 1.0 - static_cast<double>(feature(o, env::StateFeature::kCurrentVsBest));
+    if (shortfall < options_.min_shortfall) {
+      lost_ = 0;
+      return 0;
+    }
+    lost_ += shortfall;
+    // Buy: the best action whose switch cost the accumulated loss already covers.
+    const int k = best_candidate(o, [&](int c) { return gain(o, c) > 1 && switch_cost_intervals(o, c) <= lost_; });
+    if (k != 0) lost_ = 0;  // the new layout's condition is counted afresh
+    return k;
+  }
+
+ private:
+  SkiRentalOptions options_;
+  double lost_ = 0;
+};
+
 class ReactivePolicy : public Policy {
  public:
   explicit ReactivePolicy(ReactiveOptions options) : options_(options) {}
@@ -34,31 +112,21 @@ class ReactivePolicy : public Policy {
 
   int act(const env::Observation& o) override {
     ++since_switch_;
-    const bool staging = feature(o, env::StateFeature::kStaging) > 0.5f;
-    if (staging) return 0;
-    // A layout the monitor believes broken is replaced at once with the best candidate.
-    const bool broken = feature(o, env::StateFeature::kCurrentFeasible) < 0.5f ||
-                        feature(o, env::StateFeature::kCurrentFits) < 0.5f;
-    int best = 0;
-    double best_gain = 0;
-    for (int k = 0; k < env::kMaxCandidates; ++k) {
-      if (!o.mask[k]) continue;
-      const double gain =
-          std::exp(static_cast<double>(feature(o, k, env::CandidateFeature::kLogGain)));
+    if (staging(o)) return 0;
+    const bool now_broken = broken(o);
+    const int best = best_candidate(o, [&](int k) {
+      if (now_broken) return true;
       // Tokens gained over the look-ahead and lost while switching, in intervals of the
       // current layout's tokens.
-      const double gained = (gain - 1.0) * options_.lookahead_intervals;
+      const double g = gain(o, k);
+      const double gained = (g - 1.0) * options_.lookahead_intervals;
       const double lost =
           options_.pause_fraction +
           options_.staging_slowdown *
               static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
-      const bool worth = broken || (gain >= options_.min_gain && gained >= options_.margin * lost &&
-                                    since_switch_ >= options_.cooldown_intervals);
-      if (worth && gain > best_gain) {
-        best_gain = gain;
-        best = k + 1;
-      }
-    }
+      return g >= options_.min_gain && gained >= options_.margin * lost &&
+             since_switch_ >= options_.cooldown_intervals;
+    });
     if (best != 0) since_switch_ = 0;
     return best;
   }
@@ -70,18 +138,37 @@ class ReactivePolicy : public Policy {
 
 }  // namespace
 
+double switch_cost_intervals(const env::Observation& o, int k) {
+  return kSwitchPauseS / env::kDefaultIntervalS +
+         env::kDefaultStagingSlowdown *
+             static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
+}
+
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options) {
   return std::make_unique<ReactivePolicy>(options);
+}
+
+std::unique_ptr<Policy> make_threshold(const ThresholdOptions& options) {
+  return std::make_unique<ThresholdPolicy>(options);
+}
+
+std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options) {
+  return std::make_unique<SkiRentalPolicy>(options);
 }
 
 std::unique_ptr<Policy> make_baseline(const std::string& name) {
   if (name == "static") return std::make_unique<StaticPolicy>();
   if (name == "uniform-dp") return std::make_unique<UniformDpPolicy>();
   if (name == "reactive") return make_reactive({});
-  throw InputError("unknown policy \"" + name + "\" (baselines: static, reactive, uniform-dp; "
-                   "and oracle)");
+  if (name == "threshold") return make_threshold({});
+  if (name == "ski-rental") return make_ski_rental({});
+  throw InputError("unknown policy \"" + name +
+                   "\" (baselines: static, reactive, threshold, ski-rental, uniform-dp; and "
+                   "oracle)");
 }
 
-std::vector<std::string> baseline_names() { return {"static", "reactive", "uniform-dp"}; }
+std::vector<std::string> baseline_names() {
+  return {"static", "reactive", "threshold", "ski-rental", "uniform-dp"};
+}
 
 }  // namespace parapilot::policy

@@ -13,10 +13,20 @@ namespace parapilot::policy {
 
 // static: plan once from the nominal specs, never change (restarts after a crash are the
 // env's). uniform-dp: pure data parallel with equal shares, never change. reactive: re-plan
-// when the monitor's beliefs change and switch when the predicted gain over the rest of the
-// run pays for the migration by a margin, with hysteresis and a cool-down.
+// when the monitor's beliefs change and switch when the predicted gain over a short look-ahead
+// pays for the migration by a margin, with hysteresis and a cool-down. threshold (AdaptDL /
+// Pollux): switch only when the predicted gain, after the migration cost is amortised over the
+// run left, is at least 5%. ski-rental (Greyhound): count the throughput lost since the
+// condition began and take the best action whose switch cost that loss has paid for, so cheap
+// actions come first and costly ones only once a slowdown has lasted. All of them replace a
+// layout believed broken (a lost GPU, out of memory) at once and never act while a switch is
+// staged. docs/policy.md gives their sources.
 std::unique_ptr<Policy> make_baseline(const std::string& name);
 std::vector<std::string> baseline_names();
+
+/// The cost of switching to candidate k of `o`, in intervals of the current layout's tokens:
+/// the switch pause plus the staged transfer's slowdown (the simulator's model of a switch).
+double switch_cost_intervals(const env::Observation& o, int k);
 
 // Parameters of the reactive rule.
 struct ReactiveOptions {
@@ -31,5 +41,20 @@ struct ReactiveOptions {
   double pause_fraction = kSwitchPauseS / env::kDefaultIntervalS;
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
+
+// Parameters of the threshold rule.
+struct ThresholdOptions {
+  double min_amortised_gain = 1.05;  // Pollux's 5%: gain left after paying for the switch
+};
+std::unique_ptr<Policy> make_threshold(const ThresholdOptions& options);
+
+// Parameters of the ski-rental rule.
+struct SkiRentalOptions {
+  // A condition holds while the current layout is predicted at least this much slower than the
+  // best candidate (1 - current_vs_best); below it, the count starts again. 5%: the monitor's
+  // noise floor (it reads speeds within 5% of nominal as nominal).
+  double min_shortfall = 0.05;
+};
+std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options);
 
 }  // namespace parapilot::policy

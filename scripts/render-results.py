@@ -68,23 +68,24 @@ def ms(x, digits=2):
 
 # ---- scheduling policy ---------------------------------------------------------------------
 
+RULES = ["reactive", "threshold", "ski-rental", "static", "uniform-dp"]
+
+
 def policy_quality(d):
     r = d("policy-eval.json")
     fam = r["figures"]["families"]
     rows = []
     for f in FAMILIES:
         p = fam[f]["policies"]
+        ref = fam[f]["reference"]
         s = lambda k: "%.3f ± %.3f" % (p[k]["score"], p[k]["score_ci95"])
-        tps = lambda k: p[k]["throughput_tokens_per_s"]
-        diff = round(100 * (p["rl"]["score"] - p["reactive"]["score"]), 1) + 0.0
-        rows.append([f, s("rl"), s("static"), s("reactive"), s("uniform-dp"),
-                     n0(tps("oracle")), "%.2f×" % (tps("rl") / tps("static")),
-                     "%.2f×" % (tps("rl") / tps("uniform-dp")), "%+.1f" % diff,
-                     " / ".join("%.1f" % p[k]["migrations_per_episode"]
-                                for k in ("rl", "reactive", "oracle"))])
-    head = ["family", "rl", "static", "reactive", "uniform-dp", "oracle tokens/s",
-            "rl ÷ static", "rl ÷ uniform-dp", "rl − reactive (points)",
-            "migrations rl / reactive / oracle"]
+        v = p["rl"]["vs_reference"]
+        rows.append([f] + [s(k) for k in ["rl"] + RULES] + [
+            n0(p["oracle"]["throughput_tokens_per_s"]), ref,
+            "%+.4f ± %.4f %s" % (v["score_difference"], v["ci95"], v["verdict"]),
+            " / ".join("%.1f" % p[k]["migrations_per_episode"] for k in ("rl", ref, "oracle"))])
+    head = (["family", "rl"] + RULES +
+            ["oracle tokens/s", "strongest rule", "rl − strongest rule, paired", "migrations rl / rule / oracle"])
     return table(head, rows) + "\n\n" + source(r)
 
 
@@ -92,18 +93,14 @@ def policy_summary(d):
     r = d("policy-eval.json")
     fam = r["figures"]["families"]
     mean = lambda k: statistics.mean(fam[f]["policies"][k]["score"] for f in FAMILIES)
-    ahead = [f for f in FAMILIES
-             if fam[f]["policies"]["rl"]["score"] >= fam[f]["policies"]["reactive"]["score"]]
-    inside = [f for f in FAMILIES
-              if abs(fam[f]["policies"]["rl"]["score"] - fam[f]["policies"]["reactive"]["score"])
-              <= fam[f]["policies"]["rl"]["score_ci95"] + fam[f]["policies"]["reactive"]["score_ci95"]]
-    rows = [["mean score over the six families", "%.3f" % mean("rl"), "%.3f" % mean("reactive"),
-             "%.3f" % mean("static")],
-            ["families where rl ≥ reactive", "%d of 6" % len(ahead), "", ""],
-            ["families where the two intervals overlap", "%d of 6" % len(inside), "", ""],
-            ["migrations per episode, mean", "%.1f" % mean_m(fam, "rl"),
-             "%.1f" % mean_m(fam, "reactive"), "%.1f" % mean_m(fam, "static")]]
-    return table(["", "rl", "reactive", "static"], rows) + "\n\n" + source(r)
+    verdicts = [fam[f]["policies"]["rl"]["vs_reference"]["verdict"] for f in FAMILIES]
+    rows = [["mean score over the six families"] + ["%.3f" % mean(k) for k in ["rl"] + RULES],
+            ["migrations per episode, mean"] + ["%.1f" % mean_m(fam, k) for k in ["rl"] + RULES]]
+    text = table([""] + ["rl"] + RULES, rows)
+    text += "\n\nrl against the strongest rule of each family, paired over its 30 episodes: " \
+            "better in %d, tied in %d, worse in %d of 6 families." % (
+                verdicts.count("better"), verdicts.count("tie"), verdicts.count("worse"))
+    return text + "\n\n" + source(r)
 
 
 def mean_m(fam, k):
@@ -233,11 +230,8 @@ def deploy_live(d):
             "ideal", "after ÷ ideal", "recovered (of the loss)"]
     summary = "; ".join("%s recovered %s of the loss (after ÷ ideal %s)" % (n, pct(rec), pct(ai))
                         for n, rec, ai in medians)
-    return table(head, rows) + "
-
-Medians over the rounds: " + summary + ".
-
-" + source(*reports)
+    return (table(head, rows) + "\n\nMedians over the rounds: " + summary + ".\n\n" +
+            source(*reports))
 
 
 def deploy_live_rows(f, name):

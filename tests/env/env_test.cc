@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -168,7 +169,7 @@ TEST_CASE("vectorised runner: same per-env trajectories as sequential stepping")
   }
 }
 
-TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats standing still") {
+TEST_CASE("simulator: the oracle bounds static and reactive, and adapting beats standing still") {
   auto env = make_env("sim:straggler(gpus=32,horizon=48)");
   double static_total = 0, reactive_total = 0;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
@@ -182,6 +183,76 @@ TEST_CASE("simulator: the oracle bounds every baseline, and adapting beats stand
   }
   // Strictly: a reactive rule that never switched would tie static (measured: +1.2%).
   CHECK(reactive_total > 1.005 * static_total);
+}
+
+TEST_CASE("simulator: every rule is bounded by the oracle and adapts where static cannot") {
+  auto env = make_env("sim:straggler(gpus=32,horizon=48)");
+  std::map<std::string, double> total;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    const auto oracle = agent::run_oracle(*env, seed);
+    for (const std::string& name : parapilot::policy::baseline_names()) {
+      auto policy = parapilot::policy::make_baseline(name);
+      const auto stats = agent::run_episode(*env, *policy, seed);
+      CHECK(stats.tokens <= oracle.tokens * 1.0001);
+      total[name] += stats.tokens;
+    }
+  }
+  for (const char* name : {"threshold", "ski-rental"}) {
+    INFO(name);
+    CHECK(total[name] > 1.005 * total["static"]);
+  }
+}
+
+namespace {
+
+// An observation whose current layout is predicted `current_vs_best` of the best candidate,
+// with one candidate of gain `gain`, switch `migration` intervals and payback `payback`.
+Observation one_candidate(double current_vs_best, double gain, double migration, double payback) {
+  Observation o;
+  feature(o, StateFeature::kCurrentFeasible) = 1;
+  feature(o, StateFeature::kCurrentFits) = 1;
+  feature(o, StateFeature::kCurrentVsBest) = static_cast<float>(current_vs_best);
+  o.mask[0] = 1;
+  feature(o, 0, CandidateFeature::kLogGain) = static_cast<float>(std::log(gain));
+  feature(o, 0, CandidateFeature::kMigrationTime) = static_cast<float>(migration);
+  feature(o, 0, CandidateFeature::kPayback) = static_cast<float>(payback / 10);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("threshold: a switch only when the gain left after paying for it is at least 5%") {
+  auto rule = parapilot::policy::make_baseline("threshold");
+  // 20% faster and the switch pays back 10x over the run left: 18% after its cost.
+  CHECK(rule->act(one_candidate(0.83, 1.2, 0.5, 10)) == 1);
+  // 4% faster: below the threshold however cheap.
+  CHECK(rule->act(one_candidate(0.96, 1.04, 0.0, 10)) == 0);
+  // 20% faster but paying back only 1.2x: 3% after its cost.
+  CHECK(rule->act(one_candidate(0.83, 1.2, 4.0, 1.2)) == 0);
+  // A broken layout is replaced at once.
+  Observation broken = one_candidate(0.0, 1.01, 4.0, 0.1);
+  feature(broken, StateFeature::kCurrentFeasible) = 0;
+  CHECK(rule->act(broken) == 1);
+}
+
+TEST_CASE("ski-rental: a switch once the throughput lost since the condition began pays for it") {
+  auto rule = parapilot::policy::make_baseline("ski-rental");
+  rule->begin_episode();
+  // 10% lost per interval; the switch costs the pause plus a tenth of 2 intervals' staging:
+  // about 0.21 intervals, paid after the third interval of the condition.
+  const Observation slow = one_candidate(0.9, 1.11, 2.0, 5);
+  CHECK(parapilot::policy::switch_cost_intervals(slow, 0) ==
+        doctest::Approx(2.0 / 300 + 0.1 * 2.0));
+  CHECK(rule->act(slow) == 0);  // lost 0.1
+  CHECK(rule->act(slow) == 0);  // 0.2
+  CHECK(rule->act(slow) == 1);  // 0.3 >= 0.207
+  // The condition ending resets the count: two short episodes of it never pay.
+  CHECK(rule->act(slow) == 0);
+  CHECK(rule->act(one_candidate(1.0, 1.0, 2.0, 0)) == 0);
+  CHECK(rule->act(slow) == 0);
+  CHECK(rule->act(slow) == 0);
+  // A cheap action pays at once.
+  CHECK(rule->act(one_candidate(0.9, 1.11, 0.0, 10)) == 1);
 }
 
 TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the planned layout") {
