@@ -81,6 +81,10 @@ void check_config(const PpoConfig& c) {
   require(c.validation_episodes >= 0 && c.validation_episodes <= 1000,
           "validation episodes must be in [0, 1000]");
   require(!split_ids(c.env_ids).empty(), "name at least one env");
+  require(static_cast<size_t>(c.envs) >= split_ids(c.env_ids).size(),
+          "each parallel env runs one scenario: --envs " + std::to_string(c.envs) +
+              " is fewer than the " + std::to_string(split_ids(c.env_ids).size()) +
+              " scenarios named");
 }
 
 uint64_t mix(uint64_t a, uint64_t b) {

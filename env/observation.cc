@@ -41,12 +41,12 @@ bool beliefs_moved(const Conditions& now, const Conditions& at_plan, int gpus, i
 }
 
 const char* feature_name(StateFeature f) {
-  static constexpr const char* kNames[] = {"min_speed", "mean_speed", "worst_slowdown", "speed_std", "slowed_fraction", "min_bandwidth", "mean_bandwidth", "congested_fraction", "failed_fraction", "min_speed_trend", "min_bandwidth_trend", "telemetry_age", "missing_fraction", "current_vs_best", "current_feasible", "current_fits", "since_last_switch", "run_left", "staging", "staging_left", "bubble_fraction", "exposed_dp_fraction", "seq_len_log", "candidates"};
+  static constexpr const char* kNames[] = {"min_speed", "mean_speed", "worst_slowdown", "speed_std", "slowed_fraction", "min_bandwidth", "mean_bandwidth", "congested_fraction", "failed_fraction", "min_speed_trend", "min_bandwidth_trend", "telemetry_age", "missing_fraction", "current_vs_best", "current_feasible", "current_fits", "since_last_switch", "run_left", "staging", "staging_left", "bubble_fraction", "exposed_dp_fraction", "seq_len_log", "candidates", "condition_age", "condition_loss"};
   return kNames[static_cast<int>(f)];
 }
 
 const char* feature_name(CandidateFeature f) {
-  static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback"};
+  static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback", "amortised_gain"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -56,14 +56,15 @@ FeatureRange feature_range(StateFeature f) {
   static constexpr FeatureRange kRanges[] = {
       {0, 1.5f}, {0, 1.5f}, {0, 1},     {0, 1}, {0, 1},  {0, 1.5f}, {0, 1.5f}, {0, 1},
       {0, 1},    {-1.5f, 1.5f}, {-1.5f, 1.5f}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1},
-      {0, 1},    {-1, 1},   {0, 1},     {0, 1}, {0, 1},  {0, 1},    {-1, 1},   {0, 1}};
+      {0, 1},    {-1, 1},   {0, 1},     {0, 1}, {0, 1},  {0, 1},    {-1, 1},   {0, 1},
+      {0, 1},    {0, 1}};
   static_assert(std::size(kRanges) == kStateDim);
   return kRanges[static_cast<int>(f)];
 }
 
 FeatureRange feature_range(CandidateFeature f) {
-  static constexpr FeatureRange kRanges[] = {{-2, 2}, {0, 4}, {0, 1}, {0, 1},
-                                             {0, 1},  {0, 1}, {0, 1}, {-1, 1}};
+  static constexpr FeatureRange kRanges[] = {{-2, 2}, {0, 4}, {0, 1}, {0, 1}, {0, 1},
+                                             {0, 1},  {0, 1}, {-1, 1}, {-1, 1}};
   static_assert(std::size(kRanges) == kCandidateDim);
   return kRanges[static_cast<int>(f)];
 }
@@ -163,9 +164,32 @@ Observation build_observation(const ObservationInputs& in) {
                             (kSwitchPauseS + in.staging_slowdown * c.migration_s) +
                         1.0;
     feature(o, static_cast<int>(k), CandidateFeature::kPayback) = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
+    // The relative gain left over the run left after paying for the switch: over R of the
+    // current layout's tokens the switch leaves gain * (R - L), L the tokens lost switching.
+    const double left = remaining_s * cur_pred;
+    feature(o, static_cast<int>(k), CandidateFeature::kAmortisedGain) = static_cast<float>(
+        left > 0 ? std::clamp((c.cost.tokens_per_s * remaining_s - lost) / left - 1.0, -1.0, 1.0)
+                 : 0.0);
     o.mask[k] = 1;
   }
   return o;
+}
+
+void ObservationHistory::annotate(Observation& o) {
+  const double shortfall = 1.0 - static_cast<double>(feature(o, StateFeature::kCurrentVsBest));
+  const bool broken = feature(o, StateFeature::kCurrentFeasible) < 0.5f ||
+                      feature(o, StateFeature::kCurrentFits) < 0.5f;
+  if (broken || shortfall >= kConditionShortfall) {
+    ++age_;
+    loss_ += std::clamp(shortfall, 0.0, 1.0);
+  } else {
+    age_ = 0;
+    loss_ = 0;
+  }
+  feature(o, StateFeature::kConditionAge) =
+      static_cast<float>(std::min(1.0, age_ / static_cast<double>(kSwitchMemoryIntervals)));
+  feature(o, StateFeature::kConditionLoss) =
+      static_cast<float>(std::min(1.0, loss_ / kConditionLossIntervals));
 }
 
 }  // namespace parapilot::env

@@ -43,6 +43,8 @@ enum class StateFeature : int {
   kExposedDpFraction,  ///< 21
   kSeqLenLog,  ///< 22
   kCandidates,  ///< 23
+  kConditionAge,  ///< 24 (ObservationHistory)
+  kConditionLoss,  ///< 25 (ObservationHistory)
   kCount
 };
 static_assert(static_cast<int>(StateFeature::kCount) == kStateDim);
@@ -57,6 +59,7 @@ enum class CandidateFeature : int {
   kDpDiffers,  ///< 5
   kElastic,  ///< 6
   kPayback,  ///< 7
+  kAmortisedGain,  ///< 8
   kCount
 };
 static_assert(static_cast<int>(CandidateFeature::kCount) == kCandidateDim);
@@ -92,8 +95,16 @@ inline float feature(const Observation& o, int k, CandidateFeature f) {
   return o.candidates[k * kCandidateDim + static_cast<int>(f)];
 }
 
-/// since_last_switch saturates after this many intervals without a switch.
+/// since_last_switch and condition_age saturate after this many intervals.
 inline constexpr int kSwitchMemoryIntervals = 8;
+
+/// A condition holds while the current layout is predicted at least this far behind the best
+/// candidate (1 - current_vs_best): the monitor's noise floor (it reads speeds within 5% of
+/// nominal as nominal). condition_age and condition_loss count it; the ski-rental rule too.
+inline constexpr double kConditionShortfall = 0.05;
+
+/// condition_loss saturates at this many intervals of lost throughput.
+inline constexpr double kConditionLossIntervals = 4;
 
 /// ObservationInputs::remaining_intervals when the run's planned length is unknown.
 inline constexpr double kUnknownRemaining = -1;
@@ -123,6 +134,24 @@ struct ObservationInputs {
   double staging_slowdown = kDefaultStagingSlowdown;
 };
 
+/// The features only the past can give, for build_observation's caller to add: condition_age
+/// (intervals the current condition has lasted, this one included, ÷ kSwitchMemoryIntervals,
+/// at most 1; 0 without a condition) and condition_loss (the throughput it has cost so far,
+/// the sum over its intervals of 1 - current_vs_best, ÷ kConditionLossIntervals, at most 1).
+/// The simulator and the deploy decider keep one per episode or job and pass it every
+/// observation in order, so a blip reads differently from a persistent change.
+class ObservationHistory {
+ public:
+  void reset() { *this = ObservationHistory(); }
+  /// Folds `o` into the history and writes its history features.
+  void annotate(Observation& o);
+
+ private:
+  int age_ = 0;
+  double loss_ = 0;
+};
+
+/// Every feature but the history's (which read 0 until ObservationHistory::annotate).
 Observation build_observation(const ObservationInputs& in);
 
 /// The planner's candidates minus the current layout, at most kMaxCandidates, best first.

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "env/observation.h"
 #include "env/sim/scenario.h"
 #include "policy/policy.h"
 #include "strategy/planner.h"
@@ -51,9 +52,8 @@ std::unique_ptr<Policy> make_threshold(const ThresholdOptions& options);
 // Parameters of the ski-rental rule.
 struct SkiRentalOptions {
   // A condition holds while the current layout is predicted at least this much slower than the
-  // best candidate (1 - current_vs_best); below it, the count starts again. 5%: the monitor's
-  // noise floor (it reads speeds within 5% of nominal as nominal).
-  double min_shortfall = 0.05;
+  // best candidate (1 - current_vs_best); below it, the count starts again.
+  double min_shortfall = env::kConditionShortfall;
 };
 std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options);
 

@@ -103,6 +103,23 @@ def policy_summary(d):
     return text + "\n\n" + source(r)
 
 
+def policy_holdout(d):
+    r = d("holdout-eval.json")
+    sc = r["figures"]["scenarios"]
+    rows = []
+    for name in sorted(sc):
+        p = sc[name]["policies"]
+        ref = sc[name]["reference"]
+        v = p["rl"]["vs_reference"]
+        s = lambda k: "%.3f ± %.3f" % (p[k]["score"], p[k]["score_ci95"])
+        rows.append(["`%s`" % name] + [s(k) for k in ["rl"] + RULES] + [
+            ref, "%+.4f ± %.4f %s" % (v["score_difference"], v["ci95"], v["verdict"]),
+            " / ".join("%.1f" % p[k]["migrations_per_episode"] for k in ("rl", ref, "oracle"))])
+    head = (["scenario", "rl"] + RULES +
+            ["strongest rule", "rl − strongest rule, paired", "migrations rl / rule / oracle"])
+    return table(head, rows) + "\n\n" + source(r)
+
+
 def mean_m(fam, k):
     return statistics.mean(fam[f]["policies"][k]["migrations_per_episode"] for f in FAMILIES)
 
@@ -393,6 +410,7 @@ def cost_model_speed(d):
 
 
 RENDER = {
+    "policy-holdout": policy_holdout,
     "policy-latency": policy_latency,
     "deploy-straggler": deploy_straggler,
     "deploy-latency": deploy_latency,

@@ -10,6 +10,7 @@ Then `scripts/render-results.py` rewrites the tables in the docs from those file
 
 Sections (default: all of them, in this order; about 25 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
+  holdout         parapilot eval on experiments/scenarios/holdout/, never trained on (deterministic)
   training        parapilot train on mixed, the validation curve against wall time
   policy-latency  bench_policy
   planner         bench_planner, bench_env, bench_cost_model
@@ -35,7 +36,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,threshold,ski-rental,uniform-dp,oracle"
-SECTIONS = ["policy", "training", "policy-latency", "planner", "calibration", "deploy-sim",
+SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "live"]
 
 
@@ -103,6 +104,19 @@ class Runner:
                     capture_output=True, text=True)
             families[f] = json.loads(r.stdout)
         finish(report, {"families": families}, self.path("policy-eval.json"))
+
+    def holdout(self):
+        folder = os.path.join(ROOT, "experiments", "scenarios", "holdout")
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".toml"))
+        report = envelope("parapilot eval", ["--episodes", "10", "--seed", "1000",
+                                             "--policies", POLICIES])
+        scenarios = {}
+        for f in files:
+            r = run([self.bin("parapilot"), "eval", "--scenario", os.path.join(folder, f),
+                     "--episodes", "10", "--seed", "1000", "--policies", POLICIES, "--json"],
+                    capture_output=True, text=True)
+            scenarios[f[:-len(".toml")]] = json.loads(r.stdout)
+        finish(report, {"scenarios": scenarios}, self.path("holdout-eval.json"))
 
     def training(self):
         args = ["--scenario", "mixed", "--steps", "300000", "--seed", "1"]

@@ -248,6 +248,10 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.interval_s = o_.interval_s;
   in.staging_slowdown = job_->scenario.staging_slowdown;
   d.observation = env::build_observation(in);
+  {
+    std::lock_guard lock(mutex_);
+    history_.annotate(d.observation);
+  }
 
   if (staging) {
     // The simulator ignores actions while a switch is staged, so the policy is not asked: it

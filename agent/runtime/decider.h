@@ -134,6 +134,7 @@ class Decider {
   int last_migration_ = -1;
   int since_commit_ = 1 << 20;
   double previous_min_speed_ = 1, previous_min_bw_ = 1;
+  env::ObservationHistory history_;  ///< condition_age and condition_loss, as the simulator.
   long plans_ = 0;
   double last_plan_ms_ = 0;
   std::condition_variable cv_;

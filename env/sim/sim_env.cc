@@ -191,6 +191,7 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   telemetry_age_ = 0;
   missing_fraction_ = 0;
   previous_min_speed_ = previous_min_bw_ = 1;
+  history_.reset();
   belief_ = Conditions{};
   {
     const ClusterTopology& topo = planner_for(scenario_.model.seq_len).cost_model().topology();
@@ -461,7 +462,9 @@ Observation SimEnv::observation() {
   in.seq_len_ratio =
       static_cast<double>(truth_.seq_len[std::min(t_, H - 1)]) / scenario_.model.seq_len;
   in.staging_slowdown = scenario_.staging_slowdown;
-  return build_observation(in);
+  Observation o = build_observation(in);
+  history_.annotate(o);
+  return o;
 }
 
 std::optional<OracleResult> SimEnv::oracle() {

@@ -20,6 +20,7 @@
 
 #include "env/env.h"
 #include "env/monitor/monitor.h"
+#include "env/observation.h"
 #include "env/sim/scenario.h"
 #include "env/sim/step_telemetry.h"
 #include "env/trace/telemetry.h"
@@ -110,6 +111,7 @@ class SimEnv : public Env {
   int batch_at_plan_ = 0;
   int regime_at_plan_ = -1;
   double previous_min_speed_ = 1, previous_min_bw_ = 1;
+  ObservationHistory history_;
   double missing_fraction_ = 0;
   int telemetry_age_ = 0;
   bool run_length_known_ = true;  // this episode's job declared its length
