@@ -84,14 +84,18 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
     in.staging_slowdown = scenario.staging_slowdown;
     return env::build_observation(in);
   };
+  // The history features, as the decider keeps them: one history, fed in order.
+  env::ObservationHistory history;
   // Interval 0: nominal beliefs, no telemetry yet (age 0 at the start).
-  const env::Observation ours0 = build(Conditions{}, 0, 1.0, 0);
+  env::Observation ours0 = build(Conditions{}, 0, 1.0, 0);
+  history.annotate(ours0);
   CHECK(ours0.state == sim0.state);
   CHECK(ours0.candidates == sim0.candidates);
   CHECK(ours0.mask == sim0.mask);
   // Interval 1: interval 0's telemetry arrived (one interval of delay: age 1), and the
   // monitor believes GPU 3 at a third of its peers' speed (noise-free samples).
-  const env::Observation ours1 = build(slowed, 1, 1.0, 1);
+  env::Observation ours1 = build(slowed, 1, 1.0, 1);
+  history.annotate(ours1);
   for (int i = 0; i < env::kStateDim; ++i) {
     CAPTURE(i);
     CHECK(ours1.state[i] == sim1.state[i]);
