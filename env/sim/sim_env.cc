@@ -22,17 +22,21 @@ const GradientStats& gradients_of(const Truth& truth, int regime) {
   return regime < 0 ? kNone : truth.gradient_regimes[regime];
 }
 
-// What interval t's true best layout depends on: its conditions, workload and gradient regime.
+// What interval t's true best layout depends on, exactly: its conditions, workload and gradient
+// regime (the regimes' statistics are the scenario's, the same in every episode).
 std::string interval_key(const Truth& truth, int t) {
   const Conditions& c = truth.conditions[t];
   std::ostringstream key;
-  key.precision(4);
+  key << std::hexfloat;
   key << truth.seq_len[t] << '|' << truth.global_batch[t] << '|' << regime_at(truth, t) << '|';
   for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
     if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
   }
   for (size_t i = 0; i < c.node_inter_bw.size(); ++i) {
     if (c.node_inter_bw[i] != 1.0) key << 'n' << i << '=' << c.node_inter_bw[i];
+  }
+  for (size_t i = 0; i < c.node_intra_bw.size(); ++i) {
+    if (c.node_intra_bw[i] != 1.0) key << 'i' << i << '=' << c.node_intra_bw[i];
   }
   for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
     if (c.gpu_failed[i]) key << 'f' << i;
@@ -173,6 +177,8 @@ double SimEnv::best_tokens_per_s(int t) {
   const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t],
                             true_gradients(t), std::nullopt, 1);
   const double best = r.candidates.empty() ? 0.0 : r.candidates.front().cost.tokens_per_s;
+  // A pure function of the key: kept across episodes, only bounded in size.
+  if (best_cache_.size() >= kBestCacheEntries) best_cache_.clear();
   best_cache_.emplace(key, best);
   return best;
 }
@@ -183,7 +189,6 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
   run_length_known_ =
       std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < scenario_.run_length_known_prob;
-  best_cache_.clear();
   t_ = 0;
   target_.reset();
   staging_left_s_ = 0;

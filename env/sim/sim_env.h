@@ -86,6 +86,8 @@ class SimEnv : public Env {
   std::string id_;
   int global_batch_ = 0;
   std::map<int, std::unique_ptr<Planner>> planners_;  // by sequence length
+  // best_tokens_per_s by interval_key: exact, so shared by every episode of this env.
+  static constexpr size_t kBestCacheEntries = 1 << 14;
   std::map<std::string, double> best_cache_;
   Truth truth_;
   std::optional<Truth> recorded_;
