@@ -258,15 +258,22 @@ void SimEnv::emit_telemetry(int t) {
   }
   const TelemetryModel& m = scenario_.telemetry;
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::vector<monitor::StepSample> all, step;
+  std::vector<monitor::StepSample> all = std::move(spare_samples_);
+  all.clear();
   for (int k = 0; k < m.steps_per_interval; ++k) {
-    step.clear();
+    const size_t first = all.size();
     const double ms = telemetry_->generate(
-        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, step);
+        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, all);
     clock_ns_ += static_cast<uint64_t>(ms * 1e6);
-    for (monitor::StepSample& x : step) {
-      if (uniform(rng_) >= m.missing_prob) all.push_back(std::move(x));
+    // Each sample of the step goes missing with missing_prob.
+    size_t kept = first;
+    for (size_t i = first; i < all.size(); ++i) {
+      if (uniform(rng_) >= m.missing_prob) {
+        if (kept != i) all[kept] = std::move(all[i]);
+        ++kept;
+      }
     }
+    all.resize(kept);
   }
   in_flight_.emplace_back(t, std::move(all));
 }
@@ -295,7 +302,8 @@ void SimEnv::observe_telemetry() {
   const auto arrival = monitor::Clock::now();
   while (!in_flight_.empty() &&
          in_flight_.front().first <= t_ - scenario_.telemetry.delay_intervals) {
-    for (const monitor::StepSample& x : in_flight_.front().second) monitor_->ingest(x, arrival);
+    monitor_->ingest(std::move(in_flight_.front().second), arrival);
+    spare_samples_ = std::move(in_flight_.front().second);  // emptied: its buffer is reused
     in_flight_.pop_front();
   }
   const monitor::Beliefs b = monitor_->beliefs();

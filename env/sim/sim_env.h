@@ -105,6 +105,7 @@ class SimEnv : public Env {
   std::optional<StepTelemetry> telemetry_;     // of telemetry_layout_
   Strategy telemetry_layout_;
   std::deque<std::pair<int, std::vector<monitor::StepSample>>> in_flight_;  // by interval
+  std::vector<monitor::StepSample> spare_samples_;  // a delivered interval's buffer
   uint64_t clock_ns_ = 0;
   Conditions belief_;          // what the monitor believes now
   Conditions belief_at_plan_;  // beliefs the candidates were planned under
