@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "env/observation.h"
 #include "strategy/error.h"
@@ -22,26 +21,41 @@ const GradientStats& gradients_of(const Truth& truth, int regime) {
   return regime < 0 ? kNone : truth.gradient_regimes[regime];
 }
 
+// Appends the bytes of a value to a key: keys compare exactly, not within a rounding.
+template <class T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// Appends conditions to a key exactly: each vector's size and its entries other than nominal.
+void put_conditions(std::string& key, const Conditions& c) {
+  auto sparse = [&](const std::vector<double>& v) {
+    put(key, v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] != 1.0) {
+        put(key, i);
+        put(key, v[i]);
+      }
+    }
+  };
+  sparse(c.gpu_speed);
+  sparse(c.node_inter_bw);
+  sparse(c.node_intra_bw);
+  put(key, c.gpu_failed.size());
+  for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
+    if (c.gpu_failed[i]) put(key, i);
+  }
+}
+
 // What interval t's true best layout depends on, exactly: its conditions, workload and gradient
 // regime (the regimes' statistics are the scenario's, the same in every episode).
 std::string interval_key(const Truth& truth, int t) {
-  const Conditions& c = truth.conditions[t];
-  std::ostringstream key;
-  key << std::hexfloat;
-  key << truth.seq_len[t] << '|' << truth.global_batch[t] << '|' << regime_at(truth, t) << '|';
-  for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
-    if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
-  }
-  for (size_t i = 0; i < c.node_inter_bw.size(); ++i) {
-    if (c.node_inter_bw[i] != 1.0) key << 'n' << i << '=' << c.node_inter_bw[i];
-  }
-  for (size_t i = 0; i < c.node_intra_bw.size(); ++i) {
-    if (c.node_intra_bw[i] != 1.0) key << 'i' << i << '=' << c.node_intra_bw[i];
-  }
-  for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
-    if (c.gpu_failed[i]) key << 'f' << i;
-  }
-  return key.str();
+  std::string key;
+  put(key, truth.seq_len[t]);
+  put(key, truth.global_batch[t]);
+  put(key, regime_at(truth, t));
+  put_conditions(key, truth.conditions[t]);
+  return key;
 }
 
 // The same layout run at another global batch (a batch ramp changes the batch under a running
@@ -132,6 +146,50 @@ const Planner& SimEnv::planner_for(int seq_len) {
 
 PlanResult SimEnv::plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
                         const std::optional<Strategy>& current, int top_k) {
+  // The candidates depend on the running layout only through its kernel settings
+  // (strategy/planner.h): a plan is kept by its request without the layout, and its migration
+  // costs are worked out again for the layout at hand.
+  const Strategy kernels = current.value_or(Strategy{});
+  std::string key;
+  put(key, seq_len);
+  put(key, global_batch);
+  put(key, top_k);
+  put(key, kernels.attention);
+  put(key, kernels.fp8);
+  put(key, kernels.tp_comm_overlap);
+  put(key, kernels.overlap_param_gather);
+  put(key, kernels.overlap_grad_reduce);
+  put(key, g.topk_ratio);
+  put(key, g.powersgd_rank);
+  put(key, g.fp16_error);
+  put(key, g.error_budget);
+  for (const std::vector<double>* v : {&g.topk_energy, &g.lowrank_residual}) {
+    put(key, v->size());
+    key.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(double));
+  }
+  put_conditions(key, c);
+  auto it = plan_cache_.find(key);
+  if (it == plan_cache_.end()) {
+    if (plan_cache_.size() >= kPlanCacheEntries) plan_cache_.clear();
+    it = plan_cache_.emplace(std::move(key), search(c, seq_len, global_batch, g, current, top_k))
+             .first;
+    return it->second;
+  }
+  PlanResult result = it->second;
+  const Planner& planner = planner_for(seq_len);
+  for (Candidate& cand : result.candidates) {
+    const Migration m = current ? planner.migration(*current, cand.strategy, c) : Migration{};
+    cand.migration_bytes = m.max_bytes;
+    cand.migration_s = m.time_s;
+  }
+  result.current.reset();
+  if (current) result.current = Candidate{*current, planner.cost_model().evaluate(*current, c), 0, 0};
+  return result;
+}
+
+PlanResult SimEnv::search(const Conditions& c, int seq_len, int global_batch,
+                          const GradientStats& g, const std::optional<Strategy>& current,
+                          int top_k) {
   PlanRequest request;
   request.conditions = c;
   request.gradients = g;

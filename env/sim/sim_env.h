@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <unordered_map>
 
 #include "env/env.h"
 #include "env/monitor/monitor.h"
@@ -68,8 +70,13 @@ class SimEnv : public Env {
   double best_tokens_per_s(int t);
   // Plans for interval-t's workload (sequence length, global batch) under conditions c with
   // gradient statistics g (empty: no compression).
+  // Served from plan_cache_ when the same request was planned before (exactly the planner's
+  // result).
   PlanResult plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
                   const std::optional<Strategy>& current, int top_k = kMaxCandidates + 1);
+  // The planner's search for plan() (an empty result when nothing can run).
+  PlanResult search(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
+                    const std::optional<Strategy>& current, int top_k);
   // The gradient statistics of interval t (empty when compression is not modelled), and what
   // the monitor has measured of them at the current interval (one telemetry delay late).
   const GradientStats& true_gradients(int t) const;
@@ -89,6 +96,10 @@ class SimEnv : public Env {
   // best_tokens_per_s by interval_key: exact, so shared by every episode of this env.
   static constexpr size_t kBestCacheEntries = 1 << 14;
   std::map<std::string, double> best_cache_;
+  // plan() by its request (workload, top_k, the running layout's kernel settings, gradient
+  // statistics and conditions, exactly): shared by every episode of this env, bounded in size.
+  static constexpr size_t kPlanCacheEntries = 512;
+  std::unordered_map<std::string, PlanResult> plan_cache_;
   Truth truth_;
   std::optional<Truth> recorded_;
   std::mt19937_64 rng_;
