@@ -105,10 +105,11 @@ class RobustEwma {
   void push(double x) {
     const int cap = capacity();
     if (size_ < cap) {
-      window_[(head_ + size_++) % cap] = x;
+      const int at = head_ + size_++;  // < 2 * cap
+      window_[at < cap ? at : at - cap] = x;
     } else {
       window_[head_] = x;
-      head_ = (head_ + 1) % cap;
+      if (++head_ == cap) head_ = 0;
     }
   }
   // MAD of the window around the level, without allocating.
