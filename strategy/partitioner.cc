@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace parapilot {
@@ -334,9 +335,11 @@ namespace {
 // always kept. So this picks those blocks directly: every replica's blocks up to the
 // continuous relaxation's bottleneck, then the few still missing from the replicas' next
 // blocks. The times are the same expressions as partition_blocks', so the counts are
-// bit-identical. Returns false (out untouched) when a case falls outside what this handles
-// (non-positive or odd costs, a replica the relaxation gives less than one unit, or missing
-// blocks beyond each replica's next one); the caller then runs partition_blocks.
+// bit-identical. The relaxation keeps every replica's first block: replicas it would give
+// less than one hold exactly one and the rest share what is left; when the few still missing
+// go beyond some replica's next block, they are taken one at a time, smallest first. Returns
+// false (out possibly written) when a case falls outside what this handles (non-positive or
+// odd costs, counts past the blocks); the caller then runs partition_blocks.
 bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int replicas,
                      int blocks, int unit, int* out) {
   struct Next {
@@ -359,7 +362,32 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
     inverse_sum += inverse[r];
     weighted_fixed += f * inverse[r];
   }
-  const double relaxed = (blocks + weighted_fixed) / inverse_sum;
+  double relaxed = (blocks + weighted_fixed) / inverse_sum;
+  // Every replica keeps its first block: one whose first block already ends after the
+  // bottleneck holds exactly that one, and the others share the rest (a few rounds, as each
+  // lowers the bottleneck; if they do not settle, the counts overshoot and the caller bisects).
+  thread_local std::vector<uint8_t> single;
+  single.assign(replicas, 0);
+  for (int round = 0; round < 8 && std::isfinite(relaxed); ++round) {
+    int singles = 0;
+    bool changed = false;
+    inverse_sum = weighted_fixed = 0;
+    for (int r = 0; r < replicas; ++r) {
+      if (!single[r] && fixed[r] + per[r] > relaxed) {
+        single[r] = 1;
+        changed = true;
+      }
+      if (single[r]) {
+        ++singles;
+      } else {
+        inverse_sum += inverse[r];
+        weighted_fixed += fixed[r] * inverse[r];
+      }
+    }
+    if (!changed) break;
+    if (singles == replicas) return false;
+    relaxed = (blocks - singles + weighted_fixed) / inverse_sum;
+  }
   if (!std::isfinite(relaxed)) return false;
 
   // Blocks per replica with time <= relaxed (at least one), and the time of each one's next.
@@ -391,12 +419,29 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
   std::nth_element(next.begin(), next.begin() + (missing - 1), next.end(), smaller);
   const Next last = next[missing - 1];
   if (!(last.time_s < kInf)) return false;
-  for (int r = 0; r < replicas; ++r) {
+  bool next_only = true;
+  for (int r = 0; r < replicas && next_only; ++r) {
     if (out[r] + 2 > blocks) continue;
     const Next after{fixed[r] + per[r] * (out[r] + 2), r};
-    if (!smaller(last, after)) return false;
+    next_only = smaller(last, after);
   }
-  for (long i = 0; i < missing; ++i) ++out[next[i].replica];
+  if (next_only) {
+    for (long i = 0; i < missing; ++i) ++out[next[i].replica];
+    return true;
+  }
+  // Some replica takes more than its next block: the smallest blocks one at a time (a heap of
+  // each replica's next block, smallest on top).
+  const auto larger = [&](const Next& x, const Next& y) { return smaller(y, x); };
+  std::make_heap(next.begin(), next.end(), larger);
+  for (long i = 0; i < missing; ++i) {
+    std::pop_heap(next.begin(), next.end(), larger);
+    Next& taken = next.back();
+    if (!(taken.time_s < kInf)) return false;
+    const int r = taken.replica;
+    ++out[r];
+    taken.time_s = out[r] < blocks ? fixed[r] + per[r] * (out[r] + 1) : kInf;
+    std::push_heap(next.begin(), next.end(), larger);
+  }
   return true;
 }
 

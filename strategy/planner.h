@@ -24,7 +24,11 @@ struct PlanRequest {
   Conditions conditions;            // default: nominal cluster
   GradientStats gradients;          // default: unknown (no compression chosen)
   SearchSpace space;                // default: every legal layout
-  std::optional<Strategy> current;  // the running layout, when there is one (must be legal)
+  // The running layout, when there is one (must be legal). The candidates depend on it only
+  // through its kernel settings (attention, fp8, tp_comm_overlap, overlap_param_gather,
+  // overlap_grad_reduce), which every candidate takes; it sets their migration costs and
+  // PlanResult::current, which equal migration() and CostModel::evaluate() of it.
+  std::optional<Strategy> current;
   int top_k = 5;                    // how many diverse candidates to return (>= 1)
   // ZeRO-1's parameter all-gather cannot be compressed; a plain all-reduce can. When true, the
   // gradients admit top-k or PowerSGD for some block and the space allows ZeRO 0 next to other

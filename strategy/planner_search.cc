@@ -222,29 +222,36 @@ void Search::add_shapes(int placement_index) {
           for (Recompute rc : rcs) {
             bool have_rates = false;
             int last_mb = 0;
-            double sum_rate = 0, weighted = 0;
+            double sum_rate = 0, weighted = 0, slowest_unit_s = 0;
             for (const auto& [mb, batch] : batches) {
               double upper_tokens_per_s;
               if (have_bounds) {
                 upper_tokens_per_s = bounds[k];
               } else {
                 // Bound: no stage can beat L / sum(1/beta) per microbatch and replica; the
-                // pipeline adds at least (sum - max) / v (see docs/planner.md).
+                // pipeline adds at least (sum - max) / v; no replica runs fewer than one unit
+                // of microbatches (see docs/planner.md).
                 // The rates depend on the microbatch, not the batch.
                 if (!have_rates || mb != last_mb) {
                   const Rates& e = rates_of(sp, rc, mb);
                   const double* rate_beta = rate_store.data() + e.at;
                   sum_rate = e.sum_rate;
                   weighted = 0;
+                  slowest_unit_s = 0;
                   for (int r = 0; r < dp; ++r) {
                     weighted += layers * rate_beta[2 * r + 1] / v * rate_beta[2 * r];
+                    // Every replica runs at least one unit of microbatches.
+                    slowest_unit_s = std::max(slowest_unit_s,
+                                              layers * (unit - 1.0 / v) / rate_beta[2 * r] +
+                                                  layers * rate_beta[2 * r + 1] / v);
                   }
                   have_rates = true;
                   last_mb = mb;
                 }
                 const int total = batch / mb;
-                const double bound_s =
-                    (layers * (total - static_cast<double>(dp) / v) + weighted) / sum_rate;
+                const double bound_s = std::max(
+                    (layers * (total - static_cast<double>(dp) / v) + weighted) / sum_rate,
+                    slowest_unit_s);
                 upper_tokens_per_s = static_cast<double>(batch) * model_.seq_len / bound_s;
                 bounds.push_back(upper_tokens_per_s);
               }

@@ -121,6 +121,32 @@ void add_compute(RankStats& r, double compute_ms, double work, double fixed_ms,
   }
 }
 
+// Per group of `items` (dense group index, value): the k-th smallest value, k = (size - 1) / 2
+// (the lower median) or, with `upper`, size / 2; has[g] = 0 for a group without items. `fill`
+// and `values` are scratch.
+void group_medians(const std::vector<std::pair<int, double>>& items, int groups, bool upper,
+                   std::vector<int>& fill, std::vector<double>& values, std::vector<double>& out,
+                   std::vector<uint8_t>& has) {
+  // Counting sort by group: fill[g] ends as where group g starts, fill[groups] = the total.
+  fill.assign(static_cast<size_t>(groups) + 1, 0);
+  for (const auto& item : items) ++fill[item.first];
+  for (int g = 1; g < groups; ++g) fill[g] += fill[g - 1];
+  fill[groups] = static_cast<int>(items.size());
+  values.resize(items.size());
+  for (const auto& item : items) values[--fill[item.first]] = item.second;
+  out.assign(groups, 0.0);
+  has.assign(groups, 0);
+  for (int g = 0; g < groups; ++g) {
+    const int size = fill[g + 1] - fill[g];
+    if (size == 0) continue;
+    double* first = values.data() + fill[g];
+    double* kth = first + (upper ? size / 2 : (size - 1) / 2);
+    std::nth_element(first, kth, first + size);
+    out[g] = *kth;
+    has[g] = 1;
+  }
+}
+
 }  // namespace
 
 struct Monitor::State {
@@ -130,6 +156,7 @@ struct Monitor::State {
   std::vector<double> node_bw;
   std::vector<bool> node_congested;
   std::map<uint64_t, StepAgg> pending;
+  std::map<uint64_t, StepAgg>::node_type spare;  // a closed step's buffers, for a new step
   bool any_closed = false;
   uint64_t last_closed = 0;
   uint64_t newest = 0;
@@ -142,6 +169,44 @@ struct Monitor::State {
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
   int live_count = 0;  // ranks whose liveness is live
+
+  // o.peer_group as dense indices [0, group_count) (one group when it is empty).
+  std::vector<int> group_index;
+  int group_count = 1;
+  // Buffers close() and refresh_beliefs() reuse.
+  std::vector<double> arrivals, waits, walls, values, group_reference, node_level, node_rates;
+  std::vector<std::pair<int, double>> group_items;
+  std::vector<int> group_fill;
+  std::vector<uint8_t> has_reference;
+
+  void index_groups() {
+    group_index.assign(o.ranks, 0);
+    group_count = 1;
+    if (o.peer_group.empty()) return;
+    std::map<int, int> dense;
+    for (int r = 0; r < o.ranks; ++r) {
+      group_index[r] = dense.emplace(o.peer_group[r], static_cast<int>(dense.size())).first->second;
+    }
+    group_count = static_cast<int>(dense.size());
+  }
+  // The aggregate of a step not seen before, reusing a closed step's buffers when there is one.
+  StepAgg& new_step(uint64_t step) {
+    std::map<uint64_t, StepAgg>::iterator it;
+    if (spare.empty()) {
+      it = pending.try_emplace(step).first;
+    } else {
+      spare.key() = step;
+      it = pending.insert(std::move(spare)).position;
+    }
+    StepAgg& agg = it->second;
+    agg.samples.clear();
+    agg.samples.reserve(o.ranks);
+    agg.seen.assign(o.ranks, 0);
+    return agg;
+  }
+  // Takes one sample (the caller holds the lock); appends the steps it closed to `closed`.
+  Status take(StepSample&& sample, Clock::time_point arrival,
+              std::vector<std::pair<uint64_t, Clock::time_point>>& closed);
 
   int expected() const { return any_connected ? live_count : o.ranks; }
   void set_liveness(int rank, Liveness l) {
@@ -165,6 +230,7 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
     throw std::invalid_argument("MonitorOptions: peer_group must have one entry per rank");
   }
   s_->o = options;
+  s_->index_groups();
   s_->nodes = (options.ranks + options.gpus_per_node - 1) / options.gpus_per_node;
   RobustEwma::Options compute_options;
   compute_options.alpha = options.compute_alpha;
@@ -269,70 +335,95 @@ Status Monitor::ingest(const transport::Telemetry& t, Clock::time_point arrival)
 Status Monitor::ingest(const StepSample& sample, Clock::time_point arrival) {
   std::vector<std::pair<uint64_t, Clock::time_point>> closed;
   StepCallback callback;
+  Status status;
   {
     std::lock_guard lock(mutex_);
-    State& s = *s_;
-    std::string reason = sample_problem(sample, s.o);
-    if (reason.empty() && s.any_seen && sample.step > s.newest + s.o.max_step_jump)
-      reason = "absurd_step";
-    // Ranks report their steps in order: one already reported is a duplicate.
-    if (reason.empty() && s.ranks[sample.rank].reported &&
-        sample.step <= s.ranks[sample.rank].newest) {
-      reason = "duplicate";
-    }
-    if (reason.empty() && s.any_closed && sample.step <= s.last_closed) {
-      // Its step already closed without it: the rank's own levels still learn from it, the
-      // cross-rank comparisons of that step cannot.
-      ++s.counters.accepted;
-      ++s.counters.late;
-      RankStats& r = s.ranks[sample.rank];
-      r.reported = true;
-      r.newest = sample.step;
-      add_compute(r, sample.compute_ms, sample.samples, sample.fixed_ms, s.counters.outliers);
-      return Status();
-    }
-    StepAgg* agg = nullptr;
-    if (reason.empty()) {
-      agg = &s.pending[sample.step];
-      if (agg->seen.empty()) {
-        agg->seen.assign(s.o.ranks, 0);
-        agg->samples.reserve(s.o.ranks);
-      }
-      if (agg->seen[sample.rank]) reason = "duplicate";
-    }
-    if (!reason.empty()) {
-      ++s.counters.rejected;
-      ++s.counters.rejected_by_reason[reason];
-      return Status::rejected(reason);
-    }
-    ++s.counters.accepted;
-    s.ranks[sample.rank].reported = true;
-    s.ranks[sample.rank].newest = std::max(s.ranks[sample.rank].newest, sample.step);
-    for (const auto& l : sample.layers) s.beliefs.nonfinite_gradients += l.nonfinite_count;
-    agg->seen[sample.rank] = 1;
-    agg->samples.push_back(sample);
-    agg->last_arrival = arrival;
-    const uint64_t step = sample.step;
-    s.newest = s.any_seen ? std::max(s.newest, step) : step;
-    s.any_seen = true;
-
-    // Close steps in order: older ones that a rank has moved well past, then this one if every
-    // live rank reported it.
-    const int expected = s.expected();
-    const bool this_full = static_cast<int>(agg->samples.size()) >= expected;
-    while (!s.pending.empty()) {
-      auto it = s.pending.begin();
-      const bool lagging = it->first + static_cast<uint64_t>(s.o.close_lag_steps) <= s.newest;
-      const bool full = static_cast<int>(it->second.samples.size()) >= expected;
-      const bool older_than_full = it->first < step && this_full;
-      if (!(lagging || full || older_than_full)) break;
-      s.close(it->first, it->second, arrival, closed);
-      s.pending.erase(it);
-    }
+    status = s_->take(StepSample(sample), arrival, closed);
     callback = callback_;
   }
   if (callback) {
     for (const auto& [step, when] : closed) callback(step, when);
+  }
+  return status;
+}
+
+size_t Monitor::ingest(std::vector<StepSample>&& samples, Clock::time_point arrival) {
+  std::vector<std::pair<uint64_t, Clock::time_point>> closed;
+  StepCallback callback;
+  size_t accepted = 0;
+  {
+    std::lock_guard lock(mutex_);
+    for (StepSample& x : samples) accepted += s_->take(std::move(x), arrival, closed).ok();
+    callback = callback_;
+  }
+  samples.clear();
+  if (callback) {
+    for (const auto& [step, when] : closed) callback(step, when);
+  }
+  return accepted;
+}
+
+Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
+                            std::vector<std::pair<uint64_t, Clock::time_point>>& closed) {
+  State& s = *this;
+  std::string reason = sample_problem(sample, s.o);
+  if (reason.empty() && s.any_seen && sample.step > s.newest + s.o.max_step_jump)
+    reason = "absurd_step";
+  // Ranks report their steps in order: one already reported is a duplicate.
+  if (reason.empty() && s.ranks[sample.rank].reported &&
+      sample.step <= s.ranks[sample.rank].newest) {
+    reason = "duplicate";
+  }
+  if (reason.empty() && s.any_closed && sample.step <= s.last_closed) {
+    // Its step already closed without it: the rank's own levels still learn from it, the
+    // cross-rank comparisons of that step cannot.
+    ++s.counters.accepted;
+    ++s.counters.late;
+    RankStats& r = s.ranks[sample.rank];
+    r.reported = true;
+    r.newest = sample.step;
+    add_compute(r, sample.compute_ms, sample.samples, sample.fixed_ms, s.counters.outliers);
+    return Status();
+  }
+  StepAgg* agg = nullptr;
+  if (reason.empty()) {
+    auto it = s.pending.find(sample.step);
+    agg = it != s.pending.end() ? &it->second : &s.new_step(sample.step);
+    if (agg->seen[sample.rank]) reason = "duplicate";
+  }
+  if (!reason.empty()) {
+    ++s.counters.rejected;
+    ++s.counters.rejected_by_reason[reason];
+    return Status::rejected(reason);
+  }
+  ++s.counters.accepted;
+  s.ranks[sample.rank].reported = true;
+  s.ranks[sample.rank].newest = std::max(s.ranks[sample.rank].newest, sample.step);
+  for (const auto& l : sample.layers) s.beliefs.nonfinite_gradients += l.nonfinite_count;
+  agg->seen[sample.rank] = 1;
+  const uint64_t step = sample.step;
+  agg->samples.push_back(std::move(sample));
+  agg->last_arrival = arrival;
+  s.newest = s.any_seen ? std::max(s.newest, step) : step;
+  s.any_seen = true;
+
+  // Close steps in order: older ones that a rank has moved well past, then this one if every
+  // live rank reported it.
+  const int expected_count = s.expected();
+  const bool this_full = static_cast<int>(agg->samples.size()) >= expected_count;
+  while (!s.pending.empty()) {
+    auto it = s.pending.begin();
+    const bool lagging = it->first + static_cast<uint64_t>(s.o.close_lag_steps) <= s.newest;
+    const bool full = static_cast<int>(it->second.samples.size()) >= expected_count;
+    const bool older_than_full = it->first < step && this_full;
+    if (!(lagging || full || older_than_full)) break;
+    s.close(it->first, it->second, arrival, closed);
+    // Keep one closed step's buffers for the next new step.
+    if (s.spare.empty()) {
+      s.spare = s.pending.extract(it);
+    } else {
+      s.pending.erase(it);
+    }
   }
   return Status();
 }
@@ -344,16 +435,15 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   // Arrival at the collective = step start + compute-only time, relative to the earliest start.
   uint64_t min_start = UINT64_MAX;
   for (const StepSample& x : agg.samples) min_start = std::min(min_start, x.start_ns);
-  std::vector<double> arrivals;
-  arrivals.reserve(agg.samples.size());
+  arrivals.clear();
   for (const StepSample& x : agg.samples) {
     arrivals.push_back(static_cast<double>(x.start_ns - min_start) / 1e6 + x.compute_ms);
   }
   const double last = arrivals.empty() ? 0 : *std::max_element(arrivals.begin(), arrivals.end());
-  const double mid = median(arrivals);
-  std::vector<double> waits, walls;
-  waits.reserve(arrivals.size());
-  walls.reserve(arrivals.size());
+  values.assign(arrivals.begin(), arrivals.end());
+  const double mid = median_in_place(values.data(), values.data() + values.size());
+  waits.clear();
+  walls.clear();
   std::map<uint32_t, std::vector<double>> layer_norms;
   for (size_t i = 0; i < agg.samples.size(); ++i) {
     const StepSample& x = agg.samples[i];
@@ -380,8 +470,8 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     ++r.samples;
     for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
-  median_wait_ms = median(waits);
-  beliefs.last_step_ms = median(std::move(walls));
+  median_wait_ms = median_in_place(waits.data(), waits.data() + waits.size());
+  beliefs.last_step_ms = median_in_place(walls.data(), walls.data() + walls.size());
   beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
   for (auto& [layer, norms] : layer_norms) {
@@ -399,26 +489,23 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   const int n = o.ranks;
   const Clock::time_point now = Clock::now();
   // Speed: the peer group's reference compute level over this rank's.
-  std::map<int, std::vector<double>> group_levels;
+  group_items.clear();
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
     if (st.liveness == Liveness::lost || st.compute.count() < o.min_samples) continue;
-    group_levels[o.peer_group.empty() ? 0 : o.peer_group[r]].push_back(st.compute.value());
+    group_items.emplace_back(group_index[r], st.compute.value());
   }
-  std::map<int, double> reference;
   // The reference is the lower median of the group's compute levels (the faster middle rank):
   // in a group of two a slow rank must not drag its own reference halfway to itself.
-  for (auto& [g, levels] : group_levels) {
-    const auto mid = levels.begin() + static_cast<std::ptrdiff_t>((levels.size() - 1) / 2);
-    std::nth_element(levels.begin(), mid, levels.end());
-    reference[g] = *mid;
-  }
+  group_medians(group_items, group_count, false, group_fill, values, group_reference,
+                has_reference);
+  const std::vector<double>& reference = group_reference;
   Beliefs& b = beliefs;
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
-    const int g = o.peer_group.empty() ? 0 : o.peer_group[r];
+    const int g = group_index[r];
     if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
-        reference.count(g) && st.compute.value() > 0) {
+        has_reference[g] && st.compute.value() > 0) {
       st.speed = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
       if (std::abs(st.speed - 1.0) < o.dead_band) st.speed = 1.0;
     }
@@ -452,39 +539,34 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
       st.slow = false;
       char text[160];
       std::snprintf(text, sizeof text, "compute-only %.1f ms vs peer median %.1f ms",
-                    st.compute.value(), reference.count(g) ? reference[g] : 0.0);
+                    st.compute.value(), has_reference[g] ? reference[g] : 0.0);
       events.push_back({MonitorEvent::Kind::rank_recovered, r, -1, st.speed, step, now, text});
     }
   }
   // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
   // (the group of its first rank: nodes of another GPU type have other NICs).
-  std::vector<double> node_level(nodes, 0.0);
-  std::map<int, std::vector<double>> known;
-  auto node_group = [&](int node) {
-    return o.peer_group.empty() ? 0 : o.peer_group[std::min(n - 1, node * o.gpus_per_node)];
-  };
+  node_level.assign(nodes, 0.0);
+  group_items.clear();
+  auto node_group = [&](int node) { return group_index[std::min(n - 1, node * o.gpus_per_node)]; };
   for (int node = 0; node < nodes; ++node) {
-    std::vector<double> v;
+    node_rates.clear();
     for (int r = node * o.gpus_per_node; r < std::min(n, (node + 1) * o.gpus_per_node); ++r) {
       if (ranks[r].liveness != Liveness::lost && ranks[r].bandwidth.count() >= o.min_samples) {
-        v.push_back(ranks[r].bandwidth.value());
+        node_rates.push_back(ranks[r].bandwidth.value());
       }
     }
-    if (!v.empty()) {
-      node_level[node] = median(std::move(v));
-      known[node_group(node)].push_back(node_level[node]);
+    if (!node_rates.empty()) {
+      node_level[node] = median_in_place(node_rates.data(), node_rates.data() + node_rates.size());
+      group_items.emplace_back(node_group(node), node_level[node]);
     }
   }
-  std::map<int, double> ref_bw;
   // The upper median (the faster middle node), as for speed: of two nodes, a congested one must
   // not drag its own reference halfway down.
-  for (auto& [g, levels] : known) {
-    const auto mid = levels.begin() + static_cast<std::ptrdiff_t>(levels.size() / 2);
-    std::nth_element(levels.begin(), mid, levels.end());
-    ref_bw[g] = *mid;
-  }
+  group_medians(group_items, group_count, true, group_fill, values, group_reference,
+                has_reference);
   for (int node = 0; node < nodes; ++node) {
-    const double ref = ref_bw.count(node_group(node)) ? ref_bw[node_group(node)] : 0.0;
+    const int g = node_group(node);
+    const double ref = has_reference[g] ? group_reference[g] : 0.0;
     if (node_level[node] > 0 && ref > 0) {
       node_bw[node] = std::clamp(node_level[node] / ref, 0.01, 1.5);
       if (std::abs(node_bw[node] - 1.0) < o.dead_band) node_bw[node] = 1.0;
@@ -556,6 +638,7 @@ void Monitor::layout_changed(std::vector<int> peer_group) {
       throw std::invalid_argument("Monitor::layout_changed: peer_group needs one entry per rank");
     }
     s_->o.peer_group = std::move(peer_group);
+    s_->index_groups();
   }
   for (RankStats& st : s_->ranks) {
     st.compute.reset();

@@ -156,6 +156,11 @@ class Monitor {
   Status ingest(const transport::Telemetry& t, Clock::time_point arrival = Clock::now());
   /// The same for a sample already read (ingest(t) is ingest(to_sample(t))).
   Status ingest(const StepSample& x, Clock::time_point arrival = Clock::now());
+  /// The same for many samples arriving together, in order, under one lock: the monitor ends
+  /// as after ingest(x, arrival) for each in turn, except that the step callback runs for
+  /// the steps they closed once all are taken. Moves from `samples` and leaves it empty;
+  /// returns how many were accepted.
+  size_t ingest(std::vector<StepSample>&& samples, Clock::time_point arrival = Clock::now());
 
   /// Liveness from the bus: a rank that connected (live) or went away (lost: believed failed).
   /// Ranks never seen are neither; a step closes when every live rank reported it.

@@ -12,16 +12,21 @@
 
 namespace parapilot::monitor {
 
-/// Median of `v` (the mean of the two middle values for an even count); 0 for an empty input.
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const std::size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  const double upper = v[mid];
-  if (v.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid));
+/// Median of [first, last) (the mean of the two middle values for an even count), reordering
+/// the range; 0 for an empty one.
+inline double median_in_place(double* first, double* last) {
+  if (first == last) return 0.0;
+  const std::ptrdiff_t size = last - first;
+  double* mid = first + size / 2;
+  std::nth_element(first, mid, last);
+  const double upper = *mid;
+  if (size % 2 == 1) return upper;
+  const double lower = *std::max_element(first, mid);
   return 0.5 * (lower + upper);
 }
+
+/// Median of `v` (the mean of the two middle values for an even count); 0 for an empty input.
+inline double median(std::vector<double> v) { return median_in_place(v.data(), v.data() + v.size()); }
 
 /// Median absolute deviation of `v` around `center`; 0 for an empty input.
 inline double mad(const std::vector<double>& v, double center) {
@@ -100,10 +105,11 @@ class RobustEwma {
   void push(double x) {
     const int cap = capacity();
     if (size_ < cap) {
-      window_[(head_ + size_++) % cap] = x;
+      const int at = head_ + size_++;  // < 2 * cap
+      window_[at < cap ? at : at - cap] = x;
     } else {
       window_[head_] = x;
-      head_ = (head_ + 1) % cap;
+      if (++head_ == cap) head_ = 0;
     }
   }
   // MAD of the window around the level, without allocating.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "env/observation.h"
 #include "strategy/error.h"
@@ -22,22 +21,41 @@ const GradientStats& gradients_of(const Truth& truth, int regime) {
   return regime < 0 ? kNone : truth.gradient_regimes[regime];
 }
 
-// What interval t's true best layout depends on: its conditions, workload and gradient regime.
-std::string interval_key(const Truth& truth, int t) {
-  const Conditions& c = truth.conditions[t];
-  std::ostringstream key;
-  key.precision(4);
-  key << truth.seq_len[t] << '|' << truth.global_batch[t] << '|' << regime_at(truth, t) << '|';
-  for (size_t i = 0; i < c.gpu_speed.size(); ++i) {
-    if (c.gpu_speed[i] != 1.0) key << 's' << i << '=' << c.gpu_speed[i];
-  }
-  for (size_t i = 0; i < c.node_inter_bw.size(); ++i) {
-    if (c.node_inter_bw[i] != 1.0) key << 'n' << i << '=' << c.node_inter_bw[i];
-  }
+// Appends the bytes of a value to a key: keys compare exactly, not within a rounding.
+template <class T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// Appends conditions to a key exactly: each vector's size and its entries other than nominal.
+void put_conditions(std::string& key, const Conditions& c) {
+  auto sparse = [&](const std::vector<double>& v) {
+    put(key, v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] != 1.0) {
+        put(key, i);
+        put(key, v[i]);
+      }
+    }
+  };
+  sparse(c.gpu_speed);
+  sparse(c.node_inter_bw);
+  sparse(c.node_intra_bw);
+  put(key, c.gpu_failed.size());
   for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
-    if (c.gpu_failed[i]) key << 'f' << i;
+    if (c.gpu_failed[i]) put(key, i);
   }
-  return key.str();
+}
+
+// What interval t's true best layout depends on, exactly: its conditions, workload and gradient
+// regime (the regimes' statistics are the scenario's, the same in every episode).
+std::string interval_key(const Truth& truth, int t) {
+  std::string key;
+  put(key, truth.seq_len[t]);
+  put(key, truth.global_batch[t]);
+  put(key, regime_at(truth, t));
+  put_conditions(key, truth.conditions[t]);
+  return key;
 }
 
 // The same layout run at another global batch (a batch ramp changes the batch under a running
@@ -128,6 +146,50 @@ const Planner& SimEnv::planner_for(int seq_len) {
 
 PlanResult SimEnv::plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
                         const std::optional<Strategy>& current, int top_k) {
+  // The candidates depend on the running layout only through its kernel settings
+  // (strategy/planner.h): a plan is kept by its request without the layout, and its migration
+  // costs are worked out again for the layout at hand.
+  const Strategy kernels = current.value_or(Strategy{});
+  std::string key;
+  put(key, seq_len);
+  put(key, global_batch);
+  put(key, top_k);
+  put(key, kernels.attention);
+  put(key, kernels.fp8);
+  put(key, kernels.tp_comm_overlap);
+  put(key, kernels.overlap_param_gather);
+  put(key, kernels.overlap_grad_reduce);
+  put(key, g.topk_ratio);
+  put(key, g.powersgd_rank);
+  put(key, g.fp16_error);
+  put(key, g.error_budget);
+  for (const std::vector<double>* v : {&g.topk_energy, &g.lowrank_residual}) {
+    put(key, v->size());
+    key.append(reinterpret_cast<const char*>(v->data()), v->size() * sizeof(double));
+  }
+  put_conditions(key, c);
+  auto it = plan_cache_.find(key);
+  if (it == plan_cache_.end()) {
+    if (plan_cache_.size() >= kPlanCacheEntries) plan_cache_.clear();
+    it = plan_cache_.emplace(std::move(key), search(c, seq_len, global_batch, g, current, top_k))
+             .first;
+    return it->second;
+  }
+  PlanResult result = it->second;
+  const Planner& planner = planner_for(seq_len);
+  for (Candidate& cand : result.candidates) {
+    const Migration m = current ? planner.migration(*current, cand.strategy, c) : Migration{};
+    cand.migration_bytes = m.max_bytes;
+    cand.migration_s = m.time_s;
+  }
+  result.current.reset();
+  if (current) result.current = Candidate{*current, planner.cost_model().evaluate(*current, c), 0, 0};
+  return result;
+}
+
+PlanResult SimEnv::search(const Conditions& c, int seq_len, int global_batch,
+                          const GradientStats& g, const std::optional<Strategy>& current,
+                          int top_k) {
   PlanRequest request;
   request.conditions = c;
   request.gradients = g;
@@ -173,6 +235,8 @@ double SimEnv::best_tokens_per_s(int t) {
   const PlanResult r = plan(truth_.conditions[t], truth_.seq_len[t], truth_.global_batch[t],
                             true_gradients(t), std::nullopt, 1);
   const double best = r.candidates.empty() ? 0.0 : r.candidates.front().cost.tokens_per_s;
+  // A pure function of the key: kept across episodes, only bounded in size.
+  if (best_cache_.size() >= kBestCacheEntries) best_cache_.clear();
   best_cache_.emplace(key, best);
   return best;
 }
@@ -183,7 +247,6 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
   run_length_known_ =
       std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < scenario_.run_length_known_prob;
-  best_cache_.clear();
   t_ = 0;
   target_.reset();
   staging_left_s_ = 0;
@@ -254,15 +317,22 @@ void SimEnv::emit_telemetry(int t) {
   }
   const TelemetryModel& m = scenario_.telemetry;
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::vector<monitor::StepSample> all, step;
+  std::vector<monitor::StepSample> all = std::move(spare_samples_);
+  all.clear();
   for (int k = 0; k < m.steps_per_interval; ++k) {
-    step.clear();
+    const size_t first = all.size();
     const double ms = telemetry_->generate(
-        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, step);
+        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, all);
     clock_ns_ += static_cast<uint64_t>(ms * 1e6);
-    for (monitor::StepSample& x : step) {
-      if (uniform(rng_) >= m.missing_prob) all.push_back(std::move(x));
+    // Each sample of the step goes missing with missing_prob.
+    size_t kept = first;
+    for (size_t i = first; i < all.size(); ++i) {
+      if (uniform(rng_) >= m.missing_prob) {
+        if (kept != i) all[kept] = std::move(all[i]);
+        ++kept;
+      }
     }
+    all.resize(kept);
   }
   in_flight_.emplace_back(t, std::move(all));
 }
@@ -291,7 +361,8 @@ void SimEnv::observe_telemetry() {
   const auto arrival = monitor::Clock::now();
   while (!in_flight_.empty() &&
          in_flight_.front().first <= t_ - scenario_.telemetry.delay_intervals) {
-    for (const monitor::StepSample& x : in_flight_.front().second) monitor_->ingest(x, arrival);
+    monitor_->ingest(std::move(in_flight_.front().second), arrival);
+    spare_samples_ = std::move(in_flight_.front().second);  // emptied: its buffer is reused
     in_flight_.pop_front();
   }
   const monitor::Beliefs b = monitor_->beliefs();

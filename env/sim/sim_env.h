@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <unordered_map>
 
 #include "env/env.h"
 #include "env/monitor/monitor.h"
@@ -69,8 +71,13 @@ class SimEnv : public Env {
   double best_tokens_per_s(int t);
   // Plans for interval-t's workload (sequence length, global batch) under conditions c with
   // gradient statistics g (empty: no compression).
+  // Served from plan_cache_ when the same request was planned before (exactly the planner's
+  // result).
   PlanResult plan(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
                   const std::optional<Strategy>& current, int top_k = kMaxCandidates + 1);
+  // The planner's search for plan() (an empty result when nothing can run).
+  PlanResult search(const Conditions& c, int seq_len, int global_batch, const GradientStats& g,
+                    const std::optional<Strategy>& current, int top_k);
   // The gradient statistics of interval t (empty when compression is not modelled), and what
   // the monitor has measured of them at the current interval (one telemetry delay late).
   const GradientStats& true_gradients(int t) const;
@@ -87,7 +94,13 @@ class SimEnv : public Env {
   std::string id_;
   int global_batch_ = 0;
   std::map<int, std::unique_ptr<Planner>> planners_;  // by sequence length
+  // best_tokens_per_s by interval_key: exact, so shared by every episode of this env.
+  static constexpr size_t kBestCacheEntries = 1 << 14;
   std::map<std::string, double> best_cache_;
+  // plan() by its request (workload, top_k, the running layout's kernel settings, gradient
+  // statistics and conditions, exactly): shared by every episode of this env, bounded in size.
+  static constexpr size_t kPlanCacheEntries = 512;
+  std::unordered_map<std::string, PlanResult> plan_cache_;
   Truth truth_;
   std::optional<Truth> recorded_;
   std::mt19937_64 rng_;
@@ -104,6 +117,7 @@ class SimEnv : public Env {
   std::optional<StepTelemetry> telemetry_;     // of telemetry_layout_
   Strategy telemetry_layout_;
   std::deque<std::pair<int, std::vector<monitor::StepSample>>> in_flight_;  // by interval
+  std::vector<monitor::StepSample> spare_samples_;  // a delivered interval's buffer
   uint64_t clock_ns_ = 0;
   Conditions belief_;          // what the monitor believes now
   Conditions belief_at_plan_;  // beliefs the candidates were planned under

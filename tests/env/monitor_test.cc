@@ -2,8 +2,10 @@
 // congested links, and rejection of bad telemetry.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "env/monitor/monitor.h"
 #include "env/monitor/robust_stats.h"
@@ -321,4 +323,115 @@ TEST_CASE("a sample handed in directly and its bus message are read alike") {
   CHECK(m.ingest(bad).message() == "negative");
   CHECK(m.ingest(x).ok());
   CHECK(m.counters().rejected == 4);
+}
+
+namespace {
+
+// A seeded stream of per-rank samples over `steps` steps of 32 ranks (4 nodes): noisy compute,
+// a rank slowed 3x from step 10, node 2's network congested from step 14, samples missing,
+// a duplicate and a NaN sample mixed in. One vector per delivery (two steps each).
+std::vector<std::vector<StepSample>> sample_stream(int steps) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> noise(0.0, 0.05);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<std::vector<StepSample>> deliveries;
+  for (int step = 0; step < steps; ++step) {
+    if (step % 2 == 0) deliveries.emplace_back();
+    std::vector<StepSample>& out = deliveries.back();
+    const uint64_t start = 1'000'000'000ull * (step + 1);
+    for (int r = 0; r < 32; ++r) {
+      if (r != 3 && r != 9 && uniform(rng) < 0.05) continue;  // missing
+      StepSample x;
+      x.rank = r;
+      x.step = static_cast<uint64_t>(step);
+      x.start_ns = start;
+      x.end_ns = start + 900'000'000;
+      const double slow = r == 5 && step >= 10 ? 3.0 : 1.0;
+      x.compute_ms = (r % 4 == 0 ? 200.0 : 150.0) * slow * std::exp(noise(rng));
+      x.samples = r % 4 == 0 ? 8 : 6;
+      x.fixed_ms = 10;
+      x.inter_bytes = 1e8;
+      const double bw = r / 8 == 2 && step >= 14 ? 0.25 : 1.0;
+      x.inter_ms = 100.0 / bw * std::exp(noise(rng));
+      out.push_back(x);
+      if (r == 9 && step == 7) out.push_back(x);  // a duplicate
+      if (r == 3 && step == 12) {
+        x.compute_ms = std::numeric_limits<double>::quiet_NaN();
+        out.push_back(x);
+      }
+    }
+  }
+  return deliveries;
+}
+
+void check_same(const Beliefs& a, const Beliefs& b) {
+  CHECK(a.conditions.gpu_speed == b.conditions.gpu_speed);
+  CHECK(a.conditions.node_inter_bw == b.conditions.node_inter_bw);
+  CHECK(a.conditions.gpu_failed == b.conditions.gpu_failed);
+  CHECK(a.rank_compute_ms == b.rank_compute_ms);
+  CHECK(a.rank_fixed_ms == b.rank_fixed_ms);
+  CHECK(a.rank_steps_per_s == b.rank_steps_per_s);
+  CHECK(a.rank_lateness_ms == b.rank_lateness_ms);
+  CHECK(a.last_step_ms == b.last_step_ms);
+  CHECK(a.missing_fraction == b.missing_fraction);
+  CHECK(a.last_closed_step == b.last_closed_step);
+  CHECK(a.slow_ranks == b.slow_ranks);
+  CHECK(a.congested_nodes == b.congested_nodes);
+}
+
+}  // namespace
+
+TEST_CASE("samples handed in together leave the monitor as one at a time does") {
+  // Peer groups by "GPU type" (ranks r % 4 == 0 are another kind), and the same partition
+  // under other group ids: only which ranks share a group matters.
+  MonitorOptions o = options(32);
+  o.close_lag_steps = 1;
+  MonitorOptions renamed = o;
+  for (int r = 0; r < 32; ++r) {
+    o.peer_group.push_back(r % 4 == 0 ? 1 : 0);
+    renamed.peer_group.push_back(r % 4 == 0 ? -7 : 100);
+  }
+  Monitor one(o), together(o), other_ids(renamed);
+  std::vector<uint64_t> closed_one, closed_together;
+  one.set_step_callback([&](uint64_t step, Clock::time_point) { closed_one.push_back(step); });
+  together.set_step_callback(
+      [&](uint64_t step, Clock::time_point) { closed_together.push_back(step); });
+  for (Monitor* m : {&one, &together, &other_ids}) {
+    for (int r = 0; r < 32; ++r) m->rank_connected(r);
+  }
+  const Clock::time_point arrival{};
+  size_t accepted_one = 0, accepted_together = 0;
+  for (std::vector<StepSample>& delivery : sample_stream(24)) {
+    for (const StepSample& x : delivery) {
+      accepted_one += one.ingest(x, arrival).ok();
+      other_ids.ingest(x, arrival);
+    }
+    accepted_together += together.ingest(std::move(delivery), arrival);
+    CHECK(delivery.empty());
+    check_same(one.beliefs(), together.beliefs());
+    check_same(one.beliefs(), other_ids.beliefs());
+  }
+  CHECK(accepted_one == accepted_together);
+  CHECK(closed_one == closed_together);
+  CHECK(closed_one.size() >= 20);
+  const MonitorCounters a = one.counters(), b = together.counters();
+  CHECK(a.accepted == b.accepted);
+  CHECK(a.rejected == b.rejected);
+  CHECK(a.rejected_by_reason == b.rejected_by_reason);
+  CHECK(a.rejected == 2);  // the duplicate and the NaN
+  CHECK(a.steps_closed == b.steps_closed);
+  CHECK(a.outliers == b.outliers);
+  // The stream's slow rank and congested node are found on every path.
+  const Beliefs end = together.beliefs();
+  CHECK(std::find(end.slow_ranks.begin(), end.slow_ranks.end(), 5) != end.slow_ranks.end());
+  CHECK(std::find(end.congested_nodes.begin(), end.congested_nodes.end(), 2) !=
+        end.congested_nodes.end());
+  const auto events_one = one.take_events(), events_together = together.take_events();
+  REQUIRE(events_one.size() == events_together.size());
+  for (size_t i = 0; i < events_one.size(); ++i) {
+    CHECK(events_one[i].kind == events_together[i].kind);
+    CHECK(events_one[i].rank == events_together[i].rank);
+    CHECK(events_one[i].node == events_together[i].node);
+    CHECK(events_one[i].evidence == events_together[i].evidence);
+  }
 }

@@ -303,11 +303,19 @@ Instance draw(std::mt19937& rng, int replicas, int family) {
         p = base_per * (1.0 + static_cast<double>(rng() % 4));
         f = base_fixed * 40.0 * static_cast<double>(rng() % 3);
         break;
+      case 6:  // one or two units each and stragglers: the slow replicas hold a single unit
+        p = base_per * (rng() % 8 == 0 ? 1.2 + 2.8 * static_cast<double>(rng() % 1000) / 1000.0
+                                       : noise(rng));
+        f = rng() % 2 ? base_fixed * 0.1 : 0.0;
+        break;
       default:  // extreme spread: a replica far slower than the rest
         p = rng() % 32 == 0 ? base_per * 1000.0 : base_per * noise(rng);
         f = rng() % 2 ? base_fixed * noise(rng) : 0.0;
         break;
     }
+  }
+  if (family == 6) {
+    in.total = in.unit * (replicas + static_cast<int>(rng() % (replicas + 1)));
   }
   in.null_fixed = family == 3 && rng() % 2 == 0;
   return in;
@@ -321,7 +329,7 @@ TEST_CASE("partitioner: allocate_microbatches equals the previous bisection, bit
   int trial = 0;
   for (int round = 0; round < 40; ++round) {
     for (const int replicas : sizes) {
-      for (int family = 0; family < 6; ++family, ++trial) {
+      for (int family = 0; family < 7; ++family, ++trial) {
         const Instance in = draw(rng, replicas, family);
         const double* fixed = in.null_fixed ? nullptr : in.fixed.data();
         std::vector<int> got(replicas), want(replicas);

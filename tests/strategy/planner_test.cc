@@ -796,3 +796,47 @@ TEST_CASE("planner: a space with sp = true still allows tp = 1, where sequence p
   CHECK(r.candidates.front().cost.tokens_per_s >=
         planner.cost_model().evaluate(dp).tokens_per_s * (1 - 1e-9));
 }
+
+TEST_CASE("planner: the current layout changes only migration costs, its own cost and kernels") {
+  // Callers may keep a plan and re-cost its migrations for another running layout
+  // (env/sim/sim_env.cc does): the candidates must not depend on the current layout otherwise.
+  const ModelSpec model = *model_preset("llama2-7b");
+  const ClusterSpec cluster = *cluster_preset("2x8xa100-80g");
+  const Planner planner(model, cluster);
+  PlanRequest req;
+  req.top_k = 4;
+  req.space.global_batch = 256;
+  req.conditions.gpu_speed.assign(16, 1.0);
+  req.conditions.gpu_speed[3] = 0.5;
+  req.conditions.node_inter_bw = {1.0, 0.4};
+  const PlanResult none = planner.plan(req);
+  REQUIRE(none.candidates.size() == 4);
+  Strategy a;
+  a.dp = 8;
+  a.tp = 2;
+  a.sp = true;
+  a.global_batch = 256;
+  a.zero = 1;
+  Strategy b = none.candidates[2].strategy;
+  for (const Strategy& current : {a, b}) {
+    req.current = current;
+    const PlanResult r = planner.plan(req);
+    REQUIRE(r.candidates.size() == none.candidates.size());
+    REQUIRE(r.current.has_value());
+    CHECK(r.current->cost.iteration_time_s ==
+          planner.cost_model().evaluate(current, req.conditions).iteration_time_s);
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      const Candidate& got = r.candidates[i];
+      CHECK(got.strategy == none.candidates[i].strategy);
+      CHECK(got.cost.iteration_time_s == none.candidates[i].cost.iteration_time_s);
+      CHECK(none.candidates[i].migration_s == 0);
+      const Migration m = planner.migration(current, got.strategy, req.conditions);
+      CHECK(got.migration_s == m.time_s);
+      CHECK(got.migration_bytes == m.max_bytes);
+    }
+  }
+  // Kernel settings are the running job's, not the planner's: every candidate takes them.
+  a.fp8 = true;
+  req.current = a;
+  for (const Candidate& c : planner.plan(req).candidates) CHECK(c.strategy.fp8);
+}
