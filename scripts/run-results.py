@@ -11,7 +11,7 @@ Then `scripts/render-results.py` rewrites the tables in the docs from those file
 Sections (default: all of them, in this order; about 25 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
   holdout         parapilot eval on experiments/scenarios/holdout/, never trained on (deterministic)
-  training        parapilot train on mixed, the validation curve against wall time
+  training        parapilot train, the shipped policy's recipe: the validation curve against wall time
   policy-latency  bench_policy
   planner         bench_planner, bench_env, bench_cost_model
   calibration     calibration_report: the cost model on the published runs (deterministic)
@@ -119,7 +119,8 @@ class Runner:
         finish(report, {"scenarios": scenarios}, self.path("holdout-eval.json"))
 
     def training(self):
-        args = ["--scenario", "mixed", "--steps", "300000", "--seed", "1"]
+        args = ["--scenario", "experiments/scenarios/train", "--envs", "13", "--steps", "600000",
+                "--seed", "1"]
         report = envelope("parapilot train", args)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "run")
