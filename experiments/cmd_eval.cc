@@ -26,7 +26,7 @@ struct EvalOptions {
   std::string scenario = "mixed";
   int episodes = 5;
   uint64_t seed = 1000;
-  std::string policies = "rl,static,reactive,threshold,ski-rental,uniform-dp,oracle";
+  std::string policies = "rl,static,reactive,reactive-tuned,threshold,ski-rental,uniform-dp,oracle";
   bool json = false;
   std::string plot;
   std::string record;  // telemetry CSV of the first policy's first episode
@@ -281,7 +281,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option(
          "--policies", o->policies,
          "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
-         "static, reactive, threshold, ski-rental, uniform-dp, oracle")
+         "static, reactive, reactive-tuned, threshold, ski-rental, uniform-dp, oracle")
       ->capture_default_str();
   cmd->add_option("--reference", o->reference,
                   "Policy every other is compared with, paired on the same episodes (default: "

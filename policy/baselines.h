@@ -21,7 +21,8 @@ namespace parapilot::policy {
 // condition began and take the best action whose switch cost that loss has paid for, so cheap
 // actions come first and costly ones only once a slowdown has lasted. All of them replace a
 // layout believed broken (a lost GPU, out of memory) at once and never act while a switch is
-// staged. docs/policy.md gives their sources.
+// staged. reactive-tuned: reactive with its parameters chosen on training seeds
+// (tuned_reactive_options). docs/policy.md gives their sources.
 std::unique_ptr<Policy> make_baseline(const std::string& name);
 std::vector<std::string> baseline_names();
 
@@ -42,6 +43,9 @@ struct ReactiveOptions {
   double pause_fraction = kSwitchPauseS / env::kDefaultIntervalS;
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
+/// reactive-tuned: the reactive rule with the min_gain, margin and cool-down that
+/// build/benchmarks/policy/tune_reactive chose on the training distribution's seeds.
+ReactiveOptions tuned_reactive_options();
 
 // Parameters of the threshold rule.
 struct ThresholdOptions {
