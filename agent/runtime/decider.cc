@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 
@@ -54,7 +55,7 @@ Decider::Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOpt
       fallback_(policy.fallback),
       fallback_reason_(std::move(policy.fallback_reason)),
       o_(std::move(options)) {
-  if (!policy_) throw std::invalid_argument("Decider: no policy");
+  assert(policy_);  // precondition: load_policy_or_reactive always yields one
   if (o_.horizon <= 0) o_.horizon = job_->scenario.horizon;
   if (o_.interval_s <= 0) o_.interval_s = job_->scenario.interval_s;
   current_ = job_->initial(o_.initial_layout);

@@ -82,6 +82,7 @@ struct Decision {
 
 class Decider {
  public:
+  /// Precondition (asserted): policy.policy is set.
   Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOptions options = {});
   ~Decider();
   Decider(const Decider&) = delete;

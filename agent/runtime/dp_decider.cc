@@ -5,7 +5,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <numeric>
-#include <stdexcept>
+#include <cassert>
 
 #include "env/monitor/robust_stats.h"
 
@@ -105,15 +105,10 @@ double predicted_step_ms(const std::vector<double>& per_sample_ms,
 
 DataParallelDecider::DataParallelDecider(DataParallelOptions options)
     : o_(options), cooldown_(options.cooldown_intervals) {
-  if (o_.ranks < 1) throw std::invalid_argument("DataParallelOptions: ranks must be >= 1");
-  if (o_.global_batch < o_.ranks) {
-    throw std::invalid_argument("DataParallelOptions: global_batch must be >= ranks");
-  }
-  if (o_.verify_steps < 1 || o_.settle_steps < 0 || o_.min_gain < 1 || o_.equal_band < 0) {
-    throw std::invalid_argument(
-        "DataParallelOptions: verify_steps >= 1, settle_steps >= 0, "
-        "min_gain >= 1");
-  }
+  // Preconditions: the agent checks a JobInfo's world size and batch, and deploy its flags,
+  // before a decider is made.
+  assert(o_.ranks >= 1 && o_.global_batch >= o_.ranks);
+  assert(o_.verify_steps >= 1 && o_.settle_steps >= 0 && o_.min_gain >= 1 && o_.equal_band >= 0);
   counts_ = even_counts(o_.ranks, o_.global_batch);
   previous_counts_ = counts_;
 }

@@ -71,6 +71,8 @@ const char* to_string(DataParallelDecision::Kind kind);
 
 class DataParallelDecider {
  public:
+  /// Precondition (asserted): ranks >= 1, global_batch >= ranks, verify_steps >= 1,
+  /// settle_steps >= 0, min_gain >= 1, equal_band >= 0.
   explicit DataParallelDecider(DataParallelOptions options);
 
   /// One closed step's wall time (Beliefs::last_step_ms), in step order.

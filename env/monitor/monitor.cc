@@ -1,6 +1,7 @@
 #include "env/monitor/monitor.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdio>
 
@@ -220,15 +221,11 @@ struct Monitor::State {
 };
 
 Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
-  if (options.ranks < 1 || options.gpus_per_node < 1) {
-    throw std::invalid_argument("MonitorOptions: ranks and gpus_per_node must be >= 1");
-  }
-  if (!(options.compute_alpha > 0 && options.compute_alpha <= 1)) {
-    throw std::invalid_argument("MonitorOptions: compute_alpha must be in (0, 1]");
-  }
-  if (!options.peer_group.empty() && static_cast<int>(options.peer_group.size()) != options.ranks) {
-    throw std::invalid_argument("MonitorOptions: peer_group must have one entry per rank");
-  }
+  // Preconditions (the options come from code: options_for and its callers).
+  assert(options.ranks >= 1 && options.gpus_per_node >= 1);
+  assert(options.compute_alpha > 0 && options.compute_alpha <= 1);
+  assert(options.peer_group.empty() ||
+         static_cast<int>(options.peer_group.size()) == options.ranks);
   s_->o = options;
   s_->index_groups();
   s_->nodes = (options.ranks + options.gpus_per_node - 1) / options.gpus_per_node;
@@ -634,9 +631,7 @@ void Monitor::rank_lost(int rank) {
 void Monitor::layout_changed(std::vector<int> peer_group) {
   std::lock_guard lock(mutex_);
   if (!peer_group.empty()) {
-    if (static_cast<int>(peer_group.size()) != s_->o.ranks) {
-      throw std::invalid_argument("Monitor::layout_changed: peer_group needs one entry per rank");
-    }
+    assert(static_cast<int>(peer_group.size()) == s_->o.ranks);  // precondition
     s_->o.peer_group = std::move(peer_group);
     s_->index_groups();
   }

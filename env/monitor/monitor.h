@@ -144,6 +144,8 @@ std::vector<int> peer_groups(const ClusterTopology& topology, const Strategy& la
 
 class Monitor {
  public:
+  /// Precondition (asserted): ranks and gpus_per_node >= 1, compute_alpha in (0, 1], and
+  /// peer_group empty or one entry per rank.
   explicit Monitor(MonitorOptions options);
   ~Monitor();
   Monitor(const Monitor&) = delete;
