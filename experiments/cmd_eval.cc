@@ -179,11 +179,12 @@ void run_eval(const EvalOptions& o) {
   // best mean score among the non-learned baselines run), the one a learned policy must beat.
   const std::vector<std::string> rules = policy::baseline_names();
   const PolicyResult* reference = nullptr;
+  auto mean_score = [](const PolicyResult& r) { return agent::mean_interval(r.score).mean; };
   for (const auto& r : results) {
-    if (!o.reference.empty() ? r.name == o.reference
-                             : std::find(rules.begin(), rules.end(), r.name) != rules.end() &&
-                                   (!reference || agent::mean_interval(r.score).mean >
-                                                      agent::mean_interval(reference->score).mean)) {
+    if (!o.reference.empty()) {
+      if (r.name == o.reference) reference = &r;
+    } else if (std::find(rules.begin(), rules.end(), r.name) != rules.end() &&
+               (!reference || mean_score(r) > mean_score(*reference))) {
       reference = &r;
     }
   }

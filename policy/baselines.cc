@@ -94,7 +94,8 @@ class SkiRentalPolicy : public Policy {
     }
     lost_ += shortfall;
     // Buy: the best action whose switch cost the accumulated loss already covers.
-    const int k = best_candidate(o, [&](int c) { return gain(o, c) > 1 && switch_cost_intervals(o, c) <= lost_; });
+    const int k = best_candidate(
+        o, [&](int c) { return gain(o, c) > 1 && switch_cost_intervals(o, c) <= lost_; });
     if (k != 0) lost_ = 0;  // the new layout's condition is counted afresh
     return k;
   }
@@ -106,9 +107,9 @@ class SkiRentalPolicy : public Policy {
 
 class ReactivePolicy : public Policy {
  public:
-  explicit ReactivePolicy(ReactiveOptions options) : options_(options) {}
+  ReactivePolicy(ReactiveOptions options, std::string name)
+      : options_(options), name_(std::move(name)) {}
   std::string name() const override { return name_; }
-  void rename(std::string name) { name_ = std::move(name); }
   void begin_episode() override { since_switch_ = options_.cooldown_intervals; }
 
   int act(const env::Observation& o) override {
@@ -121,11 +122,7 @@ class ReactivePolicy : public Policy {
       // current layout's tokens.
       const double g = gain(o, k);
       const double gained = (g - 1.0) * options_.lookahead_intervals;
-      const double lost =
-          options_.pause_fraction +
-          options_.staging_slowdown *
-              static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
-      return g >= options_.min_gain && gained >= options_.margin * lost &&
+      return g >= options_.min_gain && gained >= options_.margin * switch_cost_intervals(o, k) &&
              since_switch_ >= options_.cooldown_intervals;
     });
     if (best != 0) since_switch_ = 0;
@@ -134,7 +131,7 @@ class ReactivePolicy : public Policy {
 
  private:
   ReactiveOptions options_;
-  std::string name_ = "reactive";
+  std::string name_;
   int since_switch_ = 0;
 };
 
@@ -147,7 +144,7 @@ double switch_cost_intervals(const env::Observation& o, int k) {
 }
 
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options) {
-  return std::make_unique<ReactivePolicy>(options);
+  return std::make_unique<ReactivePolicy>(options, "reactive");
 }
 
 ReactiveOptions tuned_reactive_options() {
@@ -173,11 +170,8 @@ std::unique_ptr<Policy> make_baseline(const std::string& name) {
   if (name == "static") return std::make_unique<StaticPolicy>();
   if (name == "uniform-dp") return std::make_unique<UniformDpPolicy>();
   if (name == "reactive") return make_reactive({});
-  if (name == "reactive-tuned") {
-    auto p = std::make_unique<ReactivePolicy>(tuned_reactive_options());
-    p->rename("reactive-tuned");
-    return p;
-  }
+  if (name == "reactive-tuned")
+    return std::make_unique<ReactivePolicy>(tuned_reactive_options(), "reactive-tuned");
   if (name == "threshold") return make_threshold({});
   if (name == "ski-rental") return make_ski_rental({});
   throw InputError("unknown policy \"" + name +

@@ -36,11 +36,7 @@ struct ReactiveOptions {
   int lookahead_intervals = 6;  // the gain is counted over this many intervals ahead
   double margin = 2.0;          // gain over the look-ahead must exceed this x the switch cost
   int cooldown_intervals = 2;   // intervals to wait after a switch
-  // The switch cost the rule assumes, as a fraction of an interval's tokens: the staged
-  // transfer slows training by this fraction of the migration time...
-  double staging_slowdown = env::kDefaultStagingSlowdown;
-  // ...and the switch pause stalls it for this fraction of an interval.
-  double pause_fraction = kSwitchPauseS / env::kDefaultIntervalS;
+  // The switch cost is the simulator's (switch_cost_intervals).
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 /// reactive-tuned: the reactive rule with the min_gain, margin and cool-down that

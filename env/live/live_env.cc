@@ -232,7 +232,8 @@ class LiveEnv final : public env::Env {
       throw std::runtime_error("env live: no decision within 120 s (did the workers start?)");
     }
     last_at_ = first->second;
-    last_step_ = closed_step();
+    const monitor::Beliefs b = agent_->monitor()->beliefs();
+    last_step_ = b.any_closed ? b.last_closed_step : 0;
     return first->first;
   }
 
@@ -257,7 +258,7 @@ class LiveEnv final : public env::Env {
     // Measured: samples of the steps closed since the last decision over the wall time between
     // the two decisions. Ideal: every rank computing all the time at its measured pace, with
     // communication free (1 is out of reach; higher is better).
-    const uint64_t step = closed_step();
+    const uint64_t step = b.any_closed ? b.last_closed_step : 0;
     const double steps = static_cast<double>(step > last_step_ ? step - last_step_ : 0);
     const double span_s = std::chrono::duration<double>(next->second - last_at_).count();
     last_at_ = next->second;
@@ -285,10 +286,6 @@ class LiveEnv final : public env::Env {
   }
 
  private:
-  uint64_t closed_step() const {
-    const monitor::Beliefs b = agent_->monitor()->beliefs();
-    return b.any_closed ? b.last_closed_step : 0;
-  }
 
   // Agent log lines worth an episode event: migrations and monitor events, not decisions.
   void record(const std::string& line) {
