@@ -36,6 +36,24 @@ inline double exposed_tp_collective_s(double collective_s, int tp, bool overlap,
   return first_chunk > beyond_gemm ? first_chunk : beyond_gemm;
 }
 
+// Exposed ring-attention time of one transformer block and microbatch (context parallelism):
+// each of the cp - 1 steps passes a key/value block to the next context rank, forward in
+// fwd_step_s and, with its gradients, backward in bwd_step_s, under the attention kernel of
+// the block that arrived before it (attention_*_s for the whole block at nominal speed, times
+// `slow`, split cp ways); what the attention cannot hide is exposed. Full recompute repeats the
+// forward ring. 0 for cp <= 1.
+inline double exposed_cp_ring_s(int cp, double fwd_step_s, double bwd_step_s,
+                                double attention_fwd_s, double attention_bwd_s, double slow,
+                                bool full_recompute) {
+  if (cp <= 1) return 0;
+  const double steps = cp - 1;
+  const double fwd_hidden = fwd_step_s - attention_fwd_s * slow / cp;
+  const double bwd_hidden = bwd_step_s - attention_bwd_s * slow / cp;
+  const double fwd = steps * (fwd_hidden > 0 ? fwd_hidden : 0.0);
+  const double bwd = steps * (bwd_hidden > 0 ? bwd_hidden : 0.0);
+  return (full_recompute ? 2.0 : 1.0) * fwd + bwd;
+}
+
 // Bytes per parameter held on a GPU (Megatron-LM's accounting): 16-bit weights; fp32 master
 // weights and Adam's two moments; the gradient buffer, fp32 for bf16 models (accumulated and
 // reduced in fp32) and fp16 for fp16 models.

@@ -55,6 +55,11 @@ CostModel::CostModel(ModelSpec model, ClusterSpec cluster)
   }
 }
 
+CostModel::RingAttention CostModel::ring_attention(int type, const Strategy& s) const {
+  const BlockTimes bt = block_times(type, s);
+  return {bt.attention_fwd, bt.attention_bwd, bt.kv_block_bytes};
+}
+
 CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const {
   const GpuType& gpu = topo_.types[type];
   const double flops_Bps = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency;
@@ -529,12 +534,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
                    : topo_.intra_latency_s + bytes * node_links[first].intra_s_per_byte;
     };
-    const double steps = s.cp - 1;
-    const double fwd =
-        steps * std::max(0.0, step_s(bt.kv_block_bytes) - bt.attention_fwd * slow / s.cp);
-    const double bwd =
-        steps * std::max(0.0, step_s(2.0 * bt.kv_block_bytes) - bt.attention_bwd * slow / s.cp);
-    return (s.recompute == Recompute::kFull ? 2.0 : 1.0) * fwd + bwd;
+    return exposed_cp_ring_s(s.cp, step_s(bt.kv_block_bytes), step_s(2.0 * bt.kv_block_bytes),
+                             bt.attention_fwd, bt.attention_bwd, slow,
+                             s.recompute == Recompute::kFull);
   };
 
   // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
@@ -574,9 +576,15 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     rt.slow = slow;
     const BlockTimes& bt = blocks[rt.type];
     // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
-    const double one_collective =
-        exposed_tp_collective_s(node_links[topo_.node_of_gpu[gpu0]].tp_collective_s, s.tp,
-                                s.tp_comm_overlap, 0.5 * bt.linear_gemms_fwd * slow);
+    // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
+    // slowest node's collectives set the pace.
+    double tp_collective_s = node_links[topo_.node_of_gpu[gpu0]].tp_collective_s;
+    for (int k = 1; k < s.cp; ++k) {
+      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      tp_collective_s = std::max(tp_collective_s, node_links[node].tp_collective_s);
+    }
+    const double one_collective = exposed_tp_collective_s(
+        tp_collective_s, s.tp, s.tp_comm_overlap, 0.5 * bt.linear_gemms_fwd * slow);
     const int layers = rank_layers[p];
     if (pp > 1) {
       // Activations go to the next chunk, input gradients back to the previous one: every

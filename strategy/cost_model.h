@@ -101,6 +101,15 @@ class CostModel {
   // Timeline pieces used by the Chrome-trace export (allocates; not for hot loops).
   PipelineTimings pipeline_timings(const Strategy& s, const Conditions& c = {}) const;
 
+  // One transformer block and microbatch of `s` on GPU type `type` at nominal speed: the flash
+  // attention kernel's forward and backward time, and the key/value bytes a context rank passes
+  // at each ring step. With the ring's links, what exposed_cp_ring_s (cost_formulas.h) needs;
+  // the planner's bounds price the ring with it exactly as evaluate() does.
+  struct RingAttention {
+    double attention_fwd_s = 0, attention_bwd_s = 0, kv_block_bytes = 0;
+  };
+  RingAttention ring_attention(int type, const Strategy& s) const;
+
  private:
   struct BlockTimes;
   struct Work;

@@ -18,8 +18,6 @@ Planner::Planner(ModelSpec model, ClusterSpec cluster)
       cost_(model_, cluster_),
       block_cache_(std::make_shared<BlockCostCache>()) {
   const ClusterTopology& topo = cost_.topology();
-  int max_node = 1;
-  for (const auto& n : topo.nodes) max_node = std::max(max_node, n.gpus);
   ModelSpec probe_model = model_;
   probe_model.layers = 3;
   for (size_t k = 0; k < topo.types.size(); ++k) {
@@ -34,7 +32,8 @@ Planner::Planner(ModelSpec model, ClusterSpec cluster)
     probe.name = "probe";
     NodeGroup g;
     g.count = 1;
-    g.gpus_per_node = 2 * max_node;
+    // Room for two stages of any width (a stage's tp x cp GPUs may fill whole nodes).
+    g.gpus_per_node = 2 * topo.num_gpus();
     g.gpu = topo.types[k];
     g.intra_node_GBps = node->intra_GBps;
     g.inter_node_Gbps = node->inter_GBps * 8.0;

@@ -3,6 +3,7 @@
 #include "strategy/planner_search.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 namespace parapilot {
@@ -40,25 +41,63 @@ void Search::make_groups(int tp, int cp) {
   groups.clear();
   flat_gpus.clear();
   std::vector<int>& usable = scratch_.usable;
+  // A stage wider than a node takes whole slices of `slice` GPUs (a multiple of tp, so every
+  // tensor-parallel group stays in one node) from `span` nodes of one GPU type, in node order:
+  // its context-parallel ring then crosses nodes.
+  int max_node = 1;
+  for (const auto& node : topo_.nodes) max_node = std::max(max_node, node.gpus);
+  const int slice = unit <= max_node ? unit : max_node;
+  const int span = unit / slice;
+  assert(unit % slice == 0 && slice % tp == 0);  // the caller's precondition
+  int members = 0;  // slices of the group being built
+  Group building;
+  double slowest_link = kInf;
   for (int n = 0; n < topo_.num_nodes(); ++n) {
     const auto& node = topo_.nodes[n];
     usable.clear();
     for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
       if (!c_.failed(gpu)) usable.push_back(gpu);
     }
-    for (size_t i = 0; i + unit <= usable.size(); i += unit) {
-      Group g;
-      g.first = static_cast<int>(flat_gpus.size());
-      g.node = n;
-      g.type = node.type;
-      g.slow = 0;
-      for (int t = 0; t < unit; ++t) {
-        flat_gpus.push_back(usable[i + t]);
-        g.slow = std::max(g.slow, 1.0 / c_.speed(usable[i + t]));
+    for (size_t i = 0; i + slice <= usable.size(); i += slice) {
+      if (members > 0 && node.type != building.type) {  // a group has one GPU type: start again
+        flat_gpus.resize(building.first);
+        members = 0;
       }
-      groups.push_back(g);
+      if (members == 0) {
+        building = Group{};
+        building.first = static_cast<int>(flat_gpus.size());
+        building.node = n;
+        building.type = node.type;
+        building.slow = 0;
+        slowest_link = kInf;
+      }
+      // Its tensor-parallel collectives run at its slowest node's NVLink.
+      const double link = node.intra_GBps * c_.intra(n);
+      if (link < slowest_link) {
+        slowest_link = link;
+        building.node = n;
+      }
+      for (int t = 0; t < slice; ++t) {
+        flat_gpus.push_back(usable[i + t]);
+        building.slow = std::max(building.slow, 1.0 / c_.speed(usable[i + t]));
+      }
+      if (span == 1) {
+        building.ring_latency_s = topo_.intra_latency_s;
+        building.ring_s_per_byte =
+            1.0 / (node.intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(n));
+      } else {
+        building.ring_latency_s = topo_.inter_latency_s;
+        building.ring_s_per_byte =
+            std::max(building.ring_s_per_byte,
+                     1.0 / (node.inter_GBps * c_.inter(n) * 1e9 * topo_.inter_efficiency));
+      }
+      if (++members == span) {
+        groups.push_back(building);
+        members = 0;
+      }
     }
   }
+  flat_gpus.resize(members > 0 ? building.first : flat_gpus.size());
   // One block time per GPU type (negative: not looked up yet).
   std::vector<double>& type_block_s = scratch_.type_block_s;
   type_block_s.assign(topo_.types.size(), -1.0);
@@ -133,6 +172,19 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
         last_link = static_cast<int>(i);
       }
       pl.slot_link[slot] = last_link;
+    }
+    pl.like_replica.resize(pl.dp);
+    for (int r = 0; r < pl.dp; ++r) {
+      bool same = r > 0;
+      for (int p = 0; p < pp && same; ++p) {
+        const int a = r * pp + p, b = a - pp;
+        const Group& ga = groups[pl.group[a]];
+        const Group& gb = groups[pl.group[b]];
+        same = pl.type[a] == pl.type[b] && pl.slow[a] == pl.slow[b] &&
+               pl.slot_link[a] == pl.slot_link[b] && ga.ring_latency_s == gb.ring_latency_s &&
+               ga.ring_s_per_byte == gb.ring_s_per_byte;
+      }
+      pl.like_replica[r] = same ? pl.like_replica[r - 1] : r;
     }
   };
 

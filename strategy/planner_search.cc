@@ -54,6 +54,7 @@ const BlockCosts& Search::block_costs(int type, int tp, int cp, int mb, bool sp,
   const double first1 = one.forward_s[0] + one.backward_s[0];  // block + embedding + tp
   const double first2 = two.forward_s[0] + two.backward_s[0];  // 2 blocks + embedding + 2 tp
   BlockCosts out;
+  out.ring = probe.ring_attention(0, s);
   out.block_s = first2 - first1 - tpc;
   out.embedding_s = std::max(0.0, first1 - out.block_s - tpc);
   out.logits_s = std::max(0.0, all_compute - 3.0 * out.block_s - out.embedding_s);
@@ -75,6 +76,15 @@ double Search::tp_comm_per_block_s(int node, int tp, int cp, int mb, Recompute r
   return collectives *
          exposed_tp_collective_s(ring_allreduce_s(tp, bytes, bw, topo_.intra_latency_s), tp,
                                  kernels_.tp_comm_overlap, kInf);
+}
+
+double Search::cp_ring_per_block_s(const Group& g, const BlockCosts& bc, int cp, double slow,
+                                   Recompute rc) {
+  if (cp <= 1) return 0;
+  const double fwd_step_s = g.ring_latency_s + bc.ring.kv_block_bytes * g.ring_s_per_byte;
+  const double bwd_step_s = g.ring_latency_s + 2.0 * bc.ring.kv_block_bytes * g.ring_s_per_byte;
+  return exposed_cp_ring_s(cp, fwd_step_s, bwd_step_s, bc.ring.attention_fwd_s,
+                           bc.ring.attention_bwd_s, slow, rc == Recompute::kFull);
 }
 
 // Global batches to try for dp replicas of microbatch mb whose microbatch counts are multiples
@@ -150,10 +160,11 @@ void Search::add_shapes(int placement_index) {
       rates.clear();
       rate_store.clear();
     }
-    double block_s[8];
+    const BlockCosts* type_costs[8] = {};
     for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
-      block_s[t] = type_used[t] ? block_costs(static_cast<int>(t), tp, cp, mb, sp, rc).block_s : 0;
+      if (type_used[t]) type_costs[t] = &block_costs(static_cast<int>(t), tp, cp, mb, sp, rc);
     }
+    const std::vector<Group>& groups = scratch_.groups[tp * cp];
     for (size_t n = 0; n < link_node.size(); ++n) {
       link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
     }
@@ -161,10 +172,19 @@ void Search::add_shapes(int placement_index) {
     rate_store.resize(at + 2 * static_cast<size_t>(dp));
     double sum_rate = 0;
     for (int r = 0; r < dp; ++r) {
+      const int like = pl.like_replica[r];
+      if (like != r) {
+        rate_store[at + 2 * r] = rate_store[at + 2 * like];
+        rate_store[at + 2 * r + 1] = rate_store[at + 2 * like + 1];
+        sum_rate += rate_store[at + 2 * r];
+        continue;
+      }
       double rate = 0, beta_min = kInf;
       for (int p = 0; p < pp; ++p) {
         const int slot = r * pp + p;
-        const double beta = block_s[pl.type[slot]] * pl.slow[slot] + link_tp_s[slot_link[slot]];
+        const BlockCosts& bc = *type_costs[pl.type[slot]];
+        const double beta = bc.block_s * pl.slow[slot] + link_tp_s[slot_link[slot]] +
+                            cp_ring_per_block_s(groups[pl.group[slot]], bc, cp, pl.slow[slot], rc);
         rate += 1.0 / beta;
         beta_min = std::min(beta_min, beta);
       }
@@ -380,6 +400,7 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   for (size_t n = 0; n < pl.link_node.size(); ++n) {
     link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, shape.cp, mb, shape.recompute);
   }
+  const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
   // Alike replicas cost alike: replica 0's costs stand for every replica.
   const int distinct = pl.replicas_alike ? 1 : dp;
   for (int r = 0; r < distinct; ++r) {
@@ -388,7 +409,9 @@ Outcome Search::evaluate_shape(const Shape& shape) {
       const double slow = pl.slow[slot];
       const BlockCosts& bc = *type_costs[pl.type[slot]];
       RankCost& rc = costs[slot];
-      rc.per_block_s = bc.block_s * slow + link_tp_s[pl.slot_link[slot]];
+      rc.per_block_s = bc.block_s * slow + link_tp_s[pl.slot_link[slot]] +
+                       cp_ring_per_block_s(groups[pl.group[slot]], bc, shape.cp, slow,
+                                           shape.recompute);
       double fixed = 0;
       if (p == 0) fixed += bc.embedding_s * slow;
       if (p == pp - 1) fixed += bc.logits_s * slow;
@@ -566,24 +589,33 @@ PlanResult Search::run() {
   }
   const int max_pp = space_.max_pp > 0 ? std::min(space_.max_pp, model_.layers) : model_.layers;
 
-  // Context-parallel degrees: listed, or every one whose stage fits a node and whose 2 * cp
-  // chunks divide the sequence; ring attention needs the fused attention kernel.
+  // Context-parallel degrees: listed, or every power of two whose 2 * cp chunks divide the
+  // sequence; ring attention needs the fused attention kernel. A stage's tp x cp GPUs fill part
+  // of a node or whole nodes (make_groups).
   std::vector<int> cps = space_.cp;
   if (cps.empty()) {
-    for (int c = 1; c <= max_node; c *= 2) cps.push_back(c);
+    for (int c = 1; c <= gpus; c *= 2) cps.push_back(c);
   }
   for (int tp : tps)
     for (int cp : cps) {
       if (!tp_legal(tp, model_)) continue;
       if (cp > 1 && (kernels_.attention != Attention::kFlash || model_.seq_len % (2 * cp) != 0))
         continue;
-      if (tp * cp > max_node) continue;
+      const int unit = tp * cp;
+      // Wider than a node: whole nodes, each holding whole tensor-parallel groups.
+      if (unit > gpus || (unit > max_node && (unit % max_node != 0 || max_node % tp != 0)))
+        continue;
       make_groups(tp, cp);
-      const int groups = static_cast<int>(scratch_.groups[tp * cp].size());
+      const int groups = static_cast<int>(scratch_.groups[unit].size());
       if (groups == 0) continue;
       // Healthy group count: pipeline depths that divide it are the defaults.
       int healthy = 0;
-      for (const auto& n : topo_.nodes) healthy += n.gpus / (tp * cp);
+      if (unit <= max_node) {
+        for (const auto& n : topo_.nodes) healthy += n.gpus / unit;
+      } else {
+        for (const auto& n : topo_.nodes) healthy += n.gpus / max_node;
+        healthy /= unit / max_node;
+      }
       std::vector<int> pps = space_.pp;
       if (pps.empty()) {
         for (int pp = 1; pp <= max_pp; ++pp) {
@@ -615,11 +647,20 @@ PlanResult Search::run() {
 
   // Best bound first; a track stops once no remaining layout can enter its top K. A shape is
   // evaluated once, whichever tracks take it.
-  std::stable_sort(shapes_.begin(), shapes_.end(), [](const Shape& a, const Shape& b) {
-    return a.upper_tokens_per_s > b.upper_tokens_per_s;
-  });
+  // Most shapes are pruned unread: a heap yields them in that order (ties in the order they were
+  // added, as a stable sort would) without sorting them all.
+  thread_local std::vector<std::pair<double, int>> order;  // (bound, index)
+  order.resize(shapes_.size());
   for (size_t i = 0; i < shapes_.size(); ++i) {
-    const Shape& shape = shapes_[i];
+    order[i] = {shapes_[i].upper_tokens_per_s, static_cast<int>(i)};
+  }
+  auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  };
+  std::make_heap(order.begin(), order.end(), later);
+  for (size_t i = 0; i < shapes_.size(); ++i) {
+    std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
+    const Shape& shape = shapes_[order[shapes_.size() - 1 - i].second];
     bool taken = false, computed = false, all_done = true;
     Outcome outcome;
     for (Track& track : tracks_) {

@@ -24,9 +24,10 @@ namespace parapilot {
 // the cost model: one transformer block (forward + backward + recompute), the embedding on the
 // first rank, the final norm + logits + loss on the last rank.
 struct BlockCosts {
-  double block_s = 0;
+  double block_s = 0;  // without the tensor-parallel collectives and the ring
   double embedding_s = 0;
   double logits_s = 0;
+  CostModel::RingAttention ring;  // what the context-parallel ring hides under
 };
 
 // Block costs keyed by (GPU type, tp, microbatch, sp, recompute), shared by every plan() call
@@ -44,13 +45,17 @@ namespace planner_internal {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr int kDefaultMaxVirtualStages = 8;
 
-// A stage's GPUs: tp x cp usable GPUs inside one node (cp tensor-parallel groups side by side).
+// A stage's GPUs: tp x cp usable GPUs of one type (cp tensor-parallel groups side by side),
+// inside one node or filling whole nodes.
 struct Group {
   int first = 0;  // index into the flat GPU list
-  int node = 0;
+  int node = 0;   // its node whose NVLink is slowest (the pace of its tp collectives)
   int type = 0;
   double slow = 1;  // 1 / speed of its slowest member
   double speed_proxy = 0;
+  // One step of its context-parallel ring: NVLink inside a node, else the network at its
+  // slowest node's end (as the cost model prices it).
+  double ring_latency_s = 0, ring_s_per_byte = 0;
 };
 
 // Which group runs (replica, pipeline rank): group[r * pp + p].
@@ -61,6 +66,9 @@ struct Placement {
   std::vector<int> type;
   std::vector<double> slow;
   unsigned types_used = 0;  // bit k: some slot has GPU type k (k < 8)
+  // Per replica: the first replica of its run of replicas whose slots match slot for slot in
+  // type, slowness, NVLink class and ring links (their bounds are equal: computed once).
+  std::vector<int> like_replica;
   // Distinct NVLink speeds among the slots (tp collectives differ only by those).
   std::vector<int> slot_link, link_node;
   // Filled when a shape of the placement is first evaluated (most never are):
@@ -73,23 +81,6 @@ struct Placement {
   // replica times alike, whatever the shape.
   bool replicas_alike = false;
   std::vector<double> capacity_gib;  // per pipeline rank: the least memory among its GPUs
-};
-
-// Buffers the searches of one thread reuse (a search never runs inside another).
-struct SearchScratch {
-  std::vector<Placement> placements;  // the running search's first placement_count_
-  // Indexed by a stage's GPU count tp x cp: its groups, their GPUs group after group, the
-  // group indices fastest first (stable) and the group speeds they were sorted by.
-  std::vector<std::vector<Group>> groups;
-  std::vector<std::vector<int>> flat_gpus;
-  std::vector<std::vector<int>> speed_order;
-  std::vector<std::vector<double>> speed_order_keys;
-  // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
-  // the network when the node's end is the slower one.
-  std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
-  std::vector<int> usable, chosen, replicas;
-  std::vector<std::vector<int>> by_type;
-  std::vector<double> type_block_s, link_speed;
 };
 
 struct Family {
@@ -119,6 +110,24 @@ struct Shape {
   int zero;
   int mb;
   int global_batch;
+};
+
+// Buffers the searches of one thread reuse (a search never runs inside another).
+struct SearchScratch {
+  std::vector<Placement> placements;  // the running search's first placement_count_
+  // Indexed by a stage's GPU count tp x cp: its groups, their GPUs group after group, the
+  // group indices fastest first (stable) and the group speeds they were sorted by.
+  std::vector<std::vector<Group>> groups;
+  std::vector<std::vector<int>> flat_gpus;
+  std::vector<std::vector<int>> speed_order;
+  std::vector<std::vector<double>> speed_order_keys;
+  // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
+  // the network when the node's end is the slower one.
+  std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
+  std::vector<int> usable, chosen, replicas;
+  std::vector<std::vector<int>> by_type;
+  std::vector<double> type_block_s, link_speed;
+  std::vector<Shape> shapes;  // the running search's
 };
 
 // Shapes that differ only in microbatch and global batch: a microbatch that does not fit rules
@@ -174,7 +183,9 @@ class Search {
         req_(request),
         c_(request.conditions),
         space_(request.space),
-        scratch_(thread_scratch()) {
+        scratch_(thread_scratch()),
+        shapes_(scratch_.shapes) {
+    shapes_.clear();
     // How the job runs its kernels is not the planner's choice: the current layout's, if any.
     if (request.current) {
       kernels_.attention = request.current->attention;
@@ -190,6 +201,9 @@ class Search {
  private:
   const BlockCosts& block_costs(int type, int tp, int cp, int mb, bool sp, Recompute rc);
   double tp_comm_per_block_s(int node, int tp, int cp, int mb, Recompute rc) const;
+  // The exposed ring attention of one block and microbatch on group g (0 without cp).
+  static double cp_ring_per_block_s(const Group& g, const BlockCosts& bc, int cp, double slow,
+                                    Recompute rc);
   double nvlink_s(int node, double bytes) const;
   int slower_end(int node_a, int node_b) const;
   double network_link_s(int slower_node, double bytes) const;
@@ -222,7 +236,7 @@ class Search {
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
-  std::vector<Shape> shapes_;
+  std::vector<Shape>& shapes_;  // scratch_.shapes
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often
   // its best ZeRO-0 one too).

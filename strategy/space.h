@@ -18,8 +18,8 @@ namespace parapilot {
 struct SearchSpace {
   std::vector<int> tp;
   std::vector<int> pp;
-  // Context-parallel degrees; empty: every degree whose tp x cp GPUs fit in a node and whose
-  // 2 * cp divides the sequence (the planner keeps a stage's tp x cp GPUs in one node).
+  // Context-parallel degrees; empty: every power of two whose 2 * cp divides the sequence and
+  // whose tp x cp GPUs fit in a node or fill whole nodes (docs/planner.md).
   std::vector<int> cp;
   std::vector<int> dp;  // empty: as many replicas as the usable GPUs allow
   std::vector<int> microbatch_size;

@@ -152,3 +152,58 @@ TEST_CASE("the planner searches cp, and a space restricted to cp = 1 gets none")
           without.candidates[0].cost.tokens_per_s * (1 - 1e-9));
   }
 }
+
+TEST_CASE("the planner runs context-parallel rings across nodes, each tensor-parallel group in one") {
+  // llama3-8b at 128k tokens on 4 nodes of 8 h100: a sequence that long needs more context
+  // ranks than a node holds next to its tensor-parallel group.
+  ModelSpec m = *model_preset("llama3-8b");
+  m.seq_len = 131072;
+  const ClusterSpec c = *cluster_preset("4x8xh100");
+  const Planner planner(m, c);
+  const ClusterTopology& topo = planner.cost_model().topology();
+  PlanRequest req;
+  req.space.global_batch = 4;
+  req.space.tp = {4, 8};
+  req.top_k = 5;
+  const PlanResult r = planner.plan(req);
+  REQUIRE_FALSE(r.candidates.empty());
+  bool across = false;
+  for (const Candidate& cand : r.candidates) {
+    const Strategy& s = cand.strategy;
+    CAPTURE(s.tp);
+    CAPTURE(s.cp);
+    CHECK_FALSE(find_problem(s, m, c));
+    CHECK(cand.cost.fits_in_memory);
+    CHECK(cand.cost.iteration_time_s ==
+          doctest::Approx(planner.cost_model().evaluate(s).iteration_time_s));
+    for (int d = 0; d < s.dp; ++d)
+      for (int p = 0; p < s.pp; ++p)
+        for (int k = 0; k < s.cp; ++k) {
+          const int node = topo.node_of_gpu[s.gpu_of_rank(d, p, 0, k)];
+          for (int t = 1; t < s.tp; ++t) CHECK(topo.node_of_gpu[s.gpu_of_rank(d, p, t, k)] == node);
+          across = across || node != topo.node_of_gpu[s.gpu_of_rank(d, p, 0, 0)];
+        }
+  }
+  auto shape = [](const Candidate& cand) {
+    const Strategy& s = cand.strategy;
+    return "tp " + std::to_string(s.tp) + " cp " + std::to_string(s.cp) + " pp " +
+           std::to_string(s.pp) + " dp " + std::to_string(s.dp) + ": " +
+           std::to_string(cand.cost.tokens_per_s) + " tokens/s";
+  };
+  MESSAGE("best: " << shape(r.candidates[0]));
+  CHECK(across);
+  // Keeping each stage inside a node (tp x cp <= 8) costs throughput at this length: the
+  // context ranks a node holds leave too little memory for a microbatch, or too little room to
+  // hide the ring behind attention.
+  double inside = 0;
+  for (const auto& [tp, cps] : {std::pair{4, std::vector<int>{1, 2}}, {8, std::vector<int>{1}}}) {
+    PlanRequest in_node = req;
+    in_node.space.tp = {tp};
+    in_node.space.cp = cps;
+    const PlanResult p = planner.plan(in_node);
+    if (p.candidates.empty()) continue;
+    MESSAGE("best with tp " << tp << " inside a node: " << shape(p.candidates[0]));
+    inside = std::max(inside, p.candidates[0].cost.tokens_per_s);
+  }
+  CHECK(r.candidates[0].cost.tokens_per_s > inside);
+}

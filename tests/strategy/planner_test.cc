@@ -371,6 +371,80 @@ TEST_CASE("planner: best layout equals exhaustive enumeration through the cost m
   }
 }
 
+TEST_CASE("planner: with context parallelism inside and across nodes, best equals exhaustive") {
+  // A 128k-token sequence on 4 nodes of 4 GPUs at a global batch of 2: at most two replicas, so
+  // each takes 8 GPUs by tp, cp and pp; rings of up to 16 context ranks, inside a node or across
+  // whole nodes, nominal and with every node's network at a quarter (the ring across nodes then
+  // hides less). The bound prices the ring; it must never prune the best layout.
+  ModelSpec model = small_gpt(8);
+  model.seq_len = 131072;
+  const ClusterSpec cluster = *cluster_preset("4x4xa100-80g");
+  const CostModel cost(model, cluster);
+  const int gpus = cluster.num_gpus();
+  Conditions slow_network;
+  slow_network.node_inter_bw.assign(cluster.num_nodes(), 0.25);
+  for (const Conditions& conditions : {Conditions{}, slow_network}) {
+    double brute = 0;
+    long enumerated = 0;
+    bool cp_across = false;
+    std::string best_shape;
+    for (int tp = 1; tp <= 4; tp *= 2)
+      for (int cp = 1; tp * cp <= gpus; cp *= 2)
+        for (int pp : {1, 2, 4}) {
+          if (gpus % (tp * cp * pp) != 0) continue;
+          for (bool sp : {false, true})
+            for (Schedule sched : {Schedule::k1F1B, Schedule::kInterleaved})
+              for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+                for (int zero : {0, 1})
+                  for (int mb : {1, 2}) {
+                    Strategy s;
+                    s.tp = tp;
+                    s.cp = cp;
+                    s.pp = pp;
+                    s.dp = gpus / (tp * cp * pp);
+                    s.sp = sp;
+                    s.schedule = sched;
+                    s.virtual_stages = sched == Schedule::kInterleaved ? 2 : 1;
+                    s.recompute = rc;
+                    s.zero = zero;
+                    s.microbatch_size = mb;
+                    s.global_batch = 2;
+                    if (find_problem(s, model, cluster)) continue;
+                    compositions(model.layers, pp * s.virtual_stages,
+                                 [&](const std::vector<int>& parts) {
+                                   s.stage_layers = parts;
+                                   ++enumerated;
+                                   const CostBreakdown b = cost.evaluate(s, conditions);
+                                   if (b.feasible && b.fits_in_memory && b.tokens_per_s > brute) {
+                                     brute = b.tokens_per_s;
+                                     best_shape = "tp " + std::to_string(tp) + " cp " +
+                                                  std::to_string(cp) + " pp " +
+                                                  std::to_string(pp);
+                                     cp_across = tp * cp > 4;
+                                   }
+                                 });
+                  }
+        }
+    const Planner planner(model, cluster);
+    PlanRequest req;
+    req.conditions = conditions;
+    req.space.global_batch = 2;
+    req.space.microbatch_size = {1, 2};
+    req.space.virtual_stages = {2};
+    req.space.zero = {0, 1};
+    req.space.pp = {1, 2, 4};
+    req.top_k = 3;
+    const PlanResult r = planner.plan(req);
+    CAPTURE(conditions.node_inter_bw.size());
+    REQUIRE(!r.candidates.empty());
+    MESSAGE("exhaustive " << enumerated << " layouts, best " << best_shape
+                          << std::string(cp_across ? " (ring across nodes)" : "")
+                          << ", planner evaluated "
+                          << r.evaluated);
+    CHECK(best_tokens(r) == doctest::Approx(brute).epsilon(1e-9));
+  }
+}
+
 TEST_CASE("planner: candidates are feasible, ranked and diverse; the current layout is evaluated") {
   const ModelSpec model = *model_preset("llama2-7b");
   const ClusterSpec cluster = *cluster_preset("2x8xa100-80g");
