@@ -87,6 +87,47 @@ double Search::cp_ring_per_block_s(const Group& g, const BlockCosts& bc, int cp,
                            bc.ring.attention_bwd_s, slow, rc == Recompute::kFull);
 }
 
+// Every layout of (tp, cp) runs M microbatches through L blocks per iteration, each block on
+// some group g in at least beta_g (its per-block time at that microbatch, recompute and sp), so
+// no layout beats mb * seq * sum_g (1 / beta_g) / L tokens per second, whatever its pipeline
+// depth, replicas, placement or shares; the maximum over every microbatch, recompute and sp
+// the space allows bounds them all. make_groups(tp, cp) has run.
+double Search::pair_bound(int tp, int cp) {
+  const std::vector<Group>& groups = scratch_.groups[tp * cp];
+  std::vector<int> mbs = space_.microbatch_size;
+  if (mbs.empty()) {
+    const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
+    for (int mb = 1; mb <= b; ++mb) {
+      if (space_.global_batch_max > 0 || b % mb == 0) mbs.push_back(mb);
+      if (space_.global_batch_max > 0 && mb >= 64) break;
+    }
+  }
+  std::vector<bool> sps = space_.sp;
+  if (sps.empty() || tp == 1) sps = {false, true};
+  std::vector<Recompute> rcs = space_.recompute;
+  if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  const int seq = model_.seq_len / cp;
+  double best = 0;
+  for (int mb : mbs)
+    for (bool sp : sps) {
+      if (sp && (tp == 1 || seq % tp != 0)) continue;
+      for (Recompute rc : rcs) {
+        const BlockCosts* type_costs[8] = {};
+        double rate = 0;  // blocks per second over every group
+        for (const Group& g : groups) {
+          if (g.type >= 8) return kInf;  // more GPU types than the search tracks: no bound
+          if (!type_costs[g.type]) type_costs[g.type] = &block_costs(g.type, tp, cp, mb, sp, rc);
+          const BlockCosts& bc = *type_costs[g.type];
+          const double beta = bc.block_s * g.slow + tp_comm_per_block_s(g.node, tp, cp, mb, rc) +
+                              cp_ring_per_block_s(g, bc, cp, g.slow, rc);
+          rate += 1.0 / beta;
+        }
+        best = std::max(best, static_cast<double>(mb) * model_.seq_len * rate / model_.layers);
+      }
+    }
+  return best;
+}
+
 // Global batches to try for dp replicas of microbatch mb whose microbatch counts are multiples
 // of unit (elastic shares need only a multiple of mb * unit, with at least one unit each).
 std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
@@ -596,44 +637,52 @@ PlanResult Search::run() {
   if (cps.empty()) {
     for (int c = 1; c <= gpus; c *= 2) cps.push_back(c);
   }
+  // The (tp, cp) pairs to search: stages inside a node, then stages of whole nodes.
+  std::vector<std::pair<int, int>> in_node, across_nodes;
   for (int tp : tps)
     for (int cp : cps) {
       if (!tp_legal(tp, model_)) continue;
       if (cp > 1 && (kernels_.attention != Attention::kFlash || model_.seq_len % (2 * cp) != 0))
         continue;
       const int unit = tp * cp;
-      // Wider than a node: whole nodes, each holding whole tensor-parallel groups.
-      if (unit > gpus || (unit > max_node && (unit % max_node != 0 || max_node % tp != 0)))
-        continue;
-      make_groups(tp, cp);
-      const int groups = static_cast<int>(scratch_.groups[unit].size());
-      if (groups == 0) continue;
-      // Healthy group count: pipeline depths that divide it are the defaults.
-      int healthy = 0;
       if (unit <= max_node) {
-        for (const auto& n : topo_.nodes) healthy += n.gpus / unit;
-      } else {
-        for (const auto& n : topo_.nodes) healthy += n.gpus / max_node;
-        healthy /= unit / max_node;
-      }
-      std::vector<int> pps = space_.pp;
-      if (pps.empty()) {
-        for (int pp = 1; pp <= max_pp; ++pp) {
-          if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
-        }
-      }
-      for (int pp : pps) {
-        if (pp > max_pp || pp > groups || pp > model_.layers) continue;
-        std::vector<int> dps = space_.dp;
-        if (dps.empty()) dps.push_back(groups / pp);
-        for (int dp : dps) {
-          if (dp < 1 || dp * pp > groups) continue;
-          const size_t first = placement_count_;
-          add_placements(tp, cp, pp, dp);
-          for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
-        }
+        in_node.emplace_back(tp, cp);
+      } else if (unit <= gpus && unit % max_node == 0 && max_node % tp == 0) {
+        across_nodes.emplace_back(tp, cp);  // whole nodes, each holding whole tp groups
       }
     }
+
+  // Every placement of one (tp, cp) and its shapes; make_groups(tp, cp) has run.
+  auto add_pair = [&](int tp, int cp) {
+    const int unit = tp * cp;
+    const int groups = static_cast<int>(scratch_.groups[unit].size());
+    if (groups == 0) return;
+    // Healthy group count: pipeline depths that divide it are the defaults.
+    int healthy = 0;
+    if (unit <= max_node) {
+      for (const auto& n : topo_.nodes) healthy += n.gpus / unit;
+    } else {
+      for (const auto& n : topo_.nodes) healthy += n.gpus / max_node;
+      healthy /= unit / max_node;
+    }
+    std::vector<int> pps = space_.pp;
+    if (pps.empty()) {
+      for (int pp = 1; pp <= max_pp; ++pp) {
+        if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
+      }
+    }
+    for (int pp : pps) {
+      if (pp > max_pp || pp > groups || pp > model_.layers) continue;
+      std::vector<int> dps = space_.dp;
+      if (dps.empty()) dps.push_back(groups / pp);
+      for (int dp : dps) {
+        if (dp < 1 || dp * pp > groups) continue;
+        const size_t first = placement_count_;
+        add_placements(tp, cp, pp, dp);
+        for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
+      }
+    }
+  };
 
   // Each track ranks its families as a search over its layouts alone would.
   tracks_.emplace_back();
@@ -645,45 +694,67 @@ PlanResult Search::run() {
     tracks_.back().zero0_only = true;
   }
 
-  // Best bound first; a track stops once no remaining layout can enter its top K. A shape is
-  // evaluated once, whichever tracks take it.
-  // Most shapes are pruned unread: a heap yields them in that order (ties in the order they were
-  // added, as a stable sort would) without sorting them all.
-  thread_local std::vector<std::pair<double, int>> order;  // (bound, index)
-  order.resize(shapes_.size());
-  for (size_t i = 0; i < shapes_.size(); ++i) {
-    order[i] = {shapes_[i].upper_tokens_per_s, static_cast<int>(i)};
-  }
-  auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
-    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  // Branch and bound over shapes_[from, end): best bound first; a track stops once no remaining
+  // shape can enter its top K. A shape is evaluated once, whichever tracks take it. Most shapes
+  // are pruned unread: a heap yields them in bound order (ties in the order they were added, as
+  // a stable sort would) without sorting them all.
+  auto branch_and_bound = [&](size_t from) {
+    thread_local std::vector<std::pair<double, int>> order;  // (bound, index)
+    const size_t n = shapes_.size() - from;
+    order.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      order[i] = {shapes_[from + i].upper_tokens_per_s, static_cast<int>(from + i)};
+    }
+    auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+      return a.first < b.first || (a.first == b.first && a.second > b.second);
+    };
+    std::make_heap(order.begin(), order.end(), later);
+    for (Track& track : tracks_) track.done = false;
+    for (size_t i = 0; i < n; ++i) {
+      std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
+      const Shape& shape = shapes_[order[n - 1 - i].second];
+      bool taken = false, computed = false, all_done = true;
+      Outcome outcome;
+      for (Track& track : tracks_) {
+        if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
+        all_done = all_done && track.done;
+        if (track.done || !track.covers(shape)) continue;
+        taken = true;
+        if (auto it = track.no_fit_mb.find(fit_key(shape));
+            it != track.no_fit_mb.end() && shape.mb >= it->second) {
+          continue;
+        }
+        if (!computed) {
+          outcome = evaluate_shape(shape);
+          computed = true;
+        }
+        record(track, shape, outcome);
+      }
+      if (all_done) {
+        pruned_ += static_cast<long>(n - i);
+        break;
+      }
+      if (!taken) ++pruned_;
+    }
   };
-  std::make_heap(order.begin(), order.end(), later);
-  for (size_t i = 0; i < shapes_.size(); ++i) {
-    std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
-    const Shape& shape = shapes_[order[shapes_.size() - 1 - i].second];
-    bool taken = false, computed = false, all_done = true;
-    Outcome outcome;
-    for (Track& track : tracks_) {
-      if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
-      all_done = all_done && track.done;
-      if (track.done || !track.covers(shape)) continue;
-      taken = true;
-      if (auto it = track.no_fit_mb.find(fit_key(shape));
-          it != track.no_fit_mb.end() && shape.mb >= it->second) {
-        continue;
-      }
-      if (!computed) {
-        outcome = evaluate_shape(shape);
-        computed = true;
-      }
-      record(track, shape, outcome);
-    }
-    if (all_done) {
-      pruned_ += static_cast<long>(shapes_.size() - i);
-      break;
-    }
-    if (!taken) ++pruned_;
+
+  for (const auto& [tp, cp] : in_node) {
+    make_groups(tp, cp);
+    add_pair(tp, cp);
   }
+  branch_and_bound(0);
+  // Stages of whole nodes, after the search inside nodes has set every track's K-th best: a
+  // pair whose every layout is bounded below that cannot enter any top K (pair_bound), and
+  // its shapes are never made.
+  const size_t across_from = shapes_.size();
+  double floor = kInf;
+  for (const Track& track : tracks_) floor = std::min(floor, track.kth);
+  for (const auto& [tp, cp] : across_nodes) {
+    make_groups(tp, cp);
+    if (pair_bound(tp, cp) <= floor) continue;
+    add_pair(tp, cp);
+  }
+  branch_and_bound(across_from);
 
   std::vector<Candidate> ranked = finish(tracks_[0]);
   if (with_zero0) {

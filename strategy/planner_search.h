@@ -209,6 +209,8 @@ class Search {
   double network_link_s(int slower_node, double bytes) const;
   std::vector<int> global_batches(int dp, int mb, int unit) const;
   void make_groups(int tp, int cp);
+  // An upper bound on the throughput of every layout of (tp, cp) in the space.
+  double pair_bound(int tp, int cp);
   void add_placements(int tp, int cp, int pp, int dp);
   void add_shapes(int placement_index);
   Placement& new_placement(int tp, int cp, int pp, int dp);
