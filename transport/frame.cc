@@ -65,7 +65,9 @@ std::string check_header(const FrameHeader& h, std::uint32_t max_frame_bytes) {
 
 StatusOr<std::size_t> append_frame(const Message& m, std::string& out,
                                  std::uint32_t max_frame_bytes) {
-  if (std::string why = validate(m); !why.empty()) return Status::invalid_argument("invalid message: " + why);
+  if (Status valid = validate(m); !valid.ok()) {
+    return Status::invalid_argument("invalid message: " + valid.message());
+  }
   const std::size_t at = out.size();
   out.reserve(at + 256);  // typical frames fit; avoids regrowth while the payload is appended
   out.resize(at + kFrameHeaderBytes);

@@ -445,8 +445,10 @@ std::string_view type_name(MessageType t) {
   return "unknown";
 }
 
-std::string validate(const Message& m) {
-  return std::visit([](const auto& x) { return validate_one(x); }, m);
+Status validate(const Message& m) {
+  std::string why = std::visit([](const auto& x) { return validate_one(x); }, m);
+  if (why.empty()) return {};
+  return Status::invalid_argument(std::move(why));
 }
 
 namespace {
@@ -498,7 +500,7 @@ StatusOr<Message> decode_payload(MessageType type, std::span<const std::uint8_t>
       return Status::invalid_argument(std::string(type_name(type)) + " payload has " +
                    std::to_string(src.remaining()) + " trailing bytes");
     }
-    if (std::string why = validate(m); !why.empty()) return Status::invalid_argument(std::move(why));
+    if (Status valid = validate(m); !valid.ok()) return valid;
     return m;
   } catch (const DecodeFailure& f) {
     return Status::invalid_argument(f.reason);

@@ -253,9 +253,9 @@ constexpr bool is_internal_type(MessageType t) {
          t == MessageType::welcome || t == MessageType::heartbeat;
 }
 
-/// Checks value ranges (see field comments). Returns an empty string when valid, otherwise the
-/// first violation, e.g. "telemetry.compute_ms is NaN".
-std::string validate(const Message& m);
+/// Checks value ranges (see field comments). OK when valid, otherwise kInvalidArgument naming
+/// the first violation, e.g. "telemetry.compute_ms is NaN".
+Status validate(const Message& m);
 
 /// Appends the cereal PortableBinary payload of `m` to `out`. Does not validate.
 void encode_payload(const Message& m, std::string& out);

@@ -106,8 +106,8 @@ struct DeployAgent::Impl {
   void record_decision(monitor::Clock::time_point last_arrival, monitor::Clock::time_point callback_start,
                        monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
                        monitor::Clock::time_point sent, bool prepared);
-  // Why the job cannot run a switch from `from` to `s` ("" when it can). Under the lock.
-  std::string job_cannot_run(const Strategy& from, const Strategy& s) const;
+  // Why the job cannot run a switch from `from` to `s` (OK when it can). Under the lock.
+  Status job_cannot_run(const Strategy& from, const Strategy& s) const;
   int ranks_of_job() const;  // under the lock; 0: not known yet
   std::string render() const;
 };
@@ -117,8 +117,8 @@ int DeployAgent::Impl::ranks_of_job() const {
   return job_info ? static_cast<int>(job_info->world_size) : 0;
 }
 
-std::string DeployAgent::Impl::job_cannot_run(const Strategy& from, const Strategy& s) const {
-  if (!job_info) return "";  // nothing announced: the ranks will say what they refuse
+Status DeployAgent::Impl::job_cannot_run(const Strategy& from, const Strategy& s) const {
+  if (!job_info) return {};  // nothing announced: the ranks will say what they refuse
   return unsupported_switch(from, s, capabilities);
 }
 
@@ -349,7 +349,7 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
       if (!blocked.empty()) {
         held = blocked;
       } else {
-        held = job_cannot_run(decider->current(), d.target->strategy);
+        held = job_cannot_run(decider->current(), d.target->strategy).message();
       }
       if (!held.empty()) ++stats.held_back;
       staging_predicted_s = std::max(0.0, d.target->migration_s - kSwitchPauseS);

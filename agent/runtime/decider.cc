@@ -15,16 +15,23 @@
 
 namespace parapilot::agent::runtime {
 
-std::string guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
-                          int intervals_since_commit, int cooldown_intervals) {
-  if (staging) return "a switch is being staged";  // also decide()'s reason while staging
-  if (intervals_since_commit < cooldown_intervals) return "cool-down after the last switch";
-  if (!target.cost.fits_in_memory || !under_beliefs.fits_in_memory) {
-    return "target predicted not to fit in memory";
+Status guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
+                     int intervals_since_commit, int cooldown_intervals) {
+  // "a switch is being staged" is also decide()'s reason while staging.
+  if (staging) return Status::rejected("a switch is being staged");
+  if (intervals_since_commit < cooldown_intervals) {
+    return Status::rejected("cool-down after the last switch");
   }
-  if (!target.cost.feasible || !under_beliefs.feasible) return "target uses a lost GPU";
-  if (!wire_name(target.strategy)) return "target not representable on the bus (wire v1)";
-  return "";
+  if (!target.cost.fits_in_memory || !under_beliefs.fits_in_memory) {
+    return Status::rejected("target predicted not to fit in memory");
+  }
+  if (!target.cost.feasible || !under_beliefs.feasible) {
+    return Status::rejected("target uses a lost GPU");
+  }
+  if (!wire_name(target.strategy)) {
+    return Status::rejected("target not representable on the bus (wire v1)");
+  }
+  return {};
 }
 
 LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader& loader) {
@@ -272,7 +279,8 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   if (action > 0) {
     const Candidate& c = d.candidates[action - 1];
     d.guardrail = guardrail_for(c, cost.evaluate(c.strategy, beliefs.conditions), staging,
-                                since_commit, o_.cooldown_intervals);
+                                since_commit, o_.cooldown_intervals)
+                      .message();
     if (!d.guardrail.empty()) action = 0;
   }
   if (stale && d.policy_action != 0 && d.guardrail.empty())

@@ -47,9 +47,10 @@ struct LoadedPolicy {
 LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader& loader);
 
 /// The guardrails on a switch to `target` (its planned cost and its cost under the current
-/// beliefs): "" when allowed, else why not (staging, cool-down, memory, lost GPU).
-std::string guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
-                          int intervals_since_commit, int cooldown_intervals);
+/// beliefs): OK when allowed, else kRejected saying why not (staging, cool-down, memory, lost
+/// GPU, not representable on the bus).
+Status guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
+                     int intervals_since_commit, int cooldown_intervals);
 
 struct DeciderOptions {
   int cooldown_intervals = 2;  ///< decisions to wait after a committed switch.

@@ -64,15 +64,15 @@ transport::Layout to_wire(const Strategy& s) {
   return l;
 }
 
-std::string unsupported_switch(const Strategy& from, const Strategy& to, uint32_t c) {
+Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t c) {
   if (to.tp > 1 && to.tp != from.tp && !(c & transport::kCapTensor)) {
-    return "the job cannot switch tensor parallel";
+    return Status::rejected("the job cannot switch tensor parallel");
   }
   if (to.pp > 1 && to.pp != from.pp && !(c & transport::kCapPipeline)) {
-    return "the job cannot switch pipeline parallel";
+    return Status::rejected("the job cannot switch pipeline parallel");
   }
   if (!to.dp_shares.empty() && to.dp_shares != from.dp_shares && !(c & transport::kCapDpShares)) {
-    return "the job cannot switch batch shares";
+    return Status::rejected("the job cannot switch batch shares");
   }
   // What the switch changes that this job acts on.
   auto acted_on = [c](const Strategy& x) {
@@ -93,8 +93,8 @@ std::string unsupported_switch(const Strategy& from, const Strategy& to, uint32_
     }
     return k;
   };
-  if (acted_on(from) == acted_on(to)) return "the switch changes only settings the job ignores";
-  return "";
+  if (acted_on(from) == acted_on(to)) return Status::rejected("the switch changes only settings the job ignores");
+  return {};
 }
 
 std::string layout_name(const Strategy& s) {

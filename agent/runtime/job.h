@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "core/status.h"
 #include "env/sim/scenario.h"
 #include "strategy/planner.h"
 #include "transport/messages.h"
@@ -47,8 +48,8 @@ std::optional<std::string> wire_name(const Strategy& s);
 /// Why a job that announced `capabilities` (transport::Capability bits) cannot make the switch
 /// from `from` to `to`: a degree or knob it cannot switch, or a switch that changes only
 /// settings it ignores (ZeRO stage, recompute, schedule; micro-batches without kCapMicroBatches;
-/// compression without kCapCompression). "" when it can.
-std::string unsupported_switch(const Strategy& from, const Strategy& to, uint32_t capabilities);
+/// compression without kCapCompression). OK when it can, else kRejected saying why.
+Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t capabilities);
 
 /// A layout rebuilt from its wire form: the degrees, then what wire_name() encodes; missing parts
 /// take the job's defaults (search-space first choices, equal shares, balanced stages). nullopt

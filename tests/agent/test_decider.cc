@@ -134,18 +134,20 @@ TEST_CASE("guardrails: memory, lost GPUs, staging and cool-down") {
   c.cost.feasible = true;
   c.cost.fits_in_memory = true;
   CostBreakdown now = c.cost;
-  CHECK(guardrail_for(c, now, false, 5, 2).empty());
-  CHECK(guardrail_for(c, now, true, 5, 2) == "a switch is being staged");
-  CHECK(guardrail_for(c, now, false, 1, 2) == "cool-down after the last switch");
+  CHECK(guardrail_for(c, now, false, 5, 2).ok());
+  CHECK(guardrail_for(c, now, true, 5, 2) == Status::rejected("a switch is being staged"));
+  CHECK(guardrail_for(c, now, false, 1, 2) == Status::rejected("cool-down after the last switch"));
   Candidate big = c;
   big.cost.fits_in_memory = false;
-  CHECK(guardrail_for(big, now, false, 5, 2) == "target predicted not to fit in memory");
+  CHECK(guardrail_for(big, now, false, 5, 2) ==
+        Status::rejected("target predicted not to fit in memory"));
   CostBreakdown too_big_now = now;
   too_big_now.fits_in_memory = false;
-  CHECK(guardrail_for(c, too_big_now, false, 5, 2) == "target predicted not to fit in memory");
+  CHECK(guardrail_for(c, too_big_now, false, 5, 2) ==
+        Status::rejected("target predicted not to fit in memory"));
   CostBreakdown lost = now;
   lost.feasible = false;
-  CHECK(guardrail_for(c, lost, false, 5, 2) == "target uses a lost GPU");
+  CHECK(guardrail_for(c, lost, false, 5, 2) == Status::rejected("target uses a lost GPU"));
 }
 
 TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON line") {

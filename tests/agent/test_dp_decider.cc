@@ -217,25 +217,29 @@ TEST_CASE(
   Strategy to = from;
   to.tp = 2;
   to.dp = 4;
-  CHECK(unsupported_switch(from, to, ddp) == "the job cannot switch tensor parallel");
-  CHECK(unsupported_switch(from, to, ddp | transport::kCapTensor).empty());
+  CHECK(unsupported_switch(from, to, ddp) ==
+        Status::rejected("the job cannot switch tensor parallel"));
+  CHECK(unsupported_switch(from, to, ddp | transport::kCapTensor).ok());
   to = from;
   to.pp = 2;
   to.dp = 4;
-  CHECK(unsupported_switch(from, to, ddp) == "the job cannot switch pipeline parallel");
+  CHECK(unsupported_switch(from, to, ddp) ==
+        Status::rejected("the job cannot switch pipeline parallel"));
   to = from;
   to.zero = 2;
   to.microbatch_size = 2;
   to.recompute = Recompute::kSelective;
-  CHECK(unsupported_switch(from, to, ddp) == "the switch changes only settings the job ignores");
-  CHECK(unsupported_switch(from, to, ddp | transport::kCapMicroBatches).empty());
+  CHECK(unsupported_switch(from, to, ddp) ==
+        Status::rejected("the switch changes only settings the job ignores"));
+  CHECK(unsupported_switch(from, to, ddp | transport::kCapMicroBatches).ok());
   to = from;
   to.gpus = {1, 0, 2, 3, 4, 5, 6, 7};  // a device map alone means nothing to DDP
-  CHECK(unsupported_switch(from, to, ddp) == "the switch changes only settings the job ignores");
+  CHECK(unsupported_switch(from, to, ddp) ==
+        Status::rejected("the switch changes only settings the job ignores"));
   to.dp_shares = {1, 15, 8, 8, 8, 8, 8, 8};
-  CHECK(unsupported_switch(from, to, ddp).empty());
+  CHECK(unsupported_switch(from, to, ddp).ok());
   CHECK(unsupported_switch(from, to, transport::kCapCompression) ==
-        "the job cannot switch batch shares");
+        Status::rejected("the job cannot switch batch shares"));
 }
 
 namespace {

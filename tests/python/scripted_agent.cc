@@ -221,8 +221,9 @@ bool parse_prepare(std::istringstream& in, tp::PlanPrepare& p, std::string& why)
       p.layout.compression.push_back(c);
     }
   }
-  why = tp::validate(p);
-  return why.empty();
+  const parapilot::Status valid = tp::validate(p);
+  why = valid.message();
+  return valid.ok();
 }
 
 int serve(const std::string& secret_file, std::uint16_t port, std::uint32_t heartbeat_ms) {

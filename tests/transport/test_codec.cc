@@ -203,7 +203,7 @@ TEST_CASE("handshake proofs differ by direction and depend on every input") {
 TEST_CASE("every message type round-trips through a frame") {
   for (const Message& m : one_of_each()) {
     CAPTURE(type_name(type_of(m)));
-    CHECK(validate(m).empty());
+    CHECK(validate(m).ok());
     auto f = encode_frame(m);
     REQUIRE(f.ok());
     auto back = decode_frame(span_of(*f));
@@ -281,7 +281,7 @@ TEST_CASE("validate rejects out-of-range values") {
   auto bad_telemetry = [](auto mutate) {
     Telemetry t = make_telemetry(1, 1);
     mutate(t);
-    return validate(t);
+    return validate(t).message();
   };
   CHECK(bad_telemetry([](Telemetry& t) { t.compute_ms = std::nan(""); }).find("NaN") !=
         std::string::npos);
@@ -295,38 +295,38 @@ TEST_CASE("validate rejects out-of-range values") {
   CHECK(!bad_telemetry([](Telemetry& t) { t.collectives[""] = {}; }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].norm = std::nanf(""); }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].max_abs = -1; }).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{0, 1, 1, 1, {}, {}}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{1024, 1024, 2, 1, {}, {}}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{1, 1, 1, 0, {}, {}}, "", 0}).empty());
+  CHECK_FALSE(validate(PlanPrepare{1, Layout{0, 1, 1, 1, {}, {}}, "", 0}).ok());
+  CHECK_FALSE(validate(PlanPrepare{1, Layout{1024, 1024, 2, 1, {}, {}}, "", 0}).ok());
+  CHECK_FALSE(validate(PlanPrepare{1, Layout{1, 1, 1, 0, {}, {}}, "", 0}).ok());
   // Shares: one per replica, each in [1, 2^24].
-  CHECK(validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 5}, {}}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3}, {}}, "", 0}).empty());
-  CHECK(!validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 0}, {}}, "", 0}).empty());
+  CHECK(validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 5}, {}}, "", 0}).ok());
+  CHECK_FALSE(validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3}, {}}, "", 0}).ok());
+  CHECK_FALSE(validate(PlanPrepare{1, Layout{2, 1, 1, 1, {3, 0}, {}}, "", 0}).ok());
   // Compression: ranges and parameters per method.
   auto with = [](LayerCompression c) { return PlanPrepare{1, Layout{1, 1, 1, 1, {}, {c}}, "", 0}; };
-  CHECK(validate(with({0, 9, CompressionMethod::fp16, 0})).empty());
-  CHECK(!validate(with({5, 4, CompressionMethod::fp16, 0})).empty());
-  CHECK(!validate(with({0, 1, CompressionMethod::topk, 1.5f})).empty());
-  CHECK(!validate(with({0, 1, CompressionMethod::topk, std::nanf("")})).empty());
-  CHECK(!validate(with({0, 1, CompressionMethod::powersgd, 2.5f})).empty());
-  CHECK(!validate(with({0, 1, static_cast<CompressionMethod>(9), 0})).empty());
-  CHECK(!validate(PlanAbort{1, std::string(kMaxTextBytes + 1, 'x')}).empty());
-  CHECK(!validate(Ack{static_cast<MessageType>(0), 1, 1}).empty());
-  CHECK(!validate(Ack{static_cast<MessageType>(14), 1, 1}).empty());
-  CHECK(validate(JobInfo{3, 4, 64, kCapDpShares, "pytorch-ddp", {{10, 40}}}).empty());
-  CHECK(!validate(JobInfo{4, 4, 64, kCapDpShares, "", {}}).empty());   // rank >= world
-  CHECK(!validate(JobInfo{0, 0, 64, kCapDpShares, "", {}}).empty());   // empty world
-  CHECK(!validate(JobInfo{0, 4, 64, 1u << 9, "", {}}).empty());        // unknown capability
-  CHECK(!validate(JobInfo{0, 4, (1u << 30) + 1, 0, "", {}}).empty());  // batch too large
-  CHECK(!validate(Welcome{0, 1, 1}).empty());
+  CHECK(validate(with({0, 9, CompressionMethod::fp16, 0})).ok());
+  CHECK_FALSE(validate(with({5, 4, CompressionMethod::fp16, 0})).ok());
+  CHECK_FALSE(validate(with({0, 1, CompressionMethod::topk, 1.5f})).ok());
+  CHECK_FALSE(validate(with({0, 1, CompressionMethod::topk, std::nanf("")})).ok());
+  CHECK_FALSE(validate(with({0, 1, CompressionMethod::powersgd, 2.5f})).ok());
+  CHECK_FALSE(validate(with({0, 1, static_cast<CompressionMethod>(9), 0})).ok());
+  CHECK_FALSE(validate(PlanAbort{1, std::string(kMaxTextBytes + 1, 'x')}).ok());
+  CHECK_FALSE(validate(Ack{static_cast<MessageType>(0), 1, 1}).ok());
+  CHECK_FALSE(validate(Ack{static_cast<MessageType>(14), 1, 1}).ok());
+  CHECK(validate(JobInfo{3, 4, 64, kCapDpShares, "pytorch-ddp", {{10, 40}}}).ok());
+  CHECK_FALSE(validate(JobInfo{4, 4, 64, kCapDpShares, "", {}}).ok());   // rank >= world
+  CHECK_FALSE(validate(JobInfo{0, 0, 64, kCapDpShares, "", {}}).ok());   // empty world
+  CHECK_FALSE(validate(JobInfo{0, 4, 64, 1u << 9, "", {}}).ok());        // unknown capability
+  CHECK_FALSE(validate(JobInfo{0, 4, (1u << 30) + 1, 0, "", {}}).ok());  // batch too large
+  CHECK_FALSE(validate(Welcome{0, 1, 1}).ok());
   Hello h;
   h.name = "";
-  CHECK(!validate(h).empty());
+  CHECK_FALSE(validate(h).ok());
   h.name = "bad\nname";
-  CHECK(!validate(h).empty());
+  CHECK_FALSE(validate(h).ok());
   h.name = "w";
   h.role = static_cast<PeerRole>(9);
-  CHECK(!validate(h).empty());
+  CHECK_FALSE(validate(h).ok());
   // Encoding refuses invalid messages.
   Telemetry t = make_telemetry(1, 1);
   t.compute_ms = std::nan("");
