@@ -17,7 +17,6 @@
 #include <cereal/types/vector.hpp>
 
 #include "checkpoints/crc32.h"
-#include "strategy/error.h"
 
 namespace parapilot::policy {
 
@@ -80,21 +79,23 @@ void parse_metadata(const std::string& json, Checkpoint& c) {
   }
 }
 
-void write_all(int fd, const std::string& data, const std::string& path) {
+Status write_all(int fd, const std::string& data, const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw InputError("checkpoint " + path + ": write failed: " + std::strerror(errno));
+      return Status::invalid_argument("checkpoint " + path + ": write failed: " +
+                                      std::strerror(errno));
     }
     done += static_cast<size_t>(n);
   }
+  return {};
 }
 
 }  // namespace
 
-void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   const std::string meta = metadata_json(checkpoint);
   std::string file;
   file.reserve(kHeaderBytes + meta.size() + checkpoint.model.size() + checkpoint.optimizer.size() +
@@ -114,41 +115,49 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw InputError("checkpoint " + path + ": cannot create: " + std::strerror(errno));
-  try {
-    write_all(fd, file, path);
-    if (::fsync(fd) != 0)
-      throw InputError("checkpoint " + path + ": fsync failed: " + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  if (fd < 0) {
+    return Status::invalid_argument("checkpoint " + path + ": cannot create: " +
+                                    std::strerror(errno));
+  }
+  Status written = write_all(fd, file, path);
+  if (written.ok() && ::fsync(fd) != 0) {
+    written = Status::invalid_argument("checkpoint " + path + ": fsync failed: " +
+                                       std::strerror(errno));
   }
   ::close(fd);
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());
+    return written;
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw InputError("checkpoint " + path + ": cannot rename into place: " + std::strerror(err));
+    return Status::invalid_argument("checkpoint " + path + ": cannot rename into place: " +
+                                    std::strerror(err));
   }
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+  return {};
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+StatusOr<Checkpoint> read_checkpoint(const std::string& path) {
   const std::string where = "checkpoint " + path + ": ";
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(where + "cannot open (" + std::strerror(errno) + ")");
+  if (!in) {
+    const std::string why = where + "cannot open (" + std::strerror(errno) + ")";
+    return errno == ENOENT ? Status::not_found(why) : Status::invalid_argument(why);
+  }
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (file.size() < sizeof kMagic || std::memcmp(file.data(), kMagic, sizeof kMagic) != 0) {
-    throw InputError(where + "not a parapilot checkpoint (bad magic)");
+    return Status::invalid_argument(where + "not a parapilot checkpoint (bad magic)");
   }
-  if (file.size() < kHeaderBytes + 4) throw InputError(where + "truncated (header incomplete)");
+  if (file.size() < kHeaderBytes + 4) return Status::invalid_argument(where + "truncated (header incomplete)");
   const uint32_t format = static_cast<uint32_t>(get_le(file, 8, 4));
   if (format != kFormatVersion) {
-    throw InputError(where + "format version " + std::to_string(format) +
+    return Status::invalid_argument(where + "format version " + std::to_string(format) +
                      "; this build reads version " + std::to_string(kFormatVersion));
   }
   const uint64_t meta_len = get_le(file, 16, 8), model_len = get_le(file, 24, 8),
@@ -156,7 +165,7 @@ Checkpoint read_checkpoint(const std::string& path) {
   const uint64_t body = file.size() - kHeaderBytes - 4;
   if (meta_len > body || model_len > body || optim_len > body ||
       meta_len + model_len + optim_len != body) {
-    throw InputError(
+    return Status::invalid_argument(
         where +
         (meta_len + model_len + optim_len > body
              ? "truncated (" + std::to_string(file.size()) + " bytes; the header announces " +
@@ -165,10 +174,10 @@ Checkpoint read_checkpoint(const std::string& path) {
   }
   const uint32_t stored = static_cast<uint32_t>(get_le(file, file.size() - 4, 4));
   if (crc32(file.data(), file.size() - 4) != stored)
-    throw InputError(where + "corrupted (checksum mismatch)");
+    return Status::invalid_argument(where + "corrupted (checksum mismatch)");
   const uint32_t schema = static_cast<uint32_t>(get_le(file, 12, 4));
   if (schema != policy::kFeatureSchemaVersion) {
-    throw InputError(where + "feature schema version " + std::to_string(schema) +
+    return Status::invalid_argument(where + "feature schema version " + std::to_string(schema) +
                      "; this build's policy reads version " +
                      std::to_string(policy::kFeatureSchemaVersion) + " (retrain the policy)");
   }
@@ -176,9 +185,9 @@ Checkpoint read_checkpoint(const std::string& path) {
   try {
     parse_metadata(file.substr(kHeaderBytes, meta_len), c);
   } catch (const std::exception& e) {
-    throw InputError(where + "unreadable metadata (" + e.what() + ")");
+    return Status::invalid_argument(where + "unreadable metadata (" + e.what() + ")");
   }
-  if (c.feature_schema != schema) throw InputError(where + "corrupted (schema versions disagree)");
+  if (c.feature_schema != schema) return Status::invalid_argument(where + "corrupted (schema versions disagree)");
   c.model = file.substr(kHeaderBytes + meta_len, model_len);
   c.optimizer = file.substr(kHeaderBytes + meta_len + model_len, optim_len);
   return c;

@@ -10,7 +10,7 @@
 //   u32 CRC-32 of everything before it
 // Writes are atomic (temporary file in the same folder, fsync, rename, fsync of the folder), so
 // a reader sees the old file or the new one, never a mix. Reads validate everything before
-// returning and report bad files with InputError (CLI exit code 2) naming the file and reason.
+// returning; a bad file is a Status naming the file and the reason.
 // This module does not depend on libtorch: tensors arrive and leave as serialised bytes.
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 
+#include "core/status.h"
 #include "policy/features.h"
 
 namespace parapilot::checkpoints {
@@ -36,10 +37,12 @@ struct Checkpoint {
   std::string optimizer;  // torch::save of the optimizer (empty: inference only)
 };
 
-// Writes `checkpoint` to `path` atomically. Throws InputError when the file cannot be written.
-void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
-// Reads and validates a checkpoint. Throws InputError naming `path` when the file is missing,
-// truncated, corrupted (checksum), of another format version or of another feature schema.
-Checkpoint read_checkpoint(const std::string& path);
+// Writes `checkpoint` to `path` atomically. kInvalidArgument naming `path` when it cannot be
+// written; then the old file, if any, is untouched and no temporary file is left.
+Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// Reads and validates a checkpoint. kNotFound when `path` does not exist; kInvalidArgument
+// naming `path` when it is unreadable, truncated, corrupted (checksum), of another format
+// version or of another feature schema.
+StatusOr<Checkpoint> read_checkpoint(const std::string& path);
 
 }  // namespace parapilot::checkpoints

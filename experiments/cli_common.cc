@@ -8,10 +8,17 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
 
 #include "strategy/error.h"
 
 namespace parapilot::cli {
+
+void check(const Status& status) {
+  if (status.ok()) return;
+  if (status.code() == StatusCode::kInternal) throw std::logic_error(status.message());
+  throw InputError(status.message());
+}
 
 void write_file_atomically(const std::string& path,
                            const std::function<void(std::ostream&)>& write) {

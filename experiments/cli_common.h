@@ -7,10 +7,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/status.h"
 #include "strategy/cost_model.h"
+#include "strategy/error.h"
 #include "strategy/strategy.h"
 
 namespace parapilot::cli {
+
+/// Where a library's Status meets the command line: throws InputError (exit code 2) with the
+/// message for a failure caused by what the user gave or by the world outside (every code but
+/// kInternal), std::logic_error (exit code 1, a bug) for kInternal; nothing for OK.
+void check(const Status& status);
+/// The value of `result`, or check()'s exception.
+template <class T>
+T take(StatusOr<T> result) {
+  check(result.status());
+  return std::move(result).value();
+}
 
 // Writes a file via a temporary in the same directory, fsync and rename, so a reader never
 // sees it half-written. `write` fills the stream. Throws InputError when the path is unusable.

@@ -257,7 +257,7 @@ void run_deploy(const DeployFlags& f) {
   // No --policy: the shipped default policy; "reactive": the reactive baseline on purpose.
   o.policy_path = f.policy == "reactive" ? std::string() : f.policy;
   if (f.policy.empty()) o.policy_path = policy::default_policy_path();
-  o.loader = [](const std::string& path) { return policy::load_policy(path); };
+  o.loader = policy::load_policy;
   o.listen_address = host;
   o.port = port;
   o.secret = load_secret(f.secret_file);

@@ -117,9 +117,9 @@ void run_eval(const EvalOptions& o) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == "oracle") continue;
     if (names[i] == "rl") {
-      policies[i] = policy::load_policy(policy::default_policy_path());
+      policies[i] = take(policy::load_policy(policy::default_policy_path()));
     } else if (names[i].rfind("rl:", 0) == 0) {
-      policies[i] = policy::load_policy(names[i].substr(3));
+      policies[i] = take(policy::load_policy(names[i].substr(3)));
     } else {
       policies[i] = parapilot::policy::make_baseline(names[i]);
     }

@@ -14,6 +14,7 @@
 
 #include "agent/ppo.h"
 #include "checkpoints/checkpoint.h"
+#include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "strategy/error.h"
 
@@ -174,7 +175,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
            static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
   };
   if (o.resume) {
-    const checkpoints::Checkpoint c = checkpoints::read_checkpoint(last);
+    const checkpoints::Checkpoint c = take(checkpoints::read_checkpoint(last));
     if (scenario_given && env_ids_of(o.scenario) != c.env_id) {
       throw InputError("--resume: " + last + " was trained on " + c.env_id + ", not " +
                        env_ids_of(o.scenario));
@@ -229,11 +230,11 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
       score = last_score = v.score;
       if (config.validation_episodes > 0 && score > best_score) {
         best_score = score;
-        checkpoints::write_checkpoint(best,
-                                      trainer->checkpoint({{"validation_score", score},
-                                                           {"best_validation_score", best_score},
-                                                           {"cpu_s", cpu_s()},
-                                                           {"mean_reward", r.mean_reward}}));
+        check(checkpoints::write_checkpoint(
+            best, trainer->checkpoint({{"validation_score", score},
+                                       {"best_validation_score", best_score},
+                                       {"cpu_s", cpu_s()},
+                                       {"mean_reward", r.mean_reward}})));
       }
     }
     log << r.update << ',' << r.step << ',' << r.elapsed_s << ',' << r.steps_per_s << ','
@@ -246,10 +247,10 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
                                                              {"best_validation_score", best_score},
                                                              {"cpu_s", cpu_s()},
                                                              {"mean_reward", r.mean_reward}});
-      checkpoints::write_checkpoint(last, c);
+      check(checkpoints::write_checkpoint(last, c));
       if (o.keep) {
-        checkpoints::write_checkpoint(
-            (fs::path(dir) / ("step-" + std::to_string(r.step) + ".ckpt")).string(), c);
+        check(checkpoints::write_checkpoint(
+            (fs::path(dir) / ("step-" + std::to_string(r.step) + ".ckpt")).string(), c));
       }
     }
     const double frac = static_cast<double>(r.step) / static_cast<double>(config.total_steps);

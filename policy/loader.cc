@@ -8,48 +8,48 @@
 #include <torch/serialize.h>
 
 #include "policy/learned.h"
-#include "strategy/error.h"
 
 namespace parapilot::policy {
 
 namespace {
 
 // The actor-critic's hidden width, from the training config stored beside the weights.
-int network_width(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<int> network_width(const checkpoints::Checkpoint& checkpoint) {
   const nlohmann::json j = nlohmann::json::parse(checkpoint.config, nullptr, false);
   if (!j.is_object() || !j.contains("ppo") || !j["ppo"].is_object() ||
       !j["ppo"].contains("hidden") || !j["ppo"]["hidden"].is_number_integer()) {
-    throw InputError("checkpoint: unreadable training config (no ppo.hidden)");
+    return Status::invalid_argument("checkpoint: unreadable training config (no ppo.hidden)");
   }
   const int hidden = j["ppo"]["hidden"].get<int>();
-  if (hidden < 4 || hidden > 512) throw InputError("checkpoint: bad network width");
+  if (hidden < 4 || hidden > 512) return Status::invalid_argument("checkpoint: bad network width");
   return hidden;
 }
 
 }  // namespace
 
-std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpoint& checkpoint) {
+  const StatusOr<int> width = network_width(checkpoint);
+  if (!width.ok()) return width.status();
   NetworkOptions o;
-  o.hidden = network_width(checkpoint);
+  o.hidden = *width;
   ActorCritic net(o);
   try {
     std::istringstream in(checkpoint.model, std::ios::binary);
     torch::load(net, in);
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // libtorch reports bad bytes by throwing
     std::string what = e.what();
     if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    throw InputError("checkpoint weights: " + what);
+    return Status::invalid_argument("checkpoint weights: " + what);
   }
-  return std::make_unique<LearnedPolicy>(net, checkpoint.normalizer);
+  return std::unique_ptr<Policy>(std::make_unique<LearnedPolicy>(net, checkpoint.normalizer));
 }
 
-std::unique_ptr<Policy> load_policy(const std::string& path) {
-  const checkpoints::Checkpoint c = checkpoints::read_checkpoint(path);
-  try {
-    return make_learned_policy(c);
-  } catch (const InputError& e) {
-    throw InputError(path + ": " + e.what());
-  }
+StatusOr<std::unique_ptr<Policy>> load_policy(const std::string& path) {
+  const StatusOr<checkpoints::Checkpoint> c = checkpoints::read_checkpoint(path);
+  if (!c.ok()) return c.status();
+  StatusOr<std::unique_ptr<Policy>> policy = make_learned_policy(*c);
+  if (!policy.ok()) return Status(policy.status().code(), path + ": " + policy.status().message());
+  return policy;
 }
 
 std::string default_policy_path() {

@@ -11,11 +11,11 @@
 
 namespace parapilot::policy {
 
-/// Loads a trained policy (greedy) from a checkpoint file. Throws InputError naming the file
-/// when it is missing or invalid.
-std::unique_ptr<Policy> load_policy(const std::string& path);
-/// The same from a checkpoint already read. Throws InputError when it does not hold a policy.
-std::unique_ptr<Policy> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
+/// Loads a trained policy (greedy) from a checkpoint file: read_checkpoint()'s Status when the
+/// file is missing or invalid, kInvalidArgument naming the file when it holds no usable policy.
+StatusOr<std::unique_ptr<Policy>> load_policy(const std::string& path);
+/// The same from a checkpoint already read: kInvalidArgument when it does not hold a policy.
+StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
 
 /// The shipped default policy (trained on the mixed family): $PARAPILOT_DEFAULT_POLICY when
 /// set, else share/parapilot/default-mixed.ckpt found from the running binary's directory or

@@ -600,11 +600,11 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     m.monitor_owner = std::make_unique<monitor::Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
     LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
-    m.stats.fallback = policy.fallback;
-    m.stats.fallback_reason = policy.fallback_reason;
-    if (policy.fallback) {
+    m.stats.fallback = !policy.fallback.ok();
+    m.stats.fallback_reason = policy.fallback.message();
+    if (!policy.fallback.ok()) {
       nlohmann::json j = {
-          {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback_reason}};
+          {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback.message()}};
       m.log(j.dump());
     }
     DeciderOptions decider = m.o.decider;

@@ -41,28 +41,28 @@ LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader
     return out;
   }
   if (!loader) {
-    out.fallback = true;
-    out.fallback_reason = "no learned-policy loader in this build; cannot load " + path;
+    out.fallback =
+        Status::unavailable("no learned-policy loader in this build; cannot load " + path);
   } else {
-    try {
-      out.policy = loader(path);
-      if (!out.policy) out.fallback_reason = path + ": the loader returned no policy";
-    } catch (const std::exception& e) {
-      out.fallback_reason = e.what();
+    StatusOr<std::unique_ptr<policy::Policy>> loaded = loader(path);
+    if (!loaded.ok()) {
+      out.fallback = loaded.status();
+    } else if (!*loaded) {
+      out.fallback = Status::internal(path + ": the loader returned no policy");
+    } else {
+      out.policy = std::move(*loaded);
     }
-    out.fallback = out.policy == nullptr;
   }
-  if (out.fallback) out.policy = policy::make_baseline("reactive");
+  if (!out.fallback.ok()) out.policy = policy::make_baseline("reactive");
   return out;
 }
 
 Decider::Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOptions options)
     : job_(std::move(job)),
       policy_(std::move(policy.policy)),
-      fallback_(policy.fallback),
-      fallback_reason_(std::move(policy.fallback_reason)),
+      fallback_(!policy.fallback.ok()),
       o_(std::move(options)) {
-  assert(policy_);  // precondition: load_policy_or_reactive always yields one
+  assert(policy_);  // precondition
   if (o_.horizon <= 0) o_.horizon = job_->scenario.horizon;
   if (o_.interval_s <= 0) o_.interval_s = job_->scenario.interval_s;
   current_ = job_->initial(o_.initial_layout);

@@ -31,15 +31,16 @@
 
 namespace parapilot::agent::runtime {
 
-/// Makes a policy::Policy from a checkpoint path; throws (InputError) when the file is missing,
-/// unreadable or of another feature schema. The RL loader lives outside this torch-free library
-/// and is injected by the CLI (parapilot::policy::load_policy).
-using PolicyLoader = std::function<std::unique_ptr<policy::Policy>(const std::string& path)>;
+/// Makes a policy::Policy from a checkpoint path, or says why it cannot (the file is missing,
+/// unreadable or of another feature schema). The RL loader lives outside this torch-free
+/// library and is injected by the CLI (parapilot::policy::load_policy).
+using PolicyLoader =
+    std::function<StatusOr<std::unique_ptr<policy::Policy>>(const std::string& path)>;
 
 struct LoadedPolicy {
-  std::unique_ptr<policy::Policy> policy;
-  bool fallback = false;        ///< true: the reactive baseline stands in for what was asked.
-  std::string fallback_reason;  ///< why (empty when no fallback).
+  std::unique_ptr<policy::Policy> policy;  ///< never null
+  /// OK: `policy` is the one asked for. Otherwise why the reactive baseline stands in for it.
+  Status fallback;
 };
 
 /// The policy at `path` through `loader`; the reactive baseline when `path` is empty (not a
@@ -84,6 +85,7 @@ struct Decision {
 class Decider {
  public:
   /// Precondition (asserted): policy.policy is set.
+  /// `policy.policy` must not be null; each decision line says whether it is a fallback.
   Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOptions options = {});
   ~Decider();
   Decider(const Decider&) = delete;
@@ -102,8 +104,6 @@ class Decider {
 
   Strategy current() const;
   std::string policy_name() const;
-  bool fallback() const { return fallback_; }
-  const std::string& fallback_reason() const { return fallback_reason_; }
   /// Planner searches run so far, and the last one's wall time.
   long plans() const;
   double last_plan_ms() const;
@@ -119,8 +119,7 @@ class Decider {
 
   std::shared_ptr<const Job> job_;
   std::unique_ptr<policy::Policy> policy_;
-  bool fallback_ = false;
-  std::string fallback_reason_;
+  bool fallback_;  // the reactive baseline stands in for the policy asked for
   DeciderOptions o_;
 
   mutable std::mutex mutex_;  // guards everything below

@@ -192,7 +192,7 @@ void set_policy(AgentOptions& o, const Args& a) {
     o.policy_path.clear();
   } else {
     o.policy_path = a.policy.empty() ? parapilot::policy::default_policy_path() : a.policy;
-    o.loader = [](const std::string& path) { return parapilot::policy::load_policy(path); };
+    o.loader = parapilot::policy::load_policy;
   }
 }
 

@@ -77,7 +77,12 @@ int main(int argc, char** argv) {
   fig["checkpoint"] = path;
   fig["checkpoint_found"] = std::filesystem::exists(path);
   if (std::filesystem::exists(path)) {
-    auto policy = parapilot::policy::load_policy(path);
+    auto loaded = parapilot::policy::load_policy(path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "bench_policy: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    std::unique_ptr<parapilot::policy::Policy> policy = std::move(*loaded);
     std::printf("policy %s\n", path.c_str());
     fig["policy"] = policy->name();
     fig["paths"].push_back(measure("checkpoint_hand_written",

@@ -106,26 +106,28 @@ TEST_CASE("the observation built from live beliefs equals the simulator's, float
 
 TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, with the reason") {
   const auto none = load_policy_or_reactive("", nullptr);
-  CHECK_FALSE(none.fallback);
+  CHECK(none.fallback.ok());
   CHECK(none.policy->name() == "reactive");
 
   const auto no_loader = load_policy_or_reactive("policy.ckpt", nullptr);
-  CHECK(no_loader.fallback);
+  CHECK(no_loader.fallback.code() == StatusCode::kUnavailable);
   CHECK(no_loader.policy->name() == "reactive");
 
-  PolicyLoader failing = [](const std::string& path) -> std::unique_ptr<parapilot::policy::Policy> {
-    throw InputError(path + ": feature schema 7, this build reads 2");
+  PolicyLoader failing =
+      [](const std::string& path) -> StatusOr<std::unique_ptr<parapilot::policy::Policy>> {
+    return Status::invalid_argument(path + ": feature schema 7, this build reads 2");
   };
   const auto foreign = load_policy_or_reactive("old.ckpt", failing);
-  CHECK(foreign.fallback);
+  CHECK(foreign.fallback.code() == StatusCode::kInvalidArgument);
   CHECK(foreign.policy->name() == "reactive");
-  CHECK(foreign.fallback_reason.find("old.ckpt: feature schema") != std::string::npos);
+  CHECK(foreign.fallback.message().find("old.ckpt: feature schema") != std::string::npos);
 
-  PolicyLoader working = [](const std::string&) -> std::unique_ptr<parapilot::policy::Policy> {
-    return std::make_unique<AlwaysFirst>();
+  PolicyLoader working =
+      [](const std::string&) -> StatusOr<std::unique_ptr<parapilot::policy::Policy>> {
+    return std::unique_ptr<parapilot::policy::Policy>(std::make_unique<AlwaysFirst>());
   };
   const auto ok = load_policy_or_reactive("good.ckpt", working);
-  CHECK_FALSE(ok.fallback);
+  CHECK(ok.fallback.ok());
   CHECK(ok.policy->name() == "always-first");
 }
 

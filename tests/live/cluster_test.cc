@@ -253,7 +253,9 @@ TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside th
       "live:gloo(workers=2,interval_steps=10,horizon=6,slow_rank=1,slow_factor=4,slow_at=1,"
       "layers=2,d_model=64,heads=4,seq_len=64,global_batch=16,exe=/proc/self/exe,"
       "worker_arg=--live-worker)");
-  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
+  auto policy = std::move(*shipped);
   const auto stats = parapilot::agent::run_episode(*env, *policy, 11);
   std::string unseen, clipped;
   for (const auto& [input, n] : stats.unseen_inputs) unseen += " " + input + "=" + std::to_string(n);
@@ -331,7 +333,9 @@ TEST_CASE("live:torch runs a PyTorch DDP script through the same agent and proto
       "/examples/pytorch_ddp.py,python=" + python + ",nproc=2,global_batch=64,horizon=4,"
       "interval_steps=10,"
       "args=--steps 1000000 --global-batch 64 --slow-rank 1 --slow-ms 30)");
-  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
+  auto policy = std::move(*shipped);
   auto obs = env->reset(3);
   bool committed = false;
   std::vector<std::string> unseen;

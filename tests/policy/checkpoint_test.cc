@@ -14,7 +14,6 @@
 #include "strategy/error.h"
 
 namespace cp = parapilot::checkpoints;
-using parapilot::InputError;
 
 namespace {
 
@@ -63,13 +62,9 @@ cp::Checkpoint sample() {
 }
 
 std::string expect_error(const std::string& path) {
-  try {
-    cp::read_checkpoint(path);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  FAIL("no InputError for " << path);
-  return {};
+  const auto read = cp::read_checkpoint(path);
+  if (read.ok()) FAIL("no error for " << path);
+  return read.status().message();
 }
 
 }  // namespace
@@ -83,8 +78,10 @@ TEST_CASE("crc32: the standard check value") {
 TEST_CASE("checkpoint: round trip keeps every field") {
   const std::string path = temp_path("round-trip.ckpt");
   const cp::Checkpoint c = sample();
-  cp::write_checkpoint(path, c);
-  const cp::Checkpoint r = cp::read_checkpoint(path);
+  REQUIRE(cp::write_checkpoint(path, c).ok());
+  const auto read = cp::read_checkpoint(path);
+  REQUIRE(read.ok());
+  const cp::Checkpoint& r = *read;
   CHECK(r.env_id == c.env_id);
   CHECK(r.config == c.config);
   CHECK(r.step == c.step);
@@ -112,11 +109,13 @@ TEST_CASE("checkpoint: round trip keeps every field") {
 TEST_CASE(
     "checkpoint: corrupted, truncated, wrong-version and wrong-schema files are refused clearly") {
   const std::string path = temp_path("bad.ckpt");
-  cp::write_checkpoint(path, sample());
+  REQUIRE(cp::write_checkpoint(path, sample()).ok());
   const std::string good = read_bytes(path);
 
   SUBCASE("missing") {
     CHECK(expect_error(temp_path("missing.ckpt")).find("cannot open") != std::string::npos);
+    CHECK(cp::read_checkpoint(temp_path("missing.ckpt")).status().code() ==
+          parapilot::StatusCode::kNotFound);
   }
   SUBCASE("not a checkpoint") {
     write_bytes(path, "hello, world");
@@ -169,25 +168,26 @@ TEST_CASE(
   }
   SUBCASE("valid envelope, garbage tensors: loading the policy fails cleanly") {
     write_bytes(path, good);
-    CHECK_THROWS_AS(parapilot::policy::load_policy(path), InputError);
+    const auto loaded = parapilot::policy::load_policy(path);
+    REQUIRE_FALSE(loaded.ok());
+    CHECK(loaded.status().code() == parapilot::StatusCode::kInvalidArgument);
+    CHECK(loaded.status().message().find(path) != std::string::npos);
   }
 }
 
-TEST_CASE("checkpoint: an unwritable path is an InputError and leaves nothing behind") {
+TEST_CASE("checkpoint: an unwritable path is an error naming it, and leaves nothing behind") {
   namespace fs = std::filesystem;
-  CHECK_THROWS_AS(cp::write_checkpoint("/nonexistent-dir/x.ckpt", sample()), InputError);
+  CHECK(cp::write_checkpoint("/nonexistent-dir/x.ckpt", sample()).code() ==
+        parapilot::StatusCode::kInvalidArgument);
   // The file is written but cannot be renamed into place (a non-empty directory holds the name):
   // the error names the path, and the temporary file is gone.
   char pattern[] = "/tmp/parapilot-ckpt-XXXXXX";
   const fs::path dir = ::mkdtemp(pattern);
   const fs::path target = dir / "x.ckpt";
   fs::create_directories(target / "occupied");
-  try {
-    cp::write_checkpoint(target.string(), sample());
-    FAIL("write_checkpoint over a directory did not throw");
-  } catch (const InputError& e) {
-    CHECK(std::string(e.what()).find(target.string()) != std::string::npos);
-  }
+  const parapilot::Status written = cp::write_checkpoint(target.string(), sample());
+  CHECK_FALSE(written.ok());
+  CHECK(written.message().find(target.string()) != std::string::npos);
   int entries = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     CHECK(e.path() == target);

@@ -36,7 +36,9 @@ TEST_CASE("conformance: every registered env is listed for the input check or sa
 
 TEST_CASE("conformance: on every env, the shipped policy's inputs stay inside the range its "
           "training produced") {
-  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
+  auto policy = std::move(*shipped);
   for (const auto& [name, ids] : kEnvs) {
     for (const std::string& id : ids) {
       auto env = parapilot::env::make_env(id);

@@ -81,11 +81,13 @@ TEST_CASE("ppo: a run resumed from a checkpoint continues exactly as if it had n
   ag::PpoTrainer straight(c);
   for (int i = 0; i < 3; ++i) straight.update();
   const std::string path = temp_path("resume.ckpt");
-  cp::write_checkpoint(path, straight.checkpoint({{"validation_score", 0.5}}));
+  REQUIRE(cp::write_checkpoint(path, straight.checkpoint({{"validation_score", 0.5}})).ok());
   std::vector<ag::UpdateReport> expected;
   while (!straight.done()) expected.push_back(straight.update());
 
-  ag::PpoTrainer resumed(cp::read_checkpoint(path));
+  const auto saved = cp::read_checkpoint(path);
+  REQUIRE(saved.ok());
+  ag::PpoTrainer resumed(*saved);
   CHECK(resumed.step() == 8 * 16 * 3);
   CHECK(resumed.update_index() == 3);
   size_t k = 0;
@@ -108,8 +110,10 @@ TEST_CASE("ppo: a trained policy loads from its checkpoint and acts as the train
   ag::PpoTrainer trainer(c);
   while (!trainer.done()) trainer.update();
   const std::string path = temp_path("policy.ckpt");
-  cp::write_checkpoint(path, trainer.checkpoint({}));
-  auto loaded = parapilot::policy::load_policy(path);
+  REQUIRE(cp::write_checkpoint(path, trainer.checkpoint({})).ok());
+  auto read = parapilot::policy::load_policy(path);
+  REQUIRE(read.ok());
+  auto loaded = std::move(*read);
   auto live = trainer.greedy_policy();
   CHECK(loaded->name() == "rl");
   parapilot::env::Observation o;
@@ -119,7 +123,7 @@ TEST_CASE("ppo: a trained policy loads from its checkpoint and acts as the train
     o.state[1] = static_cast<float>(t / 16.0);
     CHECK(loaded->act(o) == live->act(o));
   }
-  CHECK(ag::config_of(cp::read_checkpoint(path)).seed == 42);
+  CHECK(ag::config_of(*cp::read_checkpoint(path)).seed == 42);
 }
 
 TEST_CASE("ppo: bad configs and env ids are input errors") {
@@ -132,7 +136,9 @@ TEST_CASE("ppo: bad configs and env ids are input errors") {
 }
 
 TEST_CASE("ppo: the shipped default policy loads and is not worse than reactive on mixed") {
-  auto policy = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
+  REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
+  auto policy = std::move(*shipped);
   auto reactive = parapilot::policy::make_baseline("reactive");
   auto env = parapilot::env::make_env("sim:mixed");
   // Paired on the same seeds: the per-episode difference of scores against the oracle.
