@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -138,7 +139,7 @@ class LookaheadPolicy : public Policy {
     for (int l = 1; l < L; ++l) {
       if (expected[l] > expected[best]) best = l;
     }
-    return action[best];
+    return expected[best] >= options_.min_gain * expected[0] ? action[best] : 0;
   }
 
  private:
@@ -239,25 +240,37 @@ std::optional<LookaheadOptions> parse_lookahead(const std::string& name) {
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     size_t used = 0;
-    unsigned long long v = 0;
+    double v = 0;
     try {
-      v = std::stoull(value, &used);
+      v = std::stod(value, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != value.size() || value[0] == '-') {
-      throw InputError("policy \"" + name + "\": " + key + " = \"" + value +
-                       "\" is not a whole number");
+    if (used == 0 || used != value.size()) {
+      throw InputError("policy \"" + name + "\": " + key + " = \"" + value + "\" is not a number");
     }
-    if (key == "k" || key == "h") {
-      if (v < 1 || v > 100000) {
-        throw InputError("policy \"" + name + "\": " + key + " must be in 1..100000");
+    auto whole = [&](double lo, double hi) {
+      if (v != std::floor(v) || v < lo || v > hi) {
+        throw InputError("policy \"" + name + "\": " + key + " must be a whole number in " +
+                         std::to_string(static_cast<long long>(lo)) + ".." +
+                         std::to_string(static_cast<long long>(hi)));
       }
-      (key == "k" ? o.futures : o.intervals) = static_cast<int>(v);
+      return v;
+    };
+    if (key == "k") {
+      o.futures = static_cast<int>(whole(1, 100000));
+    } else if (key == "h") {
+      o.intervals = static_cast<int>(whole(1, 100000));
     } else if (key == "seed") {
-      o.seed = v;
+      o.seed = static_cast<uint64_t>(whole(0, 9007199254740992.0));  // exact in a double
+    } else if (key == "min_gain") {
+      if (!(v >= 1.0 && v <= 10.0)) {
+        throw InputError("policy \"" + name + "\": min_gain must be in [1, 10]");
+      }
+      o.min_gain = v;
     } else {
-      throw InputError("policy \"" + name + "\": unknown option \"" + key + "\" (k, h, seed)");
+      throw InputError("policy \"" + name + "\": unknown option \"" + key +
+                       "\" (k, h, min_gain, seed)");
     }
     at = end + 1;
   }
