@@ -300,8 +300,9 @@ void add_eval_command(CLI::App& app) {
          "--policies", o->policies,
          "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
          "static, reactive, reactive-tuned, threshold, ski-rental, uniform-dp, oracle; and "
-         "lookahead or lookahead(k=K,h=H,seed=S) (K futures of H intervals per decision, "
-         "default 32 and 12; simulator envs only, slower, so not in the default list)")
+         "lookahead or lookahead(k=K,h=H,min_gain=G,seed=S) (K futures of H intervals per "
+         "decision, default 32, 12, 1.02 and 1; simulator envs only, slower, so not in the "
+         "default list)")
       ->capture_default_str();
   cmd->add_option("--reference", o->reference,
                   "Policy every other is compared with, paired on the same episodes (default: "

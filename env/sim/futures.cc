@@ -106,7 +106,11 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
     if (gpu_extra[g].empty()) gpu_extra[g].assign(intervals, 0.0);
     add_slowdown(gpu_extra[g], I, start_s, end_s, factor_minus_one);
   };
-  for (int g = 0; g < gpus; ++g) {
+  // A slowdown or congestion believed in a scenario whose dynamics have none is the monitor's
+  // noise, not a condition: it is read as nominal.
+  const bool stragglers = s.straggler.rate_per_gpu_hour > 0;
+  const bool congestion = s.congestion.rate_per_node_hour > 0;
+  for (int g = 0; g < gpus && stragglers; ++g) {
     const double b = beliefs.speed(g);
     if (b < 1.0) {
       slow(g, 0, slowdown_left_s(s.straggler, age_of(ages.gpu_slow_s, g), rng),
@@ -126,7 +130,7 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
     if (node_extra[n].empty()) node_extra[n].assign(intervals, 0.0);
     add_slowdown(node_extra[n], I, start_s, end_s, factor_minus_one);
   };
-  for (int n = 0; n < nodes; ++n) {
+  for (int n = 0; n < nodes && congestion; ++n) {
     const double b = beliefs.inter(n);
     if (b < 1.0) {
       const CongestionDynamics& d = s.congestion;
@@ -183,7 +187,8 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
     c.node_intra_bw = beliefs.node_intra_bw;
     c.gpu_speed.assign(gpus, 1.0);
     for (int g = 0; g < gpus; ++g) {
-      const double base = std::max(beliefs.speed(g), 1.0);  // a slowed GPU's slowdown is extra
+      // A slowed GPU's slowdown is extra; a GPU believed faster than nominal stays so.
+      const double base = std::max(beliefs.speed(g), 1.0);
       c.gpu_speed[g] = base / (1.0 + (gpu_extra[g].empty() ? 0.0 : gpu_extra[g][i]));
     }
     if (all_nominal(c.gpu_speed)) c.gpu_speed.clear();

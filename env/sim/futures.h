@@ -31,6 +31,8 @@ struct ConditionAges {
 ///    age (the GPUs of a node lost at the same time return together);
 ///  * new slowdowns, congestions and failures start at the scenario's rates, drawn as
 ///    generate_truth draws them, uniformly over the window;
+///  * a slowdown or congestion believed where the scenario's rate of them is zero is the
+///    monitor's noise (no such condition can occur): read as nominal;
 ///  * slowdowns show per interval as generate_truth's do (add_slowdown), NVLink bandwidth stays
 ///    as believed.
 /// Nominal vectors are empty, as in the monitor's beliefs. Precondition: intervals >= 1;
