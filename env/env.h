@@ -20,6 +20,8 @@
 
 namespace parapilot::env {
 
+class PlanningView;  // env/sim/planning_view.h
+
 inline constexpr int kStateDim = 26;
 inline constexpr int kMaxCandidates = 4;
 inline constexpr int kCandidateDim = 9;
@@ -76,6 +78,10 @@ class Env {
   virtual StepResult step(int action) = 0;
   // The hindsight oracle for the current episode; nullopt when the env cannot see its future.
   virtual std::optional<OracleResult> oracle() { return std::nullopt; }
+  // What a policy that plans ahead may read of the job besides the observation: beliefs,
+  // candidates and the scenario's dynamics, never the hidden truth (env/sim/planning_view.h).
+  // nullptr when the env has no dynamics to sample futures from (a trace replay, a live job).
+  virtual const PlanningView* planning_view() const { return nullptr; }
   // Events of the current episode for plots: (interval, description).
   virtual std::vector<std::pair<int, std::string>> events() const { return {}; }
 };

@@ -12,6 +12,7 @@
 #include "agent/evaluate.h"
 #include "policy/baselines.h"
 #include "policy/loader.h"
+#include "policy/lookahead.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "experiments/cli_common.h"
@@ -41,14 +42,30 @@ std::string env_id_of(const std::string& scenario) {
   return "sim:" + scenario;
 }
 
+// Splits at the commas outside parentheses: "lookahead(k=8,h=4),static" is two names.
 std::vector<std::string> split(const std::string& list) {
   std::vector<std::string> out;
-  std::stringstream in(list);
   std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
+  int depth = 0;
+  for (char c : list) {
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c == ',' && depth == 0) {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else {
+      item += c;
+    }
   }
+  if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// The non-learned baselines, which the default reference is chosen among.
+bool is_rule(const std::string& name) {
+  const std::vector<std::string> rules = policy::baseline_names();
+  return std::find(rules.begin(), rules.end(), name) != rules.end() ||
+         policy::parse_lookahead(name).has_value();
 }
 
 struct PolicyResult {
@@ -120,6 +137,8 @@ void run_eval(const EvalOptions& o) {
       policies[i] = take(policy::load_policy(policy::default_policy_path()));
     } else if (names[i].rfind("rl:", 0) == 0) {
       policies[i] = take(policy::load_policy(names[i].substr(3)));
+    } else if (const auto lookahead = policy::parse_lookahead(names[i])) {
+      policies[i] = policy::make_lookahead(*env, *lookahead);
     } else {
       policies[i] = parapilot::policy::make_baseline(names[i]);
     }
@@ -177,14 +196,12 @@ void run_eval(const EvalOptions& o) {
 
   // Every policy against one reference on the same episodes: by default the strongest rule (the
   // best mean score among the non-learned baselines run), the one a learned policy must beat.
-  const std::vector<std::string> rules = policy::baseline_names();
   const PolicyResult* reference = nullptr;
   auto mean_score = [](const PolicyResult& r) { return agent::mean_interval(r.score).mean; };
   for (const auto& r : results) {
     if (!o.reference.empty()) {
       if (r.name == o.reference) reference = &r;
-    } else if (std::find(rules.begin(), rules.end(), r.name) != rules.end() &&
-               (!reference || mean_score(r) > mean_score(*reference))) {
+    } else if (is_rule(r.name) && (!reference || mean_score(r) > mean_score(*reference))) {
       reference = &r;
     }
   }
@@ -282,7 +299,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option(
          "--policies", o->policies,
          "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
-         "static, reactive, reactive-tuned, threshold, ski-rental, uniform-dp, oracle")
+         "static, reactive, reactive-tuned, threshold, ski-rental, uniform-dp, oracle; and "
+         "lookahead or lookahead(k=K,h=H,min_gain=G,seed=S) (K futures of H intervals per "
+         "decision, default 32, 12, 1.02 and 1; simulator envs only, slower, so not in the "
+         "default list)")
       ->capture_default_str();
   cmd->add_option("--reference", o->reference,
                   "Policy every other is compared with, paired on the same episodes (default: "

@@ -252,11 +252,6 @@ double convergence_efficiency(const Strategy& s, int layers, const GradientStats
   return std::max(0.0, 1.0 - penalty * excess / layers);
 }
 
-namespace {
-
-// Adds an episode of [start_s, end_s) with `extra` slowdown (factor - 1) to every interval it
-// overlaps, weighted by the overlap: an interval spent partly slowed takes proportionally
-// longer.
 void add_slowdown(std::vector<double>& extra, double interval_s, double start_s, double end_s,
                   double factor_minus_one) {
   const int first = static_cast<int>(start_s / interval_s);
@@ -268,7 +263,38 @@ void add_slowdown(std::vector<double>& extra, double interval_s, double start_s,
   }
 }
 
+namespace {
+
+double lognormal(double median, double sigma, std::mt19937_64& rng) {
+  return median * std::exp(sigma * std::normal_distribution<double>(0, 1)(rng));
+}
+
+double uniform01(std::mt19937_64& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
+
 }  // namespace
+
+SlowdownDraw draw_slowdown(const StragglerDynamics& d, std::mt19937_64& rng) {
+  SlowdownDraw out;
+  out.factor = d.slowdown_min + uniform01(rng) * (d.slowdown_max - d.slowdown_min);
+  out.transient = uniform01(rng) < d.transient_fraction;
+  out.duration_s =
+      out.transient
+          ? d.transient_s_min + uniform01(rng) * (d.transient_s_max - d.transient_s_min)
+          : std::min(lognormal(d.persistent_median_h * 3600, d.persistent_sigma, rng),
+                     kMaxPersistentSlowdownS);
+  return out;
+}
+
+CongestionDraw draw_congestion(const CongestionDynamics& d, std::mt19937_64& rng) {
+  CongestionDraw out;
+  out.factor = d.factor_min + uniform01(rng) * (d.factor_max - d.factor_min);
+  out.duration_s = lognormal(d.duration_median_s, d.duration_sigma, rng);
+  return out;
+}
+
+double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng) {
+  return lognormal(d.repair_median_s, d.repair_sigma, rng);
+}
 
 Truth generate_truth(const Scenario& s, uint64_t seed) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 0x5851F42D4C957F2DULL);
@@ -287,9 +313,6 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
   auto poisson = [&](double mean) {
     return mean > 0 ? static_cast<int>(std::poisson_distribution<int>(mean)(rng)) : 0;
   };
-  auto lognormal = [&](double median, double sigma) {
-    return median * std::exp(sigma * std::normal_distribution<double>(0, 1)(rng));
-  };
   char text[160];
 
   // Stragglers: per-GPU slowdowns, transient or persistent (heavy-tailed durations).
@@ -298,15 +321,10 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
   for (int e = 0; e < slow_events; ++e) {
     const int gpu = static_cast<int>(uniform(rng) * gpus) % gpus;
     const double start = uniform(rng) * run_s;
-    const double factor = s.straggler.slowdown_min +
-                          uniform(rng) * (s.straggler.slowdown_max - s.straggler.slowdown_min);
-    const bool transient = uniform(rng) < s.straggler.transient_fraction;
-    const double duration =
-        transient ? s.straggler.transient_s_min +
-                        uniform(rng) * (s.straggler.transient_s_max - s.straggler.transient_s_min)
-                  : std::min(lognormal(s.straggler.persistent_median_h * 3600,
-                                       s.straggler.persistent_sigma),
-                             10 * 3600.0);
+    const SlowdownDraw slow = draw_slowdown(s.straggler, rng);
+    const double factor = slow.factor;
+    const bool transient = slow.transient;
+    const double duration = slow.duration_s;
     if (gpu_extra[gpu].empty()) gpu_extra[gpu].assign(H, 0.0);
     add_slowdown(gpu_extra[gpu], s.interval_s, start, start + duration, factor - 1);
     if (!transient) {
@@ -321,9 +339,9 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
   for (int e = 0; e < congestion_events; ++e) {
     const int node = static_cast<int>(uniform(rng) * nodes) % nodes;
     const double start = uniform(rng) * run_s;
-    const double factor = s.congestion.factor_min +
-                          uniform(rng) * (s.congestion.factor_max - s.congestion.factor_min);
-    const double duration = lognormal(s.congestion.duration_median_s, s.congestion.duration_sigma);
+    const CongestionDraw congestion = draw_congestion(s.congestion, rng);
+    const double factor = congestion.factor;
+    const double duration = congestion.duration_s;
     if (node_extra[node].empty()) node_extra[node].assign(H, 0.0);
     add_slowdown(node_extra[node], s.interval_s, start, start + duration, factor - 1);
     std::snprintf(text, sizeof text, "node %d network /%.1f for %.0f min", node, factor,
@@ -340,7 +358,7 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
     const int count = topo.nodes[node].gpus;
     const int gpu = first_gpu + static_cast<int>(uniform(rng) * count) % count;
     const double start = uniform(rng) * run_s;
-    const double end = start + lognormal(s.failure.repair_median_s, s.failure.repair_sigma);
+    const double end = start + draw_repair_s(s.failure, rng);
     for (int i = static_cast<int>(start / s.interval_s); i < H && i * s.interval_s < end; ++i) {
       if (failed[i].empty()) failed[i].assign(gpus, false);
       if (whole_node) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,32 @@ struct Truth {
   std::vector<std::pair<int, std::string>> events;  // (interval, description)
 };
 Truth generate_truth(const Scenario& scenario, uint64_t seed);
+
+// The draws of one condition of the scenario's dynamics, in the order generate_truth makes them
+// (after the condition's place and start); env/sim/futures.h samples futures with the same.
+/// A straggler's slowdown: a GPU computes `factor` times slower for `duration_s`.
+struct SlowdownDraw {
+  double factor = 1;
+  bool transient = false;  // seconds to minutes; otherwise persistent (lognormal, capped)
+  double duration_s = 0;
+};
+SlowdownDraw draw_slowdown(const StragglerDynamics& d, std::mt19937_64& rng);
+/// A congestion: a node's network bandwidth divided by `factor` for `duration_s`.
+struct CongestionDraw {
+  double factor = 1;
+  double duration_s = 0;
+};
+CongestionDraw draw_congestion(const CongestionDynamics& d, std::mt19937_64& rng);
+/// Seconds until a lost GPU or node returns.
+double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng);
+/// A persistent slowdown lasts at most this long.
+inline constexpr double kMaxPersistentSlowdownS = 10 * 3600.0;
+
+/// How a slowdown of [start_s, end_s) by `factor_minus_one` (factor - 1) shows per interval:
+/// added to extra[i] of every interval it overlaps, weighted by the overlap (an interval spent
+/// partly slowed takes proportionally longer). Interval i spans [i, i + 1) * interval_s.
+void add_slowdown(std::vector<double>& extra, double interval_s, double start_s, double end_s,
+                  double factor_minus_one);
 
 // The global batch of a scenario before any ramp: its global_batch, else
 // default_global_batch(gpus).

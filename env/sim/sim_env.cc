@@ -115,10 +115,46 @@ SimEnv::SimEnv(Scenario scenario, std::string id)
   planner_for(scenario_.model.seq_len);
 }
 
-SimEnv::SimEnv(Scenario scenario, std::string id, Truth recorded)
+SimEnv::SimEnv(Scenario scenario, std::string id, Truth recorded, bool follows_scenario)
     : SimEnv(std::move(scenario), std::move(id)) {
   scenario_.horizon = static_cast<int>(recorded.conditions.size());
   recorded_ = std::move(recorded);
+  follows_scenario_ = follows_scenario;
+}
+
+const PlanningView* SimEnv::planning_view() const {
+  return follows_scenario_ ? this : nullptr;
+}
+
+std::optional<int> SimEnv::intervals_left() const {
+  if (!run_length_known_) return std::nullopt;
+  return scenario_.horizon - t_;
+}
+
+double SimEnv::tokens_per_s(const Strategy& s, const Conditions& c) const {
+  // The workload the job runs now: the interval's sequence length and batch, which the job
+  // knows, and the gradient statistics the monitor has measured.
+  const int t = std::min(t_, scenario_.horizon - 1);
+  return tokens_per_s_at(s, c, planners_.at(truth_.seq_len[t])->cost_model(),
+                         truth_.global_batch[t], measured_regime());
+}
+
+double SimEnv::tokens_per_s_at(const Strategy& s, const Conditions& c, const CostModel& cost,
+                               int batch, int regime) const {
+  CostBreakdown b;
+  if (s.global_batch == batch) {
+    b = cost.evaluate(s, c);
+  } else {
+    const std::optional<Strategy> rebatched =
+        with_global_batch(s, batch, scenario_.model, scenario_.cluster);
+    if (!rebatched) return 0.0;
+    b = cost.evaluate(*rebatched, c);
+  }
+  if (!b.feasible || !b.fits_in_memory) return 0.0;
+  if (regime < 0) return b.tokens_per_s;
+  return b.tokens_per_s * convergence_efficiency(s, scenario_.model.layers,
+                                                 gradients_of(truth_, regime),
+                                                 scenario_.phase.convergence_penalty);
 }
 
 const GradientStats& SimEnv::true_gradients(int t) const {
@@ -209,21 +245,8 @@ PlanResult SimEnv::search(const Conditions& c, int seq_len, int global_batch,
 }
 
 double SimEnv::true_tokens_per_s(const Strategy& s, int t) {
-  const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
-  const int batch = truth_.global_batch[t];
-  CostBreakdown b;
-  if (s.global_batch == batch) {
-    b = cost.evaluate(s, truth_.conditions[t]);
-  } else {
-    const std::optional<Strategy> rebatched =
-        with_global_batch(s, batch, scenario_.model, scenario_.cluster);
-    if (!rebatched) return 0.0;
-    b = cost.evaluate(*rebatched, truth_.conditions[t]);
-  }
-  if (!b.feasible || !b.fits_in_memory) return 0.0;
-  if (truth_.gradient_regimes.empty()) return b.tokens_per_s;
-  return b.tokens_per_s * convergence_efficiency(s, scenario_.model.layers, true_gradients(t),
-                                                 scenario_.phase.convergence_penalty);
+  return tokens_per_s_at(s, truth_.conditions[t], planner_for(truth_.seq_len[t]).cost_model(),
+                         truth_.global_batch[t], regime_at(truth_, t));
 }
 
 double SimEnv::best_tokens_per_s(int t) {

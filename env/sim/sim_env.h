@@ -23,6 +23,7 @@
 #include "env/env.h"
 #include "env/monitor/monitor.h"
 #include "env/observation.h"
+#include "env/sim/planning_view.h"
 #include "env/sim/scenario.h"
 #include "env/sim/step_telemetry.h"
 #include "env/trace/telemetry.h"
@@ -30,12 +31,17 @@
 
 namespace parapilot::env {
 
-class SimEnv : public Env {
+// Its planning view (PlanningView, a private base: planning_view() is the only way to it) shows
+// the episode's beliefs, candidates and present workload, and the scenario's dynamics.
+class SimEnv : public Env, private PlanningView {
  public:
   SimEnv(Scenario scenario, std::string id);
   // Replays recorded reality instead of generating it: every episode uses these true
   // conditions (the seed still drives telemetry noise). Sets the horizon to their length.
-  SimEnv(Scenario scenario, std::string id, Truth recorded);
+  // `follows_scenario`: the recording is a draw of the scenario's dynamics (a generated truth,
+  // perhaps edited to ask what if), so planning_view() offers them; a trace's conditions are
+  // not, and its env has no planning view.
+  SimEnv(Scenario scenario, std::string id, Truth recorded, bool follows_scenario = false);
 
   std::string id() const override { return id_; }
   int horizon() const override { return scenario_.horizon; }
@@ -44,6 +50,7 @@ class SimEnv : public Env {
   StepResult step(int action) override;
   std::optional<OracleResult> oracle() override;
   std::vector<std::pair<int, std::string>> events() const override { return truth_.events; }
+  const PlanningView* planning_view() const override;
 
   // Appends, from the next step on, one telemetry sample per pipeline position (replica,
   // stage; a tensor-parallel group reports as one rank, at its slowest GPU's pace) per
@@ -52,12 +59,12 @@ class SimEnv : public Env {
   // use of it.
   void record_telemetry(std::vector<trace::TelemetrySample>* sink) { recording_ = sink; }
 
-  const Scenario& scenario() const { return scenario_; }
+  const Scenario& scenario() const override { return scenario_; }
   // The running layout, at the current interval's global batch.
-  const Strategy& current_layout() const { return current_; }
+  const Strategy& current_layout() const override { return current_; }
   const Truth& truth() const { return truth_; }
   /// What the monitor believes now (empty vectors: nominal), from the telemetry delivered so far.
-  const Conditions& beliefs() const { return belief_; }
+  const Conditions& beliefs() const override { return belief_; }
 
   // Tokens per second that count in interval t (of the episode since the last reset) for a
   // layout run at that interval's global batch under the true conditions: the cost model's
@@ -67,7 +74,18 @@ class SimEnv : public Env {
   double true_tokens_per_s(const Strategy& s, int t);
 
  private:
+  // PlanningView (env/sim/planning_view.h); scenario(), beliefs() and current_layout() above.
+  int interval() const override { return t_; }
+  std::optional<int> intervals_left() const override;
+  const std::vector<Candidate>& candidates() const override { return candidates_; }
+  double tokens_per_s(const Strategy& s, const Conditions& c) const override;
+
   const Planner& planner_for(int seq_len);
+  // Tokens per second that count for `s` under `c` at a workload: the cost model's throughput
+  // (run at `batch`) times the convergence efficiency under gradient regime `regime` (-1: no
+  // compression modelled); 0 when it cannot run. true_tokens_per_s and the planning view's.
+  double tokens_per_s_at(const Strategy& s, const Conditions& c, const CostModel& cost,
+                         int batch, int regime) const;
   double best_tokens_per_s(int t);
   // Plans for interval-t's workload (sequence length, global batch) under conditions c with
   // gradient statistics g (empty: no compression).
@@ -103,6 +121,7 @@ class SimEnv : public Env {
   std::unordered_map<std::string, PlanResult> plan_cache_;
   Truth truth_;
   std::optional<Truth> recorded_;
+  bool follows_scenario_ = true;  // the truth is a draw of the scenario's dynamics
   std::mt19937_64 rng_;
   int t_ = 0;
   Strategy current_;          // the running layout, at this interval's global batch

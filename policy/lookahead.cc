@@ -1,0 +1,280 @@
+#include "policy/lookahead.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "env/observation.h"
+#include "env/sim/futures.h"
+#include "env/sim/planning_view.h"
+#include "strategy/error.h"
+
+namespace parapilot::policy {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+bool same(const Conditions& a, const Conditions& b) {
+  return a.gpu_speed == b.gpu_speed && a.node_inter_bw == b.node_inter_bw &&
+         a.node_intra_bw == b.node_intra_bw && a.gpu_failed == b.gpu_failed;
+}
+
+// Conditions as an exact key: each vector's size and its entries other than nominal.
+std::string key_of(const Conditions& c) {
+  std::string key;
+  auto put = [&](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  for (const std::vector<double>* v : {&c.gpu_speed, &c.node_inter_bw, &c.node_intra_bw}) {
+    put(v->size());
+    for (size_t i = 0; i < v->size(); ++i) {
+      if ((*v)[i] != 1.0) {
+        put(i);
+        put((*v)[i]);
+      }
+    }
+  }
+  put(c.gpu_failed.size());
+  for (size_t i = 0; i < c.gpu_failed.size(); ++i) {
+    if (c.gpu_failed[i]) put(i);
+  }
+  return key;
+}
+
+// Since when (the decision interval it was first believed) a GPU or node has been in a
+// condition. A condition believed over for `forget_after` decisions in a row is forgotten, so
+// that beliefs briefly back at nominal (the monitor restarts its levels after a switch) do not
+// make an old slowdown look new.
+struct ConditionClock {
+  int since = -1;  // -1: none
+  int clear_for = 0;
+
+  void update(bool in_condition, int t, int forget_after) {
+    if (in_condition) {
+      if (since < 0) since = t;
+      clear_for = 0;
+    } else if (since >= 0 && ++clear_for >= forget_after) {
+      since = -1;
+      clear_for = 0;
+    }
+  }
+  // Seconds the condition has lasted at interval t, counting `lag` intervals before it was first
+  // believed (the telemetry delay); 0 when none.
+  double age_s(int t, int lag, double interval_s) const {
+    return since < 0 ? 0.0 : (t - since + lag) * interval_s;
+  }
+};
+
+class LookaheadPolicy : public Policy {
+ public:
+  LookaheadPolicy(const env::Env& env, LookaheadOptions options) : env_(env), options_(options) {}
+  std::string name() const override { return "lookahead"; }
+  void begin_episode() override { started_ = false; }
+
+  int act(const env::Observation& o) override {
+    const env::PlanningView* view = env_.planning_view();
+    assert(view);  // make_lookahead checked it; an env keeps its kind
+    const env::Scenario& s = view->scenario();
+    const int t = view->interval();
+    track(*view, t);
+    if (feature(o, env::StateFeature::kStaging) > 0.5f) return 0;  // a switch is staged
+
+    // The layouts priced: keeping (0) and every candidate the observation offers (k).
+    const std::vector<Candidate>& candidates = view->candidates();
+    std::vector<const Strategy*> layouts = {&view->current_layout()};
+    std::vector<double> migration_s = {0.0};
+    std::vector<int> action = {0};
+    for (int k = 0; k < static_cast<int>(candidates.size()) && k < env::kMaxCandidates; ++k) {
+      if (!o.mask[k]) continue;
+      layouts.push_back(&candidates[k].strategy);
+      migration_s.push_back(candidates[k].migration_s);
+      action.push_back(k + 1);
+    }
+    if (layouts.size() == 1) return 0;
+    const int L = static_cast<int>(layouts.size());
+    int H = options_.intervals;
+    if (const std::optional<int> left = view->intervals_left()) H = std::clamp(*left, 1, H);
+
+    env::ConditionAges ages;
+    const int gpus = static_cast<int>(slow_.size());
+    const int lag = s.telemetry.delay_intervals;
+    ages.gpu_slow_s.resize(gpus);
+    ages.gpu_failed_s.resize(gpus);
+    for (int g = 0; g < gpus; ++g) {
+      ages.gpu_slow_s[g] = slow_[g].age_s(t, lag, s.interval_s);
+      ages.gpu_failed_s[g] = failed_[g].age_s(t, 0, s.interval_s);  // seen at once
+    }
+    ages.node_congested_s.resize(congested_.size());
+    for (size_t n = 0; n < congested_.size(); ++n) {
+      ages.node_congested_s[n] = congested_[n].age_s(t, lag, s.interval_s);
+    }
+
+    std::mt19937_64 rng(splitmix64(options_.seed ^ splitmix64(static_cast<uint64_t>(t))));
+    std::unordered_map<std::string, std::vector<double>> priced;  // conditions -> tps per layout
+    auto price = [&](const Conditions& c) -> const std::vector<double>& {
+      auto [it, fresh] = priced.try_emplace(key_of(c));
+      if (fresh) {
+        it->second.resize(L);
+        for (int l = 0; l < L; ++l) it->second[l] = view->tokens_per_s(*layouts[l], c);
+      }
+      return it->second;
+    };
+    std::vector<double> expected(L, 0.0);
+    std::vector<const std::vector<double>*> tps(H);
+    for (int f = 0; f < options_.futures; ++f) {
+      const std::vector<Conditions> future = env::sample_future(s, view->beliefs(), ages, H, rng);
+      for (int i = 0; i < H; ++i) {
+        tps[i] = i > 0 && same(future[i], future[i - 1]) ? tps[i - 1] : &price(future[i]);
+      }
+      for (int l = 0; l < L; ++l) expected[l] += tokens(s, tps, l, migration_s[l]);
+    }
+    int best = 0;
+    for (int l = 1; l < L; ++l) {
+      if (expected[l] > expected[best]) best = l;
+    }
+    return expected[best] >= options_.min_gain * expected[0] ? action[best] : 0;
+  }
+
+ private:
+  // Tokens over one future's intervals for keeping (l = 0) or switching to layout l, as the
+  // simulator counts them: the new layout is staged for its migration time less the pause at
+  // the staging slowdown, then the pause, then it runs; a layout that cannot run crashes and
+  // restarts (restart_s lost) on the best of the priced layouts, as an operator restarts on the
+  // best plan.
+  static double tokens(const env::Scenario& s, const std::vector<const std::vector<double>*>& tps,
+                       int l, double migration_s) {
+    const double I = s.interval_s;
+    bool switching = l != 0, crashed = false;
+    double staging_left = std::max(0.0, migration_s - kSwitchPauseS);
+    int on = 0;
+    double total = 0;
+    for (const std::vector<double>* row : tps) {
+      const double best = *std::max_element(row->begin(), row->end());
+      if (crashed) {
+        total += best * I;
+        continue;
+      }
+      double rate = (*row)[on];
+      if (rate == 0) {
+        crashed = true;
+        total += best * (I - std::min(I, s.restart_s));
+        continue;
+      }
+      double remaining = I;
+      if (switching) {
+        const double stage = std::min(staging_left, remaining);
+        total += rate * (1.0 - s.staging_slowdown) * stage;
+        staging_left -= stage;
+        remaining -= stage;
+        if (staging_left <= 0 && remaining > 0) {
+          remaining -= std::min(kSwitchPauseS, remaining);
+          on = l;
+          switching = false;
+          rate = (*row)[on];
+        }
+      }
+      total += rate * remaining;
+    }
+    return total;
+  }
+
+  void track(const env::PlanningView& view, int t) {
+    const Conditions& b = view.beliefs();
+    const int gpus = view.scenario().cluster.num_gpus();
+    const int nodes = view.scenario().cluster.num_nodes();
+    if (!started_) {
+      slow_.assign(gpus, {});
+      failed_.assign(gpus, {});
+      congested_.assign(nodes, {});
+      started_ = true;
+    }
+    for (int g = 0; g < gpus; ++g) {
+      slow_[g].update(b.speed(g) < 1.0, t, 2);
+      failed_[g].update(b.failed(g), t, 1);
+    }
+    for (int n = 0; n < nodes; ++n) congested_[n].update(b.inter(n) < 1.0, t, 2);
+  }
+
+  const env::Env& env_;
+  LookaheadOptions options_;
+  bool started_ = false;
+  std::vector<ConditionClock> slow_, failed_, congested_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_lookahead(const env::Env& env, const LookaheadOptions& options) {
+  if (!env.planning_view()) {
+    throw InputError("lookahead samples futures from the scenario's dynamics, and env " +
+                     env.id() +
+                     " has none (only simulator envs generated from a scenario do; a trace "
+                     "replay or a live job does not)");
+  }
+  if (options.futures < 1) throw InputError("lookahead: k (futures per decision) must be >= 1");
+  if (options.intervals < 1) throw InputError("lookahead: h (intervals ahead) must be >= 1");
+  return std::make_unique<LookaheadPolicy>(env, options);
+}
+
+std::optional<LookaheadOptions> parse_lookahead(const std::string& name) {
+  const std::string base = "lookahead";
+  if (name.compare(0, base.size(), base) != 0) return std::nullopt;
+  LookaheadOptions o;
+  if (name.size() == base.size()) return o;
+  if (name[base.size()] != '(') return std::nullopt;
+  if (name.back() != ')') throw InputError("policy \"" + name + "\": options must end with ')'");
+  const std::string list = name.substr(base.size() + 1, name.size() - base.size() - 2);
+  size_t at = 0;
+  while (at <= list.size() && !list.empty()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw InputError("policy \"" + name + "\": option \"" + item + "\" is not key=value");
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size()) {
+      throw InputError("policy \"" + name + "\": " + key + " = \"" + value + "\" is not a number");
+    }
+    auto whole = [&](double lo, double hi) {
+      if (v != std::floor(v) || v < lo || v > hi) {
+        throw InputError("policy \"" + name + "\": " + key + " must be a whole number in " +
+                         std::to_string(static_cast<long long>(lo)) + ".." +
+                         std::to_string(static_cast<long long>(hi)));
+      }
+      return v;
+    };
+    if (key == "k") {
+      o.futures = static_cast<int>(whole(1, 100000));
+    } else if (key == "h") {
+      o.intervals = static_cast<int>(whole(1, 100000));
+    } else if (key == "seed") {
+      o.seed = static_cast<uint64_t>(whole(0, 9007199254740992.0));  // exact in a double
+    } else if (key == "min_gain") {
+      if (!(v >= 1.0 && v <= 10.0)) {
+        throw InputError("policy \"" + name + "\": min_gain must be in [1, 10]");
+      }
+      o.min_gain = v;
+    } else {
+      throw InputError("policy \"" + name + "\": unknown option \"" + key +
+                       "\" (k, h, min_gain, seed)");
+    }
+    at = end + 1;
+  }
+  return o;
+}
+
+}  // namespace parapilot::policy

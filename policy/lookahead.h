@@ -1,0 +1,45 @@
+// lookahead: a Monte-Carlo look-ahead over sampled futures, after Parcae (NSDI'24). At each
+// decision it samples K futures of the next H intervals from the scenario's own dynamics given
+// what the monitor believes now (env/sim/futures.h), prices keeping the layout and switching to
+// each candidate in every future the way the simulator charges them (staging at the scenario's
+// slowdown, then the switch pause; a lost GPU crashes a layout, which restarts on the best of
+// them), and takes the one with the most expected tokens when it beats keeping by min_gain.
+// Workload changes (a batch ramp, a long-context stage, the learning-rate decay) are not
+// forecast: the job does not announce them, so every future runs the present workload.
+//
+// It is causal: it reads the observation and the env's planning view (env/sim/planning_view.h),
+// never the env's truth. It needs an env with dynamics to sample from; it is a reference, not a
+// rule a deployed agent runs, and costs K x H cost-model evaluations per layout and decision.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "env/env.h"
+#include "policy/policy.h"
+
+namespace parapilot::policy {
+
+struct LookaheadOptions {
+  int futures = 32;    ///< K: futures sampled per decision (>= 1)
+  int intervals = 12;  ///< H: intervals each future spans (>= 1), fewer when the run has fewer left
+  /// Switch only when the best switch's expected tokens are at least this x keeping's: the
+  /// monitor's beliefs are noisy, and without a margin the policy chases predicted gains of 1-3%
+  /// (shares rebalanced off GPUs believed a little slow). 1.02 was the best of 1, 1.02 and 1.05
+  /// on training seeds (10 episodes each of phase, mixed and straggler from 2^40).
+  double min_gain = 1.02;
+  uint64_t seed = 1;   ///< the decision at interval t samples from a stream keyed by (seed, t)
+};
+
+/// The lookahead policy on `env`, which must outlive it (the policy reads env.planning_view()
+/// at every decision). Throws InputError naming the env when it has no planning view (a trace
+/// replay, a live job: no dynamics to sample futures from) or when an option is out of range.
+std::unique_ptr<Policy> make_lookahead(const env::Env& env, const LookaheadOptions& options);
+
+/// Reads a policy name "lookahead" or "lookahead(k=K,h=H,min_gain=G,seed=S)", any of the keys
+/// given; nullopt for a name that is not lookahead's. Throws InputError naming the bad part.
+std::optional<LookaheadOptions> parse_lookahead(const std::string& name);
+
+}  // namespace parapilot::policy
