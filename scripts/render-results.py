@@ -68,7 +68,7 @@ def ms(x, digits=2):
 
 # ---- scheduling policy ---------------------------------------------------------------------
 
-RULES = ["reactive", "reactive-tuned", "threshold", "ski-rental", "static", "uniform-dp"]
+RULES = ["reactive", "reactive-tuned", "threshold", "ski-rental", "lookahead", "static", "uniform-dp"]
 
 
 def policy_quality(d):

@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
-POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,uniform-dp,oracle"
+POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "live"]
 
