@@ -14,11 +14,6 @@
 
 namespace parapilot::cli {
 
-void check(const Status& status) {
-  if (status.ok()) return;
-  if (status.code() == StatusCode::kInternal) throw std::logic_error(status.message());
-  throw InputError(status.message());
-}
 
 void write_file_atomically(const std::string& path,
                            const std::function<void(std::ostream&)>& write) {

@@ -14,16 +14,8 @@
 
 namespace parapilot::cli {
 
-/// Where a library's Status meets the command line: throws InputError (exit code 2) with the
-/// message for a failure caused by what the user gave or by the world outside (every code but
-/// kInternal), std::logic_error (exit code 1, a bug) for kInternal; nothing for OK.
-void check(const Status& status);
-/// The value of `result`, or check()'s exception.
-template <class T>
-T take(StatusOr<T> result) {
-  check(result.status());
-  return std::move(result).value();
-}
+// A library's Status meets the command line through check() and take() (strategy/error.h):
+// InputError, exit code 2; kInternal, exit code 1.
 
 // Writes a file via a temporary in the same directory, fsync and rename, so a reader never
 // sees it half-written. `write` fills the stream. Throws InputError when the path is unusable.

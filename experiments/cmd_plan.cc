@@ -49,17 +49,17 @@ void print_row(const char* rank, const Candidate& c, bool with_migration) {
 }
 
 void run_plan(const PlanOptions& o) {
-  const ModelSpec model = load_model(o.model);
-  const ClusterSpec cluster = load_cluster(o.cluster);
+  const ModelSpec model = take(load_model(o.model));
+  const ClusterSpec cluster = take(load_cluster(o.cluster));
   if (o.top < 1) throw InputError("--top: must be >= 1, got " + std::to_string(o.top));
   PlanRequest req;
   req.top_k = o.top;
-  if (!o.space.empty()) req.space = load_search_space(o.space, model);
+  if (!o.space.empty()) req.space = take(load_search_space(o.space, model));
   if (!o.conditions.empty()) {
-    req.conditions = load_conditions(o.conditions, cluster);
-    req.gradients = load_gradient_stats(o.conditions, model);
+    req.conditions = take(load_conditions(o.conditions, cluster));
+    req.gradients = take(load_gradient_stats(o.conditions, model));
   }
-  if (!o.current.empty()) req.current = load_strategy(o.current, model, cluster);
+  if (!o.current.empty()) req.current = take(load_strategy(o.current, model, cluster));
 
   const Planner planner(model, cluster);
   const PlanResult r = planner.plan(req);

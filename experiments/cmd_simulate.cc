@@ -59,10 +59,11 @@ void print_table(const ModelSpec& model, const ClusterSpec& cluster, const Strat
 }
 
 void run_simulate(const SimulateOptions& o) {
-  const ModelSpec model = load_model(o.model);
-  const ClusterSpec cluster = load_cluster(o.cluster);
-  const Strategy s = load_strategy(o.strategy, model, cluster);
-  const Conditions c = o.conditions.empty() ? Conditions{} : load_conditions(o.conditions, cluster);
+  const ModelSpec model = take(load_model(o.model));
+  const ClusterSpec cluster = take(load_cluster(o.cluster));
+  const Strategy s = take(load_strategy(o.strategy, model, cluster));
+  const Conditions c =
+      o.conditions.empty() ? Conditions{} : take(load_conditions(o.conditions, cluster));
   const CostModel cost(model, cluster);
   const CostBreakdown b = cost.evaluate(s, c);
 

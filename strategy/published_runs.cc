@@ -80,16 +80,15 @@ std::vector<Line> read_csv(const std::string& path) {
 // The layout, written as inline strategy keys so that the strategy language validates it.
 Strategy parse_layout(const Line& line, const std::string& keys, const ModelSpec& model,
                       const ClusterSpec& cluster) {
-  try {
-    return load_strategy(keys, model, cluster);
-  } catch (const InputError& e) {
-    throw InputError(line.where + ": " + e.what());
-  }
+  StatusOr<Strategy> s = load_strategy(keys, model, cluster);
+  if (!s.ok()) throw InputError(line.where + ": " + s.status().message());
+  return std::move(s).value();
 }
 
 }  // namespace
 
-std::vector<PublishedRun> load_sc21_runs(const std::string& path) {
+StatusOr<std::vector<PublishedRun>> load_sc21_runs(const std::string& path) {
+  return catch_input_error([&] {
   std::vector<PublishedRun> runs;
   for (const Line& line : read_csv(path)) {
     PublishedRun run;
@@ -105,7 +104,7 @@ std::vector<PublishedRun> load_sc21_runs(const std::string& path) {
     m.vocab = 51200;
     m.dtype = DType::kFP16;
     const int gpus = line.integer("gpus");
-    run.cluster = load_cluster(std::to_string(gpus / 8) + "x8xa100-80g");
+    run.cluster = take(load_cluster(std::to_string(gpus / 8) + "x8xa100-80g"));
     const int tp = line.integer("tp"), pp = line.integer("pp");
     std::string keys = "tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) +
                        ",microbatch_size=" + line.text("microbatch") +
@@ -123,9 +122,11 @@ std::vector<PublishedRun> load_sc21_runs(const std::string& path) {
     runs.push_back(std::move(run));
   }
   return runs;
+  });
 }
 
-std::vector<PublishedRun> load_hopper_runs(const std::string& path) {
+StatusOr<std::vector<PublishedRun>> load_hopper_runs(const std::string& path) {
+  return catch_input_error([&] {
   std::vector<PublishedRun> runs;
   for (const Line& line : read_csv(path)) {
     PublishedRun run;
@@ -146,11 +147,10 @@ std::vector<PublishedRun> load_hopper_runs(const std::string& path) {
     m.tied_embeddings = line.text("tied") == "true";
     m.dtype = DType::kBF16;
     const int gpus = line.integer("gpus");
-    try {
-      run.cluster = load_cluster(std::to_string(gpus / 8) + "x8x" + line.text("gpu"));
-    } catch (const InputError& e) {
-      throw InputError(line.where + ": gpu: " + e.what());
-    }
+    StatusOr<ClusterSpec> cluster =
+        load_cluster(std::to_string(gpus / 8) + "x8x" + line.text("gpu"));
+    if (!cluster.ok()) throw InputError(line.where + ": gpu: " + cluster.status().message());
+    run.cluster = std::move(cluster).value();
     const double nic = line.number("inter_node_Gbps");
     for (NodeGroup& g : run.cluster.groups) g.inter_node_Gbps = nic;
     std::string keys = "tp=" + line.text("tp") + ",pp=" + line.text("pp") +
@@ -167,6 +167,7 @@ std::vector<PublishedRun> load_hopper_runs(const std::string& path) {
     runs.push_back(std::move(run));
   }
   return runs;
+  });
 }
 
 double PublishedRun::published() const { return iteration_s > 0 ? iteration_s : tflops_per_gpu; }

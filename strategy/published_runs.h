@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "strategy/cluster.h"
 #include "strategy/cost_model.h"
 #include "strategy/model.h"
@@ -35,7 +36,8 @@ struct PublishedRun {
   double predicted(const CostBreakdown& b) const;
 };
 
-std::vector<PublishedRun> load_sc21_runs(const std::string& path);
-std::vector<PublishedRun> load_hopper_runs(const std::string& path);
+/// The rows of a calibration CSV; kInvalidArgument naming the file, line and column at fault.
+StatusOr<std::vector<PublishedRun>> load_sc21_runs(const std::string& path);
+StatusOr<std::vector<PublishedRun>> load_hopper_runs(const std::string& path);
 
 }  // namespace parapilot

@@ -119,7 +119,8 @@ std::vector<double> read_per_layer(TableReader& r, const std::string& key, int l
 
 }  // namespace
 
-SearchSpace load_search_space(const std::string& path, const ModelSpec& model) {
+StatusOr<SearchSpace> load_search_space(const std::string& path, const ModelSpec& model) {
+  return catch_input_error([&]() -> SearchSpace {
   const toml::table root = parse_toml_file(path);
   TableReader r(*find_table(root, path, "space", true), path, "space");
   SearchSpace s;
@@ -198,9 +199,11 @@ SearchSpace load_search_space(const std::string& path, const ModelSpec& model) {
     if (!any) r.fail("max_pp", "excludes every value listed in pp");
   }
   return s;
+  });
 }
 
-GradientStats load_gradient_stats(const std::string& path, const ModelSpec& model) {
+StatusOr<GradientStats> load_gradient_stats(const std::string& path, const ModelSpec& model) {
+  return catch_input_error([&]() -> GradientStats {
   const toml::table root = parse_toml_file(path);
   const toml::table* table = find_table(root, path, "gradients", false);
   GradientStats g;
@@ -217,6 +220,7 @@ GradientStats load_gradient_stats(const std::string& path, const ModelSpec& mode
     r.fail("error_budget", "missing (required): the largest relative gradient error allowed");
   r.reject_unknown();
   return g;
+  });
 }
 
 int default_global_batch(int gpus) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "strategy/model.h"
 #include "strategy/strategy.h"
 
@@ -63,12 +64,13 @@ struct GradientStats {
   }
 };
 
-// Reads the [space] table of a TOML file.
-SearchSpace load_search_space(const std::string& path, const ModelSpec& model);
+// Reads the [space] table of a TOML file; kInvalidArgument naming the file, line and key at
+// fault.
+StatusOr<SearchSpace> load_search_space(const std::string& path, const ModelSpec& model);
 
 // Reads the optional [gradients] table of a TOML file (typically the --conditions file); an
-// absent table gives empty statistics (no compression is chosen).
-GradientStats load_gradient_stats(const std::string& path, const ModelSpec& model);
+// absent table gives empty statistics (no compression is chosen). Errors as load_search_space.
+StatusOr<GradientStats> load_gradient_stats(const std::string& path, const ModelSpec& model);
 
 // The global batch used when neither the space nor a current layout fixes it: the smallest
 // power of two >= max(256, gpus).

@@ -452,7 +452,8 @@ bool looks_like_path(const std::string& arg) {
          (arg.size() > 5 && arg.compare(arg.size() - 5, 5, ".toml") == 0);
 }
 
-ModelSpec load_model(const std::string& arg) {
+StatusOr<ModelSpec> load_model(const std::string& arg) {
+  return catch_input_error([&]() -> ModelSpec {
   if (!looks_like_path(arg)) {
     if (auto m = model_preset(arg)) return *m;
     throw InputError("--model: unknown preset \"" + arg +
@@ -461,9 +462,11 @@ ModelSpec load_model(const std::string& arg) {
   const toml::table root = parse_toml_file(arg);
   TableReader r(table_in_file(root, arg, "model"), arg, "model");
   return read_model(r, std::filesystem::path(arg).stem().string());
+  });
 }
 
-ClusterSpec load_cluster(const std::string& arg) {
+StatusOr<ClusterSpec> load_cluster(const std::string& arg) {
+  return catch_input_error([&]() -> ClusterSpec {
   if (!looks_like_path(arg)) {
     if (auto c = cluster_preset(arg)) return *c;
     throw InputError("--cluster: \"" + arg +
@@ -474,13 +477,17 @@ ClusterSpec load_cluster(const std::string& arg) {
   const toml::table root = parse_toml_file(arg);
   TableReader r(table_in_file(root, arg, "cluster"), arg, "cluster");
   return read_cluster(r, std::filesystem::path(arg).stem().string());
+  });
 }
 
-Strategy load_strategy(const std::string& arg, const ModelSpec& model, const ClusterSpec& cluster) {
-  if (!looks_like_path(arg)) return load_inline_strategy(arg, model, cluster);
-  const toml::table root = parse_toml_file(arg);
-  TableReader r(table_in_file(root, arg, "strategy"), arg, "strategy");
-  return read_strategy(r, model, cluster);
+StatusOr<Strategy> load_strategy(const std::string& arg, const ModelSpec& model,
+                                const ClusterSpec& cluster) {
+  return catch_input_error([&]() -> Strategy {
+    if (!looks_like_path(arg)) return load_inline_strategy(arg, model, cluster);
+    const toml::table root = parse_toml_file(arg);
+    TableReader r(table_in_file(root, arg, "strategy"), arg, "strategy");
+    return read_strategy(r, model, cluster);
+  });
 }
 
 namespace {
@@ -529,7 +536,8 @@ std::vector<double> read_factors(TableReader& r, const std::string& key, int cou
 
 }  // namespace
 
-Conditions load_conditions(const std::string& path, const ClusterSpec& cluster) {
+StatusOr<Conditions> load_conditions(const std::string& path, const ClusterSpec& cluster) {
+  return catch_input_error([&]() -> Conditions {
   const toml::table root = parse_toml_file(path);
   TableReader r(table_in_file(root, path, "conditions"), path, "conditions");
   Conditions c;
@@ -544,6 +552,7 @@ Conditions load_conditions(const std::string& path, const ClusterSpec& cluster) 
   }
   r.reject_unknown();
   return c;
+  });
 }
 
 std::string strategy_to_toml(const Strategy& s) {

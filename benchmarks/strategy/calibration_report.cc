@@ -4,6 +4,7 @@
 // Prints figures; not a test (tests/strategy/calibration_test.cc holds the 10% bound).
 // Usage: calibration_report [--json FILE]
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "benchmarks/report.h"
@@ -22,9 +23,16 @@ int main(int argc, char** argv) {
     const char* file;
     std::vector<PublishedRun> runs;
   };
+  auto rows_of = [](StatusOr<std::vector<PublishedRun>> read) {
+    if (!read.ok()) {
+      std::fprintf(stderr, "calibration_report: %s\n", read.status().message().c_str());
+      std::exit(2);
+    }
+    return std::move(read).value();
+  };
   const Source sources[] = {
-      {"megatron-sc21-table1.csv", load_sc21_runs(dir + "/megatron-sc21-table1.csv")},
-      {"modern-given.csv", load_hopper_runs(dir + "/modern-given.csv")}};
+      {"megatron-sc21-table1.csv", rows_of(load_sc21_runs(dir + "/megatron-sc21-table1.csv"))},
+      {"modern-given.csv", rows_of(load_hopper_runs(dir + "/modern-given.csv"))}};
   std::printf("%-26s %-14s %-22s %10s %10s %8s  %s\n", "run", "gpus", "layout", "published",
               "predicted", "error", "memory");
   for (const Source& source : sources) {

@@ -36,8 +36,8 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
                                          : std::to_string((world + 7) / 8) + "x8x" + gpu;
   Scenario s = builtin_scenario(Family::kStraggler, 8);
   s.name = "trace";
-  s.model = load_model(param("model", "llama2-7b"));
-  s.cluster = load_cluster(cluster);
+  s.model = take(load_model(param("model", "llama2-7b")));
+  s.cluster = take(load_cluster(cluster));
   if (s.cluster.num_gpus() != world) {
     throw InputError("env trace: " + std::to_string(world) + " ranks do not fill nodes of 8 " + gpu);
   }

@@ -122,7 +122,7 @@ Scenario load_scenario(const std::string& path) {
   };
   const auto cluster_name = r.get_string("cluster");
   std::optional<ClusterSpec> cluster;
-  if (cluster_name) cluster = load_cluster(beside(*cluster_name));
+  if (cluster_name) cluster = take(load_cluster(beside(*cluster_name)));
   if (cluster && gpus_value && *gpus_value != cluster->num_gpus())
     r.fail("gpus", "is " + std::to_string(*gpus_value) + " but the cluster has " +
                        std::to_string(cluster->num_gpus()) + " GPUs");
@@ -131,7 +131,7 @@ Scenario load_scenario(const std::string& path) {
   Scenario s = builtin_scenario(parse_family(*family_name), cluster ? 8 : gpus);
   if (cluster) s.cluster = *cluster;
   s.name = r.get_string("name").value_or(s.name);
-  if (auto m = r.get_string("model")) s.model = load_model(beside(*m));
+  if (auto m = r.get_string("model")) s.model = take(load_model(beside(*m)));
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
   if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
   if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
@@ -208,7 +208,7 @@ Scenario load_scenario(const std::string& path) {
   r.reject_unknown();
   s.space.zero = s.phase.compression ? std::vector<int>{0, 1} : std::vector<int>{1};
   // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
-  if (root.get("space")) s.space = load_search_space(path, s.model);
+  if (root.get("space")) s.space = take(load_search_space(path, s.model));
   return s;
 }
 

@@ -14,8 +14,10 @@
 #include "strategy/error.h"
 #include "strategy/published_runs.h"
 #include "strategy/spec_io.h"
+#include "tests/strategy/test_util.h"
 
 using namespace parapilot;
+using parapilot::testing::ok;
 
 namespace {
 
@@ -47,13 +49,13 @@ void check_within_10_percent(const std::vector<PublishedRun>& runs, Attention at
 }  // namespace
 
 TEST_CASE("cost model reproduces Megatron-LM SC'21 Table 1 within 10% (attention unfused)") {
-  const auto runs = load_sc21_runs(data("megatron-sc21-table1.csv"));
+  const auto runs = ok(load_sc21_runs(data("megatron-sc21-table1.csv")));
   REQUIRE(runs.size() == 4);
   check_within_10_percent(runs, Attention::kUnfused);
 }
 
 TEST_CASE("cost model predicts the published Hopper runs within 10% and fits them in memory") {
-  const auto runs = load_hopper_runs(data("modern-given.csv"));
+  const auto runs = ok(load_hopper_runs(data("modern-given.csv")));
   REQUIRE(runs.size() == 3);
   check_within_10_percent(runs, Attention::kFlash);
 }
@@ -65,12 +67,8 @@ TEST_CASE("published-run files: a malformed row is refused with its file, line a
       std::ofstream out(path);
       out << "# comment\n" << body;
     }
-    try {
-      load_hopper_runs(path);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
+    const auto runs = load_hopper_runs(path);
+    return runs.ok() ? std::string("(no error)") : runs.status().message();
   };
   const std::string header =
       "id,model_name,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,activation,tied,gpu,"
@@ -110,7 +108,7 @@ TEST_CASE("Korthikanti et al. 2022: the 530B GPT's MFU within 10% (attention unf
   m.ffn_hidden = 4 * m.hidden;
   m.seq_len = 2048;
   m.vocab = 51200;
-  const ClusterSpec c = load_cluster("280x8xa100-80g");
+  const ClusterSpec c = ok(load_cluster("280x8xa100-80g"));
   const CostModel cost(m, c);
   const struct {
     const char* layout;
@@ -118,7 +116,7 @@ TEST_CASE("Korthikanti et al. 2022: the 530B GPT's MFU within 10% (attention unf
   } rows[] = {{"tp=8,pp=35,global_batch=2240,sp=true,recompute=selective,attention=unfused", 0.542},
               {"tp=8,pp=35,global_batch=2240,sp=true,recompute=full,attention=unfused", 0.421}};
   for (const auto& row : rows) {
-    const CostBreakdown b = cost.evaluate(load_strategy(row.layout, m, c));
+    const CostBreakdown b = cost.evaluate(ok(load_strategy(row.layout, m, c)));
     INFO(row.layout << ": MFU " << b.mfu);
     CHECK(b.fits_in_memory);
     CHECK(std::abs(b.mfu / row.published_mfu - 1) <= 0.10);

@@ -4,15 +4,17 @@
 #include "strategy/cost_model.h"
 #include "strategy/planner.h"
 #include "strategy/spec_io.h"
+#include "tests/strategy/test_util.h"
 
 using namespace parapilot;
+using parapilot::testing::ok;
 
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 Strategy parse(const std::string& text, const ModelSpec& m, const ClusterSpec& c) {
-  return load_strategy(text, m, c);
+  return ok(load_strategy(text, m, c));
 }
 
 }  // namespace

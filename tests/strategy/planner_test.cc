@@ -17,6 +17,8 @@
 #include "tests/strategy/test_util.h"
 
 using namespace parapilot;
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 using parapilot::testing::TempFile;
 
 namespace {
@@ -743,7 +745,7 @@ TEST_CASE("planner: [space] files load, and bad ones fail with file:line, key an
       "max_pp = 8\n"
       "global_batch_range = [128, 512]\n"
       "mixed_types_in_pipeline = false\n");
-  const SearchSpace s = load_search_space(good.path(), model);
+  const SearchSpace s = ok(load_search_space(good.path(), model));
   CHECK(s.tp == std::vector<int>{1, 2, 4});
   CHECK(s.pp == std::vector<int>{2});
   CHECK(s.sp == std::vector<bool>{true});
@@ -754,30 +756,30 @@ TEST_CASE("planner: [space] files load, and bad ones fail with file:line, key an
   CHECK_FALSE(s.mixed_types_in_pipeline);
 
   TempFile typo("[space]\ntp = 2\ntpp = 4\n");
-  const std::string e1 = error_of([&] { load_search_space(typo.path(), model); });
+  const std::string e1 = failure_of(load_search_space(typo.path(), model));
   CHECK(e1.find(typo.path() + ":3") != std::string::npos);
   CHECK(e1.find("unknown key 'tpp'") != std::string::npos);
 
   TempFile bad_tp("[space]\n\ntp = [1, 3]\n");
-  const std::string e2 = error_of([&] { load_search_space(bad_tp.path(), model); });
+  const std::string e2 = failure_of(load_search_space(bad_tp.path(), model));
   CHECK(e2.find(bad_tp.path() + ":3") != std::string::npos);
   CHECK(e2.find("[space] tp") != std::string::npos);
   CHECK(e2.find("does not divide") != std::string::npos);
 
   TempFile bad_schedule("[space]\nschedule = [\"1f1b\", \"zigzag\"]\n");
-  const std::string e3 = error_of([&] { load_search_space(bad_schedule.path(), model); });
+  const std::string e3 = failure_of(load_search_space(bad_schedule.path(), model));
   CHECK(e3.find(":2") != std::string::npos);
   CHECK(e3.find("zigzag") != std::string::npos);
 
   TempFile bad_v("[space]\nschedule = \"interleaved\"\nvirtual_stages = 1\n");
-  CHECK(error_of([&] { load_search_space(bad_v.path(), model); }).find("virtual_stages >= 2") !=
+  CHECK(failure_of(load_search_space(bad_v.path(), model)).find("virtual_stages >= 2") !=
         std::string::npos);
 
   TempFile bad_range("[space]\nglobal_batch_range = [512, 128]\n");
-  CHECK(error_of([&] { load_search_space(bad_range.path(), model); }).find("global_batch_range") !=
+  CHECK(failure_of(load_search_space(bad_range.path(), model)).find("global_batch_range") !=
         std::string::npos);
   TempFile no_table("[strategy]\ntp = 2\n");
-  CHECK(error_of([&] { load_search_space(no_table.path(), model); }).find("no [space] table") !=
+  CHECK(failure_of(load_search_space(no_table.path(), model)).find("no [space] table") !=
         std::string::npos);
 }
 
@@ -787,7 +789,7 @@ TEST_CASE("planner: [gradients] statistics load and are validated") {
       "[conditions]\ngpu_speed = {3 = 0.5}\n\n"
       "[gradients]\nerror_budget = 0.02\ntopk_ratio = 0.01\ntopk_energy = 0.97\n"
       "powersgd_rank = 8\n");
-  const GradientStats g = load_gradient_stats(good.path(), model);
+  const GradientStats g = ok(load_gradient_stats(good.path(), model));
   CHECK(g.error_budget == 0.02);
   CHECK(g.topk_energy.size() == static_cast<size_t>(model.layers));
   CHECK(g.topk_energy[5] == 0.97);
@@ -795,14 +797,14 @@ TEST_CASE("planner: [gradients] statistics load and are validated") {
   CHECK(g.lowrank_residual.empty());
 
   TempFile none("[conditions]\n");
-  CHECK(load_gradient_stats(none.path(), model).empty());
+  CHECK(ok(load_gradient_stats(none.path(), model)).empty());
 
   TempFile short_array("[gradients]\nerror_budget = 0.1\ntopk_energy = [0.9, 0.8]\n");
-  const std::string e = error_of([&] { load_gradient_stats(short_array.path(), model); });
+  const std::string e = failure_of(load_gradient_stats(short_array.path(), model));
   CHECK(e.find(short_array.path() + ":3") != std::string::npos);
   CHECK(e.find("32 layers") != std::string::npos);
   TempFile no_budget("[gradients]\ntopk_energy = 0.9\n");
-  CHECK(error_of([&] { load_gradient_stats(no_budget.path(), model); }).find("error_budget") !=
+  CHECK(failure_of(load_gradient_stats(no_budget.path(), model)).find("error_budget") !=
         std::string::npos);
 }
 

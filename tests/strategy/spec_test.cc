@@ -9,21 +9,11 @@
 #include "tests/strategy/test_util.h"
 
 using namespace parapilot;
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 using parapilot::testing::TempFile;
 
 namespace {
-
-// Runs `f`, expects InputError, returns its message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  FAIL("expected an InputError");
-  return "";
-}
 
 const ModelSpec kLlama7b = *model_preset("llama2-7b");
 const ClusterSpec kTwoNodes = *cluster_preset("2x8xa100-80g");
@@ -32,7 +22,7 @@ const ClusterSpec kTwoNodes = *cluster_preset("2x8xa100-80g");
 
 TEST_CASE("model presets are all loadable and consistent") {
   for (const auto& name : model_preset_names()) {
-    const ModelSpec m = load_model(name);
+    const ModelSpec m = ok(load_model(name));
     CHECK(m.name == name);
     CHECK(m.hidden % m.heads == 0);
     CHECK(m.heads % m.kv_heads == 0);
@@ -42,20 +32,20 @@ TEST_CASE("model presets are all loadable and consistent") {
     CHECK(model_preset(name).has_value());
   }
   // Published parameter counts, within 3%.
-  CHECK(load_model("gpt3-175b").total_params() == doctest::Approx(175e9).epsilon(0.03));
-  CHECK(load_model("llama2-7b").total_params() == doctest::Approx(6.74e9).epsilon(0.03));
-  CHECK(load_model("llama2-70b").total_params() == doctest::Approx(69.0e9).epsilon(0.03));
-  CHECK(load_model("llama3-8b").total_params() == doctest::Approx(8.03e9).epsilon(0.03));
-  CHECK(load_model("llama3-70b").total_params() == doctest::Approx(70.6e9).epsilon(0.03));
-  CHECK(error_of([] { load_model("gpt5"); }).find("unknown preset \"gpt5\"") != std::string::npos);
+  CHECK(ok(load_model("gpt3-175b")).total_params() == doctest::Approx(175e9).epsilon(0.03));
+  CHECK(ok(load_model("llama2-7b")).total_params() == doctest::Approx(6.74e9).epsilon(0.03));
+  CHECK(ok(load_model("llama2-70b")).total_params() == doctest::Approx(69.0e9).epsilon(0.03));
+  CHECK(ok(load_model("llama3-8b")).total_params() == doctest::Approx(8.03e9).epsilon(0.03));
+  CHECK(ok(load_model("llama3-70b")).total_params() == doctest::Approx(70.6e9).epsilon(0.03));
+  CHECK(failure_of(load_model("gpt5")).find("unknown preset \"gpt5\"") != std::string::npos);
 }
 
 TEST_CASE("cluster presets compose node groups and mixed GPU types") {
-  const ClusterSpec c = load_cluster("4x8xa100-80g");
+  const ClusterSpec c = ok(load_cluster("4x8xa100-80g"));
   CHECK(c.num_gpus() == 32);
   CHECK(c.num_nodes() == 4);
-  CHECK(load_cluster("8xh100").num_gpus() == 8);
-  const ClusterSpec mixed = load_cluster("1x8xa100-80g+2x4xh800");
+  CHECK(ok(load_cluster("8xh100")).num_gpus() == 8);
+  const ClusterSpec mixed = ok(load_cluster("1x8xa100-80g+2x4xh800"));
   CHECK(mixed.num_gpus() == 16);
   CHECK(mixed.num_nodes() == 3);
   ClusterTopology topo(mixed);
@@ -64,13 +54,13 @@ TEST_CASE("cluster presets compose node groups and mixed GPU types") {
   CHECK(topo.types[topo.type_of_gpu[15]].name == "h800");
   CHECK(topo.node_of_gpu[12] == 2);
   for (const char* bad : {"4x8xtpu", "x8xh100", "4x8xh100+", "0x8xh100", "h100"}) {
-    CHECK(error_of([&] { load_cluster(bad); }).find("not a cluster preset") != std::string::npos);
+    CHECK(failure_of(load_cluster(bad)).find("not a cluster preset") != std::string::npos);
   }
   for (const auto& name : gpu_type_names()) CHECK(gpu_type(name)->peak_tflops > 0);
 }
 
 TEST_CASE("model TOML: full form, defaults, and errors with file and line") {
-  TempFile ok(R"([model]
+  TempFile good(R"([model]
 name = "tiny"
 layers = 4
 hidden = 512
@@ -78,7 +68,7 @@ heads = 8
 seq_len = 1024
 vocab = 32000
 )");
-  const ModelSpec m = load_model(ok.path());
+  const ModelSpec m = ok(load_model(good.path()));
   CHECK(m.ffn_hidden == 2048);
   CHECK(m.kv_heads == 8);
   CHECK(m.dtype == DType::kBF16);
@@ -107,12 +97,12 @@ vocab = 32000
   };
   for (const auto& c : cases) {
     TempFile f(c.toml);
-    const std::string message = error_of([&] { load_model(f.path()); });
+    const std::string message = failure_of(load_model(f.path()));
     INFO(message);
     CHECK(message.find(f.path()) == 0);
     CHECK(message.find(c.expected) != std::string::npos);
   }
-  CHECK(error_of([] { load_model("/nonexistent/m.toml"); }).find("no such file") !=
+  CHECK(failure_of(load_model("/nonexistent/m.toml")).find("no such file") !=
         std::string::npos);
 }
 
@@ -138,7 +128,7 @@ gpus_per_node = 8
 gpu = "h100"
 intra_node_GBps = 400
 )");
-  const ClusterSpec c = load_cluster(f.path());
+  const ClusterSpec c = ok(load_cluster(f.path()));
   REQUIRE(c.groups.size() == 2);
   CHECK(c.num_gpus() == 16);
   CHECK(c.groups[0].gpu.name == "mygpu");
@@ -164,7 +154,7 @@ intra_node_GBps = 400
   };
   for (const auto& k : cases) {
     TempFile t(k.toml);
-    const std::string message = error_of([&] { load_cluster(t.path()); });
+    const std::string message = failure_of(load_cluster(t.path()));
     INFO(message);
     CHECK(message.find(k.expected) != std::string::npos);
   }
@@ -246,7 +236,7 @@ TEST_CASE("strategy TOML: every validation error names file, line, key and reaso
   for (const auto& c : cases) {
     INFO(std::string(c.body));
     TempFile f(std::string("[strategy]\n") + c.body);
-    const std::string message = error_of([&] { load_strategy(f.path(), kLlama7b, kTwoNodes); });
+    const std::string message = failure_of(load_strategy(f.path(), kLlama7b, kTwoNodes));
     INFO(message);
     CHECK(message.find(f.path()) == 0);
     CHECK(message.find(c.expected) != std::string::npos);
@@ -276,7 +266,7 @@ overrides = [
   { layers = [20, 31], method = "powersgd:4" },
 ]
 )");
-  const Strategy s = load_strategy(f.path(), kLlama7b, kTwoNodes);
+  const Strategy s = ok(load_strategy(f.path(), kLlama7b, kTwoNodes));
   CHECK(s.dp == 2);
   CHECK(s.layers_per_chunk(32) == std::vector<int>{7, 9, 9, 7});
   CHECK(s.shares() == std::vector<int>{12, 20});
@@ -286,34 +276,32 @@ overrides = [
   CHECK(s.gpu_of_rank(1, 0, 0) == 4);  // tp-dp-pp: the replica index moves before the stage
 
   TempFile again(strategy_to_toml(s));
-  CHECK(load_strategy(again.path(), kLlama7b, kTwoNodes) == s);
+  CHECK(ok(load_strategy(again.path(), kLlama7b, kTwoNodes)) == s);
 }
 
 TEST_CASE("inline strategies and presets") {
-  const Strategy a = load_strategy("tp=8,pp=2,global_batch=64,schedule=gpipe", kLlama7b, kTwoNodes);
+  const Strategy a = ok(load_strategy("tp=8,pp=2,global_batch=64,schedule=gpipe", kLlama7b, kTwoNodes));
   CHECK(a.dp == 1);
   CHECK(a.schedule == Schedule::kGPipe);
-  const Strategy b = load_strategy("tp=2,global_batch=64,stages=[32]", kLlama7b, kTwoNodes);
+  const Strategy b = ok(load_strategy("tp=2,global_batch=64,stages=[32]", kLlama7b, kTwoNodes));
   CHECK(b.stage_layers == std::vector<int>{32});
-  const Strategy dp = load_strategy("dp", kLlama7b, kTwoNodes);
+  const Strategy dp = ok(load_strategy("dp", kLlama7b, kTwoNodes));
   CHECK(dp.dp == 16);
   CHECK(dp.global_batch % 16 == 0);
-  const Strategy m = load_strategy("megatron,global_batch=1024", kLlama7b, kTwoNodes);
+  const Strategy m = ok(load_strategy("megatron,global_batch=1024", kLlama7b, kTwoNodes));
   CHECK(m.tp == 8);
   CHECK(m.global_batch == 1024);
-  CHECK(error_of([] { load_strategy("zigzag", kLlama7b, kTwoNodes); }).find("unknown preset") !=
+  CHECK(failure_of(load_strategy("zigzag", kLlama7b, kTwoNodes)).find("unknown preset") !=
         std::string::npos);
-  CHECK(error_of([] {
-          load_strategy("tp=8,global_batch=8,bogus=1", kLlama7b, kTwoNodes);
-        }).find("--strategy: [strategy] unknown key 'bogus'") != std::string::npos);
-  CHECK(error_of([] { load_strategy("tp=8,8", kLlama7b, kTwoNodes); }).find("not key=value") !=
+  CHECK(failure_of(load_strategy("tp=8,global_batch=8,bogus=1", kLlama7b, kTwoNodes)).find("--strategy: [strategy] unknown key 'bogus'") != std::string::npos);
+  CHECK(failure_of(load_strategy("tp=8,8", kLlama7b, kTwoNodes)).find("not key=value") !=
         std::string::npos);
 }
 
 TEST_CASE("conditions TOML: tables of exceptions or full arrays, checked against the cluster") {
   TempFile f(
       "[conditions]\ngpu_speed = { 3 = 0.5 }\nnode_inter_bw = [1.0, 0.25]\nfailed_gpus = [7]\n");
-  const Conditions c = load_conditions(f.path(), kTwoNodes);
+  const Conditions c = ok(load_conditions(f.path(), kTwoNodes));
   CHECK(c.speed(3) == 0.5);
   CHECK(c.speed(4) == 1.0);
   CHECK(c.inter(1) == 0.25);
@@ -333,7 +321,7 @@ TEST_CASE("conditions TOML: tables of exceptions or full arrays, checked against
   };
   for (const auto& k : cases) {
     TempFile t(k.toml);
-    const std::string message = error_of([&] { load_conditions(t.path(), kTwoNodes); });
+    const std::string message = failure_of(load_conditions(t.path(), kTwoNodes));
     INFO(message);
     CHECK(message.find(k.expected) != std::string::npos);
   }

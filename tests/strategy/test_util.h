@@ -6,8 +6,27 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+
+#include <doctest/doctest.h>
+
+#include "core/status.h"
 
 namespace parapilot::testing {
+
+// The value of a reader's result; the test stops, with the reader's message, when it has none.
+template <class T>
+T ok(StatusOr<T> result) {
+  REQUIRE_MESSAGE(result.ok(), result.status().message());
+  return std::move(result).value();
+}
+
+// The message of a reader's failure; the check fails when the reader succeeded.
+template <class T>
+std::string failure_of(const StatusOr<T>& result) {
+  CHECK_MESSAGE(!result.ok(), "expected an error");
+  return result.status().message();
+}
 
 // A file under a fresh temporary directory, removed with the object.
 class TempFile {
