@@ -149,7 +149,7 @@ struct PpoTrainer::State {
     at::set_num_threads(1);
     ids = split_ids(config.env_ids);
     std::vector<std::unique_ptr<env::Env>> list;
-    for (int i = 0; i < config.envs; ++i) list.push_back(env::make_env(ids[i % ids.size()]));
+    for (int i = 0; i < config.envs; ++i) list.push_back(take(env::make_env(ids[i % ids.size()])));
     horizon = list.front()->horizon();
     for (const auto& e : list) {
       if (e->horizon() != horizon)
@@ -167,7 +167,7 @@ struct PpoTrainer::State {
     if (config.validation_episodes == 0) return;
     std::vector<std::unique_ptr<env::Env>> list;
     for (const auto& id : ids) {
-      for (int k = 0; k < config.validation_episodes; ++k) list.push_back(env::make_env(id));
+      for (int k = 0; k < config.validation_episodes; ++k) list.push_back(take(env::make_env(id)));
     }
     validation = std::make_unique<env::VectorEnv>(std::move(list), config.threads);
     validation->reset(kValidationSeed);

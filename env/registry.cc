@@ -40,9 +40,7 @@ std::string trim(const std::string& s) {
   return s.substr(begin, s.find_last_not_of(" \t") - begin + 1);
 }
 
-}  // namespace
-
-EnvId parse_env_id(const std::string& id) {
+EnvId parse_or_throw(const std::string& id) {
   EnvId out;
   if (id.size() > 5 && id.compare(id.size() - 5, 5, ".toml") == 0) {
     out.name = "sim";
@@ -78,6 +76,30 @@ EnvId parse_env_id(const std::string& id) {
   return out;
 }
 
+std::unique_ptr<Env> make_or_throw(const std::string& id) {
+  ensure_builtins();
+  const EnvId parsed = parse_or_throw(id);
+  EnvFactory factory;
+  {
+    std::lock_guard lock(registry_mutex());
+    auto it = registry().find(parsed.name);
+    if (it == registry().end()) {
+      std::string known;
+      for (const auto& [name, f] : registry()) known += (known.empty() ? "" : ", ") + name;
+      throw InputError("env \"" + id + "\": unknown env \"" + parsed.name + "\" (registered: " +
+                       known + ")");
+    }
+    factory = it->second;
+  }
+  return factory(parsed);
+}
+
+}  // namespace
+
+StatusOr<EnvId> parse_env_id(const std::string& id) {
+  return catch_input_error([&] { return parse_or_throw(id); });
+}
+
 void register_env(const std::string& name, EnvFactory factory) {
   std::lock_guard lock(registry_mutex());
   if (!registry().emplace(name, std::move(factory)).second) {
@@ -93,23 +115,10 @@ std::vector<std::string> registered_envs() {
   return names;
 }
 
-std::unique_ptr<Env> make_env(const std::string& id) {
-  ensure_builtins();
-  const EnvId parsed = parse_env_id(id);
-  EnvFactory factory;
-  {
-    std::lock_guard lock(registry_mutex());
-    auto it = registry().find(parsed.name);
-    if (it == registry().end()) {
-      std::string known;
-      for (const auto& [name, f] : registry()) known += (known.empty() ? "" : ", ") + name;
-      throw InputError("env \"" + id + "\": unknown env \"" + parsed.name + "\" (registered: " +
-                       known + ")");
-    }
-    factory = it->second;
-  }
-  return factory(parsed);
+StatusOr<std::unique_ptr<Env>> make_env(const std::string& id) {
+  return catch_input_error([&] { return make_or_throw(id); });
 }
+
 
 int int_param(const EnvId& id, const std::string& key, int fallback, int min, int max) {
   auto it = id.params.find(key);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace parapilot::env {
 
 class Env;
@@ -24,21 +26,24 @@ struct EnvId {
   std::map<std::string, std::string> params;
 };
 // Parses an env id; a path to a .toml scenario becomes {name: "sim", variant: PATH}.
-// Throws InputError naming the id when malformed.
-EnvId parse_env_id(const std::string& id);
+// kInvalidArgument naming the id when malformed.
+StatusOr<EnvId> parse_env_id(const std::string& id);
 
+// Makes the env of a parsed id. A factory refuses a bad id or parameter by throwing InputError
+// (the helpers below do), which make_env returns as kInvalidArgument.
 using EnvFactory = std::function<std::unique_ptr<Env>(const EnvId&)>;
 
 // Registers a factory under a name; throws std::logic_error on a duplicate name.
 void register_env(const std::string& name, EnvFactory factory);
-// Makes an env from an id (see parse_env_id). Throws InputError for unknown names or bad
-// parameters, naming the id.
-std::unique_ptr<Env> make_env(const std::string& id);
+// Makes an env from an id (see parse_env_id): kInvalidArgument naming the id for an unknown
+// name or a bad parameter.
+StatusOr<std::unique_ptr<Env>> make_env(const std::string& id);
 std::vector<std::string> registered_envs();
 
 // Parameter helpers for factories. int_param and double_param return params[key] as a number
 // in [min, max], or `fallback` when absent; str_param the text or `fallback`; reject_unknown
-// refuses keys outside `known`. They throw InputError naming the env and the parameter.
+// refuses keys outside `known`. Inside a factory: they throw InputError naming the env and the
+// parameter.
 int int_param(const EnvId& id, const std::string& key, int fallback, int min, int max);
 double double_param(const EnvId& id, const std::string& key, double fallback, double min,
                     double max);

@@ -127,7 +127,7 @@ void write_plot(const std::string& path, const std::vector<PolicyResult>& result
 void run_eval(const EvalOptions& o) {
   if (o.episodes < 1) throw InputError("--episodes must be >= 1");
   const std::string id = env_id_of(o.scenario);
-  std::unique_ptr<env::Env> env = env::make_env(id);
+  std::unique_ptr<env::Env> env = take(env::make_env(id));
   const auto names = split(o.policies);
   if (names.empty()) throw InputError("--policies: name at least one policy");
   std::vector<std::unique_ptr<parapilot::policy::Policy>> policies(names.size());

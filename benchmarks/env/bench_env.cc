@@ -18,13 +18,23 @@ using namespace parapilot::env;
 
 namespace {
 
+// The env of `id`, or the program exits with code 2 naming what is wrong with it.
+std::unique_ptr<Env> env_of(const std::string& id) {
+  auto env = make_env(id);
+  if (!env.ok()) {
+    std::fprintf(stderr, "bench_env: %s\n", env.status().message().c_str());
+    std::exit(2);
+  }
+  return std::move(*env);
+}
+
 // A policy that mostly keeps its layout and sometimes switches, as a learner does.
 int action_for(std::mt19937_64& rng) {
   return rng() % 10 == 0 ? 1 + static_cast<int>(rng() % kMaxCandidates) : 0;
 }
 
 double single(const std::string& id, double seconds) {
-  auto env = make_env(id);
+  auto env = env_of(id);
   std::mt19937_64 rng(1);
   uint64_t seed = 0;
   env->reset(seed++);
@@ -44,7 +54,7 @@ double single(const std::string& id, double seconds) {
 
 double vectorised(const std::string& id, int envs, int threads, double seconds) {
   std::vector<std::unique_ptr<Env>> list;
-  for (int i = 0; i < envs; ++i) list.push_back(make_env(id));
+  for (int i = 0; i < envs; ++i) list.push_back(env_of(id));
   VectorEnv vec(std::move(list), threads);
   vec.reset(0);
   std::mt19937_64 rng(1);

@@ -49,7 +49,12 @@ int main(int argc, char** argv) {
   };
   std::vector<Env> envs;
   for (const std::string& f : files) {
-    Env e{env::make_env(f), {}};
+    auto made = env::make_env(f);
+    if (!made.ok()) {
+      std::fprintf(stderr, "tune_reactive: %s\n", made.status().message().c_str());
+      return 2;
+    }
+    Env e{std::move(*made), {}};
     for (int k = 0; k < episodes; ++k)
       e.oracle.push_back(agent::run_oracle(*e.env, first_seed + k).throughput_tokens_per_s);
     envs.push_back(std::move(e));

@@ -22,6 +22,10 @@
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 #endif
 
 using namespace parapilot::live;
@@ -184,9 +188,9 @@ TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner c
           "workers can switch, a committed switch, a measured reward") {
   register_live_envs();
   register_live_envs();  // idempotent
-  auto env = parapilot::env::make_env(
+  auto env = ok(parapilot::env::make_env(
       "live:gloo(workers=2,interval_steps=6,horizon=4,slow_rank=1,slow_factor=3,layers=1,"
-      "d_model=32,seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)");
+      "d_model=32,seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)"));
   CHECK(env->horizon() == 4);
   auto in_range = [](const parapilot::env::Observation& o) {
     using namespace parapilot::env;
@@ -239,20 +243,19 @@ TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner c
   for (const auto& [interval, line] : env->events())
     logged_commit = logged_commit || line.find("\"committed\"") != std::string::npos;
   CHECK(logged_commit);
-  CHECK_THROWS_AS(parapilot::env::make_env("live:mpi(workers=2)"), parapilot::InputError);
-  CHECK_THROWS_AS(parapilot::env::make_env("live:gloo(workers=0)"), parapilot::InputError);
+  CHECK(failure_of(parapilot::env::make_env("live:mpi(workers=2)")) != "");
+  CHECK(failure_of(parapilot::env::make_env("live:gloo(workers=0)")) != "");
   // A misspelt parameter is refused, not silently ignored.
-  CHECK_THROWS_WITH_AS(parapilot::env::make_env("live:gloo(wokers=2)"),
-                       doctest::Contains("unknown parameter \"wokers\""), parapilot::InputError);
+  CHECK(failure_of(parapilot::env::make_env("live:gloo(wokers=2)")).find("unknown parameter \"wokers\"") != std::string::npos);
 }
 
 TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside the range its "
           "training produced") {
   register_live_envs();
-  auto env = parapilot::env::make_env(
+  auto env = ok(parapilot::env::make_env(
       "live:gloo(workers=2,interval_steps=10,horizon=6,slow_rank=1,slow_factor=4,slow_at=1,"
       "layers=2,d_model=64,heads=4,seq_len=64,global_batch=16,exe=/proc/self/exe,"
-      "worker_arg=--live-worker)");
+      "worker_arg=--live-worker)"));
   auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);
@@ -328,11 +331,11 @@ TEST_CASE("live:torch runs a PyTorch DDP script through the same agent and proto
   if (!saved.empty()) path += ":" + saved;
   ::setenv("PYTHONPATH", path.c_str(), 1);
   register_live_envs();
-  auto env = parapilot::env::make_env(
+  auto env = ok(parapilot::env::make_env(
       "live:torch(script=" + std::string(PARAPILOT_SOURCE_DIR) +
       "/examples/pytorch_ddp.py,python=" + python + ",nproc=2,global_batch=64,horizon=4,"
       "interval_steps=10,"
-      "args=--steps 1000000 --global-batch 64 --slow-rank 1 --slow-ms 30)");
+      "args=--steps 1000000 --global-batch 64 --slow-rank 1 --slow-ms 30)"));
   auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);

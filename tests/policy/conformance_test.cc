@@ -10,6 +10,10 @@
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "policy/loader.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 
 namespace {
 
@@ -41,7 +45,7 @@ TEST_CASE("conformance: on every env, the shipped policy's inputs stay inside th
   auto policy = std::move(*shipped);
   for (const auto& [name, ids] : kEnvs) {
     for (const std::string& id : ids) {
-      auto env = parapilot::env::make_env(id);
+      auto env = ok(parapilot::env::make_env(id));
       std::map<std::string, int> unseen, clipped;
       for (uint64_t seed = 2000; seed < 2003; ++seed) {
         const auto stats = parapilot::agent::run_episode(*env, *policy, seed);

@@ -11,6 +11,10 @@
 #include "policy/baselines.h"
 #include "policy/lookahead.h"
 #include "strategy/error.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::env;
@@ -56,7 +60,7 @@ TEST_CASE("lookahead: refuses an env without dynamics to sample, naming it and w
     CHECK(what.find("trace:replayed.csv") != std::string::npos);
     CHECK(what.find("dynamics") != std::string::npos);
   }
-  auto bandit = make_env("bandit(horizon=4)");
+  auto bandit = ok(make_env("bandit(horizon=4)"));
   CHECK_THROWS_AS(policy::make_lookahead(*bandit, {}), InputError);
   // The same truth marked as a draw of the scenario's dynamics has a view.
   SimEnv drawn(s, "drawn", recorded, true);
@@ -126,7 +130,7 @@ TEST_CASE("lookahead: the decisions do not change when only the hidden future di
 }
 
 TEST_CASE("lookahead: the same seed gives the same episode; the seed keys the futures") {
-  auto env = make_env("sim:mixed(gpus=16,horizon=48)");
+  auto env = ok(make_env("sim:mixed(gpus=16,horizon=48)"));
   policy::LookaheadOptions o;
   o.futures = 8;
   auto p1 = policy::make_lookahead(*env, o);

@@ -12,6 +12,10 @@
 #include "checkpoints/checkpoint.h"
 #include "env/env.h"
 #include "strategy/error.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::failure_of;
+using parapilot::testing::ok;
 
 namespace ag = parapilot::agent;
 namespace cp = parapilot::checkpoints;
@@ -44,7 +48,7 @@ TEST_CASE("ppo: learns the best arm of a bandit (known optimum)") {
   ag::PpoTrainer trainer(bandit_config());
   while (!trainer.done()) trainer.update();
   auto policy = trainer.greedy_policy();
-  auto bandit = parapilot::env::make_env("bandit(horizon=16,best=3)");
+  auto bandit = ok(parapilot::env::make_env("bandit(horizon=16,best=3)"));
   const ag::EpisodeStats stats = ag::run_episode(*bandit, *policy, 7);
   const ag::EpisodeStats oracle = ag::run_oracle(*bandit, 7);
   CHECK(stats.mean_reward > 0.95);
@@ -140,7 +144,7 @@ TEST_CASE("ppo: the shipped default policy loads and is not worse than reactive 
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);
   auto reactive = parapilot::policy::make_baseline("reactive");
-  auto env = parapilot::env::make_env("sim:mixed");
+  auto env = ok(parapilot::env::make_env("sim:mixed"));
   // Paired on the same seeds: the per-episode difference of scores against the oracle.
   std::vector<double> diff;
   double rl_score = 0, reactive_score = 0;
