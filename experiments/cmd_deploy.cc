@@ -243,7 +243,7 @@ void run_deploy(const DeployFlags& f) {
   if (!(f.min_gain >= 1)) throw InputError("--min-gain: must be >= 1");
   rt::AgentOptions o;
   if (!f.scenario.empty()) {
-    o.job = rt::make_job(f.scenario, f.gpus);
+    o.job = take(rt::make_job(f.scenario, f.gpus));
     o.job->initial(f.initial_layout);  // validates the name
   } else {
     // A learned job: per-step noise on a shared machine is large; flag only clear slowdowns.

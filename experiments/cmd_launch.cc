@@ -242,7 +242,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       std::string path = rank_record;
       path.replace(path.find("{rank}"), 6, std::to_string(r));
       try {
-        auto t = trace::read_telemetry(path);
+        auto t = take(trace::read_telemetry(path));
         rows.insert(rows.end(), t.samples.begin(), t.samples.end());
         std::filesystem::remove(path);
       } catch (const std::exception& e) {

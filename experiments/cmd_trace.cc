@@ -136,13 +136,13 @@ void run_analyze(const TraceAnalyzeOptions& o) {
     if (o.meta.empty())
       throw InputError(o.trace + ": a per-op trace needs --meta (the job's meta YAML file)");
     format = "op-trace";
-    ops = trace::read_op_trace(o.trace, trace::read_job_meta(o.meta));
+    ops = take(trace::read_op_trace(o.trace, take(trace::read_job_meta(o.meta))));
   } else if (trace::looks_like_telemetry(o.trace)) {
     format = "telemetry";
-    const trace::TelemetryTrace t = trace::read_telemetry(o.trace);
+    const trace::TelemetryTrace t = take(trace::read_telemetry(o.trace));
     trace::JobMeta meta = trace::telemetry_layout(t);
     if (!o.meta.empty()) {
-      const trace::JobMeta given = trace::read_job_meta(o.meta);
+      const trace::JobMeta given = take(trace::read_job_meta(o.meta));
       if (given.dp_size < meta.dp_size || given.pp_size < meta.pp_size)
         throw InputError(o.meta + ": dp_size/pp_size smaller than the ranks in " + o.trace);
       meta.dp_size = given.dp_size;

@@ -15,11 +15,15 @@ const Strategy& Job::initial(const std::string& name) const {
   throw InputError("unknown initial layout \"" + name + "\" (planned | uniform-dp)");
 }
 
-std::shared_ptr<const Job> make_job(const std::string& scenario, int gpus) {
+StatusOr<std::shared_ptr<const Job>> make_job(const std::string& scenario, int gpus) {
   if (scenario.size() > 5 && scenario.substr(scenario.size() - 5) == ".toml") {
-    return make_job(env::load_scenario(scenario));
+    StatusOr<env::Scenario> read = env::load_scenario(scenario);
+    if (!read.ok()) return read.status();
+    return make_job(std::move(read).value());
   }
-  return make_job(env::builtin_scenario(env::parse_family(scenario), gpus));
+  const StatusOr<env::Family> family = env::parse_family(scenario);
+  if (!family.ok()) return family.status();
+  return make_job(env::builtin_scenario(*family, gpus));
 }
 
 std::shared_ptr<const Job> make_job(env::Scenario scenario) {

@@ -31,8 +31,9 @@ struct Job {
 };
 
 /// Builds the job of `scenario` (a family name such as "straggler", or a scenario .toml path) on
-/// `gpus` GPUs (ignored for a TOML file, which names its own size). Throws InputError.
-std::shared_ptr<const Job> make_job(const std::string& scenario, int gpus);
+/// `gpus` GPUs (ignored for a TOML file, which names its own size): kInvalidArgument for an
+/// unknown family or a bad scenario file.
+StatusOr<std::shared_ptr<const Job>> make_job(const std::string& scenario, int gpus);
 /// The same from a scenario already built.
 std::shared_ptr<const Job> make_job(env::Scenario scenario);
 

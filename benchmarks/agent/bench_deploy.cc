@@ -38,6 +38,7 @@
 #include "agent/runtime/metrics.h"
 #include "env/simcluster/sim_cluster.h"
 #include "benchmarks/report.h"
+#include "strategy/error.h"
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -285,7 +286,7 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
   settle_slow_rank(a);
   AgentOptions o;
   set_policy(o, a);
-  o.job = make_job(a.scenario, a.ranks);
+  o.job = parapilot::take(make_job(a.scenario, a.ranks));
   o.secret = transport::Secret(kSecret);
   o.io_threads = static_cast<size_t>(a.agent_io_threads);
   o.interval_steps = a.interval_steps;
@@ -472,7 +473,7 @@ int run_straggler(Args a, nlohmann::json& fig) {
   // With the agent.
   AgentOptions o;
   set_policy(o, a);
-  o.job = make_job(a.scenario, a.ranks);
+  o.job = parapilot::take(make_job(a.scenario, a.ranks));
   o.secret = transport::Secret(kSecret);
   o.interval_steps = a.interval_steps;
   o.log = [](const std::string&) {};

@@ -35,6 +35,7 @@
 
 #include "benchmarks/report.h"
 #include "env/trace/telemetry.h"
+#include "strategy/error.h"
 
 namespace {
 
@@ -75,7 +76,7 @@ Rows launch(const Args& a, const std::string& dir, bool agent) {
     std::fprintf(stderr, "bench_closed_loop: launch failed (logs in %s)\n", dir.c_str());
     std::exit(1);
   }
-  return parapilot::trace::read_telemetry(dir + "/telemetry.csv").samples;
+  return parapilot::take(parapilot::trace::read_telemetry(dir + "/telemetry.csv")).samples;
 }
 
 // Rank `rank`'s rows by step.

@@ -17,6 +17,7 @@
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "policy/baselines.h"
+#include "strategy/error.h"
 
 using namespace parapilot;
 

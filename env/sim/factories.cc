@@ -24,11 +24,12 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
   trace::OpTrace recorded;
   if (trace::looks_like_op_trace(id.variant)) {
     if (!id.params.count("meta")) throw InputError("env trace: meta=META is required for " + id.variant);
-    recorded = trace::read_op_trace(id.variant, trace::read_job_meta(param("meta", "")));
+    recorded = take(trace::read_op_trace(id.variant, take(trace::read_job_meta(param("meta", "")))));
   } else {
-    const trace::TelemetryTrace t = trace::read_telemetry(id.variant);
+    const trace::TelemetryTrace t = take(trace::read_telemetry(id.variant));
     recorded = trace::telemetry_to_op_trace(
-        t, id.params.count("meta") ? trace::read_job_meta(param("meta", "")) : trace::telemetry_layout(t));
+        t, id.params.count("meta") ? take(trace::read_job_meta(param("meta", "")))
+                                   : trace::telemetry_layout(t));
   }
   const int world = recorded.meta.world_size;
   const std::string gpu = param("gpu", "a100-80g");
@@ -59,12 +60,12 @@ std::unique_ptr<Env> make_sim_env(const EnvId& id) {
   }
   Scenario s;
   if (id.variant.find(".toml") != std::string::npos) {
-    s = load_scenario(id.variant);
+    s = take(load_scenario(id.variant));
     if (id.params.count("gpus")) {
       throw InputError("env " + id.variant + ": gpus is set in the scenario file");
     }
   } else {
-    s = builtin_scenario(parse_family(id.variant), int_param(id, "gpus", 64, 8, 1 << 16));
+    s = builtin_scenario(take(parse_family(id.variant)), int_param(id, "gpus", 64, 8, 1 << 16));
   }
   s.horizon = int_param(id, "horizon", s.horizon, 1, 1 << 20);
   std::string canonical = "sim:" + id.variant;

@@ -32,13 +32,14 @@ const char* to_string(Family family) {
   return "?";
 }
 
-Family parse_family(const std::string& name) {
+StatusOr<Family> parse_family(const std::string& name) {
   for (Family f : {Family::kHetero, Family::kStraggler, Family::kCongestion, Family::kFailure,
                    Family::kPhase, Family::kMixed}) {
     if (name == to_string(f)) return f;
   }
-  throw InputError("unknown scenario family \"" + name +
-                   "\" (families: hetero, straggler, congestion, failure, phase, mixed)");
+  return Status::invalid_argument("unknown scenario family \"" + name +
+                                  "\" (families: hetero, straggler, congestion, failure, phase, "
+                                  "mixed)");
 }
 
 namespace {
@@ -104,7 +105,8 @@ Scenario builtin_scenario(Family family, int gpus) {
   return s;
 }
 
-Scenario load_scenario(const std::string& path) {
+StatusOr<Scenario> load_scenario(const std::string& path) {
+  return catch_input_error([&]() -> Scenario {
   const toml::table root = parse_toml_file(path);
   const toml::node* node = root.get("scenario");
   if (!node || !node->as_table()) throw InputError(path + ": no [scenario] table in this file");
@@ -128,7 +130,7 @@ Scenario load_scenario(const std::string& path) {
                        std::to_string(cluster->num_gpus()) + " GPUs");
   const int gpus = static_cast<int>(gpus_value.value_or(64));
   if (!cluster && gpus % 8 != 0) r.fail("gpus", "must be a multiple of 8 (or give a cluster)");
-  Scenario s = builtin_scenario(parse_family(*family_name), cluster ? 8 : gpus);
+  Scenario s = builtin_scenario(take(parse_family(*family_name)), cluster ? 8 : gpus);
   if (cluster) s.cluster = *cluster;
   s.name = r.get_string("name").value_or(s.name);
   if (auto m = r.get_string("model")) s.model = take(load_model(beside(*m)));
@@ -210,6 +212,7 @@ Scenario load_scenario(const std::string& path) {
   // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
   if (root.get("space")) s.space = take(load_search_space(path, s.model));
   return s;
+  });
 }
 
 int final_global_batch(const Scenario& s) {

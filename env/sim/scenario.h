@@ -109,10 +109,11 @@ struct Scenario {
 // The built-in scenario of a family on `gpus` GPUs (nodes of 8; hetero and mixed use half
 // a100-80g and half h800, the others a100-80g).
 Scenario builtin_scenario(Family family, int gpus);
-// Reads a scenario TOML ([scenario] table; docs/scenarios.md). Throws InputError.
-Scenario load_scenario(const std::string& path);
-// Parses a family name; throws InputError listing the families.
-Family parse_family(const std::string& name);
+// Reads a scenario TOML ([scenario] table; docs/scenarios.md): kInvalidArgument naming the
+// file, line and key at fault.
+StatusOr<Scenario> load_scenario(const std::string& path);
+// Parses a family name: kInvalidArgument listing the families.
+StatusOr<Family> parse_family(const std::string& name);
 
 // The hidden ground truth of one episode. Recorded truths may leave global_batch and the
 // gradient fields empty: the scenario's batch throughout, and no compression modelled.

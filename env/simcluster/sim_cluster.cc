@@ -110,7 +110,7 @@ SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_
   if (options.steps_per_interval < 1) throw InputError("steps per interval must be >= 1");
   if (options.param_dim < 1) throw InputError("param_dim must be >= 1");
   m.o = std::move(options);
-  job_ = make_job(m.o.scenario, m.o.ranks);
+  job_ = take(make_job(m.o.scenario, m.o.ranks));
   m.job = job_;
   if (job_->gpus() != m.o.ranks) {
     throw InputError("scenario " + m.o.scenario + " has " + std::to_string(job_->gpus()) +

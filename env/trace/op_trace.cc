@@ -77,7 +77,18 @@ bool is_communication(OpType t) {
   }
 }
 
-JobMeta read_job_meta(const std::string& path) {
+namespace {
+JobMeta parse_job_meta(const std::string& path);
+OpTrace parse_op_trace(std::istream& in, const std::string& source, const JobMeta& meta);
+}  // namespace
+
+StatusOr<JobMeta> read_job_meta(const std::string& path) {
+  return catch_input_error([&] { return parse_job_meta(path); });
+}
+
+namespace {
+
+JobMeta parse_job_meta(const std::string& path) {
   std::ifstream in = open_or_throw(path);
   JobMeta meta;
   bool have_dp = false, have_pp = false, have_world = false;
@@ -139,6 +150,8 @@ JobMeta read_job_meta(const std::string& path) {
   return meta;
 }
 
+}  // namespace
+
 bool looks_like_op_trace(const std::string& path) {
   std::ifstream in(path);
   std::string header;
@@ -160,12 +173,20 @@ bool looks_like_op_trace(const std::string& path) {
   return true;
 }
 
-OpTrace read_op_trace(const std::string& path, const JobMeta& meta) {
-  std::ifstream in = open_or_throw(path);
-  return read_op_trace(in, path, meta);
+StatusOr<OpTrace> read_op_trace(const std::string& path, const JobMeta& meta) {
+  return catch_input_error([&] {
+    std::ifstream in = open_or_throw(path);
+    return parse_op_trace(in, path, meta);
+  });
 }
 
-OpTrace read_op_trace(std::istream& in, const std::string& source, const JobMeta& meta) {
+StatusOr<OpTrace> read_op_trace(std::istream& in, const std::string& source, const JobMeta& meta) {
+  return catch_input_error([&] { return parse_op_trace(in, source, meta); });
+}
+
+namespace {
+
+OpTrace parse_op_trace(std::istream& in, const std::string& source, const JobMeta& meta) {
   csv::LineReader reader(in, source);
   std::vector<std::string_view> fields;
   if (!reader.next(fields)) throw InputError(source + ": empty trace (no header row)");
@@ -226,6 +247,8 @@ OpTrace read_op_trace(std::istream& in, const std::string& source, const JobMeta
   if (trace.ops.empty()) throw InputError(source + ": empty trace (header but no rows)");
   return trace;
 }
+
+}  // namespace
 
 void write_op_trace(const OpTrace& trace, std::ostream& out) {
   out << kOpTraceColumns << '\n';

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/status.h"
+
 namespace parapilot::trace {
 
 enum class OpType : std::uint8_t {
@@ -51,8 +53,8 @@ struct JobMeta {
 };
 
 // Reads a meta file; dp_size and pp_size are required, the rest default to 1 (world_size to
-// the product of the degrees). Throws InputError naming the file, line and key.
-JobMeta read_job_meta(const std::string& path);
+// the product of the degrees). kInvalidArgument naming the file, line and key.
+StatusOr<JobMeta> read_job_meta(const std::string& path);
 
 struct OpRecord {
   std::int64_t step = 0;
@@ -84,10 +86,11 @@ bool looks_like_op_trace(const std::string& path);
 
 // Reads a trace CSV (header row with at least the columns above, any order, extra columns
 // ignored). Checks that every number parses and is finite, durations are >= 0, dp_rank <
-// dp_size, stage < pp_size and rank < world_size, and that the trace is not empty.
-OpTrace read_op_trace(const std::string& path, const JobMeta& meta);
+// dp_size, stage < pp_size and rank < world_size, and that the trace is not empty;
+// kInvalidArgument naming the file, line and column of the first problem.
+StatusOr<OpTrace> read_op_trace(const std::string& path, const JobMeta& meta);
 // The same from a stream; `source` names it in error messages.
-OpTrace read_op_trace(std::istream& in, const std::string& source, const JobMeta& meta);
+StatusOr<OpTrace> read_op_trace(std::istream& in, const std::string& source, const JobMeta& meta);
 
 void write_op_trace(const OpTrace& trace, std::ostream& out);
 

@@ -44,13 +44,23 @@ bool looks_like_telemetry(const std::string& path) {
   return header == kTelemetryColumns;
 }
 
-TelemetryTrace read_telemetry(const std::string& path) {
+namespace {
+TelemetryTrace parse_telemetry(std::istream& in, const std::string& source);
+}  // namespace
+
+StatusOr<TelemetryTrace> read_telemetry(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open the file");
+  if (!in) return Status::not_found(path + ": cannot open the file");
   return read_telemetry(in, path);
 }
 
-TelemetryTrace read_telemetry(std::istream& in, const std::string& source) {
+StatusOr<TelemetryTrace> read_telemetry(std::istream& in, const std::string& source) {
+  return catch_input_error([&] { return parse_telemetry(in, source); });
+}
+
+namespace {
+
+TelemetryTrace parse_telemetry(std::istream& in, const std::string& source) {
   csv::LineReader reader(in, source);
   std::vector<std::string_view> f;
   if (!reader.next(f)) throw InputError(source + ": empty telemetry (no header row)");
@@ -98,6 +108,8 @@ TelemetryTrace read_telemetry(std::istream& in, const std::string& source) {
   if (t.samples.empty()) throw InputError(source + ": empty telemetry (header but no rows)");
   return t;
 }
+
+}  // namespace
 
 JobMeta telemetry_layout(const TelemetryTrace& t) {
   JobMeta meta;

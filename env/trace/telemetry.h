@@ -57,8 +57,10 @@ inline constexpr const char* kTelemetryColumns =
 void write_telemetry(const std::vector<TelemetrySample>& samples, std::ostream& out);
 
 bool looks_like_telemetry(const std::string& path);
-TelemetryTrace read_telemetry(const std::string& path);
-TelemetryTrace read_telemetry(std::istream& in, const std::string& source);
+// Reads a telemetry CSV: kNotFound when the file cannot be opened, kInvalidArgument naming the
+// source, line and column at fault.
+StatusOr<TelemetryTrace> read_telemetry(const std::string& path);
+StatusOr<TelemetryTrace> read_telemetry(std::istream& in, const std::string& source);
 
 // The layout implied by a recording: dp_size = max dp_rank + 1, pp_size = max stage + 1,
 // world_size = max rank + 1.

@@ -7,6 +7,9 @@
 #include "agent/runtime/decider.h"
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -153,7 +156,7 @@ TEST_CASE("guardrails: memory, lost GPUs, staging and cool-down") {
 }
 
 TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON line") {
-  auto job = make_job("straggler", 16);
+  auto job = ok(make_job("straggler", 16));
   DeciderOptions o;
   o.async_planning = false;
   o.cooldown_intervals = 2;
@@ -201,7 +204,7 @@ TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON l
 }
 
 TEST_CASE("asynchronous planning catches up with the beliefs") {
-  auto job = make_job("straggler", 16);
+  auto job = ok(make_job("straggler", 16));
   Decider d(job, always_first(), {});
   const long before = d.plans();
   d.update_beliefs(slowed_beliefs(16, 3, 0.25));
@@ -215,7 +218,7 @@ TEST_CASE("asynchronous planning catches up with the beliefs") {
 }
 
 TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in layout_name") {
-  auto job = make_job("straggler", 16);
+  auto job = ok(make_job("straggler", 16));
   PlanRequest request;
   request.conditions.gpu_speed.assign(16, 1.0);
   request.conditions.gpu_speed[3] = 0.3;
@@ -236,7 +239,7 @@ TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in l
 }
 
 TEST_CASE("telemetry age is measured: intervals from the newest closed step to the decision") {
-  auto job = make_job("straggler", 16);
+  auto job = ok(make_job("straggler", 16));
   DeciderOptions o;
   o.async_planning = false;
   o.interval_steps = 10;

@@ -9,6 +9,9 @@
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
 #include "env/simcluster/sim_cluster.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -21,7 +24,7 @@ transport::Secret secret() { return transport::Secret("deploy-test-secret-012345
 
 AgentOptions agent_options(uint16_t port = 0) {
   AgentOptions o;
-  o.job = make_job("straggler", 16);
+  o.job = ok(make_job("straggler", 16));
   o.secret = secret();
   o.port = port;
   o.serve_metrics = true;

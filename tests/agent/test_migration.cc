@@ -10,6 +10,9 @@
 
 #include "agent/runtime/agent.h"
 #include "env/simcluster/sim_cluster.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -36,7 +39,7 @@ struct Rig {
     so.stage_steps = stage_steps;
     cluster = std::make_unique<SimulatedCluster>(so);
     AgentOptions ao;
-    ao.job = make_job("straggler", 16);
+    ao.job = ok(make_job("straggler", 16));
     ao.hub = &hub;
     ao.interval_steps = 1000000;  // the policy stays out of the way; tests ask for switches
     ao.decider.async_planning = false;

@@ -16,9 +16,11 @@
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "strategy/error.h"
+#include "tests/strategy/test_util.h"
 
 using namespace parapilot;
 using namespace parapilot::trace;
+using parapilot::testing::ok;
 
 namespace {
 
@@ -55,9 +57,15 @@ std::string input_error(F f) {
   return "";
 }
 
-OpTrace parse(const std::string& csv, const JobMeta& meta) {
+StatusOr<OpTrace> parse(const std::string& csv, const JobMeta& meta) {
   std::istringstream in(csv);
   return read_op_trace(in, "bad.csv", meta);
+}
+
+// The message of a reader's failure, or "" when it succeeded.
+template <class T>
+std::string error_in(const StatusOr<T>& result) {
+  return result.ok() ? "" : result.status().message();
 }
 
 // Deterministic uniform numbers in [0, 1) (std distributions differ between libraries).
@@ -82,13 +90,13 @@ TEST_CASE("sample trace: replayed, ideal and attributed step times match the pub
   // Reference: tests/data/traces/bytedance-ST/whatif-result-ST.json (mean step_t_nodelay 2.1727,
   // step_t_noblk 1.8433, blocking_slowdown 1.1787, by stage 0.998/0.983/0.982/1.232, by dp rank
   // 1.1731/1.1779). Tolerance: 0.5% on step times, 0.01 on slowdowns.
-  const JobMeta meta = read_job_meta(kSampleDir + "/meta-ST.yaml");
+  const JobMeta meta = ok(read_job_meta(kSampleDir + "/meta-ST.yaml"));
   CHECK(meta.dp_size == 2);
   CHECK(meta.pp_size == 4);
   CHECK(meta.world_size == 8);
   REQUIRE(looks_like_op_trace(kSampleDir + "/trace-ST.csv"));
   CHECK_FALSE(looks_like_telemetry(kSampleDir + "/trace-ST.csv"));
-  const OpTrace trace = read_op_trace(kSampleDir + "/trace-ST.csv", meta);
+  const OpTrace trace = ok(read_op_trace(kSampleDir + "/trace-ST.csv", meta));
   CHECK(trace.ops.size() == 6784);
   const TraceAnalysis a = analyze_trace(trace);
   CHECK(a.steps == 32);
@@ -273,62 +281,60 @@ TEST_CASE(
 TEST_CASE("malformed per-op traces are rejected with file, line and column") {
   const JobMeta meta = layout(2, 4);
   const std::string ok_row = "0,0,0,1,forward-compute,0.5,0.1,0,0,0,0\n";
-  CHECK(input_error([&] { parse(kHeader + ok_row, meta); }).empty());
+  CHECK(error_in(parse(kHeader + ok_row, meta)).empty());
 
-  std::string e = input_error(
-      [&] { parse("dp_rank,stage,rank,step,optype,start_ts,seq_id,mc,mb_id,gmc\n", meta); });
+  std::string e = error_in(parse("dp_rank,stage,rank,step,optype,start_ts,seq_id,mc,mb_id,gmc\n", meta));
   CHECK(e.find("bad.csv:1") != std::string::npos);
   CHECK(e.find("missing column 'duration'") != std::string::npos);
 
-  e = input_error(
-      [&] { parse(kHeader + ok_row + "0,0,0,1,forward-compute,abc,0.1,1,0,1,0\n", meta); });
+  e = error_in(parse(kHeader + ok_row + "0,0,0,1,forward-compute,abc,0.1,1,0,1,0\n", meta));
   CHECK(e.find("bad.csv:3: column 'start_ts'") != std::string::npos);
   CHECK(e.find("not a number") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "0,0,0,1,forward-compute,0.5,-0.1,0,0,0,0\n", meta); });
+  e = error_in(parse(kHeader + "0,0,0,1,forward-compute,0.5,-0.1,0,0,0,0\n", meta));
   CHECK(e.find("bad.csv:2: column 'duration'") != std::string::npos);
   CHECK(e.find("negative") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "0,0,0,1,forward-compute,0.5,nan,0,0,0,0\n", meta); });
+  e = error_in(parse(kHeader + "0,0,0,1,forward-compute,0.5,nan,0,0,0,0\n", meta));
   CHECK(e.find("bad.csv:2: column 'duration'") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "0,0,0,1,forward-compute,inf,0.1,0,0,0,0\n", meta); });
+  e = error_in(parse(kHeader + "0,0,0,1,forward-compute,inf,0.1,0,0,0,0\n", meta));
   CHECK(e.find("bad.csv:2: column 'start_ts'") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "5,0,0,1,forward-compute,0.5,0.1,0,0,0,0\n", meta); });
+  e = error_in(parse(kHeader + "5,0,0,1,forward-compute,0.5,0.1,0,0,0,0\n", meta));
   CHECK(e.find("bad.csv:2: column 'dp_rank'") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "0,0,0,1.5,forward-compute,0.5,0.1,0,0,0,0\n", meta); });
+  e = error_in(parse(kHeader + "0,0,0,1.5,forward-compute,0.5,0.1,0,0,0,0\n", meta));
   CHECK(e.find("bad.csv:2: column 'step'") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader + "0,0,0,1,forward-compute,0.5\n", meta); });
+  e = error_in(parse(kHeader + "0,0,0,1,forward-compute,0.5\n", meta));
   CHECK(e.find("bad.csv:2: expected 11 fields") != std::string::npos);
 
-  e = input_error([&] { parse(kHeader, meta); });
+  e = error_in(parse(kHeader, meta));
   CHECK(e.find("empty trace") != std::string::npos);
-  e = input_error([&] { parse("", meta); });
+  e = error_in(parse("", meta));
   CHECK(e.find("empty trace") != std::string::npos);
 
-  e = input_error([&] { read_op_trace("/nonexistent/trace.csv", meta); });
+  e = error_in(read_op_trace("/nonexistent/trace.csv", meta));
   CHECK(e.find("/nonexistent/trace.csv: cannot open") != std::string::npos);
 
   // Unknown op types and pandas-style float integers are accepted.
-  const OpTrace t = parse(kHeader + "0,0,0,1,weird-op,0.5,0.1,0.0,,,\n" + ok_row, meta);
+  const OpTrace t = ok(parse(kHeader + "0,0,0,1,weird-op,0.5,0.1,0.0,,,\n" + ok_row, meta));
   CHECK(t.ops[0].type == OpType::kOther);
   CHECK(t.ops[0].mc == -1);
 }
 
 TEST_CASE("meta files: required keys and integer values") {
-  std::string e = input_error([] { read_job_meta(temp_file("m1.yaml", "dp_size: 2\n")); });
+  std::string e = error_in(read_job_meta(temp_file("m1.yaml", "dp_size: 2\n")));
   CHECK(e.find("missing key 'pp_size'") != std::string::npos);
-  e = input_error([] { read_job_meta(temp_file("m2.yaml", "pp_size: 2\ndp_size: two\n")); });
+  e = error_in(read_job_meta(temp_file("m2.yaml", "pp_size: 2\ndp_size: two\n")));
   CHECK(e.find("m2.yaml:2: key 'dp_size'") != std::string::npos);
-  e = input_error([] { read_job_meta(temp_file("m3.yaml", "pp_size: 2\ndp_size: 0\n")); });
+  e = error_in(read_job_meta(temp_file("m3.yaml", "pp_size: 2\ndp_size: 0\n")));
   CHECK(e.find("m3.yaml:2") != std::string::npos);
-  e = input_error([] { read_job_meta(temp_file("m4.yaml", "just text\n")); });
+  e = error_in(read_job_meta(temp_file("m4.yaml", "just text\n")));
   CHECK(e.find("m4.yaml:1") != std::string::npos);
-  const JobMeta m = read_job_meta(
-      temp_file("m5.yaml", "# comment\ntrial_name: X\ndp_size: 3\npp_size: 2\ntp_size: 2\n"));
+  const JobMeta m = ok(read_job_meta(
+      temp_file("m5.yaml", "# comment\ntrial_name: X\ndp_size: 3\npp_size: 2\ntp_size: 2\n")));
   CHECK(m.trial_name == "X");
   CHECK(m.world_size == 12);
 }
@@ -354,19 +360,17 @@ TEST_CASE("telemetry recordings round-trip and reject bad rows") {
   std::ostringstream out;
   write_telemetry(samples, out);
   std::istringstream in(out.str());
-  const TelemetryTrace back = read_telemetry(in, "t.csv");
+  const TelemetryTrace back = ok(read_telemetry(in, "t.csv"));
   CHECK(back.samples == samples);
   const std::string path = temp_file("telemetry.csv", out.str());
   CHECK(looks_like_telemetry(path));
   CHECK_FALSE(looks_like_op_trace(path));
-  CHECK(read_telemetry(path).samples == samples);
+  CHECK(ok(read_telemetry(path)).samples == samples);
 
   const std::string header = std::string(kTelemetryColumns) + "\n";
   auto bad = [&](const std::string& text) {
-    return input_error([&] {
-      std::istringstream s(text);
-      read_telemetry(s, "t.csv");
-    });
+    std::istringstream s(text);
+    return error_in(read_telemetry(s, "t.csv"));
   };
   CHECK(bad(header + "0,0,0,1,2.0,1.0,4,80,0,0,0,0,0,0\n").find("t.csv:2: column 'end_s'") !=
         std::string::npos);

@@ -91,7 +91,9 @@ void drives_live_workers(const std::string& policy_flag, const std::string& expe
 
   // Every step ran exactly once on each rank, and its 8 microbatches were split without loss
   // or repetition, across every switch.
-  const auto trace = parapilot::trace::read_telemetry(dir + "/telemetry.csv");
+  const auto read = parapilot::trace::read_telemetry(dir + "/telemetry.csv");
+  REQUIRE_MESSAGE(read.ok(), read.status().message());
+  const auto& trace = *read;
   std::map<long, std::map<int, int>> mb;  // step -> rank -> microbatches
   for (const auto& s : trace.samples) {
     REQUIRE(mb[s.step].count(s.rank) == 0);
