@@ -7,7 +7,7 @@
 //    published figure is the step time. They run as NVIDIA's recipes configure them: the
 //    distributed optimizer with both overlaps and tensor-parallel communication overlap.
 //
-// Loaders throw InputError naming the file, line and column at fault; every returned layout
+// Loaders return kInvalidArgument naming the file, line and column at fault; every returned layout
 // is legal for its model and cluster. Thread-safe.
 #pragma once
 

@@ -1,8 +1,8 @@
 // What the planner may choose from ([space] TOML) and what it knows about gradients
 // ([gradients] TOML). Formats and defaults: docs/planner.md.
 //
-// Both are plain values, safe to share read-only between threads. Loaders throw InputError
-// naming the file, line, table and key at fault, like every spec loader.
+// Both are plain values, safe to share read-only between threads. Loaders return
+// kInvalidArgument naming the file, line, table and key at fault, like every spec loader.
 #pragma once
 
 #include <string>

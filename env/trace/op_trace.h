@@ -2,7 +2,7 @@
 // tests/data/traces/bytedance-ST): one row per operation of one worker in one training step.
 //
 // read_op_trace() streams the CSV (millions of rows are fine) and validates every value; bad
-// input throws InputError naming the file, the line and the column. The types here are plain
+// input is a kInvalidArgument naming the file, the line and the column. The types here are plain
 // values, safe to share between threads once built.
 #pragma once
 

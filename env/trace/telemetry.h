@@ -9,7 +9,7 @@
 // rank); compute_ms is forward + backward compute of all the rank's microbatches; *_comm_ms is
 // the time spent in that kind of collective excluding waiting for peers where known, *_bytes
 // what the rank sent in it. Readers reject missing columns, non-numbers, NaN, negatives and
-// end_s < start_s with an InputError naming file, line and column.
+// end_s < start_s with a kInvalidArgument naming file, line and column.
 #pragma once
 
 #include <cstdint>
