@@ -73,9 +73,10 @@ class Planner {
 
   const CostModel& cost_model() const { return cost_; }
 
-  // Searches the space under request.conditions. Throws InputError when the request cannot be
-  // planned at all (e.g. top_k < 1, a failed GPU count leaving no usable GPU). An empty
-  // candidate list means no layout in the space fits in memory.
+  // Searches the space under request.conditions. Preconditions: top_k >= 1; the conditions'
+  // vectors empty or sized for this cluster (per GPU, per node), speed factors > 0 (the
+  // readers of conditions files check them: load_conditions). An empty candidate list means
+  // no layout in the space can run: none fits in memory, or every GPU has failed.
   PlanResult plan(const PlanRequest& request) const;
 
   // Migration cost between two legal layouts under conditions c.

@@ -3,6 +3,7 @@
 #include "strategy/planner_search.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -596,20 +597,16 @@ std::vector<Candidate> Search::finish(const Track& track) {
 PlanResult Search::run() {
   const auto start = std::chrono::steady_clock::now();
   const int gpus = topo_.num_gpus();
-  if (req_.top_k < 1) throw InputError("--top: must be >= 1, got " + std::to_string(req_.top_k));
-  auto check_size = [&](size_t size, int expected, const char* what) {
-    if (size != 0 && static_cast<int>(size) != expected) {
-      throw InputError(std::string("conditions: ") + what + " has " + std::to_string(size) +
-                       " entries but the cluster has " + std::to_string(expected));
-    }
+  // Preconditions (planner.h): the callers size and check conditions for this cluster.
+  assert(req_.top_k >= 1);
+  auto sized = [](size_t size, int expected) {
+    return size == 0 || static_cast<int>(size) == expected;
   };
-  check_size(c_.gpu_speed.size(), gpus, "gpu_speed");
-  check_size(c_.gpu_failed.size(), gpus, "failed_gpus");
-  check_size(c_.node_inter_bw.size(), topo_.num_nodes(), "node_inter_bw");
-  check_size(c_.node_intra_bw.size(), topo_.num_nodes(), "node_intra_bw");
-  for (double s : c_.gpu_speed) {
-    if (!(s > 0)) throw InputError("conditions: gpu_speed factors must be > 0");
-  }
+  assert(sized(c_.gpu_speed.size(), gpus) && sized(c_.gpu_failed.size(), gpus) &&
+         sized(c_.node_inter_bw.size(), topo_.num_nodes()) &&
+         sized(c_.node_intra_bw.size(), topo_.num_nodes()));
+  assert(std::all_of(c_.gpu_speed.begin(), c_.gpu_speed.end(), [](double s) { return s > 0; }));
+  (void)sized;
 
   PlanResult result;
   if (req_.current) {
@@ -620,7 +617,13 @@ PlanResult Search::run() {
 
   int usable = 0;
   for (int g = 0; g < gpus; ++g) usable += c_.failed(g) ? 0 : 1;
-  if (usable == 0) throw InputError("conditions: every GPU is marked failed");
+  if (usable == 0) {  // nothing can run: no candidates
+    result.evaluated = evaluated_;
+    result.search_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+    return result;
+  }
 
   int max_node = 1;
   for (const auto& n : topo_.nodes) max_node = std::max(max_node, n.gpus);
