@@ -244,7 +244,9 @@ void run_deploy(const DeployFlags& f) {
   rt::AgentOptions o;
   if (!f.scenario.empty()) {
     o.job = take(rt::make_job(f.scenario, f.gpus));
-    o.job->initial(f.initial_layout);  // validates the name
+    if (!rt::Job::is_initial_name(f.initial_layout)) {
+      throw InputError("--initial-layout \"" + f.initial_layout + "\": expected planned or uniform-dp");
+    }
   } else {
     // A learned job: per-step noise on a shared machine is large; flag only clear slowdowns.
     o.monitor.slow_speed = 1 / 1.25;
@@ -297,7 +299,8 @@ void run_deploy(const DeployFlags& f) {
     stop = true;
     cv.notify_all();
   });
-  rt::DeployAgent agent(o);
+  const std::unique_ptr<rt::DeployAgent> started = take(rt::DeployAgent::start(o));
+  rt::DeployAgent& agent = *started;
   {
     std::unique_lock lock(m);
     cv.wait(lock, [&] { return stop.load(); });

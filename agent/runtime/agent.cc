@@ -587,11 +587,18 @@ std::string DeployAgent::Impl::render() const {
   return out.str();
 }
 
-DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
+DeployAgent::DeployAgent() : impl_(std::make_unique<Impl>()) {}
+
+StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) {
+  if (options.interval_steps < 1) return Status::invalid_argument("--interval-steps must be >= 1");
+  if (options.data_parallel.min_gain < 1) return Status::invalid_argument("--min-gain must be >= 1");
+  if (options.job && !Job::is_initial_name(options.decider.initial_layout)) {
+    return Status::invalid_argument("unknown initial layout \"" +
+                                    options.decider.initial_layout + "\" (planned | uniform-dp)");
+  }
+  std::unique_ptr<DeployAgent> agent(new DeployAgent());
+  Impl& m = *agent->impl_;
   m.o = std::move(options);
-  if (m.o.interval_steps < 1) throw InputError("--interval-steps must be >= 1");
-  if (m.o.data_parallel.min_gain < 1) throw InputError("--min-gain must be >= 1");
   if (m.o.job) {
     const Job& job = *m.o.job;
     const ClusterTopology& topology = job.planner->cost_model().topology();
@@ -635,7 +642,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
   };
   if (m.o.hub) {
     auto s = m.o.hub->make_server(std::move(h));
-    if (!s) throw InputError("deploy: " + s.status().message());
+    if (!s) return Status(s.status().code(), "deploy: " + s.status().message());
     m.server = std::move(*s);
   } else {
     transport::ServerOptions so;
@@ -646,16 +653,13 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     so.max_unauthenticated = 4096;
     so.max_connections = 1u << 16;
     auto s = transport::make_tcp_server(std::move(so), std::move(h));
-    if (!s) throw InputError("--listen: " + s.status().message());
+    if (!s) return Status(s.status().code(), "--listen: " + s.status().message());
     m.server = std::move(*s);
   }
   if (m.o.serve_metrics) {
     auto ms = MetricsHttpServer::start(m.o.metrics_address, m.o.metrics_port,
                                        [&m] { return m.render(); });
-    if (!ms) {
-      m.server->stop();
-      throw InputError("--metrics-port: " + ms.status().message());
-    }
+    if (!ms) return Status(ms.status().code(), "--metrics-port: " + ms.status().message());
     m.metrics = std::move(*ms);
   }
   m.ticker = std::thread([&m] {
@@ -665,8 +669,8 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
     }
   });
   nlohmann::json j = {{"event", "agent_started"},
-                      {"port", port()},
-                      {"metrics_port", metrics_port()},
+                      {"port", agent->port()},
+                      {"metrics_port", agent->metrics_port()},
                       {"policy", m.stats.policy},
                       {"fallback", m.stats.fallback},
                       {"ranks", m.o.job ? nlohmann::json(m.o.job->gpus()) : nlohmann::json()},
@@ -674,6 +678,7 @@ DeployAgent::DeployAgent(AgentOptions options) : impl_(std::make_unique<Impl>())
                                       : "learned from the ranks' JobInfo when they connect"},
                       {"layout", m.decider ? layout_name(m.decider->current()) : "the job's own"}};
   m.log(j.dump());
+  return agent;
 }
 
 DeployAgent::~DeployAgent() { stop(); }

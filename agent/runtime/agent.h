@@ -104,9 +104,10 @@ struct JobPace {
 
 class DeployAgent {
  public:
-  /// Starts the bus server (and the metrics endpoint). Throws InputError (bad options, a port
-  /// that cannot be bound).
-  explicit DeployAgent(AgentOptions options);
+  /// Starts the bus server (and the metrics endpoint). kInvalidArgument for bad options (an
+  /// interval or minimum gain out of range, an unknown start layout); the transport's Status,
+  /// naming the flag, when the listen address or a port cannot be used.
+  static StatusOr<std::unique_ptr<DeployAgent>> start(AgentOptions options);
   ~DeployAgent();
   DeployAgent(const DeployAgent&) = delete;
   DeployAgent& operator=(const DeployAgent&) = delete;
@@ -128,6 +129,7 @@ class DeployAgent {
   void stop();
 
  private:
+  DeployAgent();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

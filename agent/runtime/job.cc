@@ -1,6 +1,7 @@
 #include "agent/runtime/job.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -9,10 +10,13 @@
 
 namespace parapilot::agent::runtime {
 
+bool Job::is_initial_name(const std::string& name) {
+  return name == "planned" || name == "uniform-dp";
+}
+
 const Strategy& Job::initial(const std::string& name) const {
-  if (name == "planned") return planned_initial;
-  if (name == "uniform-dp") return uniform_dp;
-  throw InputError("unknown initial layout \"" + name + "\" (planned | uniform-dp)");
+  assert(is_initial_name(name));
+  return name == "uniform-dp" ? uniform_dp : planned_initial;
 }
 
 StatusOr<std::shared_ptr<const Job>> make_job(const std::string& scenario, int gpus) {

@@ -26,7 +26,9 @@ struct Job {
 
   int gpus() const { return scenario.cluster.num_gpus(); }
   int nodes() const { return scenario.cluster.num_nodes(); }
-  /// The start layout by name: "planned" or "uniform-dp". Throws InputError otherwise.
+  /// Whether `name` names a start layout: "planned" or "uniform-dp".
+  static bool is_initial_name(const std::string& name);
+  /// The start layout by name. Precondition: is_initial_name(name).
   const Strategy& initial(const std::string& name) const;
 };
 

@@ -301,7 +301,8 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
     }
   };
   const ProcessUsage at_start = process_usage();
-  DeployAgent agent(o);
+  const std::unique_ptr<DeployAgent> started = parapilot::take(DeployAgent::start(o));
+  DeployAgent& agent = *started;
   a.port = agent.port();
   // The child's cluster report comes back on a pipe (it also prints it).
   int report_pipe[2];
@@ -477,7 +478,8 @@ int run_straggler(Args a, nlohmann::json& fig) {
   o.secret = transport::Secret(kSecret);
   o.interval_steps = a.interval_steps;
   o.log = [](const std::string&) {};
-  DeployAgent agent(o);
+  const std::unique_ptr<DeployAgent> started = parapilot::take(DeployAgent::start(o));
+  DeployAgent& agent = *started;
   co.agent_port = agent.port();
   SimulatedCluster with(co);
   with.wait_connected(std::chrono::seconds(30));

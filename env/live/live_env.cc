@@ -186,7 +186,7 @@ class LiveEnv final : public env::Env {
       return std::make_unique<CallerPolicy>(h);
     };
     ao.log = [this](const std::string& line) { record(line); };
-    agent_ = std::make_unique<rt::DeployAgent>(std::move(ao));
+    agent_ = take(rt::DeployAgent::start(std::move(ao)));
 
     LocalClusterOptions o;
     o.workers = workers_;

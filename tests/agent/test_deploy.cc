@@ -76,7 +76,8 @@ void check_exactly_once(const SimClusterReport& r, const Stepper& stepped) {
 }  // namespace
 
 TEST_CASE("a rank slowed 3x is detected, the switch commits, /metrics tells") {
-  DeployAgent agent(agent_options());
+  const auto started = ok(DeployAgent::start(agent_options()));
+  DeployAgent& agent = *started;
   SimClusterOptions co = cluster_options(agent.port());
   co.slowdowns.push_back({5, 3.0, 20});
   SimulatedCluster cluster(co);
@@ -111,7 +112,7 @@ TEST_CASE("a rank slowed 3x is detected, the switch commits, /metrics tells") {
 
 TEST_CASE(
     "the agent killed: ranks keep training on the committed layout and reconnect to the next") {
-  auto first = std::make_unique<DeployAgent>(agent_options());
+  auto first = ok(DeployAgent::start(agent_options()));
   const uint16_t port = first->port();
   SimClusterOptions co = cluster_options(port);
   co.stage_steps = 3;
@@ -137,7 +138,8 @@ TEST_CASE(
   CHECK(r.layout == before);  // on the last committed layout
   CHECK(r.commits == 0);
   // The agent returns on the same address; the ranks reconnect by themselves.
-  DeployAgent second(agent_options(port));
+  const auto second_started = ok(DeployAgent::start(agent_options(port)));
+  DeployAgent& second = *second_started;
   REQUIRE(eventually([&] {
     run(1);
     return second.stats().connected_ranks == 16;
@@ -159,7 +161,8 @@ TEST_CASE(
 }
 
 TEST_CASE("telemetry with NaN, negative or absurd values is rejected, counted, never acted on") {
-  DeployAgent agent(agent_options());
+  const auto started = ok(DeployAgent::start(agent_options()));
+  DeployAgent& agent = *started;
   transport::ClientOptions co;
   co.port = agent.port();
   co.secret = secret();

@@ -11,6 +11,9 @@
 #include "agent/runtime/agent.h"
 #include "agent/runtime/dp_decider.h"
 #include "env/monitor/robust_stats.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -291,7 +294,8 @@ TEST_CASE("deploy learns a job from JobInfo, and tells a rank of another job why
     std::lock_guard lock(log_mutex);
     log.push_back(line);
   };
-  DeployAgent agent(o);
+  const auto started = ok(DeployAgent::start(o));
+  DeployAgent& agent = *started;
   CHECK(agent.monitor() == nullptr);  // nothing known before the first announcement
   auto r0 = connect_rank(agent.port(), 0);
   auto r1 = connect_rank(agent.port(), 1);

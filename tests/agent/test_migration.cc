@@ -48,7 +48,7 @@ struct Rig {
       std::lock_guard lock(lines_mutex);
       lines.push_back(l);
     };
-    agent = std::make_unique<DeployAgent>(ao);
+    agent = ok(DeployAgent::start(ao));
     REQUIRE(cluster->wait_connected(10s));
     wait_for([&] { return agent->stats().connected_ranks == 16; });
   }
