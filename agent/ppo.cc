@@ -119,14 +119,15 @@ void load_tensors(const std::string& where, const std::function<void()>& load) {
 
 }  // namespace
 
-PpoConfig config_of(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<PpoConfig> config_of(const checkpoints::Checkpoint& checkpoint) {
   PpoConfig c;
   try {
     std::istringstream in(checkpoint.config);
     cereal::JSONInputArchive ar(in);
     ar(cereal::make_nvp("ppo", c));
-  } catch (const std::exception& e) {
-    throw InputError("checkpoint: unreadable training config (" + std::string(e.what()) + ")");
+  } catch (const std::exception& e) {  // cereal reports bad JSON by throwing
+    return Status::invalid_argument("checkpoint: unreadable training config (" +
+                                    std::string(e.what()) + ")");
   }
   return c;
 }
@@ -189,19 +190,35 @@ struct PpoTrainer::State {
   }
 };
 
-PpoTrainer::PpoTrainer(const PpoConfig& config) : s_(std::make_unique<State>()) {
-  check_config(config);
-  s_->config = config;
-  s_->init_envs();
-  torch::manual_seed(config.seed);
-  s_->net = make_network(config);
-  s_->init_optimizer();
-  s_->init_validation();
+PpoTrainer::PpoTrainer() : s_(std::make_unique<State>()) {}
+
+StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::start(const PpoConfig& config) {
+  return catch_input_error([&] {
+    std::unique_ptr<PpoTrainer> trainer(new PpoTrainer());
+    State& s = *trainer->s_;
+    check_config(config);
+    s.config = config;
+    s.init_envs();
+    torch::manual_seed(config.seed);
+    s.net = make_network(config);
+    s.init_optimizer();
+    s.init_validation();
+    return trainer;
+  });
 }
 
-PpoTrainer::PpoTrainer(const checkpoints::Checkpoint& checkpoint, int64_t total_steps_override)
-    : s_(std::make_unique<State>()) {
-  PpoConfig config = config_of(checkpoint);
+StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::resume(const checkpoints::Checkpoint& checkpoint,
+                                                         int64_t total_steps_override) {
+  return catch_input_error([&] {
+    std::unique_ptr<PpoTrainer> trainer(new PpoTrainer());
+    trainer->resume_from(checkpoint, total_steps_override);
+    return trainer;
+  });
+}
+
+void PpoTrainer::resume_from(const checkpoints::Checkpoint& checkpoint,
+                             int64_t total_steps_override) {
+  PpoConfig config = take(config_of(checkpoint));
   if (total_steps_override > 0) config.total_steps = total_steps_override;
   check_config(config);
   if (checkpoint.optimizer.empty()) {

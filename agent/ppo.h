@@ -75,11 +75,14 @@ struct ValidationReport {
 
 class PpoTrainer {
  public:
-  // A fresh run. Throws InputError for bad config values or env ids.
-  explicit PpoTrainer(const PpoConfig& config);
-  // Continues the run saved in `checkpoint` (which must hold optimizer state). total_steps may
-  // be raised by `total_steps_override` (> 0); that changes the learning-rate schedule.
-  explicit PpoTrainer(const checkpoints::Checkpoint& checkpoint, int64_t total_steps_override = 0);
+  // A fresh run: kInvalidArgument naming a bad config value or env id.
+  static StatusOr<std::unique_ptr<PpoTrainer>> start(const PpoConfig& config);
+  // Continues the run saved in `checkpoint`. total_steps may be raised by
+  // `total_steps_override` (> 0); that changes the learning-rate schedule. kInvalidArgument
+  // when the checkpoint holds no optimizer state (an inference-only policy), an unreadable
+  // config or tensors, or a config start() would refuse.
+  static StatusOr<std::unique_ptr<PpoTrainer>> resume(const checkpoints::Checkpoint& checkpoint,
+                                                      int64_t total_steps_override = 0);
   ~PpoTrainer();
   PpoTrainer(const PpoTrainer&) = delete;
   PpoTrainer& operator=(const PpoTrainer&) = delete;
@@ -105,10 +108,12 @@ class PpoTrainer {
 
  private:
   struct State;
+  PpoTrainer();
+  void resume_from(const checkpoints::Checkpoint& checkpoint, int64_t total_steps_override);
   std::unique_ptr<State> s_;
 };
 
-// The config stored in a checkpoint (InputError when unreadable).
-PpoConfig config_of(const checkpoints::Checkpoint& checkpoint);
+// The config stored in a checkpoint: kInvalidArgument when unreadable.
+StatusOr<PpoConfig> config_of(const checkpoints::Checkpoint& checkpoint);
 
 }  // namespace parapilot::agent

@@ -245,7 +245,8 @@ void run_deploy(const DeployFlags& f) {
   if (!f.scenario.empty()) {
     o.job = take(rt::make_job(f.scenario, f.gpus));
     if (!rt::Job::is_initial_name(f.initial_layout)) {
-      throw InputError("--initial-layout \"" + f.initial_layout + "\": expected planned or uniform-dp");
+      throw InputError("--initial-layout \"" + f.initial_layout +
+                       "\": expected planned or uniform-dp");
     }
   } else {
     // A learned job: per-step noise on a shared machine is large; flag only clear slowdowns.

@@ -180,7 +180,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
       throw InputError("--resume: " + last + " was trained on " + c.env_id + ", not " +
                        env_ids_of(o.scenario));
     }
-    trainer = std::make_unique<agent::PpoTrainer>(c, steps_given ? o.steps : 0);
+    trainer = take(agent::PpoTrainer::resume(c, steps_given ? o.steps : 0));
     if (auto it = c.metrics.find("best_validation_score"); it != c.metrics.end())
       best_score = it->second;
     if (auto it = c.metrics.find("cpu_s"); it != c.metrics.end()) cpu_before = it->second;
@@ -203,7 +203,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
     config.hidden = o.hidden;
     config.learning_rate = o.learning_rate;
     config.entropy_coef = o.entropy_coef;
-    trainer = std::make_unique<agent::PpoTrainer>(config);  // validates config and env ids
+    trainer = take(agent::PpoTrainer::start(config));  // validates config and env ids
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw InputError("--out " + dir + ": " + ec.message());
