@@ -33,10 +33,10 @@ EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
   return stats;
 }
 
-EpisodeStats run_oracle(env::Env& env, uint64_t seed) {
+StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed) {
   env.reset(seed);
   const auto oracle = env.oracle();
-  if (!oracle) throw InputError("env " + env.id() + " has no hindsight oracle");
+  if (!oracle) return Status::invalid_argument("env " + env.id() + " has no hindsight oracle");
   EpisodeStats stats;
   for (double tokens : oracle->tokens_per_interval) {
     stats.tokens += tokens;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "policy/baselines.h"
 #include "env/env.h"
 
@@ -28,8 +29,9 @@ struct EpisodeStats {
 
 // Runs one episode of `policy` on `env` from `seed`.
 EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed);
-// The oracle's episode from `seed` (throws InputError when the env has no oracle).
-EpisodeStats run_oracle(env::Env& env, uint64_t seed);
+// The oracle's episode from `seed`; kInvalidArgument naming the env when it has no oracle (a
+// live job cannot see its future).
+StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed);
 
 // Mean and the half-width of a 95% confidence interval (Student t).
 struct Interval {

@@ -146,7 +146,7 @@ void run_eval(const EvalOptions& o) {
   // The oracle normalises every score, so it always runs.
   std::vector<agent::EpisodeStats> oracle;
   for (int e = 0; e < o.episodes; ++e) {
-    oracle.push_back(agent::run_oracle(*env, o.seed + static_cast<uint64_t>(e)));
+    oracle.push_back(take(agent::run_oracle(*env, o.seed + static_cast<uint64_t>(e))));
   }
   const bool progress = ::isatty(STDERR_FILENO) != 0;
   // --record: the simulator reports telemetry during the first non-oracle policy's first episode.

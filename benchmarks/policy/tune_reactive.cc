@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     }
     Env e{std::move(*made), {}};
     for (int k = 0; k < episodes; ++k)
-      e.oracle.push_back(agent::run_oracle(*e.env, first_seed + k).throughput_tokens_per_s);
+      e.oracle.push_back(
+          parapilot::take(agent::run_oracle(*e.env, first_seed + k)).throughput_tokens_per_s);
     envs.push_back(std::move(e));
   }
   struct Row {

@@ -204,7 +204,7 @@ TEST_CASE("simulator: the oracle bounds static and reactive, and adapting beats 
   auto env = ok(make_env("sim:straggler(gpus=32,horizon=48)"));
   double static_total = 0, reactive_total = 0;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
-    const auto oracle = agent::run_oracle(*env, seed);
+    const auto oracle = ok(agent::run_oracle(*env, seed));
     for (const std::string name : {"static", "reactive"}) {
       auto policy = parapilot::policy::make_baseline(name);
       const auto stats = agent::run_episode(*env, *policy, seed);
@@ -220,7 +220,7 @@ TEST_CASE("simulator: every rule is bounded by the oracle and adapts where stati
   auto env = ok(make_env("sim:straggler(gpus=32,horizon=48)"));
   std::map<std::string, double> total;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
-    const auto oracle = agent::run_oracle(*env, seed);
+    const auto oracle = ok(agent::run_oracle(*env, seed));
     for (const std::string& name : parapilot::policy::baseline_names()) {
       auto policy = parapilot::policy::make_baseline(name);
       const auto stats = agent::run_episode(*env, *policy, seed);

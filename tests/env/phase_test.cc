@@ -16,6 +16,9 @@
 #include "strategy/error.h"
 #include "strategy/planner.h"
 #include "tests/strategy/two_search_merge.h"
+#include "tests/strategy/test_util.h"
+
+using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::env;
@@ -212,7 +215,7 @@ TEST_CASE("phase: the oracle adopts compression after the decay; static cannot")
   auto static_policy = parapilot::policy::make_baseline("static");
   SimEnv env(s, "phase-test");
   const auto fixed = agent::run_episode(env, *static_policy, 6);
-  const auto oracle = agent::run_oracle(env, 6);
+  const auto oracle = ok(agent::run_oracle(env, 6));
   double fixed_late = 0, oracle_late = 0, fixed_mid = 0, oracle_mid = 0;
   for (int t = 30; t < 46; ++t) {
     fixed_mid += fixed.tokens_per_s_by_interval[t];

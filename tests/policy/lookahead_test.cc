@@ -152,7 +152,7 @@ TEST_CASE("lookahead: recovers a persistent straggler's loss where static cannot
   auto fixed = policy::make_baseline("static");
   std::vector<double> la, st;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
-    const double oracle = agent::run_oracle(env, seed).throughput_tokens_per_s;
+    const double oracle = ok(agent::run_oracle(env, seed)).throughput_tokens_per_s;
     la.push_back(agent::run_episode(env, *lookahead, seed).throughput_tokens_per_s / oracle);
     st.push_back(agent::run_episode(env, *fixed, seed).throughput_tokens_per_s / oracle);
   }

@@ -51,7 +51,7 @@ TEST_CASE("ppo: learns the best arm of a bandit (known optimum)") {
   auto policy = trainer.greedy_policy();
   auto bandit = ok(parapilot::env::make_env("bandit(horizon=16,best=3)"));
   const ag::EpisodeStats stats = ag::run_episode(*bandit, *policy, 7);
-  const ag::EpisodeStats oracle = ag::run_oracle(*bandit, 7);
+  const ag::EpisodeStats oracle = ok(ag::run_oracle(*bandit, 7));
   CHECK(stats.mean_reward > 0.95);
   REQUIRE(oracle.throughput_tokens_per_s > 0);
   // The known optimum, nearly: the greedy policy's throughput against the hindsight oracle's.
@@ -157,7 +157,7 @@ TEST_CASE("ppo: the shipped default policy loads and is not worse than reactive 
   double rl_score = 0, reactive_score = 0;
   const int episodes = 10;
   for (uint64_t seed = 1000; seed < 1000 + episodes; ++seed) {
-    const double oracle = ag::run_oracle(*env, seed).throughput_tokens_per_s;
+    const double oracle = ok(ag::run_oracle(*env, seed)).throughput_tokens_per_s;
     const double rl = ag::run_episode(*env, *policy, seed).throughput_tokens_per_s / oracle;
     const double re = ag::run_episode(*env, *reactive, seed).throughput_tokens_per_s / oracle;
     diff.push_back(rl - re);
