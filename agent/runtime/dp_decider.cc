@@ -108,7 +108,8 @@ DataParallelDecider::DataParallelDecider(DataParallelOptions options)
   // Preconditions: the agent checks a JobInfo's world size and batch, and deploy its flags,
   // before a decider is made.
   assert(o_.ranks >= 1 && o_.global_batch >= o_.ranks);
-  assert(o_.verify_steps >= 1 && o_.settle_steps >= 0 && o_.min_gain >= 1 && o_.equal_band >= 0);
+  assert(o_.verify_steps >= 1 && o_.settle_steps >= 0 && o_.min_gain >= 1 && o_.equal_band >= 0 &&
+         o_.noise_k >= 0);
   counts_ = even_counts(o_.ranks, o_.global_batch);
   previous_counts_ = counts_;
 }
@@ -189,7 +190,7 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
                    static_cast<double>(o_.warmup_steps));
     return d;
   }
-  std::vector<double> per_sample(o_.ranks, 0.0), fixed(o_.ranks, 0.0);
+  std::vector<double> per_sample(o_.ranks, 0.0), fixed(o_.ranks, 0.0), se(o_.ranks, 0.0);
   std::string missing;
   for (int r = 0; r < o_.ranks; ++r) {
     const double level = r < static_cast<int>(b.rank_compute_ms.size()) ? b.rank_compute_ms[r] : 0;
@@ -199,11 +200,16 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
       missing += std::to_string(r);
       continue;
     }
+    const double level_se = r < static_cast<int>(b.rank_compute_se_ms.size())
+                                ? std::max(0.0, b.rank_compute_se_ms[r])
+                                : 0.0;
     if (b.compute_per_sample) {
       per_sample[r] = level;
+      se[r] = level_se;
       fixed[r] = r < static_cast<int>(b.rank_fixed_ms.size()) ? b.rank_fixed_ms[r] : 0.0;
     } else {
       per_sample[r] = level / counts_[r];
+      se[r] = level_se / counts_[r];
     }
   }
   if (!missing.empty()) {
@@ -212,22 +218,41 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
   }
   const double median_ms = monitor::median(per_sample);
   const double median_fixed = monitor::median(fixed);
+  const double median_se = monitor::median(se);
+  const std::vector<double> measured_ms = per_sample, measured_fixed = fixed;
+  // The rank named in the reason: the slowest for the current shares, or, once a target is
+  // known, the one it takes the most work from.
+  auto evidence_of = [&](int r) {
+    return fmt("rank %d computes %.3f ms per sample + %.1f ms per step vs the median %.3f + %.1f",
+               r, measured_ms[r], measured_fixed[r], median_ms, median_fixed);
+  };
   std::vector<double> step_of(o_.ranks);
   for (int r = 0; r < o_.ranks; ++r) step_of[r] = fixed[r] + per_sample[r] * counts_[r];
-  const auto slowest = std::max_element(step_of.begin(), step_of.end());
-  const int slow = static_cast<int>(slowest - step_of.begin());
-  const std::string evidence =
-      fmt("rank %d computes %.3f ms per sample + %.1f ms per step vs the median %.3f + %.1f", slow,
-          per_sample[slow], fixed[slow], median_ms, median_fixed);
-  // Noise-level differences are no differences: per-sample times within the band of the median,
-  // and fixed parts within the band of a median rank's step.
+  std::string evidence =
+      evidence_of(static_cast<int>(std::max_element(step_of.begin(), step_of.end()) - step_of.begin()));
+  // Noise-level differences are no differences: per-sample times within the band of the median
+  // or within noise_k standard errors of it, and fixed parts within the band of a median rank's
+  // step.
   const double typical_step = median_fixed + median_ms * o_.global_batch / o_.ranks;
   for (int r = 0; r < o_.ranks; ++r) {
     double& c = per_sample[r];
-    if (c < median_ms * (1 + o_.equal_band) && c * (1 + o_.equal_band) > median_ms) c = median_ms;
+    const bool in_band = c < median_ms * (1 + o_.equal_band) && c * (1 + o_.equal_band) > median_ms;
+    const bool in_noise = std::abs(c - median_ms) <= o_.noise_k * std::hypot(se[r], median_se);
+    if (in_band || in_noise) c = median_ms;
     if (std::abs(fixed[r] - median_fixed) < o_.equal_band * typical_step) fixed[r] = median_fixed;
   }
   const std::vector<int> target = balanced_counts(per_sample, fixed, o_.global_batch);
+  // The ranks the target takes work from: the move a confirmation must see again.
+  std::vector<int> shed;
+  int most_shed = -1;
+  for (int r = 0; r < o_.ranks; ++r) {
+    if (target[r] >= counts_[r]) continue;
+    shed.push_back(r);
+    if (most_shed < 0 || counts_[r] - target[r] > counts_[most_shed] - target[most_shed]) {
+      most_shed = r;
+    }
+  }
+  if (most_shed >= 0) evidence = evidence_of(most_shed);
   d.predicted_now_ms = predicted_step_ms(per_sample, fixed, counts_);
   d.predicted_new_ms = predicted_step_ms(per_sample, fixed, target);
   // The switch costs about one step (the boundary agreement and re-learning the levels),
@@ -248,6 +273,10 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
         fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) + evidence;
     return d;
   }
+  // A confirmation is the same move again: work taken from the same ranks. Another move starts
+  // the count afresh (the asymmetry wandered: load, not a slow rank).
+  if (shed != wanted_from_) wanted_ = 0;
+  wanted_from_ = shed;
   if (++wanted_ < o_.confirm_decisions) {
     d.reason = fmt("predicted gain %.2fx in %d of %d decisions in a row; ", d.predicted_gain,
                    wanted_, o_.confirm_decisions) +

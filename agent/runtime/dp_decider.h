@@ -6,10 +6,14 @@
 //   measured compute per sample (Beliefs::rank_compute_ms: everything else it does in a step
 //   except waiting in collectives, per sample) times its samples; the job's step is the slowest
 //   rank's. Balanced shares equalise the ranks' predicted steps (water-filling; every rank keeps
-//   at least one sample). Ranks within `equal_band` of the median rank count as equal to it.
+//   at least one sample). A rank counts as equal to the median rank when its compute per sample
+//   is within `equal_band` of the median's, or within `noise_k` standard errors of the two
+//   levels (Beliefs::rank_compute_se_ms, from the spread the monitor measures): on a loaded
+//   machine the band widens with the noise.
 // * A switch is proposed only when the predicted step-time ratio, after charging the switch's
 //   cost (one step at the current time, amortised over the cool-down), reaches `min_gain` in
-//   `confirm_decisions` decisions in a row.
+//   `confirm_decisions` decisions in a row that move work away from the same ranks (load that
+//   wanders from rank to rank is not a slow rank).
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
 //   from `settle_steps` after the switch) is compared with the interval before it. Worse beyond
 //   noise (max(revert_margin, 3 robust standard errors)) reverts to the previous shares, and the
@@ -40,9 +44,12 @@ struct DataParallelOptions {
   /// equal to it: step-to-step noise on a shared machine must not move work between healthy
   /// ranks.
   double equal_band = 0.2;
+  /// ... or within this many standard errors of the two levels (the rank's and the median's).
+  double noise_k = 3.0;
   int warmup_steps = 10;  ///< the job's first steps (start-up transients) are not measured.
-  /// Decisions in a row that must predict the gain before a switch (a passing asymmetry, e.g.
-  /// another process taking a core for a while, is not acted on).
+  /// Decisions in a row that must predict the gain, shedding work from the same ranks, before
+  /// a switch (a passing asymmetry, e.g. another process taking a core for a while, is not
+  /// acted on).
   int confirm_decisions = 2;
 };
 
@@ -72,7 +79,7 @@ const char* to_string(DataParallelDecision::Kind kind);
 class DataParallelDecider {
  public:
   /// Precondition (asserted): ranks >= 1, global_batch >= ranks, verify_steps >= 1,
-  /// settle_steps >= 0, min_gain >= 1, equal_band >= 0.
+  /// settle_steps >= 0, min_gain >= 1, equal_band >= 0, noise_k >= 0.
   explicit DataParallelDecider(DataParallelOptions options);
 
   /// One closed step's wall time (Beliefs::last_step_ms), in step order.
@@ -96,7 +103,8 @@ class DataParallelDecider {
   std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
   int cooldown_;
   int since_switch_ = 1 << 20;            // decisions since the last switch was prepared
-  int wanted_ = 0;                        // decisions in a row that predicted the gain
+  int wanted_ = 0;                        // decisions in a row that predicted the gain...
+  std::vector<int> wanted_from_;          // ...shedding work from these ranks
   bool verifying_ = false;                // the last switch is being judged
   uint64_t verify_from_ = 0;              // first step that counts for the judgement
   double before_ms_ = 0, before_se_ = 0;  // the interval before the switch

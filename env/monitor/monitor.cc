@@ -238,6 +238,7 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   s_->beliefs.conditions.gpu_speed.assign(options.ranks, 1.0);
   s_->beliefs.conditions.node_inter_bw.assign(s_->nodes, 1.0);
   s_->beliefs.rank_compute_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_compute_se_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_steps_per_s.assign(options.ranks, 0.0);
   s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
@@ -508,6 +509,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     b.conditions.gpu_speed[r] = st.speed;
     b.rank_compute_ms[r] = st.compute.value();
+    b.rank_compute_se_ms[r] = st.compute.standard_error();
     b.rank_fixed_ms[r] = st.fixed.value();
     b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
     b.rank_lateness_ms[r] = st.lateness_ms;

@@ -79,6 +79,10 @@ struct Beliefs {
   /// "info/samples" telemetry entry), per sample of the part that scales with samples: compute
   /// minus the optimizer step ("phase/optimizer"). 0: unknown.
   std::vector<double> rank_compute_ms;
+  /// Standard error of rank_compute_ms (same units), from the spread of the rank's recent
+  /// samples (RobustEwma::standard_error): how far apart two ranks' levels may be from noise
+  /// alone. 0: unknown.
+  std::vector<double> rank_compute_se_ms;
   /// Robust level of the per-step part that does not scale with samples ("phase/optimizer");
   /// 0 when not reported.
   std::vector<double> rank_fixed_ms;

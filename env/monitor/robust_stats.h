@@ -93,6 +93,12 @@ class RobustEwma {
   }
 
   double value() const { return level_; }
+  /// Robust standard deviation of the recent inliers around the level (1.4826 x their MAD); 0
+  /// until two samples are in.
+  double spread() const { return size_ > 1 ? 1.4826 * window_mad() : 0.0; }
+  /// Standard error of the level for independent samples of that spread: an EWMA of weight
+  /// alpha has variance alpha / (2 - alpha) of its samples'.
+  double standard_error() const { return spread() * std::sqrt(o_.alpha / (2 - o_.alpha)); }
   long count() const { return count_; }  ///< samples accepted (inliers and shifts' first).
   long rejected() const { return rejected_; }
   long shifts() const { return shifts_; }

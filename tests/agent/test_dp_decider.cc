@@ -94,6 +94,61 @@ TEST_CASE("a gain must be predicted in two decisions in a row: a passing asymmet
   CHECK(x.kind == DataParallelDecision::Kind::rebalance);
 }
 
+TEST_CASE("a confirmation must take work from the same ranks: an asymmetry that wanders is load") {
+  DataParallelOptions o = options4();
+  o.confirm_decisions = 2;
+  DataParallelDecider d(o);
+  std::mt19937 rng(6);
+  uint64_t step = 0;
+  // Every decision one rank looks 1.6x slower, a different one each time (another process
+  // taking one core, then another): each would predict a gain, none is confirmed.
+  for (int i = 0; i < 20; ++i) {
+    step = feed(d, step, 10, 100, 0.05, rng);
+    std::vector<double> levels(4, 1.0);
+    levels[static_cast<size_t>(i % 4)] = 1.6;
+    const DataParallelDecision x = d.decide(measured(levels, d.counts()), false);
+    INFO(x.reason);
+    REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+    CHECK(x.reason.find("1 of 2 decisions") != std::string::npos);
+    CHECK(x.reason.find("rank " + std::to_string(i % 4) + " computes") != std::string::npos);
+  }
+  // The same rank twice in a row is confirmed.
+  step = feed(d, step, 10, 100, 0.05, rng);
+  CHECK(d.decide(measured({1.0, 1.0, 1.6, 1.0}, d.counts()), false).kind ==
+        DataParallelDecision::Kind::keep);
+  feed(d, step, 10, 100, 0.05, rng);
+  const DataParallelDecision x = d.decide(measured({1.0, 1.0, 1.6, 1.0}, d.counts()), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  CHECK(x.counts[2] == *std::min_element(x.counts.begin(), x.counts.end()));
+}
+
+TEST_CASE("a difference within the noise the monitor measures moves nothing") {
+  // Rank 1 is 1.5x the median, beyond the 20% band; whether that is a slow rank depends on how
+  // noisy the levels are.
+  auto with_se = [](double se) {
+    monitor::Beliefs b = measured({1.0, 1.5, 1.0, 1.0}, even_counts(4, 256));
+    b.rank_compute_se_ms.assign(4, se);
+    return b;
+  };
+  std::mt19937 rng(8);
+  {
+    DataParallelDecider d(options4());
+    feed(d, 0, 10, 100, 0.05, rng);
+    // 3 x hypot(0.15, 0.15) = 0.64 ms > 0.5 ms: within the noise.
+    const DataParallelDecision x = d.decide(with_se(0.15), false);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+    CHECK(x.reason.find("shares already balanced") != std::string::npos);
+  }
+  {
+    DataParallelDecider d(options4());
+    feed(d, 0, 10, 100, 0.05, rng);
+    // 3 x hypot(0.05, 0.05) = 0.21 ms < 0.5 ms: a measured difference.
+    const DataParallelDecision x = d.decide(with_se(0.05), false);
+    REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+    CHECK(x.counts[1] == *std::min_element(x.counts.begin(), x.counts.end()));
+  }
+}
+
 TEST_CASE("nothing is proposed before the job's first steps were measured") {
   DataParallelOptions o = options4();
   o.warmup_steps = 10;

@@ -68,6 +68,27 @@ TEST_CASE("median, MAD and the robust EWMA ignore a blip and follow a sustained 
   CHECK(e.shifts() == 1);
 }
 
+TEST_CASE("a rank's compute level carries the standard error its samples' spread gives") {
+  Monitor m(options(4));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> transfer(4, 1.0);
+  for (uint64_t s = 0; s < 30; ++s) {
+    // Ranks 0-1 steady (+-1%), ranks 2-3 noisy (+-15%): the same level, other errors.
+    std::vector<double> compute{100 * (1 + 0.01 * u(rng)), 100 * (1 + 0.01 * u(rng)),
+                                100 * (1 + 0.15 * u(rng)), 100 * (1 + 0.15 * u(rng))};
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
+  }
+  const Beliefs b = m.beliefs();
+  REQUIRE(b.rank_compute_se_ms.size() == 4);
+  for (int r = 0; r < 4; ++r) CHECK(b.rank_compute_se_ms[r] > 0);
+  CHECK(b.rank_compute_se_ms[0] < 1.0);
+  CHECK(b.rank_compute_se_ms[2] > 3 * std::max(b.rank_compute_se_ms[0], b.rank_compute_se_ms[1]));
+  CHECK(b.rank_compute_se_ms[3] > 3 * std::max(b.rank_compute_se_ms[0], b.rank_compute_se_ms[1]));
+  // +-15% uniform has a standard deviation of 8.7 ms; alpha 0.3 gives an error of 0.42 of it.
+  CHECK(b.rank_compute_se_ms[2] == doctest::Approx(0.42 * 8.7).epsilon(0.6));
+}
+
 TEST_CASE("a 3x slower rank is found from compute-only time and arrival skew, not step time") {
   Monitor m(options(16));
   std::vector<uint64_t> closed;

@@ -2,16 +2,20 @@
 shape with the documented lines added), 4 CPU Gloo ranks, beside `parapilot deploy` given only
 --listen and --secret-file (no scenario, the shipped defaults).
 
-Each case runs the same job twice in the same test, without and with the agent, and compares the
-second halves' median step times (runs made side by side, so machine load affects both):
-  (a) healthy: at most 2 commits, and no slower than without the agent beyond noise (the larger
-      of 10% and the difference between two runs without it, made before and after);
+Each case runs the same job without and with the agent:
+  (a) healthy: at most 2 commits, at most 2 slow-rank events, and the shares the agent ends with
+      cost no more than even shares beyond 10% (every rank equally fast, so a step is as long as
+      the largest share);
   (b)-(d) one rank 3x slower inside its forward, in its data loading (before the forward), or in
       its optimizer step (there as a fixed extra per step, the same amount as (b) at an even
-      share): the slow rank ends with the smallest share and the second half is at least 10%
-      faster than without the agent;
+      share): the slow rank ends with the smallest share, and the shares the agent ends with,
+      costed with the slowdown the test put in, make a step at least 10% shorter than even
+      shares;
   (e) deploy described by a scenario of another size: both sides say so, no plan is sent.
-Figures go to stderr (and to $PARAPILOT_JOB_RESULTS as JSON lines when set).
+The assertions are about what the agent did (its commits, the shares it chose, the plans it sent),
+never about wall time, which on a shared machine depends on what else runs. The wall times of
+both runs (second halves' median steps) are figures: they go to stderr, and to
+$PARAPILOT_JOB_RESULTS as JSON lines when set (scripts/run-results.py pytorch).
 """
 
 import json
@@ -32,7 +36,23 @@ RANKS = 4
 STEPS = 200
 GLOBAL_BATCH = 256
 SLOW_RANK = 1
-NOISE = 0.10  # run-to-run noise allowed between two healthy runs on a shared 2-core machine
+SLOW_FACTOR = 3.0  # tutorial_ddp.py's default --slow-factor
+EVEN = GLOBAL_BATCH // RANKS
+GAIN = 0.10  # the least a rebalance must shorten the modelled step by (deploy's --min-gain)
+
+
+def modelled_step(counts, slow_where=None):
+    """A step for these shares in units of one healthy rank's time per sample: each healthy rank
+    takes its samples, the slow rank its samples x SLOW_FACTOR (data, forward) or its samples plus
+    (SLOW_FACTOR - 1) x an even share (optimizer: a fixed extra per step), as tutorial_ddp.py
+    slows it. The step is the slowest rank's."""
+    def cost(rank, n):
+        if rank != SLOW_RANK or slow_where is None:
+            return n
+        if slow_where == "optimizer":
+            return n + (SLOW_FACTOR - 1) * EVEN
+        return SLOW_FACTOR * n
+    return max(cost(r, n) for r, n in enumerate(counts))
 
 
 class Deploy:
@@ -102,7 +122,8 @@ class PyTorchJobTest(unittest.TestCase):
                "300", SCRIPT, "--steps", str(steps), "--global-batch", str(GLOBAL_BATCH),
                "--out", out]
         if slow_where:
-            cmd += ["--slow-rank", str(SLOW_RANK), "--slow-where", slow_where]
+            cmd += ["--slow-rank", str(SLOW_RANK), "--slow-where", slow_where,
+                    "--slow-factor", str(SLOW_FACTOR)]
         try:
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
         finally:
@@ -117,13 +138,16 @@ class PyTorchJobTest(unittest.TestCase):
         result["second_half_ms"] = statistics.median(steps[len(steps) // 2:])
         return result
 
-    def report(self, case, without, with_agent):
+    def report(self, case, without, with_agent, slow_where=None):
         d = with_agent["deploy"]
         summary = d.events("agent_stopped")[-1]
+        counts = with_agent["final_counts"]
         figures = {"case": case, "without_ms": round(without["second_half_ms"], 2),
                    "with_ms": round(with_agent["second_half_ms"], 2),
                    "ratio": round(with_agent["second_half_ms"] / without["second_half_ms"], 3),
-                   "final_counts": with_agent["final_counts"],
+                   "modelled_ratio": round(modelled_step(counts, slow_where) /
+                                           modelled_step([EVEN] * RANKS, slow_where), 3),
+                   "final_counts": counts,
                    "committed": summary["committed"], "reverted": summary["reverted"],
                    "aborted": summary["aborted"], "deploy_cpu_s": summary["cpu_s"],
                    "slow_rank_events": summary["stragglers_detected"],
@@ -149,31 +173,32 @@ class PyTorchJobTest(unittest.TestCase):
     def slowed_case(self, where):
         without = self.run_job(False, where)
         with_agent = self.run_job(True, where)
-        summary = self.report(where, without, with_agent)
+        summary = self.report(where, without, with_agent, where)
         self.check_common(with_agent, summary)
+        self.assertEqual(without["final_counts"], [EVEN] * RANKS)
         counts = with_agent["final_counts"]
-        self.assertLess(counts[SLOW_RANK], GLOBAL_BATCH // RANKS, counts)
+        self.assertEqual(sum(counts), GLOBAL_BATCH, counts)
+        self.assertLess(counts[SLOW_RANK], EVEN, counts)
         self.assertEqual(counts[SLOW_RANK], min(counts), counts)
-        self.assertLessEqual(with_agent["second_half_ms"], 0.9 * without["second_half_ms"],
-                             f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
-                             f"{without['second_half_ms']:.1f} ms without")
+        self.assertGreaterEqual(summary["committed"], 1)
+        even = modelled_step([EVEN] * RANKS, where)
+        self.assertLessEqual(modelled_step(counts, where), (1 - GAIN) * even,
+                             f"shares {counts} with rank {SLOW_RANK} {SLOW_FACTOR}x slower in "
+                             f"its {where}")
 
     def test_a_healthy(self):
-        # Without, with, without: the two runs without the agent measure this machine's
-        # run-to-run noise now, and the run with it is compared with their mean.
-        without = [self.run_job(False)]
+        without = self.run_job(False)
         with_agent = self.run_job(True)
-        without.append(self.run_job(False))
-        w = [r["second_half_ms"] for r in without]
-        base = dict(without[0], second_half_ms=statistics.mean(w))
-        summary = self.report("healthy", base, with_agent)
+        summary = self.report("healthy", without, with_agent)
         self.check_common(with_agent, summary)
         self.assertLessEqual(summary["committed"], 2)
         self.assertLessEqual(summary["stragglers_detected"], 2, "noise flagged as slow ranks")
-        noise = max(NOISE, abs(w[0] - w[1]) / statistics.mean(w))
-        self.assertLessEqual(with_agent["second_half_ms"], (1 + noise) * base["second_half_ms"],
-                             f"{with_agent['second_half_ms']:.1f} ms with the agent vs "
-                             f"{w[0]:.1f} and {w[1]:.1f} ms without")
+        # Every rank is equally fast: a step lasts as long as the largest share takes, and the
+        # agent must not leave one much larger than an even share.
+        counts = with_agent["final_counts"]
+        self.assertEqual(sum(counts), GLOBAL_BATCH, counts)
+        self.assertLessEqual(modelled_step(counts), (1 + GAIN) * EVEN,
+                             f"shares {counts} on a healthy job")
 
     def test_e_world_size_mismatch_is_said_on_both_sides(self):
         # deploy described an 8-GPU job by a scenario; the job has 4 ranks.
@@ -184,7 +209,7 @@ class PyTorchJobTest(unittest.TestCase):
         self.assertIn("8 ranks", d.events("job_mismatch")[0]["reason"])
         self.assertEqual(d.events("migration"), [], "plans were sent to a job that cannot run them")
         self.assertIn("the agent will send no plans", r["log"])
-        self.assertEqual(r["final_counts"], [GLOBAL_BATCH // RANKS] * RANKS)
+        self.assertEqual(r["final_counts"], [EVEN] * RANKS)
 
     def test_b_slow_forward(self):
         self.slowed_case("forward")
