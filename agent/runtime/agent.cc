@@ -236,6 +236,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   mo.ranks = static_cast<int>(info.world_size);
   mo.gpus_per_node = mo.ranks;  // nodes are unknown: one peer group, one "node"
   mo.peer_group.clear();
+  mo.compute_standard_errors = true;  // the data-parallel decider's noise band
   monitor_owner = std::make_unique<monitor::Monitor>(mo);
   DataParallelOptions dpo = o.data_parallel;
   dpo.ranks = mo.ranks;

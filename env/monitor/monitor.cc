@@ -509,7 +509,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     b.conditions.gpu_speed[r] = st.speed;
     b.rank_compute_ms[r] = st.compute.value();
-    b.rank_compute_se_ms[r] = st.compute.standard_error();
+    if (o.compute_standard_errors) b.rank_compute_se_ms[r] = st.compute.standard_error();
     b.rank_fixed_ms[r] = st.fixed.value();
     b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
     b.rank_lateness_ms[r] = st.lateness_ms;

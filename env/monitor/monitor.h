@@ -57,6 +57,9 @@ struct MonitorOptions {
   double dead_band = 0.05;
   /// Weight of a new compute sample in a rank's level (RobustEwma::Options::alpha).
   double compute_alpha = 0.3;
+  /// Whether beliefs carry each rank's rank_compute_se_ms (a median of its recent samples per
+  /// rank and refresh; the data-parallel decider reads it). Off: the field stays 0.
+  bool compute_standard_errors = false;
 };
 
 /// Something the monitor noticed, with the numbers that made it say so.
@@ -81,7 +84,7 @@ struct Beliefs {
   std::vector<double> rank_compute_ms;
   /// Standard error of rank_compute_ms (same units), from the spread of the rank's recent
   /// samples (RobustEwma::standard_error): how far apart two ranks' levels may be from noise
-  /// alone. 0: unknown.
+  /// alone. 0: unknown, or not asked for (MonitorOptions::compute_standard_errors).
   std::vector<double> rank_compute_se_ms;
   /// Robust level of the per-step part that does not scale with samples ("phase/optimizer");
   /// 0 when not reported.

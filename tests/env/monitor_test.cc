@@ -69,7 +69,10 @@ TEST_CASE("median, MAD and the robust EWMA ignore a blip and follow a sustained 
 }
 
 TEST_CASE("a rank's compute level carries the standard error its samples' spread gives") {
-  Monitor m(options(4));
+  MonitorOptions o = options(4);
+  o.compute_standard_errors = true;
+  Monitor m(o);
+  Monitor without(options(4));  // not asked for: the field stays 0
   std::mt19937 rng(11);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> transfer(4, 1.0);
@@ -77,10 +80,15 @@ TEST_CASE("a rank's compute level carries the standard error its samples' spread
     // Ranks 0-1 steady (+-1%), ranks 2-3 noisy (+-15%): the same level, other errors.
     std::vector<double> compute{100 * (1 + 0.01 * u(rng)), 100 * (1 + 0.01 * u(rng)),
                                 100 * (1 + 0.15 * u(rng)), 100 * (1 + 0.15 * u(rng))};
-    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
+    for (const auto& t : sync_step(s, compute, transfer)) {
+      REQUIRE(m.ingest(t).ok());
+      REQUIRE(without.ingest(t).ok());
+    }
   }
   const Beliefs b = m.beliefs();
   REQUIRE(b.rank_compute_se_ms.size() == 4);
+  CHECK(without.beliefs().rank_compute_se_ms == std::vector<double>(4, 0.0));
+  CHECK(without.beliefs().rank_compute_ms == b.rank_compute_ms);
   for (int r = 0; r < 4; ++r) CHECK(b.rank_compute_se_ms[r] > 0);
   CHECK(b.rank_compute_se_ms[0] < 1.0);
   CHECK(b.rank_compute_se_ms[2] > 3 * std::max(b.rank_compute_se_ms[0], b.rank_compute_se_ms[1]));
