@@ -64,8 +64,9 @@ std::vector<std::string> split(const std::string& list) {
 // The non-learned baselines, which the default reference is chosen among.
 bool is_rule(const std::string& name) {
   const std::vector<std::string> rules = policy::baseline_names();
+  const auto lookahead = policy::parse_lookahead(name);
   return std::find(rules.begin(), rules.end(), name) != rules.end() ||
-         policy::parse_lookahead(name).has_value();
+         (lookahead.ok() && lookahead->has_value());
 }
 
 struct PolicyResult {
@@ -137,8 +138,8 @@ void run_eval(const EvalOptions& o) {
       policies[i] = take(policy::load_policy(policy::default_policy_path()));
     } else if (names[i].rfind("rl:", 0) == 0) {
       policies[i] = take(policy::load_policy(names[i].substr(3)));
-    } else if (const auto lookahead = policy::parse_lookahead(names[i])) {
-      policies[i] = policy::make_lookahead(*env, *lookahead);
+    } else if (const auto lookahead = take(policy::parse_lookahead(names[i]))) {
+      policies[i] = take(policy::make_lookahead(*env, *lookahead));
     } else {
       policies[i] = parapilot::policy::make_baseline(names[i]);
     }

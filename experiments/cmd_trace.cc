@@ -149,7 +149,7 @@ void run_analyze(const TraceAnalyzeOptions& o) {
       meta.pp_size = given.pp_size;
       meta.trial_name = given.trial_name;
     }
-    ops = trace::telemetry_to_op_trace(t, meta);
+    ops = take(trace::telemetry_to_op_trace(t, meta));
     telemetry_step_s = trace::mean_recorded_step_s(t);
   } else {
     std::ifstream probe(o.trace);

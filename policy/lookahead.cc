@@ -210,19 +210,26 @@ class LookaheadPolicy : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_lookahead(const env::Env& env, const LookaheadOptions& options) {
+StatusOr<std::unique_ptr<Policy>> make_lookahead(const env::Env& env,
+                                                 const LookaheadOptions& options) {
   if (!env.planning_view()) {
-    throw InputError("lookahead samples futures from the scenario's dynamics, and env " +
-                     env.id() +
-                     " has none (only simulator envs generated from a scenario do; a trace "
-                     "replay or a live job does not)");
+    return Status::invalid_argument(
+        "lookahead samples futures from the scenario's dynamics, and env " + env.id() +
+        " has none (only simulator envs generated from a scenario do; a trace replay or a live "
+        "job does not)");
   }
-  if (options.futures < 1) throw InputError("lookahead: k (futures per decision) must be >= 1");
-  if (options.intervals < 1) throw InputError("lookahead: h (intervals ahead) must be >= 1");
-  return std::make_unique<LookaheadPolicy>(env, options);
+  if (options.futures < 1) {
+    return Status::invalid_argument("lookahead: k (futures per decision) must be >= 1");
+  }
+  if (options.intervals < 1) {
+    return Status::invalid_argument("lookahead: h (intervals ahead) must be >= 1");
+  }
+  return std::unique_ptr<Policy>(std::make_unique<LookaheadPolicy>(env, options));
 }
 
-std::optional<LookaheadOptions> parse_lookahead(const std::string& name) {
+namespace {
+
+std::optional<LookaheadOptions> parse_or_throw(const std::string& name) {
   const std::string base = "lookahead";
   if (name.compare(0, base.size(), base) != 0) return std::nullopt;
   LookaheadOptions o;
@@ -275,6 +282,12 @@ std::optional<LookaheadOptions> parse_lookahead(const std::string& name) {
     at = end + 1;
   }
   return o;
+}
+
+}  // namespace
+
+StatusOr<std::optional<LookaheadOptions>> parse_lookahead(const std::string& name) {
+  return catch_input_error([&] { return parse_or_throw(name); });
 }
 
 }  // namespace parapilot::policy

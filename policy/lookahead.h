@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "core/status.h"
 #include "env/env.h"
 #include "policy/policy.h"
 
@@ -34,12 +35,13 @@ struct LookaheadOptions {
 };
 
 /// The lookahead policy on `env`, which must outlive it (the policy reads env.planning_view()
-/// at every decision). Throws InputError naming the env when it has no planning view (a trace
+/// at every decision). kInvalidArgument naming the env when it has no planning view (a trace
 /// replay, a live job: no dynamics to sample futures from) or when an option is out of range.
-std::unique_ptr<Policy> make_lookahead(const env::Env& env, const LookaheadOptions& options);
+StatusOr<std::unique_ptr<Policy>> make_lookahead(const env::Env& env,
+                                                 const LookaheadOptions& options);
 
 /// Reads a policy name "lookahead" or "lookahead(k=K,h=H,min_gain=G,seed=S)", any of the keys
-/// given; nullopt for a name that is not lookahead's. Throws InputError naming the bad part.
-std::optional<LookaheadOptions> parse_lookahead(const std::string& name);
+/// given; nullopt for a name that is not lookahead's; kInvalidArgument naming the bad part.
+StatusOr<std::optional<LookaheadOptions>> parse_lookahead(const std::string& name);
 
 }  // namespace parapilot::policy

@@ -27,9 +27,9 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
     recorded = take(trace::read_op_trace(id.variant, take(trace::read_job_meta(param("meta", "")))));
   } else {
     const trace::TelemetryTrace t = take(trace::read_telemetry(id.variant));
-    recorded = trace::telemetry_to_op_trace(
+    recorded = take(trace::telemetry_to_op_trace(
         t, id.params.count("meta") ? take(trace::read_job_meta(param("meta", "")))
-                                   : trace::telemetry_layout(t));
+                                   : trace::telemetry_layout(t)));
   }
   const int world = recorded.meta.world_size;
   const std::string gpu = param("gpu", "a100-80g");

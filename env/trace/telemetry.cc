@@ -137,7 +137,17 @@ double mean_recorded_step_s(const TelemetryTrace& t) {
   return span.empty() ? 0.0 : sum / static_cast<double>(span.size());
 }
 
-OpTrace telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta) {
+namespace {
+OpTrace to_op_trace_or_throw(const TelemetryTrace& t, const JobMeta& meta);
+}  // namespace
+
+StatusOr<OpTrace> telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta) {
+  return catch_input_error([&] { return to_op_trace_or_throw(t, meta); });
+}
+
+namespace {
+
+OpTrace to_op_trace_or_throw(const TelemetryTrace& t, const JobMeta& meta) {
   std::vector<std::int64_t> steps;
   for (const TelemetrySample& s : t.samples) steps.push_back(s.step);
   std::sort(steps.begin(), steps.end());
@@ -202,5 +212,7 @@ OpTrace telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta) {
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace parapilot::trace

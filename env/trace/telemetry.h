@@ -72,8 +72,8 @@ double mean_recorded_step_s(const TelemetryTrace& t);
 // An op trace with the same per-rank compute and communication, laid out as a 1F1B schedule
 // (forward:backward = 1:2 of compute_ms, split evenly over microbatches; pipeline time split
 // over the sends; tensor-parallel time folded into compute), so that the op-level analysis
-// applies. Ranks keep their recorded numbers. Throws InputError when a (step, dp_rank, stage)
+// applies. Ranks keep their recorded numbers. kInvalidArgument when a (step, dp_rank, stage)
 // is recorded twice or the layout has holes.
-OpTrace telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta);
+StatusOr<OpTrace> telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& meta);
 
 }  // namespace parapilot::trace

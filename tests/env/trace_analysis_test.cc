@@ -46,17 +46,6 @@ SyntheticJob healthy_job(int dp, int pp) {
   return job;
 }
 
-// Message of the InputError thrown by f, or "" when none is thrown.
-template <typename F>
-std::string input_error(F f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 StatusOr<OpTrace> parse(const std::string& csv, const JobMeta& meta) {
   std::istringstream in(csv);
   return read_op_trace(in, "bad.csv", meta);
@@ -406,7 +395,7 @@ TEST_CASE("telemetry of a job with one slow rank: analysed through the 1F1B mode
   const JobMeta meta = telemetry_layout(t);
   CHECK(meta.dp_size == 4);
   CHECK(meta.pp_size == 2);
-  const TraceAnalysis a = analyze_trace(telemetry_to_op_trace(t, meta));
+  const TraceAnalysis a = analyze_trace(ok(telemetry_to_op_trace(t, meta)));
   CHECK(a.cause == "worker");
   REQUIRE_FALSE(a.stragglers.empty());
   CHECK(a.stragglers[0].rank == 4);
@@ -414,8 +403,7 @@ TEST_CASE("telemetry of a job with one slow rank: analysed through the 1F1B mode
   CHECK(a.remedy.kind == "rebalance-dp-shares");
 
   t.samples.pop_back();
-  CHECK(input_error([&] { telemetry_to_op_trace(t, meta); }).find("one sample per") !=
-        std::string::npos);
+  CHECK(error_in(telemetry_to_op_trace(t, meta)).find("one sample per") != std::string::npos);
 }
 
 TEST_CASE("gradient reduce-scatters overlapped with the backward passes are replayed in place") {
