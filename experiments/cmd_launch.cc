@@ -117,7 +117,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     char* end = nullptr;
     const long long step = std::strtoll(a.c_str(), &end, 10);
     if (end != a.c_str() + colon || step < 0) throw InputError("--action '" + a + "': bad step");
-    schedule[step].push_back(live::decode_action(a.substr(colon + 1)));
+    schedule[step].push_back(take(live::decode_action(a.substr(colon + 1))));
   }
   if (o.agent != "builtin" &&
       (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0))
@@ -199,7 +199,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       auto apply = [&](const live::LiveAction& a, const char* why) {
         const StatusOr<live::AppliedPlan> r = agent->apply(a, 30s);
         std::printf("step %lld: %s %s -> %s\n", static_cast<long long>(step), why,
-                    live::encode_action(a).c_str(),
+                    take(live::encode_action(a)).c_str(),
                     r.ok() ? ("committed at step " + std::to_string(r->switch_at_step)).c_str()
                            : r.status().message().c_str());
         std::fflush(stdout);

@@ -106,7 +106,9 @@ std::string_view compression_name(Compression c) {
   return "none";
 }
 
-std::string encode_action(const LiveAction& a) {
+namespace {
+
+std::string encode_or_throw(const LiveAction& a) {
   std::string out;
   auto field = [&out](const std::string& f) {
     if (!out.empty()) out.push_back(';');
@@ -142,7 +144,11 @@ std::string encode_action(const LiveAction& a) {
   return out;
 }
 
-LiveAction decode_action(std::string_view text) {
+}  // namespace
+
+namespace {
+
+LiveAction decode_or_throw(std::string_view text) {
   LiveAction a;
   if (text == "keep") return a;
   const std::string where = "live action '" + std::string(text) + "'";
@@ -220,15 +226,19 @@ LiveAction decode_action(std::string_view text) {
   return a;
 }
 
+}  // namespace
+
 bool is_action_text(std::string_view name) {
   if (name == "keep") return true;
   return name.size() >= 2 && name[1] == '=' &&
          std::string_view("sckrbm").find(name[0]) != std::string_view::npos;
 }
 
-LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
-                            std::size_t layers) {
-  if (is_action_text(plan.layout_name)) return decode_action(plan.layout_name);
+namespace {
+
+LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
+                         std::size_t layers) {
+  if (is_action_text(plan.layout_name)) return decode_or_throw(plan.layout_name);
   const transport::Layout& l = plan.layout;
   const std::string what = "layout '" + plan.layout_name + "'";
   if (l.tp != 1 || l.pp != 1)
@@ -283,6 +293,8 @@ LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
   }
   return a;
 }
+
+}  // namespace
 
 std::vector<int> microbatch_counts(const std::vector<double>& shares, int microbatches) {
   if (shares.empty()) throw InputError("shares: empty");
@@ -467,6 +479,23 @@ FaultSpec parse_fault(std::string_view spec) {
   if (!have_rank) throw InputError(where + ": missing rank=");
   if (!have_kind) throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms or kill)");
   return f;
+}
+
+StatusOr<std::string> encode_action(const LiveAction& a) {
+  return catch_input_error([&] { return encode_or_throw(a); });
+}
+
+StatusOr<LiveAction> decode_action(std::string_view text) {
+  return catch_input_error([&] { return decode_or_throw(text); });
+}
+
+StatusOr<LiveAction> action_from_plan(const transport::PlanPrepare& plan, int world_size,
+                                      std::size_t layers) {
+  StatusOr<LiveAction> a =
+      catch_input_error([&] { return plan_or_throw(plan, world_size, layers); });
+  // A plan on the bus was validated when decoded: one this job cannot run is refused.
+  if (!a.ok()) return Status::rejected(a.status().message());
+  return a;
 }
 
 }  // namespace parapilot::live

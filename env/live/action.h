@@ -48,11 +48,11 @@ struct LiveAction {
 /// Largest text encode_action may produce (PlanPrepare.layout_name limit).
 inline constexpr std::size_t kMaxActionTextBytes = 128;
 
-/// Compact text of `a` (see the header comment). Throws InputError when it would exceed
+/// Compact text of `a` (see the header comment). kInvalidArgument when it would exceed
 /// kMaxActionTextBytes (too many ranks or too fragmented a compression plan).
-std::string encode_action(const LiveAction& a);
-/// Parses encode_action's text. Throws InputError naming the field on malformed text.
-LiveAction decode_action(std::string_view text);
+StatusOr<std::string> encode_action(const LiveAction& a);
+/// Parses encode_action's text. kInvalidArgument naming the field on malformed text.
+StatusOr<LiveAction> decode_action(std::string_view text);
 
 /// True when `name` is an action text (encode_action's form, "keep" included) rather than a
 /// layout name such as parapilot deploy's "dp8-tp1-pp1-mb1-z1;sc=1f1b;...".
@@ -67,9 +67,9 @@ bool is_action_text(std::string_view name);
 ///    device and takes the share of the replica placed there. Compression ranges index the
 ///    parameter tensors (a top-k fraction or PowerSGD rank applies to the whole job). The
 ///    Layout's micro_batches count is the agent's model's and is not used.
-/// Throws InputError saying why this job cannot run the plan.
-LiveAction action_from_plan(const transport::PlanPrepare& plan, int world_size,
-                            std::size_t layers);
+/// kRejected saying why this job cannot run the plan.
+StatusOr<LiveAction> action_from_plan(const transport::PlanPrepare& plan, int world_size,
+                                      std::size_t layers);
 
 /// Splits `microbatches` among ranks in proportion to `shares` (largest remainder; ties to the
 /// lower rank). Sums to `microbatches`. Throws InputError on negative shares or a zero sum.

@@ -101,7 +101,9 @@ StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
     prep.plan_id = next_plan_id_++;
   }
   prep.layout.dp = static_cast<std::uint32_t>(options_.world_size);
-  prep.layout_name = encode_action(action);
+  StatusOr<std::string> name = encode_action(action);
+  if (!name.ok()) return name.status();
+  prep.layout_name = std::move(name).value();
   prep.deadline_ms = static_cast<std::uint32_t>(timeout.count());
   server_->broadcast(prep);
   const int world = options_.world_size;

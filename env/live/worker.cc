@@ -394,18 +394,22 @@ int run_worker(const WorkerOptions& o) {
 
   std::unique_ptr<WorkerBus> bus;
   if (!o.agent.empty()) {
-    auto read_plan = [&o, n_layers = layers.size()](const transport::PlanPrepare& p) {
-      LiveAction a = action_from_plan(p, o.world_size, n_layers);
+    auto read_plan = [&o, n_layers = layers.size()](
+                         const transport::PlanPrepare& p) -> StatusOr<LiveAction> {
+      StatusOr<LiveAction> read = action_from_plan(p, o.world_size, n_layers);
+      if (!read.ok()) return read;
+      const LiveAction& a = *read;
       if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(o.world_size))
-        throw InputError("shares for " + std::to_string(a.shares.size()) + " ranks; the job has " +
-                         std::to_string(o.world_size));
+        return Status::rejected("shares for " + std::to_string(a.shares.size()) +
+                                " ranks; the job has " + std::to_string(o.world_size));
       if (!a.compression.empty() && a.compression.size() != n_layers)
-        throw InputError("compression for " + std::to_string(a.compression.size()) +
-                         " layers; the model has " + std::to_string(n_layers));
+        return Status::rejected("compression for " + std::to_string(a.compression.size()) +
+                                " layers; the model has " + std::to_string(n_layers));
       if (a.microbatch > 0 && o.global_batch % a.microbatch != 0)
-        throw InputError("microbatch " + std::to_string(a.microbatch) +
-                         " does not divide the global batch " + std::to_string(o.global_batch));
-      return a;
+        return Status::rejected("microbatch " + std::to_string(a.microbatch) +
+                                " does not divide the global batch " +
+                                std::to_string(o.global_batch));
+      return read;
     };
     transport::JobInfo job;
     job.rank = static_cast<std::uint32_t>(o.rank);

@@ -97,13 +97,13 @@ void WorkerBus::on_message(transport::Message&& m) {
     transport::PlanReady ready;
     ready.plan_id = prep->plan_id;
     ready.rank = static_cast<std::uint32_t>(rank_);
-    try {
-      LiveAction a = read_plan_(*prep);
+    StatusOr<LiveAction> a = read_plan_(*prep);
+    if (a.ok()) {
       std::lock_guard lock(mu_);
-      plans_[prep->plan_id] = Plan{std::move(a), false, 0};
-    } catch (const std::exception& e) {
+      plans_[prep->plan_id] = Plan{std::move(a).value(), false, 0};
+    } else {
       ready.ok = false;
-      ready.detail = std::string(e.what()).substr(0, transport::kMaxTextBytes);
+      ready.detail = a.status().message().substr(0, transport::kMaxTextBytes);
     }
     client_->send(ready);
   } else if (auto* commit = std::get_if<transport::PlanCommit>(&m)) {

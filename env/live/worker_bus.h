@@ -31,10 +31,10 @@ class WorkerBus {
   /// Connects in the background to "host:port" with the secret read from `secret_file`.
   /// Throws InputError on a bad address or secret file.
   /// `read_plan` turns a PlanPrepare into the action this job will apply (action_from_plan plus
-  /// the job's own checks) and throws, saying why, when the job cannot run it; such a plan is
-  /// answered PlanReady{ok = false, detail = reason}.
+  /// the job's own checks), or the Status saying why the job cannot run it; such a plan is
+  /// answered PlanReady{ok = false, detail = the Status's message}.
   /// `job` is announced to the agent first on every (re)connection.
-  using PlanReader = std::function<LiveAction(const transport::PlanPrepare&)>;
+  using PlanReader = std::function<StatusOr<LiveAction>(const transport::PlanPrepare&)>;
   WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
             PlanReader read_plan, transport::JobInfo job);
   ~WorkerBus();
