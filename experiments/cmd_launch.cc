@@ -170,7 +170,8 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});
     co.agent_log = job_dir + "/agent.log";  // read back for the summary at the end
   }
-  live::LocalCluster cluster(co);
+  const std::unique_ptr<live::LocalCluster> started = take(live::LocalCluster::start(co));
+  live::LocalCluster& cluster = *started;
   live::Controller* agent = cluster.controller();
   if (deploy)
     std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml, "

@@ -32,6 +32,7 @@
 #include "benchmarks/report.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
+#include "strategy/error.h"
 
 using namespace parapilot::live;
 using namespace std::chrono_literals;
@@ -97,7 +98,8 @@ double run_elastic_case(const Args& a, bool slowed, bool elastic, int steps, int
     f.factor = a.slow;
     o.faults.push_back(f);
   }
-  LocalCluster c(o);
+  const std::unique_ptr<LocalCluster> started = parapilot::take(LocalCluster::start(o));
+  LocalCluster& c = *started;
   Controller& agent = *c.controller();
   std::int64_t measure_from = warmup;
   if (elastic) {
@@ -226,7 +228,9 @@ LossRun run_compression_case(const Args& a, bool adaptive, const SelectorOptions
                                     "--microbatch",   "2",
                                     "--seed",         "11",
                                     "--loss-log",     log};
-  LocalCluster c(make_cluster(a, extra, true));
+  const std::unique_ptr<LocalCluster> started =
+      parapilot::take(LocalCluster::start(make_cluster(a, extra, true)));
+  LocalCluster& c = *started;
   Controller& agent = *c.controller();
   if (adaptive) {
     if (!agent.wait_for_step(static_cast<std::uint64_t>(warmup - 1), 300s)) {

@@ -6,7 +6,15 @@
 
 namespace parapilot::live {
 
-Controller::Controller(ControllerOptions options) : options_(std::move(options)) {
+Controller::Controller(ControllerOptions options) : options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<Controller>> Controller::start(ControllerOptions options) {
+  std::unique_ptr<Controller> controller(new Controller(std::move(options)));
+  if (Status listening = controller->listen(); !listening.ok()) return listening;
+  return controller;
+}
+
+Status Controller::listen() {
   transport::ServerOptions so;
   so.port = options_.port;
   so.secret = options_.secret;
@@ -34,8 +42,11 @@ Controller::Controller(ControllerOptions options) : options_(std::move(options))
     cv_.notify_all();
   };
   auto server = transport::make_tcp_server(std::move(so), std::move(h));
-  if (!server) throw std::runtime_error("agent bus server: " + server.status().message());
+  if (!server) {
+    return Status(server.status().code(), "agent bus server: " + server.status().message());
+  }
   server_ = std::move(*server);
+  return {};
 }
 
 Controller::~Controller() {

@@ -48,8 +48,8 @@ struct AppliedPlan {
 
 class Controller {
  public:
-  /// Starts the bus server. Throws std::runtime_error when it cannot listen.
-  explicit Controller(ControllerOptions options);
+  /// Starts the bus server; the transport's Status when it cannot listen.
+  static StatusOr<std::unique_ptr<Controller>> start(ControllerOptions options);
   ~Controller();
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
@@ -81,6 +81,8 @@ class Controller {
   std::vector<int> lost_ranks() const;
 
  private:
+  explicit Controller(ControllerOptions options);
+  Status listen();
   void on_message(transport::PeerId peer, transport::Message&& m);
   ControllerOptions options_;
   mutable std::mutex mu_;

@@ -225,7 +225,7 @@ class LiveEnv final : public env::Env {
       o.faults.push_back(f);
     }
     o.log_dir = log_dir_;
-    cluster_ = std::make_unique<LocalCluster>(o);
+    cluster_ = take(LocalCluster::start(o));
     auto first = handoff_->next(120s);
     if (!first) {
       stop();

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cassert>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -60,9 +61,9 @@ std::vector<std::string> fault_flags(const FaultSpec& f) {
   return out;
 }
 
-int free_loopback_port() {
+StatusOr<int> free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
+  if (fd < 0) return Status::unavailable("socket: " + std::string(std::strerror(errno)));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -71,7 +72,7 @@ int free_loopback_port() {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     ::close(fd);
-    throw std::runtime_error("cannot find a free port: " + std::string(std::strerror(errno)));
+    return Status::unavailable("cannot find a free port: " + std::string(std::strerror(errno)));
   }
   const int port = ntohs(a.sin_port);
   ::close(fd);
@@ -81,29 +82,32 @@ int free_loopback_port() {
 namespace {
 
 // A 0600 temporary file holding `secret`; returns its path.
-std::string write_secret_file(const transport::Secret& secret) {
+StatusOr<std::string> write_secret_file(const transport::Secret& secret) {
   char path[] = "/tmp/parapilot-secret-XXXXXX";
   const int fd = ::mkstemp(path);  // mode 0600
-  if (fd < 0) throw std::runtime_error("cannot create the secret file");
+  if (fd < 0) {
+    return Status::unavailable("cannot create the secret file: " + std::string(std::strerror(errno)));
+  }
   const auto bytes = secret.bytes();
   if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) {
     ::close(fd);
     ::unlink(path);
-    throw std::runtime_error("cannot write the secret file");
+    return Status::unavailable("cannot write the secret file");
   }
   ::close(fd);
-  return path;
+  return std::string(path);
 }
 
 // Starts `args` with environment `env`, stdout and stderr to `log` (empty: inherited).
-pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const std::string& log) {
+StatusOr<pid_t> spawn(std::vector<std::string> args, std::vector<std::string> env,
+                      const std::string& log) {
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+  if (pid < 0) return Status::unavailable("fork: " + std::string(std::strerror(errno)));
   if (pid == 0) {
     if (!log.empty()) {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -122,25 +126,34 @@ pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const s
 
 }  // namespace
 
-LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
-  const int n = options_.workers;
-  if (n < 1 || n > 64) throw InputError("--workers: must be in [1, 64]");
-  if (options_.worker_command.empty()) throw std::logic_error("LocalCluster: no worker command");
-  if (static_cast<int>(options_.host_agent) + static_cast<int>(!options_.agent_command.empty()) +
-          static_cast<int>(options_.agent_port > 0) > 1)
-    throw std::logic_error("LocalCluster: host_agent, agent_command and agent_port exclude each other");
-  for (const FaultSpec& f : options_.faults)
+LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::start(LocalClusterOptions options) {
+  const int n = options.workers;
+  if (n < 1 || n > 64) return Status::invalid_argument("--workers: must be in [1, 64]");
+  // Preconditions (local_cluster.h): the callers build these, not a person.
+  assert(!options.worker_command.empty());
+  assert(static_cast<int>(options.host_agent) + static_cast<int>(!options.agent_command.empty()) +
+             static_cast<int>(options.agent_port > 0) <= 1);
+  for (const FaultSpec& f : options.faults)
     if (f.rank >= n)
-      throw InputError("--inject: rank " + std::to_string(f.rank) + " does not exist (" +
-                       std::to_string(n) + " workers)");
-  for (const std::string& dir : {options_.log_dir, std::filesystem::path(options_.agent_log)
-                                                       .parent_path()
-                                                       .string()}) {
+      return Status::invalid_argument("--inject: rank " + std::to_string(f.rank) +
+                                      " does not exist (" + std::to_string(n) + " workers)");
+  for (const std::string& dir : {options.log_dir, std::filesystem::path(options.agent_log)
+                                                      .parent_path()
+                                                      .string()}) {
     if (dir.empty()) continue;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    if (ec) throw InputError("log folder '" + dir + "': " + ec.message());
+    if (ec) return Status::invalid_argument("log folder '" + dir + "': " + ec.message());
   }
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(std::move(options)));
+  if (Status started = cluster->launch(); !started.ok()) return started;
+  return cluster;
+}
+
+Status LocalCluster::launch() {
+  const int n = options_.workers;
   start_ = std::chrono::steady_clock::now();
   const bool has_agent =
       options_.host_agent || !options_.agent_command.empty() || options_.agent_port > 0;
@@ -157,7 +170,9 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   if (has_agent) {
     const transport::Secret secret =
         options_.agent_port > 0 ? options_.agent_secret : random_secret();
-    secret_path_ = write_secret_file(secret);
+    StatusOr<std::string> secret_path = write_secret_file(secret);
+    if (!secret_path.ok()) return secret_path.status();
+    secret_path_ = std::move(secret_path).value();
     int port = options_.agent_port;
     if (options_.agent_port > 0) {
       // The caller's agent is already listening.
@@ -165,14 +180,20 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
       ControllerOptions co;
       co.world_size = n;
       co.secret = secret;
-      controller_ = std::make_unique<Controller>(co);
+      StatusOr<std::unique_ptr<Controller>> controller = Controller::start(co);
+      if (!controller.ok()) return controller.status();
+      controller_ = std::move(controller).value();
       port = controller_->port();
     } else {
-      port = agent_port_ = free_loopback_port();
+      const StatusOr<int> free = free_loopback_port();
+      if (!free.ok()) return free.status();
+      port = agent_port_ = *free;
       std::vector<std::string> args = options_.agent_command;
       args.insert(args.end(), {"--listen", "127.0.0.1:" + std::to_string(port), "--secret-file",
                                secret_path_});
-      agent_pid_ = spawn(args, env, options_.agent_log);
+      const StatusOr<pid_t> agent = spawn(args, env, options_.agent_log);
+      if (!agent.ok()) return agent.status();
+      agent_pid_ = *agent;
     }
     if (options_.agent_flags) {
       common.insert(common.end(), {"--agent", "127.0.0.1:" + std::to_string(port),
@@ -181,7 +202,9 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
     env.insert(env.end(), {"PARAPILOT_AGENT=127.0.0.1:" + std::to_string(port),
                            "PARAPILOT_SECRET_FILE=" + secret_path_});
   }
-  const int master_port = free_loopback_port();
+  const StatusOr<int> master = free_loopback_port();
+  if (!master.ok()) return master.status();
+  const int master_port = *master;
   exits_.resize(n);
   done_.assign(n, false);
   kill_done_.assign(options_.faults.size(), false);
@@ -199,11 +222,14 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
                      "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(n),
                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(master_port),
                      "OMP_NUM_THREADS=1"});
-    pids_.push_back(spawn(args, rank_env,
-                          options_.log_dir.empty()
-                              ? ""
-                              : options_.log_dir + "/worker-" + std::to_string(r) + ".log"));
+    const StatusOr<pid_t> pid =
+        spawn(args, rank_env,
+              options_.log_dir.empty() ? ""
+                                       : options_.log_dir + "/worker-" + std::to_string(r) + ".log");
+    if (!pid.ok()) return pid.status();  // the destructor stops the ranks already started
+    pids_.push_back(*pid);
   }
+  return {};
 }
 
 LocalCluster::~LocalCluster() {

@@ -56,9 +56,12 @@ struct RankExit {
 
 class LocalCluster {
  public:
-  /// Starts the agent bus (if asked) and the workers. Throws InputError on bad options (a fault
-  /// on a rank that does not exist) and std::runtime_error when a process cannot start.
-  explicit LocalCluster(LocalClusterOptions options);
+  /// Starts the agent bus (if asked) and the workers. kInvalidArgument for bad options (a
+  /// worker count out of range, a fault on a rank that does not exist, a log folder that cannot
+  /// be made); kUnavailable when a port, the secret file or a process cannot be had (ranks
+  /// already started are stopped). Preconditions: a worker command, and at most one of
+  /// host_agent, agent_command and agent_port.
+  static StatusOr<std::unique_ptr<LocalCluster>> start(LocalClusterOptions options);
   /// Stops workers still running (SIGTERM, then SIGKILL).
   ~LocalCluster();
   LocalCluster(const LocalCluster&) = delete;
@@ -87,6 +90,8 @@ class LocalCluster {
   int agent_port() const { return agent_port_; }
 
  private:
+  explicit LocalCluster(LocalClusterOptions options);
+  Status launch();  // the agent bus and the workers
   void reap(bool block);
   LocalClusterOptions options_;
   std::unique_ptr<Controller> controller_;
@@ -101,7 +106,8 @@ class LocalCluster {
 
 /// Worker flags that inject `f` into its rank (slow and link-delay; kill is done by the cluster).
 std::vector<std::string> fault_flags(const FaultSpec& f);
-/// A free TCP port on 127.0.0.1 (bound and released; a small race remains).
-int free_loopback_port();
+/// A free TCP port on 127.0.0.1 (bound and released; a small race remains); kUnavailable when
+/// none can be bound.
+StatusOr<int> free_loopback_port();
 
 }  // namespace parapilot::live

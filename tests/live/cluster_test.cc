@@ -98,14 +98,17 @@ TEST_CASE(
   const std::string dir = temp_dir("elastic");
   // Two ranks with shares 3:1 (6 and 2 of the 8 microbatches) ...
   {
-    LocalCluster c(
+    const auto started = ok(LocalCluster::start(
         cluster(2, {"--steps", "3", "--shares", "0.75,0.25", "--dump-params", dir + "/two.bin"},
-                false, dir));
+                false, dir)));
+    LocalCluster& c = *started;
     check_all_finished(c.wait(90), dir);
   }
   // ... and one process on the whole batch, same seed.
   {
-    LocalCluster c(cluster(1, {"--steps", "3", "--dump-params", dir + "/one.bin"}, false, dir));
+    const auto started = ok(LocalCluster::start(
+        cluster(1, {"--steps", "3", "--dump-params", dir + "/one.bin"}, false, dir)));
+    LocalCluster& c = *started;
     check_all_finished(c.wait(90), dir);
   }
   const auto two = read_floats(dir + "/two.bin"), one = read_floats(dir + "/one.bin");
@@ -124,7 +127,8 @@ TEST_CASE(
 
 TEST_CASE("telemetry arrives on the bus and an action is applied at an iteration boundary") {
   const std::string dir = temp_dir("bus");
-  LocalCluster c(cluster(2, {"--steps", "0"}, true, dir));
+  const auto started = ok(LocalCluster::start(cluster(2, {"--steps", "0"}, true, dir)));
+  LocalCluster& c = *started;
   Controller& agent = *c.controller();
   REQUIRE(agent.wait_for_ranks(2, 60s));
   REQUIRE(agent.wait_for_step(2, 60s));
@@ -164,7 +168,8 @@ TEST_CASE("telemetry arrives on the bus and an action is applied at an iteration
 TEST_CASE("a killed worker is reported and the others stop on the collective timeout, not hang") {
   const std::string dir = temp_dir("kill");
   LocalClusterOptions o = cluster(3, {"--steps", "0", "--collective-timeout", "5"}, true, dir);
-  LocalCluster c(o);
+  const auto started = ok(LocalCluster::start(o));
+  LocalCluster& c = *started;
   REQUIRE(c.controller()->wait_for_step(1, 60s));
   // Kill rank 1 now (launch --inject rank=1,kill,at=Ns does the same at a set time).
   const auto t0 = std::chrono::steady_clock::now();
@@ -295,14 +300,18 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
   const std::string dir = temp_dir("nccl");
   const std::string shares = world == 2 ? "0.75,0.25" : "1";
   {
-    LocalCluster c(cluster(world,
-                           {"--backend", "nccl", "--steps", "3", "--shares", shares,
-                            "--dump-params", dir + "/nccl.bin"},
-                           false, dir));
+    const auto started =
+        ok(LocalCluster::start(cluster(world,
+                                       {"--backend", "nccl", "--steps", "3", "--shares", shares,
+                                        "--dump-params", dir + "/nccl.bin"},
+                                       false, dir)));
+    LocalCluster& c = *started;
     check_all_finished(c.wait(120), dir);
   }
   {
-    LocalCluster c(cluster(1, {"--steps", "3", "--dump-params", dir + "/gloo.bin"}, false, dir));
+    const auto started = ok(LocalCluster::start(
+        cluster(1, {"--steps", "3", "--dump-params", dir + "/gloo.bin"}, false, dir)));
+    LocalCluster& c = *started;
     check_all_finished(c.wait(90), dir);
   }
   const auto a = read_floats(dir + "/nccl.bin"), b = read_floats(dir + "/gloo.bin");
