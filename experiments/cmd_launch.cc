@@ -101,7 +101,7 @@ void print_agent_summary(const std::string& log_path, int seq_len) {
 void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   // Validate everything before starting a process.
   std::vector<live::FaultSpec> faults;
-  for (const auto& spec : o.inject) faults.push_back(live::parse_fault(spec));
+  for (const auto& spec : o.inject) faults.push_back(take(live::parse_fault(spec)));
   if (o.backend != "gloo" && o.backend != "nccl")
     throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
   const bool deploy = o.agent == "deploy";

@@ -1,6 +1,7 @@
 #include "env/live/action.h"
 
 #include <algorithm>
+#include <cassert>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -297,13 +298,14 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
 }  // namespace
 
 std::vector<int> microbatch_counts(const std::vector<double>& shares, int microbatches) {
-  if (shares.empty()) throw InputError("shares: empty");
+  // Preconditions (action.h): the shares come from parse_shares or action_from_plan.
+  assert(!shares.empty());
   double sum = 0;
   for (double s : shares) {
-    if (!(s >= 0) || !std::isfinite(s)) throw InputError("shares: negative or non-finite share");
+    assert(s >= 0 && std::isfinite(s));
     sum += s;
   }
-  if (sum <= 0) throw InputError("shares: they sum to zero");
+  assert(sum > 0);
   std::vector<int> counts(shares.size());
   std::vector<std::pair<double, std::size_t>> rest;
   int given = 0;
@@ -320,7 +322,9 @@ std::vector<int> microbatch_counts(const std::vector<double>& shares, int microb
   return counts;
 }
 
-std::vector<double> parse_shares(std::string_view text) {
+namespace {
+
+std::vector<double> parse_shares_or_throw(std::string_view text) {
   std::vector<double> out;
   const char sep = text.find('/') != std::string_view::npos ? '/' : ',';
   for (std::string_view v : split(text, sep)) out.push_back(to_double(v, "--shares"));
@@ -334,7 +338,15 @@ std::vector<double> parse_shares(std::string_view text) {
   return out;
 }
 
-std::vector<Compression> parse_compression_list(std::string_view text) {
+}  // namespace
+
+StatusOr<std::vector<double>> parse_shares(std::string_view text) {
+  return catch_input_error([&] { return parse_shares_or_throw(text); });
+}
+
+namespace {
+
+std::vector<Compression> parse_compression_list_or_throw(std::string_view text) {
   std::vector<Compression> out;
   for (std::string_view v : split(text, ',')) {
     v = trim(v);
@@ -353,7 +365,15 @@ std::vector<Compression> parse_compression_list(std::string_view text) {
   return out;
 }
 
-void validate(const ModelConfig& m) {
+}  // namespace
+
+StatusOr<std::vector<Compression>> parse_compression_list(std::string_view text) {
+  return catch_input_error([&] { return parse_compression_list_or_throw(text); });
+}
+
+namespace {
+
+void validate_or_throw(const ModelConfig& m) {
   if (m.kind != "transformer" && m.kind != "mlp")
     throw InputError("--model: '" + m.kind + "' is not a model (transformer, mlp)");
   if (m.layers < 1 || m.layers > 64) throw InputError("--layers: must be in [1, 64]");
@@ -363,6 +383,16 @@ void validate(const ModelConfig& m) {
   if (m.seq_len < 2 || m.seq_len > 8192) throw InputError("--seq-len: must be in [2, 8192]");
   if (m.kind == "mlp" && (m.context < 1 || m.context >= m.seq_len))
     throw InputError("--context: must be in [1, seq-len)");
+}
+
+}  // namespace
+
+Status validate(const ModelConfig& m) {
+  return catch_input_error([&] {
+           validate_or_throw(m);
+           return true;
+         })
+      .status();
 }
 
 std::int64_t LayerShape::numel() const {
@@ -433,7 +463,9 @@ std::vector<Compression> select_compression(const std::vector<LayerShape>& layer
   return out;
 }
 
-FaultSpec parse_fault(std::string_view spec) {
+namespace {
+
+FaultSpec parse_fault_or_throw(std::string_view spec) {
   const std::string where = "--inject '" + std::string(spec) + "'";
   FaultSpec f;
   bool have_rank = false, have_kind = false;
@@ -479,6 +511,12 @@ FaultSpec parse_fault(std::string_view spec) {
   if (!have_rank) throw InputError(where + ": missing rank=");
   if (!have_kind) throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms or kill)");
   return f;
+}
+
+}  // namespace
+
+StatusOr<FaultSpec> parse_fault(std::string_view spec) {
+  return catch_input_error([&] { return parse_fault_or_throw(spec); });
 }
 
 StatusOr<std::string> encode_action(const LiveAction& a) {

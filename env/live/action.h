@@ -72,13 +72,15 @@ StatusOr<LiveAction> action_from_plan(const transport::PlanPrepare& plan, int wo
                                       std::size_t layers);
 
 /// Splits `microbatches` among ranks in proportion to `shares` (largest remainder; ties to the
-/// lower rank). Sums to `microbatches`. Throws InputError on negative shares or a zero sum.
+/// lower rank). Sums to `microbatches`. Preconditions: shares non-empty, finite, >= 0, with a
+/// positive sum (what parse_shares and action_from_plan give).
 std::vector<int> microbatch_counts(const std::vector<double>& shares, int microbatches);
 
-/// Parses "0.5,0.25,0.25" (or '/'-separated) into shares normalised to sum 1. Throws InputError.
-std::vector<double> parse_shares(std::string_view text);
-/// Parses "none", "fp16", "topk", "powersgd" (or a per-layer comma list). Throws InputError.
-std::vector<Compression> parse_compression_list(std::string_view text);
+/// Parses "0.5,0.25,0.25" (or '/'-separated) into shares normalised to sum 1; kInvalidArgument
+/// naming the flag.
+StatusOr<std::vector<double>> parse_shares(std::string_view text);
+/// Parses "none", "fp16", "topk", "powersgd" (or a per-layer comma list); kInvalidArgument.
+StatusOr<std::vector<Compression>> parse_compression_list(std::string_view text);
 
 /// The training model of a worker (a byte-level language model).
 struct ModelConfig {
@@ -90,8 +92,8 @@ struct ModelConfig {
   int context = 8;                   ///< bytes seen by the MLP per prediction.
   static constexpr int kVocab = 256;
 };
-/// Throws InputError naming the field when a value is out of range.
-void validate(const ModelConfig& m);
+/// kInvalidArgument naming the field when a value is out of range.
+Status validate(const ModelConfig& m);
 
 /// One parameter tensor of the model, in the order the worker's model registers them.
 struct LayerShape {
@@ -136,7 +138,7 @@ struct FaultSpec {
   double for_s = std::numeric_limits<double>::infinity();  ///< duration (slow, link-delay).
 };
 /// Parses "rank=2,slow=3x,at=100s,for=60s", "rank=1,link-delay=20ms", "rank=3,kill,at=50s".
-/// Throws InputError quoting the spec and naming the bad key.
-FaultSpec parse_fault(std::string_view spec);
+/// kInvalidArgument quoting the spec and naming the bad key.
+StatusOr<FaultSpec> parse_fault(std::string_view spec);
 
 }  // namespace parapilot::live

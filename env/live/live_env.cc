@@ -125,7 +125,7 @@ class LiveEnv final : public env::Env {
     model_.seq_len = int_param(id, "seq_len", 32, 2, 8192);
     global_batch_ = int_param(id, "global_batch", torch_ ? 64 : 8 * workers_, workers_, 1 << 20);
     microbatch_ = int_param(id, "microbatch", 1, 1, 1 << 20);
-    validate(model_);
+    check(validate(model_));
     if (global_batch_ % microbatch_ != 0)
       throw InputError("env live: microbatch must divide global_batch");
     exe_ = str_param(id, "exe", "/proc/self/exe");

@@ -430,7 +430,7 @@ int run_worker(const WorkerOptions& o) {
   std::vector<double> shares =
       o.shares.empty()
           ? std::vector<double>(static_cast<std::size_t>(o.world_size), 1.0 / o.world_size)
-          : parse_shares(o.shares);
+          : take(parse_shares(o.shares));
   int microbatch = o.microbatch;
   GradientSync gsync(layers, o.seed);
   {
@@ -438,7 +438,7 @@ int run_worker(const WorkerOptions& o) {
     if (o.compression == "auto") {
       comp = select_compression(layers, {}, SelectorOptions{.powersgd_rank = o.powersgd_rank});
     } else {
-      comp = parse_compression_list(o.compression);
+      comp = take(parse_compression_list(o.compression));
       if (comp.size() == 1) comp.assign(layers.size(), comp[0]);
     }
     gsync.configure(comp, o.topk_ratio, o.powersgd_rank, o.bucket_bytes);

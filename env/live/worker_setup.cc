@@ -35,7 +35,7 @@ void read_torchrun_env(WorkerOptions& o) {
 }
 
 void validate(const WorkerOptions& o) {
-  validate(o.model);
+  check(validate(o.model));
   if (o.backend != "gloo" && o.backend != "nccl")
     throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
   if (o.global_batch < 1) throw InputError("--global-batch: must be >= 1");
@@ -53,10 +53,10 @@ void validate(const WorkerOptions& o) {
   if (!(o.collective_timeout_s > 0)) throw InputError("--collective-timeout: must be > 0");
   if (o.slow_factor < 1) throw InputError("--slow: must be >= 1");
   if (o.link_delay_ms < 0) throw InputError("--link-delay-ms: must be >= 0");
-  if (!o.shares.empty() && parse_shares(o.shares).size() != static_cast<std::size_t>(o.world_size))
+  if (!o.shares.empty() && take(parse_shares(o.shares)).size() != static_cast<std::size_t>(o.world_size))
     throw InputError("--shares: needs one share per rank (" + std::to_string(o.world_size) + ")");
   if (o.compression != "auto") {
-    const auto list = parse_compression_list(o.compression);
+    const auto list = take(parse_compression_list(o.compression));
     const std::size_t layers = model_layers(o.model).size();
     if (list.size() != 1 && list.size() != layers)
       throw InputError("--compression: give one kind or one per layer (" + std::to_string(layers) +
