@@ -162,8 +162,10 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       if (!::mkdtemp(dir)) throw std::runtime_error("cannot create a folder for the job file");
       job_dir = dir;
     }
+    const std::string job_file =
+        take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir));
     co.agent_command = {"/proc/self/exe", "deploy",
-                        "--scenario", live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir),
+                        "--scenario", job_file,
                         "--initial-layout", "uniform-dp",
                         "--interval-steps", std::to_string(o.agent_interval_steps),
                         "--cooldown", "1"};

@@ -139,9 +139,11 @@ class LiveEnv final : public env::Env {
       // The script's model as a preset or a TOML file (a relative path from here).
       std::string model = str_param(id, "model", "");
       if (looks_like_path(model)) model = std::filesystem::absolute(model).string();
-      job_ = take(rt::make_job(write_job_scenario(model, workers_, global_batch_, job_dir_), 0));
+      job_ = take(
+          rt::make_job(take(write_job_scenario(model, workers_, global_batch_, job_dir_)), 0));
     } else {
-      job_ = take(rt::make_job(write_job_scenario(model_, workers_, global_batch_, job_dir_), 0));
+      job_ = take(
+          rt::make_job(take(write_job_scenario(model_, workers_, global_batch_, job_dir_)), 0));
     }
   }
   ~LiveEnv() override {

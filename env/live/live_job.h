@@ -12,12 +12,12 @@
 namespace parapilot::live {
 
 /// Writes job.toml into `dir` (whole, then renamed into place) for a job training `model` (a
-/// preset name or a model TOML path) and returns its path. Throws InputError when the folder
-/// cannot be written.
-std::string write_job_scenario(const std::string& model, int workers, int global_batch,
-                               const std::string& dir);
+/// preset name or a model TOML path) and returns its path; kInvalidArgument naming the file
+/// when the folder cannot be written.
+StatusOr<std::string> write_job_scenario(const std::string& model, int workers,
+                                         int global_batch, const std::string& dir);
 /// The same for the C++ workers' model, written beside it as model.toml.
-std::string write_job_scenario(const ModelConfig& model, int workers, int global_batch,
-                               const std::string& dir);
+StatusOr<std::string> write_job_scenario(const ModelConfig& model, int workers, int global_batch,
+                                         const std::string& dir);
 
 }  // namespace parapilot::live
