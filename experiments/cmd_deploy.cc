@@ -413,7 +413,7 @@ void run_simcluster(const SimFlags& f) {
   o.log = [](const std::string& line) { std::fprintf(stderr, "simcluster: %s\n", line.c_str()); };
   std::atomic<bool> stop{false};
   SignalWatcher signals([&] { stop = true; });
-  const env::SimClusterReport r = env::run_simulated_cluster(o, stop, f.steps);
+  const env::SimClusterReport r = take(env::run_simulated_cluster(o, stop, f.steps));
   const auto reference = env::SimulatedCluster::reference_params(r.steps, 8);
   double before = 0, after = 0;
   const size_t first_commit =

@@ -261,7 +261,8 @@ nlohmann::json config_json(const Args& a) {
 
 int run_child(const Args& a) {
   std::atomic<bool> stop{false};
-  const SimClusterReport r = run_simulated_cluster(cluster_options(a), stop, a.steps);
+  const SimClusterReport r =
+      parapilot::take(run_simulated_cluster(cluster_options(a), stop, a.steps));
   nlohmann::json j = {
       {"steps", r.steps},
       {"commits", r.commits},
@@ -481,7 +482,9 @@ int run_straggler(Args a, nlohmann::json& fig) {
   const std::unique_ptr<DeployAgent> started = parapilot::take(DeployAgent::start(o));
   DeployAgent& agent = *started;
   co.agent_port = agent.port();
-  SimulatedCluster with(co);
+  const std::unique_ptr<SimulatedCluster> with_started =
+      parapilot::take(SimulatedCluster::start(co));
+  SimulatedCluster& with = *with_started;
   with.wait_connected(std::chrono::seconds(30));
   std::chrono::steady_clock::time_point slowed, detected, committed;
   bool was_detected = false;
@@ -513,7 +516,9 @@ int run_straggler(Args a, nlohmann::json& fig) {
   SimClusterOptions bo = co;
   bo.hub = &hub;
   bo.step_ms = 0;
-  SimulatedCluster without(bo);
+  const std::unique_ptr<SimulatedCluster> without_started =
+      parapilot::take(SimulatedCluster::start(bo));
+  SimulatedCluster& without = *without_started;
   without.run(a.steps);
   const SimClusterReport b = without.report();
   const bool was_committed = !r.commit_steps.empty();

@@ -101,7 +101,17 @@ Conditions SimulatedCluster::Impl::true_conditions(uint64_t s) const {
   return c;
 }
 
-SimulatedCluster::SimulatedCluster(SimClusterOptions options) : impl_(std::make_unique<Impl>()) {
+SimulatedCluster::SimulatedCluster() : impl_(std::make_unique<Impl>()) {}
+
+StatusOr<std::unique_ptr<SimulatedCluster>> SimulatedCluster::start(SimClusterOptions options) {
+  return catch_input_error([&] {
+    std::unique_ptr<SimulatedCluster> cluster(new SimulatedCluster());
+    cluster->build(std::move(options));
+    return cluster;
+  });
+}
+
+void SimulatedCluster::build(SimClusterOptions options) {
   Impl& m = *impl_;
   if (options.ranks < 8 || options.ranks % 8 != 0) {
     throw InputError("--ranks " + std::to_string(options.ranks) +
@@ -449,9 +459,12 @@ SimClusterReport SimulatedCluster::report() const {
   return r;
 }
 
-SimClusterReport run_simulated_cluster(const SimClusterOptions& options,
-                                       const std::atomic<bool>& stop, uint64_t max_steps) {
-  SimulatedCluster cluster(options);
+StatusOr<SimClusterReport> run_simulated_cluster(const SimClusterOptions& options,
+                                                 const std::atomic<bool>& stop,
+                                                 uint64_t max_steps) {
+  StatusOr<std::unique_ptr<SimulatedCluster>> started = SimulatedCluster::start(options);
+  if (!started.ok()) return started.status();
+  SimulatedCluster& cluster = **started;
   // Wait (up to 30 s) for the ranks to connect; training starts anyway, as a job would.
   for (int i = 0; i < 300 && !stop.load(); ++i) {
     if (cluster.wait_connected(std::chrono::milliseconds(100))) break;

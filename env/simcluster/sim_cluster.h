@@ -93,8 +93,9 @@ struct SimClusterReport {
 
 class SimulatedCluster {
  public:
-  /// Builds the job and one bus client per rank. Throws InputError on bad options.
-  explicit SimulatedCluster(SimClusterOptions options);
+  /// Builds the job and one bus client per rank: kInvalidArgument naming the option at fault
+  /// (a rank count, a scenario of another size, a start layout, an agent address).
+  static StatusOr<std::unique_ptr<SimulatedCluster>> start(SimClusterOptions options);
   ~SimulatedCluster();
   SimulatedCluster(const SimulatedCluster&) = delete;
   SimulatedCluster& operator=(const SimulatedCluster&) = delete;
@@ -124,14 +125,18 @@ class SimulatedCluster {
   static std::vector<double> reference_params(uint64_t steps, int dim);
 
  private:
+  SimulatedCluster();
+  void build(SimClusterOptions options);  // throws InputError; start() turns it into a Status
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<const Job> job_;
 };
 
 /// Runs a simulated cluster until `stop` is set or `max_steps` (> 0) were run; the library
-/// entry point of `parapilot simcluster` (and of `parapilot launch --simulated`).
-SimClusterReport run_simulated_cluster(const SimClusterOptions& options,
-                                       const std::atomic<bool>& stop, uint64_t max_steps = 0);
+/// entry point of `parapilot simcluster` (and of `parapilot launch --simulated`). start()'s
+/// Status when the options are bad.
+StatusOr<SimClusterReport> run_simulated_cluster(const SimClusterOptions& options,
+                                                 const std::atomic<bool>& stop,
+                                                 uint64_t max_steps = 0);
 
 }  // namespace parapilot::env

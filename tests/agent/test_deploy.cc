@@ -80,7 +80,8 @@ TEST_CASE("a rank slowed 3x is detected, the switch commits, /metrics tells") {
   DeployAgent& agent = *started;
   SimClusterOptions co = cluster_options(agent.port());
   co.slowdowns.push_back({5, 3.0, 20});
-  SimulatedCluster cluster(co);
+  const auto cluster_started = ok(SimulatedCluster::start(co));
+  SimulatedCluster& cluster = *cluster_started;
   Stepper run{cluster};
   REQUIRE(cluster.wait_connected(20s));
   REQUIRE(eventually([&] { return agent.stats().connected_ranks == 16; }));
@@ -116,7 +117,8 @@ TEST_CASE(
   const uint16_t port = first->port();
   SimClusterOptions co = cluster_options(port);
   co.stage_steps = 3;
-  SimulatedCluster cluster(co);
+  const auto cluster_started = ok(SimulatedCluster::start(co));
+  SimulatedCluster& cluster = *cluster_started;
   Stepper run{cluster};
   REQUIRE(cluster.wait_connected(20s));
   REQUIRE(eventually([&] { return first->stats().connected_ranks == 16; }));

@@ -37,7 +37,7 @@ struct Rig {
     so.use_truth = false;
     so.step_ms = 0;
     so.stage_steps = stage_steps;
-    cluster = std::make_unique<SimulatedCluster>(so);
+    cluster = ok(SimulatedCluster::start(so));
     AgentOptions ao;
     ao.job = ok(make_job("straggler", 16));
     ao.hub = &hub;
@@ -124,7 +124,8 @@ TEST_CASE("a committed switch loses no step and applies none twice") {
   so.hub = &idle_hub;
   so.use_truth = false;
   so.step_ms = 0;
-  SimulatedCluster never(so);
+  const auto never_started = ok(SimulatedCluster::start(so));
+  SimulatedCluster& never = *never_started;
   never.run(r.steps);
   CHECK(never.report().params == r.params);
   CHECK(never.report().samples == r.samples);
