@@ -163,7 +163,7 @@ void run_analyze(const TraceAnalyzeOptions& o) {
                      std::to_string(ops.meta.pp_size) + " pipeline stages");
   trace::AnalysisOptions options;
   options.layers = o.layers;
-  trace::TraceAnalysis a = trace::analyze_trace(ops, options);
+  trace::TraceAnalysis a = take(trace::analyze_trace(ops, options));
   // A telemetry recording's own wall time; the replayed figures come from its 1F1B model.
   if (format == "telemetry") a.recorded_step_s = telemetry_step_s;
   if (o.json) {

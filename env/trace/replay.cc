@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -29,7 +30,11 @@ std::size_t type_index(OpType t) { return static_cast<std::size_t>(t); }
 
 }  // namespace
 
-ReplayGraph ReplayGraph::build(const OpTrace& trace) {
+StatusOr<ReplayGraph> ReplayGraph::build(const OpTrace& trace) {
+  return catch_input_error([&] { return build_or_throw(trace); });
+}
+
+ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
   const std::vector<OpRecord>& ops = trace.ops;
   const int pp = std::max(1, trace.meta.pp_size);
   const int vpp = std::max(1, trace.meta.vpp_size);
@@ -456,7 +461,10 @@ OpTrace synthesize_op_trace(const SyntheticJob& job) {
       }
     }
   }
-  const ReplayGraph graph = ReplayGraph::build(skeleton);
+  // A schedule laid out here is complete and ordered by construction.
+  const StatusOr<ReplayGraph> built = ReplayGraph::build(skeleton);
+  assert(built.ok());
+  const ReplayGraph& graph = *built;
   std::vector<double> durations(static_cast<std::size_t>(graph.num_nodes()));
   for (int v = 0; v < graph.num_nodes(); ++v)
     durations[static_cast<std::size_t>(v)] =

@@ -21,15 +21,16 @@
 #include <functional>
 #include <vector>
 
+#include "core/status.h"
 #include "env/trace/op_trace.h"
 
 namespace parapilot::trace {
 
 class ReplayGraph {
  public:
-  // Throws InputError when the ops of a step cannot be ordered (a dependency cycle, which a
-  // complete trace of a supported schedule never produces).
-  static ReplayGraph build(const OpTrace& trace);
+  // kInvalidArgument naming the step when its ops cannot be ordered (a dependency cycle, which
+  // a complete trace of a supported schedule never produces).
+  static StatusOr<ReplayGraph> build(const OpTrace& trace);
 
   int num_nodes() const { return static_cast<int>(record_.size()); }
   int num_steps() const { return static_cast<int>(steps_.size()); }
@@ -53,6 +54,7 @@ class ReplayGraph {
                              std::vector<double>& end_s) const;
 
  private:
+  static ReplayGraph build_or_throw(const OpTrace& trace);
   std::vector<int> record_;
   std::vector<int> step_index_;
   std::vector<int> group_size_;  // 0: local op; otherwise size of its collective group

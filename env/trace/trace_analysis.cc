@@ -162,10 +162,12 @@ ComputeModel compute_model(const OpTrace& trace) {
 
 }  // namespace
 
-TraceAnalysis analyze_trace(const OpTrace& trace, const AnalysisOptions& options) {
+StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOptions& options) {
+  StatusOr<ReplayGraph> built = ReplayGraph::build(trace);
+  if (!built.ok()) return built.status();
+  const ReplayGraph& graph = *built;
   TraceAnalysis a;
   a.meta = trace.meta;
-  const ReplayGraph graph = ReplayGraph::build(trace);
   const int n = graph.num_nodes();
   a.steps = graph.num_steps();
   a.recorded_step_s = mean(graph.recorded_step_s());

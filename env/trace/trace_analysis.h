@@ -75,7 +75,8 @@ struct TraceAnalysis {
   Remedy remedy;
 };
 
-TraceAnalysis analyze_trace(const OpTrace& trace, const AnalysisOptions& options = {});
+// kInvalidArgument when the trace's steps cannot be ordered (ReplayGraph::build).
+StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOptions& options = {});
 
 // One interval of recorded reality: per-GPU speed factors (1 = the typical speed of that GPU's
 // pipeline stage, 0.5 = its computes took twice as long) averaged over the interval's steps.

@@ -352,7 +352,7 @@ TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GP
   const trace::TelemetryTrace read = ok(trace::read_telemetry(csv, "recorded.csv"));
   CHECK(read.samples == samples);
   const trace::OpTrace ops = ok(trace::telemetry_to_op_trace(read, trace::telemetry_layout(read)));
-  const trace::TraceAnalysis a = trace::analyze_trace(ops);
+  const trace::TraceAnalysis a = ok(trace::analyze_trace(ops));
   REQUIRE_FALSE(a.stragglers.empty());
   CHECK(a.stragglers.front().rank == 5);
   CHECK(a.cause == "worker");

@@ -87,7 +87,7 @@ TEST_CASE("sample trace: replayed, ideal and attributed step times match the pub
   CHECK_FALSE(looks_like_telemetry(kSampleDir + "/trace-ST.csv"));
   const OpTrace trace = ok(read_op_trace(kSampleDir + "/trace-ST.csv", meta));
   CHECK(trace.ops.size() == 6784);
-  const TraceAnalysis a = analyze_trace(trace);
+  const TraceAnalysis a = ok(analyze_trace(trace));
   CHECK(a.steps == 32);
   CHECK(a.microbatches == 4);
   CHECK(a.recorded_step_s == doctest::Approx(2.2145).epsilon(0.005));
@@ -125,7 +125,7 @@ TEST_CASE("sample trace: replayed, ideal and attributed step times match the pub
 
   AnalysisOptions with_layers;
   with_layers.layers = 30;
-  const TraceAnalysis b = analyze_trace(trace, with_layers);
+  const TraceAnalysis b = ok(analyze_trace(trace, with_layers));
   CHECK_FALSE(b.remedy.layers_assumed);
   CHECK(b.remedy.current_layers == std::vector<int>{8, 8, 7, 7});
   int total = 0;
@@ -135,7 +135,7 @@ TEST_CASE("sample trace: replayed, ideal and attributed step times match the pub
 
 TEST_CASE("replay of a synthetic trace reproduces its step times; a healthy job has no cause") {
   const OpTrace trace = synthesize_op_trace(healthy_job(2, 4));
-  const ReplayGraph graph = ReplayGraph::build(trace);
+  const ReplayGraph graph = ok(ReplayGraph::build(trace));
   CHECK(graph.num_steps() == 6);
   const std::vector<double> replayed = graph.replay(graph.measured());
   for (int s = 0; s < graph.num_steps(); ++s)
@@ -145,7 +145,7 @@ TEST_CASE("replay of a synthetic trace reproduces its step times; a healthy job 
   CHECK(replayed[0] > (8 - 1 + 4) * 0.030);
   CHECK(replayed[0] < (8 - 1 + 4) * 0.030 + 0.2);
 
-  const TraceAnalysis a = analyze_trace(trace);
+  const TraceAnalysis a = ok(analyze_trace(trace));
   CHECK(a.slowdown == doctest::Approx(1.0).epsilon(1e-6));
   CHECK(a.cause == "none");
   CHECK(a.stragglers.empty());
@@ -168,7 +168,7 @@ TEST_CASE("one slow worker: cause worker, that rank flagged, its replica gets fe
   job.forward_s = slow(0.010);
   job.backward_s = slow(0.020);
   const OpTrace trace = synthesize_op_trace(job);
-  const TraceAnalysis a = analyze_trace(trace);
+  const TraceAnalysis a = ok(analyze_trace(trace));
   MESSAGE("slowdown " << a.slowdown << " factors " << a.stage_factor << " " << a.worker_factor
                       << " " << a.diffuse_factor);
   CHECK(a.slowdown > 1.5);
@@ -230,7 +230,7 @@ TEST_CASE("uniformly noisy compute over all workers: cause diffuse, no straggler
   };
   job.forward_s = noisy(0.010);
   job.backward_s = noisy(0.020);
-  const TraceAnalysis a = analyze_trace(synthesize_op_trace(job));
+  const TraceAnalysis a = ok(analyze_trace(synthesize_op_trace(job)));
   MESSAGE("slowdown " << a.slowdown << " factors " << a.stage_factor << " " << a.worker_factor
                       << " " << a.diffuse_factor);
   CHECK(a.slowdown > 1.1);
@@ -249,7 +249,7 @@ TEST_CASE(
   const OpTrace trace = synthesize_op_trace(job);
   AnalysisOptions options;
   options.layers = 32;
-  const TraceAnalysis a = analyze_trace(trace, options);
+  const TraceAnalysis a = ok(analyze_trace(trace, options));
   CHECK(a.cause == "stage-imbalance");
   REQUIRE(a.stragglers.size() == 2);
   CHECK(a.stragglers[0].stage == 3);
@@ -395,7 +395,7 @@ TEST_CASE("telemetry of a job with one slow rank: analysed through the 1F1B mode
   const JobMeta meta = telemetry_layout(t);
   CHECK(meta.dp_size == 4);
   CHECK(meta.pp_size == 2);
-  const TraceAnalysis a = analyze_trace(ok(telemetry_to_op_trace(t, meta)));
+  const TraceAnalysis a = ok(analyze_trace(ok(telemetry_to_op_trace(t, meta))));
   CHECK(a.cause == "worker");
   REQUIRE_FALSE(a.stragglers.empty());
   CHECK(a.stragglers[0].rank == 4);
@@ -430,14 +430,14 @@ TEST_CASE("gradient reduce-scatters overlapped with the backward passes are repl
   OpTrace instant = trace;
   for (OpRecord& rs : instant.ops)
     if (rs.type == OpType::kGradsReduceScatter) rs.duration_s = 1e-9;
-  const ReplayGraph graph = ReplayGraph::build(trace);
-  const ReplayGraph hidden = ReplayGraph::build(instant);
+  const ReplayGraph graph = ok(ReplayGraph::build(trace));
+  const ReplayGraph hidden = ok(ReplayGraph::build(instant));
   const std::vector<double> replayed = graph.replay(graph.measured());
   const std::vector<double> without = hidden.replay(hidden.measured());
   REQUIRE(replayed.size() == without.size());
   for (std::size_t s = 0; s < replayed.size(); ++s)
     CHECK(replayed[s] == doctest::Approx(without[s]).epsilon(1e-6));
-  const TraceAnalysis a = analyze_trace(trace);
+  const TraceAnalysis a = ok(analyze_trace(trace));
   CHECK(a.measured_step_s > 0);
   CHECK(a.measured_step_s <= a.recorded_step_s + 1e-9);
   CHECK(std::isfinite(a.slowdown));
@@ -458,7 +458,7 @@ TEST_CASE("intermittent slow worker vs per-step imbalance spread over all worker
     };
     job.forward_s = f(0.010);
     job.backward_s = f(0.020);
-    const TraceAnalysis a = analyze_trace(synthesize_op_trace(job));
+    const TraceAnalysis a = ok(analyze_trace(synthesize_op_trace(job)));
     CHECK(a.cause == "worker");
     REQUIRE(a.stragglers.size() == 1);
     CHECK(a.stragglers[0].rank == 2);
@@ -471,7 +471,7 @@ TEST_CASE("intermittent slow worker vs per-step imbalance spread over all worker
     };
     job.forward_s = f(0.010);
     job.backward_s = f(0.020);
-    const TraceAnalysis a = analyze_trace(synthesize_op_trace(job));
+    const TraceAnalysis a = ok(analyze_trace(synthesize_op_trace(job)));
     MESSAGE("slowdown " << a.slowdown << " factors " << a.stage_factor << " " << a.worker_factor
                         << " " << a.diffuse_factor);
     CHECK(a.slowdown > 1.1);
