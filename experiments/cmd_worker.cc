@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "experiments/commands.h"
+#include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
 #include "env/live/live_env.h"
 #include "env/live/worker.h"
@@ -21,8 +22,8 @@ void add_worker_command(CLI::App& app) {
       "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
   live::add_worker_flags(*cmd, *options);
   cmd->callback([options] {
-    live::read_torchrun_env(*options);
-    const int code = live::run_worker(*options);
+    check(live::read_torchrun_env(*options));
+    const int code = take(live::run_worker(*options));
     std::fflush(stdout);
     std::fflush(stderr);
     if (code != 0) std::exit(code);

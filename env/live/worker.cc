@@ -319,8 +319,18 @@ std::string expand_rank(std::string path, int rank) {
 
 }  // namespace
 
-int run_worker(const WorkerOptions& o) {
-  validate(o);
+namespace {
+int run_or_throw(const WorkerOptions& o);
+}  // namespace
+
+StatusOr<int> run_worker(const WorkerOptions& o) {
+  return catch_input_error([&] { return run_or_throw(o); });
+}
+
+namespace {
+
+int run_or_throw(const WorkerOptions& o) {
+  check(validate(o));
   at::set_num_threads(o.threads);
   const auto t_start = Clock::now();
   const std::string tag = "worker rank " + std::to_string(o.rank);
@@ -422,7 +432,7 @@ int run_worker(const WorkerOptions& o) {
       const auto n = static_cast<std::uint64_t>(p.numel());
       job.layers.push_back({n, n * static_cast<std::uint64_t>(p.element_size())});
     }
-    bus = std::make_unique<WorkerBus>(o.agent, o.secret_file, o.rank, read_plan, std::move(job));
+    bus = take(WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job)));
     bus->wait_connected(10000);
   }
 
@@ -686,5 +696,7 @@ int run_worker(const WorkerOptions& o) {
   if (exit_code != kWorkerOk) (void)coll.release();
   return exit_code;
 }
+
+}  // namespace
 
 }  // namespace parapilot::live

@@ -16,6 +16,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/status.h"
+
 #include "env/live/action.h"
 
 namespace parapilot::live {
@@ -64,10 +66,10 @@ struct WorkerOptions {
 };
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT into `o` (missing: defaults for
-/// a single process). Throws InputError naming the variable on a bad value.
-void read_torchrun_env(WorkerOptions& o);
-/// Checks option ranges. Throws InputError naming the flag.
-void validate(const WorkerOptions& o);
+/// a single process). kInvalidArgument naming the variable on a bad value.
+Status read_torchrun_env(WorkerOptions& o);
+/// Checks option ranges: kInvalidArgument naming the flag.
+Status validate(const WorkerOptions& o);
 
 /// Adds the worker's flags to `cmd`.
 void add_worker_flags(CLI::App& cmd, WorkerOptions& o);
@@ -77,8 +79,9 @@ inline constexpr int kWorkerOk = 0;
 inline constexpr int kWorkerCollectiveFailed = 3;  ///< a peer died or a collective timed out.
 
 /// Trains until the step budget, the time budget or a Shutdown from the agent. Returns an exit
-/// code; throws InputError on bad options or corpus.
-int run_worker(const WorkerOptions& o);
+/// code (kWorkerOk, kWorkerCollectiveFailed), or kInvalidArgument for bad options, a missing
+/// corpus or an unwritable log, and the bus's Status when the agent cannot be reached.
+StatusOr<int> run_worker(const WorkerOptions& o);
 
 /// `argv` = {prog, flags...}: parses the worker flags plus the torchrun environment and runs.
 /// Used by the test and benchmark programs, which exec themselves as workers.

@@ -3,54 +3,67 @@
 #include <chrono>
 #include <thread>
 
-#include "strategy/error.h"
 
 namespace parapilot::live {
 
 namespace {
 
-std::pair<std::string, std::uint16_t> split_address(const std::string& agent) {
+StatusOr<std::pair<std::string, std::uint16_t>> split_address(const std::string& agent) {
   const std::size_t colon = agent.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    throw InputError("--agent '" + agent + "': expected HOST:PORT");
+  if (colon == std::string::npos || colon == 0) {
+    return Status::invalid_argument("--agent '" + agent + "': expected HOST:PORT");
+  }
   const std::string port_text = agent.substr(colon + 1);
   char* end = nullptr;
   const long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || *end != '\0' || port < 1 || port > 65535)
-    throw InputError("--agent '" + agent + "': bad port");
-  return {agent.substr(0, colon), static_cast<std::uint16_t>(port)};
+  if (port_text.empty() || *end != '\0' || port < 1 || port > 65535) {
+    return Status::invalid_argument("--agent '" + agent + "': bad port");
+  }
+  return std::pair<std::string, std::uint16_t>{agent.substr(0, colon),
+                                               static_cast<std::uint16_t>(port)};
 }
 
 }  // namespace
 
-WorkerBus::WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-                     PlanReader read_plan, transport::JobInfo job)
-    : rank_(rank), read_plan_(std::move(read_plan)), job_(std::move(job)) {
-  auto [host, port] = split_address(agent);
-  if (secret_file.empty()) throw InputError("--agent needs --secret-file (the bus shared secret)");
+WorkerBus::WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job)
+    : rank_(rank), read_plan_(std::move(read_plan)), job_(std::move(job)) {}
+
+StatusOr<std::unique_ptr<WorkerBus>> WorkerBus::connect(const std::string& agent,
+                                                        const std::string& secret_file, int rank,
+                                                        PlanReader read_plan,
+                                                        transport::JobInfo job) {
+  const StatusOr<std::pair<std::string, std::uint16_t>> address = split_address(agent);
+  if (!address.ok()) return address.status();
+  if (secret_file.empty()) {
+    return Status::invalid_argument("--agent needs --secret-file (the bus shared secret)");
+  }
   auto secret = transport::load_secret_from_file(secret_file);
-  if (!secret) throw InputError("--secret-file: " + secret.status().message());
+  if (!secret) return Status(secret.status().code(), "--secret-file: " + secret.status().message());
+  std::unique_ptr<WorkerBus> bus(new WorkerBus(rank, std::move(read_plan), std::move(job)));
+  WorkerBus* self = bus.get();
   transport::ClientOptions o;
-  o.server_address = host;
-  o.port = port;
+  o.server_address = address->first;
+  o.port = address->second;
   o.secret = *secret;
   o.name = "worker-" + std::to_string(rank);
   o.role = transport::PeerRole::worker;
   o.rank = static_cast<std::uint32_t>(rank);
   o.logger = transport::stderr_logger(transport::LogLevel::error);
   transport::ClientHandlers h;
-  h.on_message = [this](transport::Message&& m) { on_message(std::move(m)); };
-  h.on_connect = [this](transport::PeerId) {
-    announce_pending_ = true;
-    if (transport::Client* c = live_client_.load(); c && announce_pending_.exchange(false)) {
-      c->send(job_);
+  h.on_message = [self](transport::Message&& m) { self->on_message(std::move(m)); };
+  h.on_connect = [self](transport::PeerId) {
+    self->announce_pending_ = true;
+    if (transport::Client* c = self->live_client_.load();
+        c && self->announce_pending_.exchange(false)) {
+      c->send(self->job_);
     }
   };
   auto client = transport::make_tcp_client(std::move(o), std::move(h));
-  if (!client) throw InputError("--agent: " + client.status().message());
-  client_ = std::move(*client);
-  live_client_.store(client_.get());
-  if (announce_pending_.exchange(false)) client_->send(job_);
+  if (!client) return Status(client.status().code(), "--agent: " + client.status().message());
+  bus->client_ = std::move(*client);
+  bus->live_client_.store(bus->client_.get());
+  if (bus->announce_pending_.exchange(false)) bus->client_->send(bus->job_);
+  return bus;
 }
 
 WorkerBus::~WorkerBus() {

@@ -28,15 +28,18 @@ namespace parapilot::live {
 
 class WorkerBus {
  public:
-  /// Connects in the background to "host:port" with the secret read from `secret_file`.
-  /// Throws InputError on a bad address or secret file.
+  /// Connects in the background to "host:port" with the secret read from `secret_file`:
+  /// kInvalidArgument (or the secret reader's Status) naming the flag on a bad address or
+  /// secret file.
   /// `read_plan` turns a PlanPrepare into the action this job will apply (action_from_plan plus
   /// the job's own checks), or the Status saying why the job cannot run it; such a plan is
   /// answered PlanReady{ok = false, detail = the Status's message}.
   /// `job` is announced to the agent first on every (re)connection.
   using PlanReader = std::function<StatusOr<LiveAction>(const transport::PlanPrepare&)>;
-  WorkerBus(const std::string& agent, const std::string& secret_file, int rank,
-            PlanReader read_plan, transport::JobInfo job);
+  static StatusOr<std::unique_ptr<WorkerBus>> connect(const std::string& agent,
+                                                       const std::string& secret_file, int rank,
+                                                       PlanReader read_plan,
+                                                       transport::JobInfo job);
   ~WorkerBus();
   WorkerBus(const WorkerBus&) = delete;
   WorkerBus& operator=(const WorkerBus&) = delete;
@@ -57,6 +60,7 @@ class WorkerBus {
   bool stop_requested() const;
 
  private:
+  WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job);
   struct Plan {
     LiveAction action;
     bool committed = false;

@@ -26,7 +26,9 @@ int env_int(const char* name, int fallback, int lo, int hi) {
 
 }  // namespace
 
-void read_torchrun_env(WorkerOptions& o) {
+namespace {
+
+void read_env_or_throw(WorkerOptions& o) {
   o.world_size = env_int("WORLD_SIZE", o.world_size, 1, 1 << 20);
   o.rank = env_int("RANK", o.rank, 0, o.world_size - 1);
   o.local_rank = env_int("LOCAL_RANK", o.local_rank, 0, 1 << 20);
@@ -34,7 +36,11 @@ void read_torchrun_env(WorkerOptions& o) {
   o.master_port = env_int("MASTER_PORT", o.master_port, 1, 65535);
 }
 
-void validate(const WorkerOptions& o) {
+}  // namespace
+
+namespace {
+
+void validate_or_throw(const WorkerOptions& o) {
   check(validate(o.model));
   if (o.backend != "gloo" && o.backend != "nccl")
     throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
@@ -63,6 +69,8 @@ void validate(const WorkerOptions& o) {
                        ")");
   }
 }
+
+}  // namespace
 
 void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   // A flag given twice takes the last value (launchers append to a common set of flags).
@@ -125,14 +133,30 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
                  "Fault: link delay lasts this many seconds");
 }
 
+Status read_torchrun_env(WorkerOptions& o) {
+  return catch_input_error([&] {
+           read_env_or_throw(o);
+           return true;
+         })
+      .status();
+}
+
+Status validate(const WorkerOptions& o) {
+  return catch_input_error([&] {
+           validate_or_throw(o);
+           return true;
+         })
+      .status();
+}
+
 int worker_main(int argc, char** argv) {
   WorkerOptions o;
   CLI::App app{"parapilot worker"};
   add_worker_flags(app, o);
   try {
     app.parse(argc, argv);
-    read_torchrun_env(o);
-    return run_worker(o);
+    check(read_torchrun_env(o));
+    return take(run_worker(o));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const InputError& e) {
