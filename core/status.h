@@ -5,8 +5,9 @@
 // Status or a StatusOr<T>, and never throws across that boundary. The code says what kind of
 // failure it is, so a caller can tell bad input from a transient fault from a bug; the message
 // says what, for a person, and never holds secret material. Programmer errors (a broken
-// precondition) are asserts, not Statuses. Exceptions are left for the CLI, which turns
-// InputError (strategy/error.h) into exit code 2.
+// precondition) are asserts, not Statuses. Exceptions stay inside a module's parsers, which
+// unwind with InputError to the module's entry point, and in the CLI, which turns a Status into
+// InputError and exit code 2 (strategy/error.h: catch_input_error, check, take).
 //
 // Thread-safety: plain value types.
 #pragma once
