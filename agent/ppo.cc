@@ -35,24 +35,6 @@ void serialize(Archive& ar, PpoConfig& c) {
 
 namespace {
 
-std::vector<std::string> split_ids(const std::string& list) {
-  std::vector<std::string> out;
-  std::string item;
-  int depth = 0;  // commas inside parentheses belong to an id's parameters
-  for (char c : list) {
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c == ',' && depth == 0) {
-      if (!item.empty()) out.push_back(item);
-      item.clear();
-    } else {
-      item.push_back(c);
-    }
-  }
-  if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 std::string config_json(const PpoConfig& c) {
   std::ostringstream out;
   {
@@ -80,10 +62,10 @@ void check_config(const PpoConfig& c) {
   require(c.hidden >= 4 && c.hidden <= 512, "hidden must be in [4, 512]");
   require(c.validation_episodes >= 0 && c.validation_episodes <= 1000,
           "validation episodes must be in [0, 1000]");
-  require(!split_ids(c.env_ids).empty(), "name at least one env");
-  require(static_cast<size_t>(c.envs) >= split_ids(c.env_ids).size(),
+  require(!env::split_ids(c.env_ids).empty(), "name at least one env");
+  require(static_cast<size_t>(c.envs) >= env::split_ids(c.env_ids).size(),
           "each parallel env runs one scenario: --envs " + std::to_string(c.envs) +
-              " is fewer than the " + std::to_string(split_ids(c.env_ids).size()) +
+              " is fewer than the " + std::to_string(env::split_ids(c.env_ids).size()) +
               " scenarios named");
 }
 
@@ -148,7 +130,7 @@ struct PpoTrainer::State {
 
   void init_envs() {
     at::set_num_threads(1);
-    ids = split_ids(config.env_ids);
+    ids = env::split_ids(config.env_ids);
     std::vector<std::unique_ptr<env::Env>> list;
     for (int i = 0; i < config.envs; ++i) list.push_back(take(env::make_env(ids[i % ids.size()])));
     horizon = list.front()->horizon();

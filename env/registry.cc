@@ -107,6 +107,24 @@ void register_env(const std::string& name, EnvFactory factory) {
   }
 }
 
+std::vector<std::string> split_ids(const std::string& list) {
+  std::vector<std::string> out;
+  std::string item;
+  int depth = 0;  // commas inside parentheses belong to an id's parameters
+  for (char c : list) {
+    if (c == '(') ++depth;
+    if (c == ')') --depth;
+    if (c == ',' && depth == 0) {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else {
+      item.push_back(c);
+    }
+  }
+  if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 std::vector<std::string> registered_envs() {
   ensure_builtins();
   std::lock_guard lock(registry_mutex());

@@ -39,6 +39,9 @@ void register_env(const std::string& name, EnvFactory factory);
 // name or a bad parameter.
 StatusOr<std::unique_ptr<Env>> make_env(const std::string& id);
 std::vector<std::string> registered_envs();
+// Splits a comma-separated list of ids at the commas outside parentheses:
+// "sim:mixed(gpus=16,horizon=8),bandit" is two ids. Empty items are dropped.
+std::vector<std::string> split_ids(const std::string& list);
 
 // Parameter helpers for factories. int_param and double_param return params[key] as a number
 // in [min, max], or `fallback` when absent; str_param the text or `fallback`; reject_unknown

@@ -42,25 +42,6 @@ std::string env_id_of(const std::string& scenario) {
   return "sim:" + scenario;
 }
 
-// Splits at the commas outside parentheses: "lookahead(k=8,h=4),static" is two names.
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::string item;
-  int depth = 0;
-  for (char c : list) {
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c == ',' && depth == 0) {
-      if (!item.empty()) out.push_back(item);
-      item.clear();
-    } else {
-      item += c;
-    }
-  }
-  if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // The non-learned baselines, which the default reference is chosen among.
 bool is_rule(const std::string& name) {
   const std::vector<std::string> rules = policy::baseline_names();
@@ -129,7 +110,7 @@ void run_eval(const EvalOptions& o) {
   if (o.episodes < 1) throw InputError("--episodes must be >= 1");
   const std::string id = env_id_of(o.scenario);
   std::unique_ptr<env::Env> env = take(env::make_env(id));
-  const auto names = split(o.policies);
+  const auto names = env::split_ids(o.policies);  // "lookahead(k=8,h=4),static": two
   if (names.empty()) throw InputError("--policies: name at least one policy");
   std::vector<std::unique_ptr<parapilot::policy::Policy>> policies(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
