@@ -33,7 +33,7 @@ StatusOr<EnvId> parse_env_id(const std::string& id);
 // (the helpers below do), which make_env returns as kInvalidArgument.
 using EnvFactory = std::function<std::unique_ptr<Env>(const EnvId&)>;
 
-// Registers a factory under a name; throws std::logic_error on a duplicate name.
+// Registers a factory under a name. Precondition: no factory has that name yet.
 void register_env(const std::string& name, EnvFactory factory);
 // Makes an env from an id (see parse_env_id): kInvalidArgument naming the id for an unknown
 // name or a bad parameter.
