@@ -169,12 +169,10 @@ class LookaheadPolicy : public Policy {
       }
       double remaining = I;
       if (switching) {
-        const double stage = std::min(staging_left, remaining);
-        total += rate * (1.0 - s.staging_slowdown) * stage;
-        staging_left -= stage;
-        remaining -= stage;
-        if (staging_left <= 0 && remaining > 0) {
-          remaining -= std::min(kSwitchPauseS, remaining);
+        const env::StagedInterval staged = env::stage_switch(staging_left, remaining);
+        total += rate * (1.0 - s.staging_slowdown) * staged.staged_s;
+        remaining = staged.rest_s;
+        if (staged.committed) {
           on = l;
           switching = false;
           rate = (*row)[on];

@@ -12,6 +12,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/status.h"
@@ -39,13 +40,23 @@ T take(StatusOr<T> result) {
 }
 
 /// Runs `read` (a parser that throws InputError) and returns its value, or kInvalidArgument
-/// with the InputError's message.
+/// with the InputError's message. A `read` that returns nothing gives a Status.
 template <class F>
-auto catch_input_error(F&& read) -> StatusOr<decltype(read())> {
+auto catch_input_error(F&& read) {
+  using T = decltype(read());
   try {
-    return read();
+    if constexpr (std::is_void_v<T>) {
+      read();
+      return Status{};
+    } else {
+      return StatusOr<T>(read());
+    }
   } catch (const InputError& e) {
-    return Status::invalid_argument(e.what());
+    if constexpr (std::is_void_v<T>) {
+      return Status::invalid_argument(e.what());
+    } else {
+      return StatusOr<T>(Status::invalid_argument(e.what()));
+    }
   }
 }
 

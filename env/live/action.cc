@@ -388,11 +388,7 @@ void validate_or_throw(const ModelConfig& m) {
 }  // namespace
 
 Status validate(const ModelConfig& m) {
-  return catch_input_error([&] {
-           validate_or_throw(m);
-           return true;
-         })
-      .status();
+  return catch_input_error([&] { validate_or_throw(m); });
 }
 
 std::int64_t LayerShape::numel() const {

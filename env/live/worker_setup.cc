@@ -134,19 +134,11 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
 }
 
 Status read_torchrun_env(WorkerOptions& o) {
-  return catch_input_error([&] {
-           read_env_or_throw(o);
-           return true;
-         })
-      .status();
+  return catch_input_error([&] { read_env_or_throw(o); });
 }
 
 Status validate(const WorkerOptions& o) {
-  return catch_input_error([&] {
-           validate_or_throw(o);
-           return true;
-         })
-      .status();
+  return catch_input_error([&] { validate_or_throw(o); });
 }
 
 int worker_main(int argc, char** argv) {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "strategy/error.h"
+#include "strategy/planner.h"
 #include "strategy/space.h"
 #include "strategy/spec_io.h"
 #include "strategy/toml_reader.h"
@@ -213,6 +214,19 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   if (root.get("space")) s.space = take(load_search_space(path, s.model));
   return s;
   });
+}
+
+StagedInterval stage_switch(double& staging_left_s, double remaining_s) {
+  StagedInterval out;
+  out.staged_s = std::min(staging_left_s, remaining_s);
+  staging_left_s -= out.staged_s;
+  remaining_s -= out.staged_s;
+  if (staging_left_s <= 0 && remaining_s > 0) {
+    remaining_s -= std::min(kSwitchPauseS, remaining_s);
+    out.committed = true;
+  }
+  out.rest_s = remaining_s;
+  return out;
 }
 
 int final_global_batch(const Scenario& s) {

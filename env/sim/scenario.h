@@ -159,6 +159,19 @@ void add_slowdown(std::vector<double>& extra, double interval_s, double start_s,
 // default_global_batch(gpus).
 int final_global_batch(const Scenario& scenario);
 
+// How `remaining_s` seconds of an interval pass while a switch is staged, in the simulator's
+// switch model: the transfer runs for `staged_s` (the old layout at 1 - staging_slowdown of its
+// speed), taking it off `staging_left_s`; when it ends with time left, the switch pause
+// (kSwitchPauseS, or what is left of the interval) commits the new layout, which runs the
+// `rest_s` after it. Without a commit `rest_s` is what the old layout runs unslowed (0 while
+// staging lasts the whole interval).
+struct StagedInterval {
+  double staged_s = 0;
+  bool committed = false;
+  double rest_s = 0;
+};
+StagedInterval stage_switch(double& staging_left_s, double remaining_s);
+
 // Relative gradient error of one block sent with compression `c`, under statistics `g`
 // (measured at g.topk_ratio and g.powersgd_rank). Other top-k ratios follow the power law
 // through the measured point (kept energy = ratio^alpha), other ranks error ∝ 1 / rank;

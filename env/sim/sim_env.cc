@@ -459,12 +459,10 @@ StepResult SimEnv::step(int action) {
   }
   double remaining = interval - time;
   if (target_) {
-    const double stage = std::min(staging_left_s_, remaining);
-    tokens += tps * (1.0 - scenario_.staging_slowdown) * stage;
-    staging_left_s_ -= stage;
-    remaining -= stage;
-    if (staging_left_s_ <= 0 && remaining > 0) {
-      remaining -= std::min(kSwitchPauseS, remaining);
+    const StagedInterval staged = stage_switch(staging_left_s_, remaining);
+    tokens += tps * (1.0 - scenario_.staging_slowdown) * staged.staged_s;
+    remaining = staged.rest_s;
+    if (staged.committed) {
       current_ = chosen_ = *target_;
       if (auto r = with_global_batch(current_, truth_.global_batch[t], scenario_.model,
                                      scenario_.cluster)) {

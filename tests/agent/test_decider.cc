@@ -7,7 +7,7 @@
 #include "agent/runtime/decider.h"
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::ok;
 

@@ -9,7 +9,7 @@
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
 #include "env/simcluster/sim_cluster.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::ok;
 

@@ -11,7 +11,7 @@
 #include "agent/runtime/agent.h"
 #include "agent/runtime/dp_decider.h"
 #include "env/monitor/robust_stats.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::ok;
 

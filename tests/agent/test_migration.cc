@@ -10,7 +10,7 @@
 
 #include "agent/runtime/agent.h"
 #include "env/simcluster/sim_cluster.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::ok;
 

@@ -18,7 +18,7 @@
 #include "env/trace/trace_analysis.h"
 #include "policy/baselines.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;

@@ -16,7 +16,7 @@
 #include "strategy/error.h"
 #include "strategy/planner.h"
 #include "tests/strategy/two_search_merge.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::ok;
 

@@ -16,7 +16,7 @@
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot;
 using namespace parapilot::trace;

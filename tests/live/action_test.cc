@@ -3,7 +3,7 @@
 
 #include "env/live/action.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot::live;
 using parapilot::testing::failure_of;

@@ -22,7 +22,7 @@
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;

@@ -10,7 +10,7 @@
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "policy/loader.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;

@@ -11,7 +11,7 @@
 #include "policy/baselines.h"
 #include "policy/lookahead.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;

@@ -12,7 +12,7 @@
 #include "checkpoints/checkpoint.h"
 #include "env/env.h"
 #include "strategy/error.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;

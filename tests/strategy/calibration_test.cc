@@ -14,7 +14,7 @@
 #include "strategy/error.h"
 #include "strategy/published_runs.h"
 #include "strategy/spec_io.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot;
 using parapilot::testing::ok;

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using parapilot::testing::TempFile;
 

@@ -4,7 +4,7 @@
 #include "strategy/cost_model.h"
 #include "strategy/planner.h"
 #include "strategy/spec_io.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot;
 using parapilot::testing::ok;

@@ -14,7 +14,7 @@
 #include "strategy/error.h"
 #include "strategy/partitioner.h"
 #include "strategy/planner.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot;
 using parapilot::testing::failure_of;

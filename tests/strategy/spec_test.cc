@@ -6,7 +6,7 @@
 
 #include "strategy/error.h"
 #include "strategy/spec_io.h"
-#include "tests/strategy/test_util.h"
+#include "tests/test_util.h"
 
 using namespace parapilot;
 using parapilot::testing::failure_of;

@@ -1,4 +1,4 @@
-// Helpers shared by the strategy test suites.
+// Helpers shared by the test suites: temporary files, and reading a Status or StatusOr.
 #pragma once
 
 #include <unistd.h>
