@@ -24,35 +24,35 @@ std::string layout_message(std::string m, int world_size) {
   return m;
 }
 
-// Only the keys the workers run may appear; the values are the strategy reader's to check.
-void check_keys(std::string_view text) {
-  std::string token;
+// The key=value tokens of the text (commas inside brackets stay in their token). Only the keys
+// the workers run may appear; the values are the strategy reader's to check.
+std::vector<std::string> checked_tokens(std::string_view text) {
+  std::vector<std::string> tokens(1);
   int depth = 0;
-  auto check_token = [&] {
-    const std::size_t eq = token.find('=');
-    const std::string key = token.substr(0, eq);
-    if (eq == std::string::npos)
-      throw InputError("--layout: \"" + token + "\" is not key=value (keys: dp, tp, pp, stages)");
-    if (key != "dp" && key != "tp" && key != "pp" && key != "stages")
-      throw InputError("--layout: unknown key '" + key +
-                       "' (the workers run the keys dp, tp, pp, stages)");
-    token.clear();
-  };
   for (char c : text) {
     if (c == '[') ++depth;
     if (c == ']') --depth;
     if (c == ',' && depth == 0)
-      check_token();
+      tokens.emplace_back();
     else
-      token += c;
+      tokens.back() += c;
   }
-  check_token();
+  for (const std::string& token : tokens) {
+    const std::size_t eq = token.find('=');
+    if (eq == std::string::npos)
+      throw InputError("--layout: \"" + token + "\" is not key=value (keys: dp, tp, pp, stages)");
+    const std::string key = token.substr(0, eq);
+    if (key != "dp" && key != "tp" && key != "pp" && key != "stages")
+      throw InputError("--layout: unknown key '" + key +
+                       "' (the workers run the keys dp, tp, pp, stages)");
+  }
+  return tokens;
 }
 
 LiveLayout parse_layout_or_throw(std::string_view text, int world_size, const ModelConfig& m) {
   if (world_size < 1) throw InputError("--layout: the job needs at least one rank");
   if (text.empty()) return data_parallel_layout(world_size, m);
-  check_keys(text);
+  const std::vector<std::string> tokens = checked_tokens(text);
   const bool transformer = m.kind == "transformer";
   ModelSpec spec;
   spec.name = "live-" + m.kind;
@@ -69,7 +69,19 @@ LiveLayout parse_layout_or_throw(std::string_view text, int world_size, const Mo
   // reader's batch checks satisfied whatever the degrees.
   StatusOr<Strategy> read = load_strategy(
       std::string(text) + ",global_batch=" + std::to_string(world_size), spec, cluster);
-  if (!read.ok()) throw InputError(layout_message(read.status().message(), world_size));
+  if (!read.ok()) {
+    // A value the TOML reader could not read names no key: find the token that alone fails so.
+    const std::string& why = read.status().message();
+    if (why.find("[strategy]") == std::string::npos)
+      for (const std::string& token : tokens) {
+        const StatusOr<Strategy> alone = load_strategy(token + ",global_batch=1", spec, cluster);
+        if (!alone.ok() && alone.status().message().find("[strategy]") == std::string::npos)
+          throw InputError("--layout: " + token.substr(0, token.find('=')) + ": '" +
+                           token.substr(token.find('=') + 1) + "' is not a value (" +
+                           layout_message(why, world_size).substr(10) + ")");
+      }
+    throw InputError(layout_message(why, world_size));
+  }
   const Strategy& s = *read;
   if (!transformer && (s.tp > 1 || s.pp > 1))
     throw InputError("--layout: tp and pp need --model transformer (the " + m.kind +
