@@ -234,8 +234,7 @@ c10::intrusive_ptr<c10d::Store> group_store(c10::intrusive_ptr<c10d::Store> stor
   return c10::make_intrusive<c10d::PrefixStore>("parapilot/group/" + name, std::move(store));
 }
 
-StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id,
-                                             bool stop) {
+StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop) {
   assert(plan_id <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
   at::Tensor control = at::zeros({2}, at::kLong);
   control[0] = static_cast<std::int64_t>(plan_id);

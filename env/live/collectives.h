@@ -23,7 +23,7 @@ namespace parapilot::live {
 
 /// Where Gloo binds and how long a collective may take.
 struct GroupOptions {
-  double timeout_s = 30;                ///< a collective or transfer taking longer fails.
+  double timeout_s = 30;                  ///< a collective or transfer taking longer fails.
   std::string master_addr = "127.0.0.1";  ///< loopback here binds Gloo to 127.0.0.1.
 };
 

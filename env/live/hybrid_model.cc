@@ -204,9 +204,7 @@ at::Tensor StageModel::block(int b, at::Tensor x, const at::Tensor& mask) {
   const std::int64_t heads = cfg_.heads / layout_.tp, dh = d / cfg_.heads;
   const auto group = reinterpret_cast<std::int64_t>(tp_);
   auto f = [&](const at::Tensor& h) { return tp_ ? CopyToTensorParallel::apply(h, group) : h; };
-  auto g = [&](const at::Tensor& h) {
-    return tp_ ? ReduceFromTensorParallel::apply(h, group) : h;
-  };
+  auto g = [&](const at::Tensor& h) { return tp_ ? ReduceFromTensorParallel::apply(h, group) : h; };
   at::Tensor h = f(at::layer_norm(x, {d}, p(base + 0), p(base + 1)));
   auto parts = at::linear(h, p(base + 2), p(base + 3)).chunk(3, -1);
   auto q = parts[0].view({bsz, t, heads, dh}).transpose(1, 2);

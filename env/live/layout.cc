@@ -63,8 +63,7 @@ LiveLayout parse_layout_or_throw(std::string_view text, int world_size, const Mo
   spec.ffn_hidden = 4 * m.d_model;
   spec.seq_len = m.seq_len;
   spec.vocab = ModelConfig::kVocab;
-  const ClusterSpec cluster =
-      take(load_cluster("1x" + std::to_string(world_size) + "xa100-80g"));
+  const ClusterSpec cluster = take(load_cluster("1x" + std::to_string(world_size) + "xa100-80g"));
   // The batch is the worker's business (elastic shares); one sample per rank keeps the strategy
   // reader's batch checks satisfied whatever the degrees.
   StatusOr<Strategy> read = load_strategy(
@@ -216,18 +215,18 @@ std::vector<ParamShard> rank_shards(const LiveLayout& l, const ModelConfig& m, i
   }
   for (int b = first_block(l, c.stage); b < end_block(l, c.stage); ++b) {
     const int base = 2 + kPerBlock * b;
-    add(base + 0);                        // ln1.weight
-    add(base + 1);                        // ln1.bias
-    add(base + 2, ShardKind::rows, 3);    // qkv.weight: q, k, v blocks split by heads
-    add(base + 3, ShardKind::rows, 3);    // qkv.bias
-    add(base + 4, ShardKind::columns);    // proj.weight (row-parallel: input columns)
-    add(base + 5);                        // proj.bias (added once, after the all-reduce)
-    add(base + 6);                        // ln2.weight
-    add(base + 7);                        // ln2.bias
-    add(base + 8, ShardKind::rows);       // fc1.weight (column-parallel: output rows)
-    add(base + 9, ShardKind::rows);       // fc1.bias
-    add(base + 10, ShardKind::columns);   // fc2.weight (row-parallel)
-    add(base + 11);                       // fc2.bias
+    add(base + 0);                       // ln1.weight
+    add(base + 1);                       // ln1.bias
+    add(base + 2, ShardKind::rows, 3);   // qkv.weight: q, k, v blocks split by heads
+    add(base + 3, ShardKind::rows, 3);   // qkv.bias
+    add(base + 4, ShardKind::columns);   // proj.weight (row-parallel: input columns)
+    add(base + 5);                       // proj.bias (added once, after the all-reduce)
+    add(base + 6);                       // ln2.weight
+    add(base + 7);                       // ln2.bias
+    add(base + 8, ShardKind::rows);      // fc1.weight (column-parallel: output rows)
+    add(base + 9, ShardKind::rows);      // fc1.bias
+    add(base + 10, ShardKind::columns);  // fc2.weight (row-parallel)
+    add(base + 11);                      // fc2.bias
   }
   if (c.stage == l.pp - 1) {
     const int base = 2 + kPerBlock * m.layers;

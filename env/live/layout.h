@@ -98,9 +98,9 @@ enum class ShardKind : std::uint8_t {
 struct ParamShard {
   int layer = 0;
   ShardKind kind = ShardKind::replicated;
-  int parts = 1;  ///< rows/columns: equal blocks cut separately (qkv: 3, q, k and v).
-  int pieces = 1; ///< rows/columns: pieces per block (tp).
-  int piece = 0;  ///< rows/columns: which piece (the rank's tp index).
+  int parts = 1;   ///< rows/columns: equal blocks cut separately (qkv: 3, q, k and v).
+  int pieces = 1;  ///< rows/columns: pieces per block (tp).
+  int piece = 0;   ///< rows/columns: which piece (the rank's tp index).
   std::vector<std::int64_t> shape;  ///< this rank's tensor.
   bool operator==(const ParamShard&) const = default;
 };

@@ -38,7 +38,8 @@ StatusOr<std::unique_ptr<LayoutState>> LayoutState::build(const LiveLayout& layo
         c = make_nccl_collectives(group_store(store, g.name), me, size, o.device,
                                   o.groups.timeout_s);
 #endif
-      if (o.backend != "nccl") c = make_gloo_collectives(group_store(store, g.name), me, size, o.groups);
+      if (o.backend != "nccl")
+        c = make_gloo_collectives(group_store(store, g.name), me, size, o.groups);
       if (!c.ok()) return c.status();
       owned = std::move(*c);
       used = owned.get();

@@ -63,7 +63,8 @@ class LayoutState {
   template <class T>
   std::vector<T> local_entries(const std::vector<T>& full) const {
     std::vector<T> out;
-    for (const ParamShard& s : model_->shards()) out.push_back(full[static_cast<std::size_t>(s.layer)]);
+    for (const ParamShard& s : model_->shards())
+      out.push_back(full[static_cast<std::size_t>(s.layer)]);
     return out;
   }
 

@@ -32,7 +32,8 @@ StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
   const int stages = pipe ? pipe->size() : 1;
   std::vector<InFlight> live(static_cast<std::size_t>(o.microbatches));
   auto tag = [&](int microbatch, int direction) {
-    return o.tag_base + static_cast<std::uint32_t>(microbatch) * 2 + static_cast<std::uint32_t>(direction);
+    return o.tag_base + static_cast<std::uint32_t>(microbatch) * 2 +
+           static_cast<std::uint32_t>(direction);
   };
   // Times one pass, less its TP all-reduces, and stretches it under an injected slowdown.
   auto timed = [&](auto&& pass) {
@@ -41,14 +42,16 @@ StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
     pass();
     double ms = ms_since(t0) - (tp ? tp->all_reduce_ms - tp_before : 0);
     if (o.slow_factor > 1) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>((o.slow_factor - 1) * ms));
+      std::this_thread::sleep_for(
+          std::chrono::duration<double, std::milli>((o.slow_factor - 1) * ms));
       ms *= o.slow_factor;
     }
     s.compute_ms += std::max(0.0, ms);
   };
   auto send = [&](const at::Tensor& t, int peer, std::uint32_t tg) -> Status {
     const at::Tensor c = t.detach().contiguous();
-    s.p2p_bytes += static_cast<std::uint64_t>(c.numel()) * static_cast<std::uint64_t>(c.element_size());
+    s.p2p_bytes +=
+        static_cast<std::uint64_t>(c.numel()) * static_cast<std::uint64_t>(c.element_size());
     s.p2p_calls += 1;
     const auto t0 = Clock::now();
     Status st = pipe->send(c, peer, tg);

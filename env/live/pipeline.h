@@ -21,9 +21,9 @@
 namespace parapilot::live {
 
 struct PipelineStepOptions {
-  int microbatches = 0;      ///< this replica's microbatches in the step (>= 0).
-  double loss_scale = 1;     ///< each microbatch's mean loss is multiplied by this (1 / step's total).
-  double slow_factor = 1;    ///< fault injection: compute takes this many times as long.
+  int microbatches = 0;   ///< this replica's microbatches in the step (>= 0).
+  double loss_scale = 1;  ///< each microbatch's mean loss is multiplied by this (1 / step's total).
+  double slow_factor = 1;      ///< fault injection: compute takes this many times as long.
   std::uint32_t tag_base = 0;  ///< added to the transfer tags (microbatch index x 2 + direction).
 };
 
@@ -32,7 +32,7 @@ struct PipelineStepStats {
   double p2p_ms = 0;      ///< waiting to receive and for sends to complete.
   std::uint64_t p2p_bytes = 0;  ///< bytes this rank sent to its neighbours.
   std::uint32_t p2p_calls = 0;  ///< sends and receives.
-  double loss = 0;        ///< sum of this rank's scaled microbatch losses (last stage; else 0).
+  double loss = 0;  ///< sum of this rank's scaled microbatch losses (last stage; else 0).
 };
 
 /// Runs the step through `model`. `batch(i)` gives the replica's microbatch i (the same on every

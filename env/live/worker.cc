@@ -200,7 +200,8 @@ int run_or_throw(const WorkerOptions& o) {
   lo.backend = o.backend;
   lo.device = device;
   lo.groups = group_options;
-  StatusOr<std::unique_ptr<LayoutState>> built = LayoutState::build(layout, o.rank, *coll, store, lo);
+  StatusOr<std::unique_ptr<LayoutState>> built =
+      LayoutState::build(layout, o.rank, *coll, store, lo);
   if (!built.ok()) {
     std::fprintf(stderr, "%s: %s\n", tag.c_str(), built.status().message().c_str());
     (void)coll.release();
@@ -221,10 +222,10 @@ int run_or_throw(const WorkerOptions& o) {
       if (!read.ok()) return read;
       const LiveAction& a = *read;
       if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(layout.dp))
-        return Status::rejected("shares for " + std::to_string(a.shares.size()) +
-                                (layout.pure_data_parallel() ? " ranks; the job has "
-                                                             : " replicas; the job has ") +
-                                std::to_string(layout.dp));
+        return Status::rejected(
+            "shares for " + std::to_string(a.shares.size()) +
+            (layout.pure_data_parallel() ? " ranks; the job has " : " replicas; the job has ") +
+            std::to_string(layout.dp));
       if (!a.compression.empty() && a.compression.size() != n_layers)
         return Status::rejected("compression for " + std::to_string(a.compression.size()) +
                                 " layers; the model has " + std::to_string(n_layers));
@@ -327,9 +328,9 @@ int run_or_throw(const WorkerOptions& o) {
         if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
         if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
         if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
-        gsync.configure(a->compression.empty() ? gsync.compression()
-                                               : state->local_entries(a->compression),
-                        topk_ratio, powersgd_rank, bucket_bytes);
+        gsync.configure(
+            a->compression.empty() ? gsync.compression() : state->local_entries(a->compression),
+            topk_ratio, powersgd_rank, bucket_bytes);
         plan_id = next_plan;
         bus->send(transport::Ack{transport::MessageType::plan_commit, plan_id,
                                  static_cast<std::uint32_t>(o.rank)});
@@ -389,8 +390,7 @@ int run_or_throw(const WorkerOptions& o) {
               static_cast<std::uint32_t>(g.numel() - finite.sum().item<std::int64_t>());
           const at::Tensor gf = nonfinite ? g.where(finite, at::zeros_like(g)) : g;
           layer_stats.push_back({static_cast<std::uint32_t>(model.shards()[i].layer),
-                                 gf.norm().item<float>(), gf.abs().max().item<float>(),
-                                 nonfinite});
+                                 gf.norm().item<float>(), gf.abs().max().item<float>(), nonfinite});
         }
       }
 
@@ -433,6 +433,8 @@ int run_or_throw(const WorkerOptions& o) {
       row.microbatches = mine;
       row.compute_ms = compute_ms;
       row.dp_comm = {sync.all_reduce_ms + sync.all_gather_ms, static_cast<double>(dp_bytes)};
+      row.pp_comm = {passes->p2p_ms, static_cast<double>(passes->p2p_bytes)};
+      if (tp) row.tp_comm = {tp_ms, static_cast<double>(tp->all_reduce_bytes - tp_bytes_before)};
       if (!o.record.empty()) recorded.push_back(row);
 
       if (publish) {
@@ -467,6 +469,10 @@ int run_or_throw(const WorkerOptions& o) {
         t.collectives["info/loss_x1e6"] = {
             0, static_cast<std::uint64_t>(std::max(0.0, last_loss) * 1e6), 0};
         t.collectives["info/plan"] = {0, plan_id, 0};
+        // Where the rank sits in a hybrid layout: its replica (bytes) and stage (calls).
+        if (!layout.pure_data_parallel())
+          t.collectives["info/coords"] = {0, static_cast<std::uint64_t>(me.dp),
+                                          static_cast<std::uint32_t>(me.stage)};
         // Samples this rank processed: the monitor compares ranks' compute per sample, so a
         // rank given a smaller share does not look faster than it is.
         t.collectives["info/samples"] = {0, static_cast<std::uint64_t>(mine) * microbatch, 0};

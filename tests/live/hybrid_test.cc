@@ -37,10 +37,30 @@ std::string temp_dir(const std::string& name) {
 // 4 blocks, so that stages can be uneven; 8 microbatches of one sequence, so that each replica
 // of a dp=2 layout runs 4 through its pipeline (warm-up, steady 1F1B and cool-down all occur).
 std::vector<std::string> four_block_args(const std::string& dump) {
-  return {"--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "16",
-          "--global-batch", "8", "--microbatch", "1", "--threads", "1", "--steps", "3",
-          "--optimizer", "adam", "--collective-timeout", "20", "--rendezvous-timeout", "30",
-          "--dump-params", dump};
+  return {"--layers",
+          "4",
+          "--d-model",
+          "32",
+          "--heads",
+          "2",
+          "--seq-len",
+          "16",
+          "--global-batch",
+          "8",
+          "--microbatch",
+          "1",
+          "--threads",
+          "1",
+          "--steps",
+          "3",
+          "--optimizer",
+          "adam",
+          "--collective-timeout",
+          "20",
+          "--rendezvous-timeout",
+          "30",
+          "--dump-params",
+          dump};
 }
 
 std::vector<float> read_floats(const std::string& path) {
@@ -78,8 +98,9 @@ void run_cluster(int workers, std::vector<std::string> args, const std::string& 
 
 }  // namespace
 
-TEST_CASE("hybrid layouts: pipeline, tensor and data parallel give the update of one process on "
-          "the whole batch") {
+TEST_CASE(
+    "hybrid layouts: pipeline, tensor and data parallel give the update of one process on "
+    "the whole batch") {
   const std::string dir = temp_dir("layouts");
   run_cluster(1, four_block_args(dir + "/one.bin"), dir);
   const std::vector<float> one = read_floats(dir + "/one.bin");
@@ -108,7 +129,8 @@ TEST_CASE("hybrid layouts: pipeline, tensor and data parallel give the update of
       // Relative error: the largest |difference| over the largest |parameter|.
       double max_diff = 0;
       for (std::size_t i = 0; i < one.size(); ++i)
-        max_diff = std::max(max_diff, std::abs(static_cast<double>(got[i]) - static_cast<double>(one[i])));
+        max_diff =
+            std::max(max_diff, std::abs(static_cast<double>(got[i]) - static_cast<double>(one[i])));
       INFO("max |difference| " << max_diff << " of max |parameter| " << max_abs);
       CHECK(max_diff / max_abs < 1e-4);
       const std::string log = read_text(logs + "/worker-0.log");
@@ -133,7 +155,8 @@ TEST_CASE("hybrid layouts: pipeline, tensor and data parallel give the update of
   REQUIRE(two_steps.size() == one.size());
   double step_diff = 0;
   for (std::size_t i = 0; i < one.size(); ++i)
-    step_diff = std::max(step_diff, std::abs(static_cast<double>(two_steps[i]) - static_cast<double>(one[i])));
+    step_diff = std::max(step_diff,
+                         std::abs(static_cast<double>(two_steps[i]) - static_cast<double>(one[i])));
   MESSAGE("one Adam step moves the parameters by " << step_diff / max_abs << " relative");
   CHECK(step_diff / max_abs > 3e-4);
   std::filesystem::remove_all(dir);

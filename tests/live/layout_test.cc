@@ -173,7 +173,7 @@ TEST_CASE("shards: every element of the model is written exactly once in the gat
   CHECK(first[4].shape == std::vector<std::int64_t>{48, 32});
   CHECK(first[6].kind == ShardKind::columns);  // proj.weight
   CHECK(first[6].shape == std::vector<std::int64_t>{32, 16});
-  CHECK(first[7].kind == ShardKind::replicated);  // proj.bias
+  CHECK(first[7].kind == ShardKind::replicated);              // proj.bias
   const std::vector<ParamShard> last = rank_shards(l, m, 2);  // tp 0 of stage 1
   REQUIRE(last.size() == 3 * 12 + 4);
   CHECK(last.front().layer == 2 + 12);
@@ -190,15 +190,11 @@ TEST_CASE("1F1B: warm-up forwards, one forward one backward, cool-down backwards
                                                     {K::backward, 1},
                                                     {K::backward, 2}});
   // The last stage alternates from the start.
-  CHECK(one_f_one_b(1, 2, 2) == std::vector<PipeOp>{{K::forward, 0},
-                                                    {K::backward, 0},
-                                                    {K::forward, 1},
-                                                    {K::backward, 1}});
+  CHECK(one_f_one_b(1, 2, 2) ==
+        std::vector<PipeOp>{{K::forward, 0}, {K::backward, 0}, {K::forward, 1}, {K::backward, 1}});
   // Fewer microbatches than the warm-up: all forwards, then all backwards.
-  CHECK(one_f_one_b(0, 4, 2) == std::vector<PipeOp>{{K::forward, 0},
-                                                    {K::forward, 1},
-                                                    {K::backward, 0},
-                                                    {K::backward, 1}});
+  CHECK(one_f_one_b(0, 4, 2) ==
+        std::vector<PipeOp>{{K::forward, 0}, {K::forward, 1}, {K::backward, 0}, {K::backward, 1}});
   CHECK(one_f_one_b(0, 3, 0).empty());
   for (int stages = 1; stages <= 4; ++stages)
     for (int stage = 0; stage < stages; ++stage)
