@@ -69,16 +69,15 @@ StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
   for (const PipeOp& op : one_f_one_b(stage, stages, o.microbatches)) {
     InFlight& f = live[static_cast<std::size_t>(op.microbatch)];
     if (op.kind == PipeOp::Kind::forward) {
-      const at::Tensor seq = batch(op.microbatch);
       if (!model.first_stage()) {
-        at::Tensor in = at::empty(model.activation_shape(seq.size(0)), at::kFloat);
+        at::Tensor in = at::empty(model.activation_shape(o.sequences), at::kFloat);
         if (Status st = recv(in, stage - 1, tag(op.microbatch, 0)); !st.ok()) return st;
         f.input = in.set_requires_grad(true);
       }
       timed([&] {
-        f.output = model.forward(f.input, seq);
+        f.output = model.forward(f.input, batch(op.microbatch));
         if (model.last_stage()) {
-          f.output = f.output * o.loss_scale;
+          f.output = f.output / o.loss_divisor;
           s.loss += f.output.item<double>();
         }
       });

@@ -21,15 +21,18 @@
 namespace parapilot::live {
 
 struct PipelineStepOptions {
-  int microbatches = 0;   ///< this replica's microbatches in the step (>= 0).
-  double loss_scale = 1;  ///< each microbatch's mean loss is multiplied by this (1 / step's total).
+  int microbatches = 0;        ///< this replica's microbatches in the step (>= 0).
+  int sequences = 1;           ///< sequences per microbatch.
+  double loss_divisor = 1;     ///< each microbatch's mean loss is divided by this (step's total).
   double slow_factor = 1;      ///< fault injection: compute takes this many times as long.
   std::uint32_t tag_base = 0;  ///< added to the transfer tags (microbatch index x 2 + direction).
 };
 
 struct PipelineStepStats {
-  double compute_ms = 0;  ///< forward and backward passes (with a slowdown), less TP all-reduces.
-  double p2p_ms = 0;      ///< waiting to receive and for sends to complete.
+  /// Building the microbatches and the forward and backward passes (with a slowdown), less
+  /// the TP all-reduces.
+  double compute_ms = 0;
+  double p2p_ms = 0;            ///< waiting to receive and for sends to complete.
   std::uint64_t p2p_bytes = 0;  ///< bytes this rank sent to its neighbours.
   std::uint32_t p2p_calls = 0;  ///< sends and receives.
   double loss = 0;  ///< sum of this rank's scaled microbatch losses (last stage; else 0).

@@ -364,7 +364,8 @@ int run_or_throw(const WorkerOptions& o) {
       };
       PipelineStepOptions po;
       po.microbatches = mine;
-      po.loss_scale = 1.0 / static_cast<double>(total_mb);
+      po.sequences = microbatch;
+      po.loss_divisor = static_cast<double>(total_mb);
       po.slow_factor = slowed ? o.slow_factor : 1;
       TensorParallelGroup* tp = state->tp();
       const double tp_ms_before = tp ? tp->all_reduce_ms : 0;

@@ -201,3 +201,32 @@ TEST_CASE("control reduction: a deploy-sized plan id survives exactly (local and
     CHECK(got[r].stop);
   }
 }
+
+TEST_CASE(
+    "hybrid layouts: a killed rank stops its pipeline and TP peers on the failed transfer, "
+    "no hang") {
+  const std::string dir = temp_dir("kill");
+  LocalClusterOptions o;
+  o.workers = 4;
+  o.worker_command = {"/proc/self/exe", "--live-worker"};
+  o.worker_args = four_block_args(dir + "/unused.bin");
+  o.worker_args.insert(o.worker_args.end(),
+                       {"--layout", "tp=2,pp=2", "--steps", "0", "--collective-timeout", "5"});
+  o.host_agent = true;
+  o.log_dir = dir;
+  const auto started = ok(LocalCluster::start(o));
+  LocalCluster& c = *started;
+  REQUIRE(c.controller()->wait_for_step(1, std::chrono::seconds(60)));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.kill_rank(2);  // TP rank 0 of the last stage
+  const std::vector<RankExit> exits = c.wait(60, 30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 45);
+  CHECK(exits[2].signal == 9);
+  for (int r : {0, 1, 3}) {
+    INFO(exits[r].describe() << " (logs in " << dir << ")");
+    CHECK(exits[r].exited);
+    CHECK(exits[r].code == kWorkerCollectiveFailed);
+  }
+  std::filesystem::remove_all(dir);
+}
