@@ -133,6 +133,7 @@ TEST_CASE(
             std::max(max_diff, std::abs(static_cast<double>(got[i]) - static_cast<double>(one[i])));
       INFO("max |difference| " << max_diff << " of max |parameter| " << max_abs);
       CHECK(max_diff / max_abs < 1e-4);
+      MESSAGE(layout << ": parameters within " << max_diff / max_abs << " of one process");
       const std::string log = read_text(logs + "/worker-0.log");
       INFO(log);
       CHECK(log.find("3 steps, final loss") != std::string::npos);
