@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -214,6 +215,9 @@ int run_or_throw(const WorkerOptions& o) {
   if (!o.agent.empty()) {
     auto read_plan = [&o, &layout, n_layers = layers.size()](
                          const transport::PlanPrepare& p) -> StatusOr<LiveAction> {
+      // The control reduction carries plan ids as int64.
+      if (p.plan_id > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        return Status::rejected("plan id " + std::to_string(p.plan_id) + " exceeds 2^63 - 1");
       if (!layout.pure_data_parallel() && !is_action_text(p.layout_name))
         return Status::rejected("layout '" + p.layout_name + "': this job runs " +
                                 layout_text(layout) +
