@@ -493,39 +493,43 @@ int run_or_throw(const WorkerOptions& o) {
     }
     while (started) {
       const double now_s = seconds_since(t_start);
-      // 1. Boundary: agree on stopping and on the plan to switch to (max over ranks).
-      at::Tensor control = at::zeros({2}, at::kDouble);
-      if (bus) control[0] = static_cast<double>(bus->committed_at(step, plan_id));
+      // 1. Boundary: agree on stopping and on the plan to switch to (transport/plan_book.h):
+      // the newest plan committed on some rank (MAX), then whether every rank holds it.
+      // Integers, so that plan ids (microseconds since the epoch) survive exactly.
+      at::Tensor control = at::zeros({2}, at::kLong);
+      if (bus) control[0] = static_cast<std::int64_t>(bus->committed_at(step, plan_id));
       const bool stop = (o.steps > 0 && static_cast<std::int64_t>(step) >= o.steps) ||
                         (o.max_seconds > 0 && o.rank == 0 && now_s >= o.max_seconds) ||
                         (bus && bus->stop_requested());
-      control[1] = stop ? 1.0 : 0.0;
+      control[1] = stop ? 1 : 0;
       const auto tc = Clock::now();
       if (!collective_ok(coll->all_reduce_max(control))) break;
-      const double control_ms = seconds_since(tc) * 1000;
-      if (control[1].item<double>() > 0) break;
-      const auto next_plan = static_cast<std::uint64_t>(control[0].item<double>());
+      if (control[1].item<std::int64_t>() > 0) break;
+      const auto next_plan = static_cast<std::uint64_t>(control[0].item<std::int64_t>());
       if (next_plan > plan_id) {
-        const std::optional<LiveAction> a = bus ? bus->plan(next_plan) : std::nullopt;
-        if (!a)
-          throw std::runtime_error("plan " + std::to_string(next_plan) +
-                                   " committed but unknown here");
-        if (!a->shares.empty()) {
-          if (a->shares.size() != shares.size())
-            throw std::runtime_error("plan shares for " + std::to_string(a->shares.size()) +
-                                     " ranks");
-          shares = a->shares;
+        at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);
+        std::vector<at::Tensor> ht{held};
+        if (!collective_ok(coll->all_reduce_sum(ht))) break;
+        const std::optional<LiveAction> a =
+            held.item<std::int64_t>() == o.world_size ? bus->applied(next_plan) : std::nullopt;
+        if (!a) {
+          if (bus)
+            bus->missed(next_plan, "rank " + std::to_string(o.rank) + ": plan " +
+                                       std::to_string(next_plan) +
+                                       " not staged on every rank at the boundary; nobody "
+                                       "switched");
+        } else {
+          if (!a->shares.empty()) shares = a->shares;
+          if (a->microbatch > 0) microbatch = a->microbatch;
+          if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
+          if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
+          if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
+          gsync.configure(a->compression.empty() ? gsync.compression() : a->compression,
+                          topk_ratio, powersgd_rank, bucket_bytes);
+          plan_id = next_plan;
         }
-        if (a->microbatch > 0 && o.global_batch % a->microbatch == 0) microbatch = a->microbatch;
-        if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
-        if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
-        if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
-        gsync.configure(a->compression.empty() ? gsync.compression() : a->compression, topk_ratio,
-                        powersgd_rank, bucket_bytes);
-        plan_id = next_plan;
-        bus->send(transport::Ack{transport::MessageType::plan_commit, plan_id,
-                                 static_cast<std::uint32_t>(o.rank)});
       }
+      const double control_ms = seconds_since(tc) * 1000;
 
       // 2. Forward/backward over this rank's microbatches.
       const std::uint64_t step_start_ns = wall_ns();
