@@ -23,30 +23,43 @@ MigrationExecutor::MigrationExecutor(MigrationOptions options, Send send, Done o
 
 bool MigrationExecutor::prepare(const Strategy& target, const std::set<uint32_t>& ranks,
                                 Clock::time_point now, uint64_t* plan_id) {
+  transport::PlanPrepare p;
+  p.layout = to_wire(target);
+  p.layout_name = wire_name(target).value_or(layout_name(target));
+  return start(std::move(p), target, ranks, now, plan_id);
+}
+
+bool MigrationExecutor::prepare(transport::PlanPrepare plan, const std::set<uint32_t>& ranks,
+                                Clock::time_point now, uint64_t* plan_id) {
+  return start(std::move(plan), Strategy{}, ranks, now, plan_id);
+}
+
+bool MigrationExecutor::start(transport::PlanPrepare plan, Strategy target,
+                              const std::set<uint32_t>& ranks, Clock::time_point now,
+                              uint64_t* plan_id) {
   std::lock_guard lock(mutex_);
   if (phase_ != Phase::idle || ranks.empty()) return false;
   phase_ = Phase::preparing;
   plan_id_ = next_plan_id_++;
-  target_ = target;
+  target_ = std::move(target);
   members_ = ranks;
   waiting_ = ranks;
   started_ = now;
   deadline_ = now + std::chrono::milliseconds(o_.prepare_deadline_ms);
-  transport::PlanPrepare p;
-  p.plan_id = plan_id_;
-  p.layout = to_wire(target);
-  p.layout_name = wire_name(target).value_or(layout_name(target));
-  p.deadline_ms = o_.prepare_deadline_ms;
-  send_(p);
+  plan.plan_id = plan_id_;
+  plan.deadline_ms = o_.prepare_deadline_ms;
+  send_(plan);
   if (plan_id) *plan_id = plan_id_;
   return true;
 }
 
-void MigrationExecutor::finish(bool committed, std::string reason, Clock::time_point now,
+void MigrationExecutor::finish(MigrationEnd end, std::string reason, Clock::time_point now,
                                std::optional<MigrationOutcome>& out) {
+  const bool committed = end == MigrationEnd::committed || end == MigrationEnd::acks_missing;
   MigrationOutcome r;
   r.plan_id = plan_id_;
   r.committed = committed;
+  r.end = end;
   r.reason = std::move(reason);
   r.target = target_;
   r.switch_at_step = switch_at_;
@@ -72,9 +85,10 @@ void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t new
     if (phase_ == Phase::idle || ready.plan_id != plan_id_ || !members_.count(ready.rank)) return;
     if (!ready.ok) {
       const std::string why = "rank " + std::to_string(ready.rank) + ": " + ready.detail;
-      finish(false,
-             phase_ == Phase::committing ? "commit missed, nobody switched (" + why + ")" : why,
-             now, out);
+      if (phase_ == Phase::committing)
+        finish(MigrationEnd::missed, "commit missed, nobody switched (" + why + ")", now, out);
+      else
+        finish(MigrationEnd::refused, why, now, out);
     } else if (phase_ == Phase::preparing) {
       waiting_.erase(ready.rank);
       if (waiting_.empty()) {
@@ -104,7 +118,7 @@ void MigrationExecutor::on_ack(const transport::Ack& ack, Clock::time_point now)
       return;
     }
     waiting_.erase(ack.rank);
-    if (waiting_.empty()) finish(true, "", now, out);
+    if (waiting_.empty()) finish(MigrationEnd::committed, "", now, out);
   }
   if (out && done_) done_(*out);
 }
@@ -115,12 +129,14 @@ void MigrationExecutor::on_rank_lost(uint32_t rank, Clock::time_point now) {
     std::lock_guard lock(mutex_);
     if (phase_ == Phase::idle || !members_.count(rank)) return;
     if (phase_ == Phase::preparing) {
-      finish(false, "rank " + std::to_string(rank) + " lost while staging", now, out);
+      finish(MigrationEnd::rank_lost, "rank " + std::to_string(rank) + " lost while staging", now,
+             out);
     } else {
       members_.erase(rank);
       waiting_.erase(rank);
       if (waiting_.empty()) {
-        finish(true, "rank " + std::to_string(rank) + " lost after the commit", now, out);
+        finish(MigrationEnd::committed, "rank " + std::to_string(rank) + " lost after the commit",
+               now, out);
       }
     }
   }
@@ -142,9 +158,10 @@ void MigrationExecutor::tick(Clock::time_point now) {
       missing.append(std::to_string(r));
     }
     if (phase_ == Phase::preparing) {
-      finish(false, "timeout waiting for PlanReady from ranks " + missing, now, out);
+      finish(MigrationEnd::timed_out, "timeout waiting for PlanReady from ranks " + missing, now,
+             out);
     } else {
-      finish(true, "no Ack from ranks " + missing, now, out);
+      finish(MigrationEnd::acks_missing, "no Ack from ranks " + missing, now, out);
     }
   }
   if (out && done_) done_(*out);

@@ -33,11 +33,22 @@ struct MigrationOptions {
   uint32_t ack_timeout_ms = 30000;       ///< after the commit; a missing Ack is reported.
 };
 
+/// How a switch ended.
+enum class MigrationEnd {
+  committed,     ///< every member acked (or was lost after the commit).
+  acks_missing,  ///< committed; some Ack did not arrive in time (reason names the ranks).
+  refused,       ///< a member answered PlanReady{ok=false} before the commit.
+  timed_out,     ///< not every member answered PlanReady in time.
+  rank_lost,     ///< a member left before the commit.
+  missed,        ///< after the commit, the ranks found the plan not held by every rank.
+};
+
 struct MigrationOutcome {
   uint64_t plan_id = 0;
-  bool committed = false;
+  bool committed = false;  ///< end is committed or acks_missing: the ranks switched.
+  MigrationEnd end = MigrationEnd::committed;
   std::string reason;  ///< why aborted, or notes (missing acks) when committed.
-  Strategy target;
+  Strategy target;  ///< prepare's target (default-constructed for a prepare of a wire plan).
   uint64_t switch_at_step = 0;
   double prepare_ms = 0;  ///< PlanPrepare -> last PlanReady.
   double total_ms = 0;    ///< PlanPrepare -> last Ack (or abort).
@@ -55,6 +66,11 @@ class MigrationExecutor {
   /// when `ranks` is empty. Returns the plan id through `plan_id` when given.
   bool prepare(const Strategy& target, const std::set<uint32_t>& ranks, Clock::time_point now,
                uint64_t* plan_id = nullptr);
+  /// The same for a plan given in its wire form (`plan`'s layout and layout_name; the executor
+  /// sets its plan_id and deadline_ms), for a job whose plans are not Strategy layouts (the
+  /// live cluster's builtin controller).
+  bool prepare(transport::PlanPrepare plan, const std::set<uint32_t>& ranks,
+               Clock::time_point now, uint64_t* plan_id = nullptr);
   /// `step_wall_ms`: the job's current wall time per step (0: unknown), for commit_lead_ms.
   void on_ready(const transport::PlanReady& ready, uint64_t newest_step, Clock::time_point now,
                 double step_wall_ms = 0);
@@ -70,7 +86,9 @@ class MigrationExecutor {
 
  private:
   enum class Phase { idle, preparing, committing };
-  void finish(bool committed, std::string reason, Clock::time_point now,
+  bool start(transport::PlanPrepare plan, Strategy target, const std::set<uint32_t>& ranks,
+             Clock::time_point now, uint64_t* plan_id);
+  void finish(MigrationEnd end, std::string reason, Clock::time_point now,
               std::optional<MigrationOutcome>& out);
 
   MigrationOptions o_;

@@ -1,8 +1,12 @@
 #include "env/live/controller.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
+#include <set>
 #include <stdexcept>
+
+#include "agent/runtime/migration.h"
 
 namespace parapilot::live {
 
@@ -30,16 +34,25 @@ Status Controller::listen() {
     on_message(peer, std::move(m));
   };
   h.on_disconnect = [this](transport::PeerId peer, std::string_view reason) {
-    std::lock_guard lock(mu_);
-    auto it = rank_of_.find(peer);
-    if (it == rank_of_.end()) return;
-    const int rank = it->second;
-    rank_of_.erase(it);
-    if (std::find(finished_.begin(), finished_.end(), rank) == finished_.end()) {
-      lost_.push_back(rank);
-      events_.push_back("rank " + std::to_string(rank) + " lost: " + std::string(reason));
+    std::shared_ptr<agent::runtime::MigrationExecutor> executor;
+    int rank = -1;
+    {
+      std::lock_guard lock(mu_);
+      auto it = rank_of_.find(peer);
+      if (it == rank_of_.end()) return;
+      rank = it->second;
+      rank_of_.erase(it);
+      if (std::find(finished_.begin(), finished_.end(), rank) == finished_.end()) {
+        lost_.push_back(rank);
+        events_.push_back("rank " + std::to_string(rank) + " lost: " + std::string(reason));
+      }
+      executor = executor_;
+      cv_.notify_all();
     }
-    cv_.notify_all();
+    if (executor) {
+      executor->on_rank_lost(static_cast<std::uint32_t>(rank),
+                             agent::runtime::MigrationExecutor::Clock::now());
+    }
   };
   auto server = transport::make_tcp_server(std::move(so), std::move(h));
   if (!server) {
@@ -66,92 +79,125 @@ bool Controller::wait_for_ranks(int n, std::chrono::milliseconds timeout) {
 }
 
 void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
-  std::lock_guard lock(mu_);
-  auto it = rank_of_.find(peer);
-  const int rank = it == rank_of_.end() ? -1 : it->second;
-  if (auto* t = std::get_if<transport::Telemetry>(&m)) {
-    if (t0_ns_ == 0) t0_ns_ = t->step_start_ns;
-    trace::TelemetrySample s;
-    s.rank = s.dp_rank = static_cast<int>(t->rank);
-    s.step = static_cast<std::int64_t>(t->step);
-    s.start_s = (static_cast<double>(t->step_start_ns) - static_cast<double>(t0_ns_)) * 1e-9;
-    s.end_s = (static_cast<double>(t->step_end_ns) - static_cast<double>(t0_ns_)) * 1e-9;
-    s.start_s = std::max(0.0, s.start_s);
-    s.end_s = std::max(s.start_s, s.end_s);
-    s.compute_ms = t->compute_ms;
-    if (auto mb = t->collectives.find("info/microbatches"); mb != t->collectives.end())
-      s.microbatches = static_cast<int>(mb->second.bytes);
-    for (const auto& [name, c] : t->collectives) {
-      if (name.ends_with("/dp")) {
-        s.dp_comm.ms += c.ms;
-        s.dp_comm.bytes += static_cast<double>(c.bytes);
-      } else if (name == "p2p/pp") {
-        s.pp_comm = {c.ms, static_cast<double>(c.bytes)};
-      } else if (name == "all_reduce/tp") {
-        s.tp_comm = {c.ms, static_cast<double>(c.bytes)};
-      } else if (name == "info/coords") {  // a hybrid layout's replica and stage
-        s.dp_rank = static_cast<int>(c.bytes);
-        s.stage = static_cast<int>(c.calls);
+  std::shared_ptr<agent::runtime::MigrationExecutor> executor;
+  std::uint64_t newest = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = rank_of_.find(peer);
+    const int rank = it == rank_of_.end() ? -1 : it->second;
+    if (auto* t = std::get_if<transport::Telemetry>(&m)) {
+      if (t0_ns_ == 0) t0_ns_ = t->step_start_ns;
+      trace::TelemetrySample s;
+      s.rank = s.dp_rank = static_cast<int>(t->rank);
+      s.step = static_cast<std::int64_t>(t->step);
+      s.start_s = (static_cast<double>(t->step_start_ns) - static_cast<double>(t0_ns_)) * 1e-9;
+      s.end_s = (static_cast<double>(t->step_end_ns) - static_cast<double>(t0_ns_)) * 1e-9;
+      s.start_s = std::max(0.0, s.start_s);
+      s.end_s = std::max(s.start_s, s.end_s);
+      s.compute_ms = t->compute_ms;
+      if (auto mb = t->collectives.find("info/microbatches"); mb != t->collectives.end())
+        s.microbatches = static_cast<int>(mb->second.bytes);
+      for (const auto& [name, c] : t->collectives) {
+        if (name.ends_with("/dp")) {
+          s.dp_comm.ms += c.ms;
+          s.dp_comm.bytes += static_cast<double>(c.bytes);
+        } else if (name == "p2p/pp") {
+          s.pp_comm = {c.ms, static_cast<double>(c.bytes)};
+        } else if (name == "all_reduce/tp") {
+          s.tp_comm = {c.ms, static_cast<double>(c.bytes)};
+        } else if (name == "info/coords") {  // a hybrid layout's replica and stage
+          s.dp_rank = static_cast<int>(c.bytes);
+          s.stage = static_cast<int>(c.calls);
+        }
       }
+      recorded_.push_back(s);
+      auto& last = last_step_[static_cast<int>(t->rank)];
+      last = std::max(last, t->step);
+      pending_.push_back(std::move(*t));
+    } else if (std::holds_alternative<transport::PlanReady>(m) ||
+               std::holds_alternative<transport::Ack>(m)) {
+      executor = executor_;
+      for (const auto& [r, s] : last_step_) newest = std::max(newest, s);
+    } else if (auto* s = std::get_if<transport::Shutdown>(&m)) {
+      events_.push_back(s->reason);
+      if (rank >= 0 && s->reason.find("finished") != std::string::npos) finished_.push_back(rank);
     }
-    recorded_.push_back(s);
-    auto& last = last_step_[static_cast<int>(t->rank)];
-    last = std::max(last, t->step);
-    pending_.push_back(std::move(*t));
-  } else if (auto* r = std::get_if<transport::PlanReady>(&m)) {
-    ready_[r->plan_id][static_cast<int>(r->rank)] = {r->ok, r->detail};
-  } else if (auto* a = std::get_if<transport::Ack>(&m)) {
-    if (a->acked == transport::MessageType::plan_commit)
-      acks_[a->id].push_back(static_cast<int>(a->rank));
-  } else if (auto* s = std::get_if<transport::Shutdown>(&m)) {
-    events_.push_back(s->reason);
-    if (rank >= 0 && s->reason.find("finished") != std::string::npos) finished_.push_back(rank);
+    cv_.notify_all();
   }
-  cv_.notify_all();
+  if (!executor) return;
+  const auto now = agent::runtime::MigrationExecutor::Clock::now();
+  if (auto* r = std::get_if<transport::PlanReady>(&m)) executor->on_ready(*r, newest, now);
+  if (auto* a = std::get_if<transport::Ack>(&m)) executor->on_ack(*a, now);
 }
 
 StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
                                         std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  using agent::runtime::MigrationEnd;
+  using agent::runtime::MigrationExecutor;
+  using agent::runtime::MigrationOutcome;
   transport::PlanPrepare prep;
-  {
-    std::lock_guard lock(mu_);
-    prep.plan_id = next_plan_id_++;
-  }
   prep.layout.dp = static_cast<std::uint32_t>(options_.world_size);
   StatusOr<std::string> name = encode_action(action);
   if (!name.ok()) return name.status();
   prep.layout_name = std::move(name).value();
-  prep.deadline_ms = static_cast<std::uint32_t>(timeout.count());
-  server_->broadcast(prep);
-  const int world = options_.world_size;
+
+  agent::runtime::MigrationOptions mo;
+  mo.prepare_deadline_ms = static_cast<std::uint32_t>(timeout.count());
+  mo.ack_timeout_ms = static_cast<std::uint32_t>(timeout.count());
+  mo.commit_margin_steps = 1;  // the switch lands two steps past the newest step seen
+  mo.commit_lead_ms = 0;
+  std::optional<MigrationOutcome> outcome;
+  auto executor = std::make_shared<MigrationExecutor>(
+      mo, [this](const transport::Message& msg) { server_->broadcast(msg); },
+      [this, &outcome](const MigrationOutcome& o) {
+        std::lock_guard lock(mu_);
+        outcome = o;
+        cv_.notify_all();
+      });
+  std::set<std::uint32_t> members;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [peer, rank] : rank_of_) members.insert(static_cast<std::uint32_t>(rank));
+    executor_ = executor;
+  }
+  auto unhook = [&] {
+    std::lock_guard lock(mu_);
+    executor_.reset();
+  };
+  if (static_cast<int>(members.size()) < options_.world_size ||
+      !executor->prepare(prep, members, MigrationExecutor::Clock::now())) {
+    unhook();
+    return Status::unavailable("not every rank is connected: " + std::to_string(members.size()) +
+                               " of " + std::to_string(options_.world_size));
+  }
+  // Wait for the outcome; the executor's deadlines run on its tick.
   std::unique_lock lock(mu_);
-  const bool all_ready = cv_.wait_until(
-      lock, deadline, [&] { return static_cast<int>(ready_[prep.plan_id].size()) >= world; });
-  std::string refusal;
-  for (const auto& [rank, r] : ready_[prep.plan_id])
-    if (!r.first) refusal = "rank " + std::to_string(rank) + " refused: " + r.second;
-  if (!all_ready || !refusal.empty()) {
-    const Status why = !refusal.empty()
-                           ? Status::rejected(refusal)
-                           : Status::unavailable("timed out waiting for PlanReady from every rank");
-    events_.push_back("plan " + std::to_string(prep.plan_id) + " aborted: " + why.message());
+  while (!outcome) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    if (outcome) break;
     lock.unlock();
-    server_->broadcast(
-        transport::PlanAbort{prep.plan_id, why.message().substr(0, transport::kMaxTextBytes)});
-    return why;
+    executor->tick(MigrationExecutor::Clock::now());
+    lock.lock();
   }
-  std::uint64_t newest = 0;
-  for (const auto& [rank, s] : last_step_) newest = std::max(newest, s);
-  const std::uint64_t switch_at_step = newest + 2;
+  const MigrationOutcome done = *outcome;
+  executor_.reset();
+  if (!done.committed)
+    events_.push_back("plan " + std::to_string(done.plan_id) + " aborted: " + done.reason);
   lock.unlock();
-  server_->broadcast(transport::PlanCommit{prep.plan_id, switch_at_step});
-  lock.lock();
-  if (!cv_.wait_until(lock, deadline,
-                      [&] { return static_cast<int>(acks_[prep.plan_id].size()) >= world; })) {
-    return Status::unavailable("committed, but not every rank acknowledged the switch in time");
+  switch (done.end) {
+    case MigrationEnd::committed:
+      return AppliedPlan{done.plan_id, done.switch_at_step};
+    case MigrationEnd::acks_missing:
+      return Status::unavailable("committed, but not every rank acknowledged the switch in time (" +
+                                 done.reason + ")");
+    case MigrationEnd::refused:
+    case MigrationEnd::missed:
+      return Status::rejected(done.reason);
+    case MigrationEnd::timed_out:
+    case MigrationEnd::rank_lost:
+      return Status::unavailable(done.reason);
   }
-  return AppliedPlan{prep.plan_id, switch_at_step};
+  return Status::internal("unknown migration end");
 }
 
 bool Controller::wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout) {

@@ -9,10 +9,11 @@
 // It is not the deploy agent (agent/runtime/agent.h, `parapilot deploy`) and decides nothing
 // itself: no Monitor, policy, JobInfo handling or metrics. Its caller picks each action and when
 // to apply it (launch's scripted and elastic actions, the live tests' protocol checks), which
-// carry what only the C++ workers run (bucket size, microbatch, compression settings). The action travels
-// as text in PlanPrepare::layout_name (encode_action), which carries what the wire Layout has no
-// field for (bucket size, microbatch). Plan ids start at 1 and the commit lands two steps past
-// the newest step seen.
+// carry what only the C++ workers run (bucket size, microbatch, compression settings). The
+// action travels as text in PlanPrepare::layout_name (encode_action), which carries what the
+// wire Layout has no field for (bucket size, microbatch). The protocol itself is the deploy
+// agent's: a MigrationExecutor (agent/runtime/migration.h) per apply(), with plan ids from the
+// clock and the commit two steps past the newest step seen.
 //
 // Thread-safety: all members may be called from any thread.
 #pragma once
@@ -31,6 +32,10 @@
 #include "env/live/action.h"
 #include "env/trace/telemetry.h"
 #include "transport/bus.h"
+
+namespace parapilot::agent::runtime {
+class MigrationExecutor;
+}
 
 namespace parapilot::live {
 
@@ -92,11 +97,10 @@ class Controller {
   std::vector<transport::Telemetry> pending_;
   std::vector<trace::TelemetrySample> recorded_;
   std::uint64_t t0_ns_ = 0;
-  std::map<std::uint64_t, std::map<int, std::pair<bool, std::string>>> ready_;
-  std::map<std::uint64_t, std::vector<int>> acks_;
   std::vector<std::string> events_;
   std::vector<int> finished_, lost_;
-  std::uint64_t next_plan_id_ = 1;
+  // The switch in flight (apply() runs one at a time); called outside mu_.
+  std::shared_ptr<agent::runtime::MigrationExecutor> executor_;
   std::unique_ptr<transport::Server> server_;
 };
 

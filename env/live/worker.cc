@@ -306,7 +306,9 @@ int run_or_throw(const WorkerOptions& o) {
     bool started = collective_ok(state->broadcast_parameters());
     while (started) {
       const double now_s = seconds_since(t_start);
-      // 1. Boundary: agree on stopping and on the plan to switch to (max over the world).
+      // 1. Boundary: agree on stopping and on the plan to switch to (transport/plan_book.h):
+      // the newest plan committed on some rank (MAX over the world, int64 so that plan ids
+      // survive exactly), then whether every rank holds it.
       const bool stop = (o.steps > 0 && static_cast<std::int64_t>(step) >= o.steps) ||
                         (o.max_seconds > 0 && o.rank == 0 && now_s >= o.max_seconds) ||
                         (bus && bus->stop_requested());
@@ -314,31 +316,33 @@ int run_or_throw(const WorkerOptions& o) {
       const StatusOr<BoundaryDecision> agreed =
           agree_at_boundary(*coll, bus ? bus->committed_at(step, plan_id) : 0, stop);
       if (!collective_ok(agreed.status())) break;
-      const double control_ms = seconds_since(tc) * 1000;
       if (agreed->stop) break;
       const std::uint64_t next_plan = agreed->plan_id;
       if (next_plan > plan_id) {
-        const std::optional<LiveAction> a = bus ? bus->plan(next_plan) : std::nullopt;
-        if (!a)
-          throw std::runtime_error("plan " + std::to_string(next_plan) +
-                                   " committed but unknown here");
-        if (!a->shares.empty()) {
-          if (a->shares.size() != shares.size())
-            throw std::runtime_error("plan shares for " + std::to_string(a->shares.size()) +
-                                     " replicas");
-          shares = a->shares;
+        at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);
+        std::vector<at::Tensor> ht{held};
+        if (!collective_ok(coll->all_reduce_sum(ht))) break;
+        const std::optional<LiveAction> a =
+            held.item<std::int64_t>() == o.world_size ? bus->applied(next_plan) : std::nullopt;
+        if (!a) {
+          if (bus)
+            bus->missed(next_plan, "rank " + std::to_string(o.rank) + ": plan " +
+                                       std::to_string(next_plan) +
+                                       " not staged on every rank at the boundary; nobody "
+                                       "switched");
+        } else {
+          if (!a->shares.empty()) shares = a->shares;
+          if (a->microbatch > 0) microbatch = a->microbatch;
+          if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
+          if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
+          if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
+          gsync.configure(
+              a->compression.empty() ? gsync.compression() : state->local_entries(a->compression),
+              topk_ratio, powersgd_rank, bucket_bytes);
+          plan_id = next_plan;
         }
-        if (a->microbatch > 0 && o.global_batch % a->microbatch == 0) microbatch = a->microbatch;
-        if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
-        if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
-        if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
-        gsync.configure(
-            a->compression.empty() ? gsync.compression() : state->local_entries(a->compression),
-            topk_ratio, powersgd_rank, bucket_bytes);
-        plan_id = next_plan;
-        bus->send(transport::Ack{transport::MessageType::plan_commit, plan_id,
-                                 static_cast<std::uint32_t>(o.rank)});
       }
+      const double control_ms = seconds_since(tc) * 1000;
 
       // 2. Forward/backward over this replica's microbatches, through this rank's stage.
       const std::uint64_t step_start_ns = wall_ns();

@@ -26,7 +26,11 @@ StatusOr<std::pair<std::string, std::uint16_t>> split_address(const std::string&
 }  // namespace
 
 WorkerBus::WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job)
-    : rank_(rank), read_plan_(std::move(read_plan)), job_(std::move(job)) {}
+    : read_plan_(std::move(read_plan)),
+      job_(std::move(job)),
+      book_(static_cast<std::uint32_t>(rank), [this](const transport::Message& m) {
+        if (transport::Client* c = live_client_.load()) c->send(m);
+      }) {}
 
 StatusOr<std::unique_ptr<WorkerBus>> WorkerBus::connect(const std::string& agent,
                                                         const std::string& secret_file, int rank,
@@ -51,6 +55,7 @@ StatusOr<std::unique_ptr<WorkerBus>> WorkerBus::connect(const std::string& agent
   o.logger = transport::stderr_logger(transport::LogLevel::error);
   transport::ClientHandlers h;
   h.on_message = [self](transport::Message&& m) { self->on_message(std::move(m)); };
+  h.on_disconnect = [self](std::string_view) { self->book_.drop_uncommitted(); };
   h.on_connect = [self](transport::PeerId) {
     self->announce_pending_ = true;
     if (transport::Client* c = self->live_client_.load();
@@ -86,54 +91,31 @@ void WorkerBus::send(const transport::Message& m) { client_->send(m); }
 void WorkerBus::flush(int timeout_ms) { client_->flush(std::chrono::milliseconds(timeout_ms)); }
 
 std::uint64_t WorkerBus::committed_at(std::uint64_t step, std::uint64_t after_id) const {
-  std::lock_guard lock(mu_);
-  std::uint64_t best = 0;
-  for (const auto& [id, p] : plans_)
-    if (id > after_id && p.committed && p.switch_at_step <= step) best = id;
-  return best;
+  return book_.committed_at(step, after_id);
 }
 
-std::optional<LiveAction> WorkerBus::plan(std::uint64_t plan_id) const {
-  std::lock_guard lock(mu_);
-  auto it = plans_.find(plan_id);
-  if (it == plans_.end()) return std::nullopt;
-  return it->second.action;
+bool WorkerBus::holds(std::uint64_t plan_id) const { return book_.holds(plan_id); }
+
+std::optional<LiveAction> WorkerBus::applied(std::uint64_t plan_id) {
+  return book_.applied(plan_id);
 }
 
-bool WorkerBus::stop_requested() const {
-  std::lock_guard lock(mu_);
-  return stop_;
+void WorkerBus::missed(std::uint64_t plan_id, const std::string& detail) {
+  book_.missed(plan_id, detail);
 }
+
+bool WorkerBus::stop_requested() const { return book_.stop_reason().has_value(); }
 
 void WorkerBus::on_message(transport::Message&& m) {
-  if (auto* prep = std::get_if<transport::PlanPrepare>(&m)) {
-    transport::PlanReady ready;
-    ready.plan_id = prep->plan_id;
-    ready.rank = static_cast<std::uint32_t>(rank_);
-    StatusOr<LiveAction> a = read_plan_(*prep);
-    if (a.ok()) {
-      std::lock_guard lock(mu_);
-      plans_[prep->plan_id] = Plan{std::move(a).value(), false, 0};
-    } else {
-      ready.ok = false;
-      ready.detail = a.status().message().substr(0, transport::kMaxTextBytes);
-    }
-    client_->send(ready);
-  } else if (auto* commit = std::get_if<transport::PlanCommit>(&m)) {
-    std::lock_guard lock(mu_);
-    auto it = plans_.find(commit->plan_id);
-    if (it != plans_.end()) {
-      it->second.committed = true;
-      it->second.switch_at_step = commit->switch_at_step;
-    }
-  } else if (auto* abort = std::get_if<transport::PlanAbort>(&m)) {
-    std::lock_guard lock(mu_);
-    auto it = plans_.find(abort->plan_id);
-    if (it != plans_.end() && !it->second.committed) plans_.erase(it);
-  } else if (std::holds_alternative<transport::Shutdown>(m)) {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+  const std::optional<transport::PlanPrepare> prepare = book_.on_message(m);
+  if (!prepare) return;
+  StatusOr<LiveAction> action = read_plan_(*prepare);
+  if (!action.ok()) {
+    book_.refuse(prepare->plan_id, action.status().message());
+    return;
   }
+  book_.stage(prepare->plan_id, std::move(action).value());
+  book_.ready(prepare->plan_id);
 }
 
 }  // namespace parapilot::live

@@ -1,28 +1,28 @@
 // The worker's side of the bus: connects to the agent (a transport TCP Server), publishes
-// telemetry, and holds the plans the agent prepares and commits until the training loop applies
-// them at an iteration boundary. No libtorch here.
+// telemetry, and keeps the plans the agent prepares and commits in the rank's plan book
+// (transport/plan_book.h, the one rank-side implementation of the switch protocol) until the
+// training loop's boundary applies or drops them. No libtorch here.
 //
-// Plan protocol (docs/live.md): PlanPrepare{plan_id, layout (+ layout_name)} ->
-// PlanReady{ok, detail} -> PlanCommit{plan_id, switch_at_step} -> the ranks agree on the step
-// through a tiny max all-reduce at each boundary (so all switch at the same step even when a
-// commit reaches them at different times) -> Ack{plan_commit, plan_id, rank}. PlanAbort drops
-// a staged plan. Shutdown asks the job to stop at the next boundary.
+// Plan protocol (docs/architecture.md, "The switch protocol"): PlanPrepare -> the job's
+// read_plan checks it and the action is staged -> PlanReady{ok, detail} -> PlanCommit -> at each
+// boundary the ranks agree (committed_at reduced with MAX, then holds with AND; see
+// transport/plan_book.h) and all switch (applied: Ack) or none does (missed). PlanAbort drops a
+// plan before its commit; losing the agent drops the plans it did not commit. Shutdown asks the
+// job to stop at the next boundary.
 //
 // Thread-safety: all members may be called from any thread.
 #pragma once
 
 #include <atomic>
-
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "env/live/action.h"
 #include "transport/bus.h"
+#include "transport/plan_book.h"
 
 namespace parapilot::live {
 
@@ -51,32 +51,28 @@ class WorkerBus {
   /// Flushes queued messages (up to timeout_ms).
   void flush(int timeout_ms);
 
-  /// The newest committed plan whose switch step is <= step, if newer than `after_id`.
-  /// Returns its id (0 when none).
+  /// Boundary agreement 1 (transport::PlanBook::committed_at): the newest plan > after_id
+  /// committed here for a switch at or before `step` (0: none).
   std::uint64_t committed_at(std::uint64_t step, std::uint64_t after_id) const;
-  /// The action of a prepared plan (nullopt when unknown or aborted).
-  std::optional<LiveAction> plan(std::uint64_t plan_id) const;
+  /// Boundary agreement 2: this rank has plan_id staged.
+  bool holds(std::uint64_t plan_id) const;
+  /// Every rank holds plan_id: its action, acked to the agent (nullopt when not held here).
+  std::optional<LiveAction> applied(std::uint64_t plan_id);
+  /// Some rank does not hold plan_id: nobody switches; the agent is told (PlanReady{ok=false}).
+  void missed(std::uint64_t plan_id, const std::string& detail);
   /// The agent asked the job to stop.
   bool stop_requested() const;
 
  private:
   WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job);
-  struct Plan {
-    LiveAction action;
-    bool committed = false;
-    std::uint64_t switch_at_step = 0;
-  };
   void on_message(transport::Message&& m);
 
-  int rank_;
   PlanReader read_plan_;
   transport::JobInfo job_;
   // The announcement goes out from on_connect, which may run before client_ is assigned.
   std::atomic<transport::Client*> live_client_{nullptr};
   std::atomic<bool> announce_pending_{false};
-  mutable std::mutex mu_;
-  std::map<std::uint64_t, Plan> plans_;
-  bool stop_ = false;
+  transport::PlanBook<LiveAction> book_;
   std::unique_ptr<transport::Client> client_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "env/sim/step_telemetry.h"
 #include "strategy/error.h"
+#include "transport/plan_book.h"
 
 namespace parapilot::env {
 
@@ -27,13 +28,11 @@ double update_of(uint64_t step, int i) {
 }
 
 struct Staged {
-  uint64_t plan_id = 0;
   Strategy target;
   std::vector<double> buffer;        // the second buffer: a snapshot of the parameters...
   uint64_t buffer_updates = 0;       // ...with the count of updates it holds...
   std::vector<uint64_t> replay_log;  // ...and the steps applied since, replayed at the commit.
-  uint64_t ready_at = 0;
-  bool ready_sent = false;
+  uint64_t ready_at = 0;             // staging ends (PlanReady) after this step
 };
 
 struct Rank {
@@ -44,6 +43,7 @@ struct Rank {
   bool kill_on_prepare = false;
   bool refuse_prepare = false;
   bool drop_commit = false;
+  bool lose_staged = false;
   std::mutex inbox_mutex;
   std::vector<Message> inbox;
   bool agent_lost = false;  // set by the disconnect handler, handled at the next boundary
@@ -51,8 +51,8 @@ struct Rank {
   std::vector<double> params;
   uint64_t updates = 0;  // updates applied to params (travels with the buffer at a switch)
   Strategy layout;       // the layout this rank runs
-  std::optional<Staged> staged;
-  std::optional<transport::PlanCommit> commit;
+  // The rank's side of the switch protocol; sends through `client`.
+  std::unique_ptr<transport::PlanBook<Staged>> book;
 };
 
 }  // namespace
@@ -65,6 +65,7 @@ struct SimulatedCluster::Impl {
   std::vector<std::unique_ptr<Rank>> ranks;
   mutable std::mutex mutex;  // guards the job state below (held by step())
   uint64_t step = 0;
+  uint64_t plan_id = 0;  // the plan the job runs (0: the start layout)
   Strategy layout;
   std::optional<env::StepTelemetry> telemetry;  // what each rank measures under `layout`
   SimClusterReport report;
@@ -144,6 +145,9 @@ void SimulatedCluster::build(SimClusterOptions options) {
   for (int i = 0; i < m.o.ranks; ++i) {
     auto r = std::make_unique<Rank>();
     r->id = static_cast<uint32_t>(i);
+    r->book = std::make_unique<transport::PlanBook<Staged>>(r->id, [rank = r.get()](const Message& msg) {
+      if (rank->client) rank->client->send(msg);
+    });
     r->params.assign(m.o.param_dim, 0.0);
     r->layout = m.layout;
     m.ranks.push_back(std::move(r));
@@ -232,6 +236,11 @@ void SimulatedCluster::drop_commit(uint32_t rank) {
   if (rank < impl_->ranks.size()) impl_->ranks[rank]->drop_commit = true;
 }
 
+void SimulatedCluster::lose_staged(uint32_t rank) {
+  std::lock_guard lock(impl_->mutex);
+  if (rank < impl_->ranks.size()) impl_->ranks[rank]->lose_staged = true;
+}
+
 uint64_t SimulatedCluster::current_step() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->step;
@@ -263,49 +272,47 @@ void SimulatedCluster::step() {
       r.agent_lost = false;
     }
     r.agent_lost_seen = agent_lost;
+    transport::PlanBook<Staged>& book = *r.book;
     for (Message& msg : inbox) {
       if (!r.alive) break;
-      if (auto* p = std::get_if<transport::PlanPrepare>(&msg)) {
-        if (r.kill_on_prepare) {
-          r.alive = false;
-          r.client->stop();
-          m.log("rank " + std::to_string(r.id) + " died on PlanPrepare " +
-                std::to_string(p->plan_id));
-          break;
-        }
-        if (r.refuse_prepare) {
-          m.send(r, transport::PlanReady{p->plan_id, r.id, false, "refused (fault injection)"});
-          continue;
-        }
-        std::optional<Strategy> target = from_wire(p->layout, *m.job, p->layout_name);
-        if (!target) {
-          m.send(r, transport::PlanReady{p->plan_id, r.id, false, "layout not legal for this job"});
-          continue;
-        }
-        Staged st;
-        st.plan_id = p->plan_id;
-        st.target = *target;
-        st.buffer = r.params;  // background copy into the second buffer
-        st.buffer_updates = r.updates;
-        st.ready_at = s + m.o.stage_steps;
-        r.staged = std::move(st);
-        r.commit.reset();
-      } else if (auto* c = std::get_if<transport::PlanCommit>(&msg)) {
+      if (std::holds_alternative<transport::PlanCommit>(msg)) {
         if (r.drop_commit) continue;
-        if (r.staged && r.staged->plan_id == c->plan_id) {
-          r.commit = *c;
-        } else {
-          m.send(r, transport::PlanReady{c->plan_id, r.id, false, "commit for a plan not staged"});
-        }
-      } else if (auto* a = std::get_if<transport::PlanAbort>(&msg)) {
-        if (r.staged && r.staged->plan_id == a->plan_id) {
-          r.staged.reset();
-          r.commit.reset();
-          if (r.id == 0 || m.report.aborts == 0)
-            m.log("plan " + std::to_string(a->plan_id) + " aborted: " + a->reason);
-          ++m.report.aborts;
+        if (r.lose_staged) {  // the staged copy is gone before the commit arrives
+          book.drop_uncommitted();
+          continue;
         }
       }
+      const std::size_t held_before = book.size();
+      const std::optional<transport::PlanPrepare> p = book.on_message(msg);
+      if (std::holds_alternative<transport::PlanAbort>(msg) && book.size() < held_before) {
+        if (r.id == 0 || m.report.aborts == 0)
+          m.log("plan " + std::to_string(std::get<transport::PlanAbort>(msg).plan_id) +
+                " aborted: " + std::get<transport::PlanAbort>(msg).reason);
+        ++m.report.aborts;
+      }
+      if (!p) continue;
+      if (r.kill_on_prepare) {
+        r.alive = false;
+        r.client->stop();
+        m.log("rank " + std::to_string(r.id) + " died on PlanPrepare " +
+              std::to_string(p->plan_id));
+        break;
+      }
+      if (r.refuse_prepare) {
+        book.refuse(p->plan_id, "refused (fault injection)");
+        continue;
+      }
+      std::optional<Strategy> target = from_wire(p->layout, *m.job, p->layout_name);
+      if (!target) {
+        book.refuse(p->plan_id, "layout not legal for this job");
+        continue;
+      }
+      Staged st;
+      st.target = *target;
+      st.buffer = r.params;  // background copy into the second buffer
+      st.buffer_updates = r.updates;
+      st.ready_at = s + m.o.stage_steps;
+      book.stage(p->plan_id, std::move(st));
     }
   }
 
@@ -315,40 +322,36 @@ void SimulatedCluster::step() {
     Rank& r = *rp;
     if (!r.alive || !r.agent_lost_seen) continue;
     r.agent_lost_seen = false;
-    if (r.staged && !r.commit) {
-      r.staged.reset();
-      if (r.id == 0) m.log("agent lost: staged plan dropped");
-    }
+    const std::size_t held_before = r.book->size();
+    r.book->drop_uncommitted();
+    if (r.id == 0 && r.book->size() < held_before) m.log("agent lost: staged plan dropped");
   }
 
-  // 2. The commit agreement at this boundary: switch only if every live rank holds the commit.
-  std::optional<uint64_t> due;
+  // 2. The commit agreement at this boundary (transport/plan_book.h): the newest plan some live
+  // rank holds a commit for (MAX), switched to only if every live rank holds it (AND).
+  uint64_t due = 0;
   for (auto& rp : m.ranks) {
-    if (rp->alive && rp->commit && rp->commit->switch_at_step <= s) due = rp->commit->plan_id;
+    if (rp->alive) due = std::max(due, rp->book->committed_at(s, m.plan_id));
   }
-  if (due) {
+  if (due > m.plan_id) {
     bool all = true;
-    for (auto& rp : m.ranks) {
-      if (!rp->alive) continue;
-      all = all && rp->commit && rp->commit->plan_id == *due && rp->commit->switch_at_step == s;
-    }
+    for (auto& rp : m.ranks) all = all && (!rp->alive || rp->book->holds(due));
     if (all) {
       Strategy target;
       for (auto& rp : m.ranks) {
         Rank& r = *rp;
         if (!r.alive) continue;
-        for (uint64_t logged : r.staged->replay_log) {
-          for (int i = 0; i < m.o.param_dim; ++i) r.staged->buffer[i] += update_of(logged, i);
-          ++r.staged->buffer_updates;
+        std::optional<Staged> staged = r.book->applied(due);
+        for (uint64_t logged : staged->replay_log) {
+          for (int i = 0; i < m.o.param_dim; ++i) staged->buffer[i] += update_of(logged, i);
+          ++staged->buffer_updates;
         }
-        r.params.swap(r.staged->buffer);
-        r.updates = r.staged->buffer_updates;
-        r.layout = r.staged->target;
-        target = r.staged->target;
-        r.staged.reset();
-        r.commit.reset();
-        m.send(r, transport::Ack{transport::MessageType::plan_commit, *due, r.id});
+        r.params.swap(staged->buffer);
+        r.updates = staged->buffer_updates;
+        r.layout = staged->target;
+        target = staged->target;
       }
+      m.plan_id = due;
       m.layout = target;
       m.layout_changed();
       ++m.report.commits;
@@ -357,15 +360,11 @@ void SimulatedCluster::step() {
       m.log("switched to " + layout_name(target) + " at step " + std::to_string(s));
     } else {
       for (auto& rp : m.ranks) {
-        Rank& r = *rp;
-        if (!r.alive || !r.commit || r.commit->plan_id != *due) continue;
-        m.send(r, transport::PlanReady{*due, r.id, false,
-                                       "commit not held by every rank at the boundary; stayed"});
-        r.staged.reset();
-        r.commit.reset();
+        if (rp->alive)
+          rp->book->missed(due, "plan not staged on every rank at the boundary; nobody switched");
       }
       ++m.report.missed_commits;
-      m.log("plan " + std::to_string(*due) + ": commit missed at step " + std::to_string(s));
+      m.log("plan " + std::to_string(due) + ": commit missed at step " + std::to_string(s));
     }
   }
 
@@ -381,10 +380,10 @@ void SimulatedCluster::step() {
     for (int i = 0; i < m.o.param_dim; ++i) r.params[i] += update_of(s, i);
     ++r.updates;
     m.report.samples += m.telemetry->gpu_samples()[g];
-    if (r.staged) {
+    r.book->for_each([&](uint64_t, Staged& st) {
       staging = true;
-      r.staged->replay_log.push_back(s);
-    }
+      st.replay_log.push_back(s);
+    });
   }
   const uint64_t start_ns = m.clock_ns;
   std::vector<monitor::StepSample> samples;
@@ -402,16 +401,17 @@ void SimulatedCluster::step() {
   for (int g = 0; g < n; ++g) {
     Rank& r = *m.ranks[g];
     if (!r.alive) continue;
-    if (r.staged && !r.staged->ready_sent && s + 1 >= r.staged->ready_at) {
-      r.staged->ready_sent = true;
-      m.send(r, transport::PlanReady{r.staged->plan_id, r.id, true, ""});
-    }
+    std::vector<uint64_t> done;  // staging complete: PlanReady (once; the book ignores repeats)
+    r.book->for_each([&](uint64_t id, const Staged& st) {
+      if (s + 1 >= st.ready_at) done.push_back(id);
+    });
+    for (uint64_t id : done) r.book->ready(id);
   }
   for (const monitor::StepSample& x : samples) {
     Rank& r = *m.ranks[x.rank];
     transport::Telemetry t = monitor::to_telemetry(x);
     t.rank = r.id;
-    t.queue_depth = r.staged ? 2u : 1u;
+    t.queue_depth = r.book->size() > 0 ? 2u : 1u;
     for (int l = 0; l < m.o.grad_layers; ++l) {
       t.layers.push_back({static_cast<uint32_t>(l), static_cast<float>(1.0 + 0.1 * l), 0.5f, 0});
     }

@@ -16,9 +16,10 @@
 // deterministic update u(step), with a count of the updates it holds, and adds the samples it
 // processed (its replica's share under the layout it runs). Staging snapshots the parameters
 // and their count into a second buffer (double buffering) and logs the steps applied meanwhile;
-// at the commit boundary the log is replayed onto the buffer and the buffers swap. The switch happens only when every
-// live rank holds the commit for that boundary (an agreement a real job makes with a tiny
-// collective); otherwise nobody switches and each holder answers PlanReady{ok=false}.
+// at the commit boundary the log is replayed onto the buffer and the buffers swap. Each rank's
+// side of the protocol is a transport::PlanBook, and the boundary follows its commit rule: the
+// newest plan committed on some live rank, switched to only when every live rank holds it;
+// otherwise nobody switches and every rank answers PlanReady{ok=false}.
 // reference_params(steps) is the vector of a run that never migrated: equal means no step was
 // lost or applied twice.
 //
@@ -113,8 +114,12 @@ class SimulatedCluster {
   void kill_on_prepare(uint32_t rank);
   /// Fault injection: the rank answers PlanPrepare with PlanReady{ok=false}.
   void refuse_prepare(uint32_t rank);
-  /// Fault injection: the rank never receives PlanCommit (it stays staged without the commit).
+  /// Fault injection: the rank never receives PlanCommit. It staged the plan, so it switches
+  /// with the others at the boundary.
   void drop_commit(uint32_t rank);
+  /// Fault injection: the rank loses its staged plan before the commit reaches it (as a rank
+  /// whose connection to the agent blipped does): at the boundary nobody switches.
+  void lose_staged(uint32_t rank);
   /// Stops every client (the job ends).
   void stop();
 

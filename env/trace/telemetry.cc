@@ -98,7 +98,7 @@ TelemetryTrace parse_telemetry(std::istream& in, const std::string& source) {
     s.start_s = reader.parse_double(f[4], kColumns[4]);
     s.end_s = reader.parse_double(f[5], kColumns[5]);
     if (s.end_s < s.start_s) reader.fail("end_s", "ends before start_s");
-    s.microbatches = static_cast<int>(integer(6, 1));
+    s.microbatches = static_cast<int>(integer(6, 0));  // 0: a rank given a zero share
     s.compute_ms = non_negative(7);
     s.dp_comm = {non_negative(8), non_negative(9)};
     s.pp_comm = {non_negative(10), non_negative(11)};
@@ -189,7 +189,7 @@ OpTrace to_op_trace_or_throw(const TelemetryTrace& t, const JobMeta& meta) {
   job.first_step = 0;
   auto per_mb = [&](int step, int d, int stage) {
     const TelemetrySample& s = *at.at(std::tuple{static_cast<std::size_t>(step), d, stage});
-    return (s.compute_ms + s.tp_comm.ms) / 1000.0 / s.microbatches;
+    return (s.compute_ms + s.tp_comm.ms) / 1000.0 / std::max(1, s.microbatches);
   };
   job.forward_s = [&](int step, int d, int stage, int) { return per_mb(step, d, stage) / 3; };
   job.backward_s = [&](int step, int d, int stage, int) { return 2 * per_mb(step, d, stage) / 3; };

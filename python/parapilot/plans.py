@@ -1,13 +1,25 @@
-"""The worker's side of the two-phase layout switch (docs/architecture.md, "The switch protocol").
+"""The rank's side of the switch protocol (docs/architecture.md, "The switch protocol").
 
-PlanPrepare{plan_id, layout} -> the job's `check` says whether it can run the layout and its
-`stage` builds what the layout needs (off the training thread) -> PlanReady{ok, detail} ->
-PlanCommit{plan_id, switch_at_step} -> the training loop asks committed_at(step) at each step
-boundary, the ranks agree (see pytorch.Session) and switch at the same step -> Ack{plan_commit}.
-PlanAbort drops a staged plan that was not committed. Shutdown asks the job to stop.
+The same state machine as the C++ ranks' transport::PlanBook (transport/plan_book.h), method for
+method; both replay the transcripts in tests/data/switch/ (tests/python/test_plans.py).
 
-Thread-safety: every method may be called from any thread (one lock). on_message runs on the bus
-client's I/O thread; check and stage run there too, outside the lock.
+A plan is staging (stage()), staged (ready(): PlanReady{ok}), committed (PlanCommit), then
+applied at a boundary (Ack) or dropped: refused (PlanReady{ok=false}), aborted before its commit,
+the agent lost before its commit, or missed at the boundary.
+
+The commit rule, at the boundary before step s, in two agreements over the job's ranks (see
+pytorch.Session): committed_at(s, running) reduced with MAX gives P, the newest plan committed on
+some rank (0: none); then holds(P) reduced with AND. Every rank then calls applied(P) and
+switches, or, when some rank does not hold P, every rank calls missed(P) and nobody switches. A
+rank that staged P but was not reached by the commit yet switches with the others: the agent
+commits only once every rank answered PlanReady{ok}.
+
+A PlanCommit for a plan this rank does not hold and a PlanAbort for a committed plan are ignored;
+PlanAbort with plan id 0 (no plan will come) carries only its reason (no_plans_reason).
+
+Thread-safety: every method may be called from any thread (one lock); messages are sent with
+the lock released. on_message runs on the bus client's I/O thread; the optional check and stage
+callbacks run there too, outside the lock.
 """
 
 from __future__ import annotations
@@ -21,17 +33,21 @@ from . import wire
 
 @dataclass
 class StagedPlan:
-    prepare: wire.PlanPrepare
-    staged: Any = None  # what `stage` returned
+    prepare: Optional[wire.PlanPrepare]
+    staged: Any = None  # what the job staged
+    ready: bool = False
     committed: bool = False
     switch_at_step: int = 0
 
 
 class PlanBook:
-    """Plans prepared and committed by the agent, until the training loop applies them.
+    """Plans prepared and committed by the agent, until a boundary applies or drops them.
 
-    send(msg) queues a message to the agent. check(prepare) returns "" when this job can run
-    the layout, else the reason. stage(prepare) returns the staged state (or raises).
+    send(msg) queues a message to the agent. With `check` and `stage` given, on_message handles
+    a PlanPrepare itself: check(prepare) returns "" when this job can run the layout, else the
+    reason (refuse); stage(prepare) returns the staged state (or raises: refuse), then ready.
+    Without them the caller stages: on_message returns the PlanPrepare and the caller calls
+    stage(), ready() or refuse().
     """
 
     def __init__(self, rank: int, send: Callable[[wire.Message], bool],
@@ -44,77 +60,78 @@ class PlanBook:
         self._lock = threading.Lock()
         self._plans: Dict[int, StagedPlan] = {}
         self._stop_reason: Optional[str] = None
+        self._no_plans_reason: Optional[str] = None
         self.events: List[str] = []  # what happened, for logs and tests
 
-    def on_message(self, m: wire.Message) -> None:
+    # ---- messages from the agent ----
+
+    def on_message(self, m: wire.Message) -> Optional[wire.PlanPrepare]:
         t = type(m)
         if t is wire.PlanPrepare:
-            self._on_prepare(m)
-        elif t is wire.PlanCommit:
-            with self._lock:
+            if m.plan_id == 0:
+                return None
+            if self._check is not None or self._stage is not None:
+                self._prepare_inline(m)
+            return m
+        with self._lock:
+            if t is wire.PlanCommit:
                 p = self._plans.get(m.plan_id)
                 if p is not None:
                     p.committed = True
                     p.switch_at_step = m.switch_at_step
                 self.events.append(f"commit {m.plan_id} at {m.switch_at_step}"
                                    + ("" if p else " (unknown plan)"))
-        elif t is wire.PlanAbort:
-            with self._lock:
-                p = self._plans.get(m.plan_id)
-                if p is not None and not p.committed:
-                    del self._plans[m.plan_id]
+            elif t is wire.PlanAbort:
+                if m.plan_id == 0:
+                    self._no_plans_reason = m.reason
+                else:
+                    p = self._plans.get(m.plan_id)
+                    if p is not None and not p.committed:
+                        del self._plans[m.plan_id]
                 self.events.append(f"abort {m.plan_id}: {m.reason}")
-        elif t is wire.Shutdown:
-            with self._lock:
-                self._stop_reason = m.reason or "agent asked the job to stop"
+            elif t is wire.Shutdown:
+                self._stop_reason = m.reason or "the agent asked the job to stop"
                 self.events.append(f"shutdown: {m.reason}")
+        return None
 
-    def _on_prepare(self, m: wire.PlanPrepare) -> None:
-        ready = wire.PlanReady(m.plan_id, self.rank, True, "")
+    def _prepare_inline(self, m: wire.PlanPrepare) -> None:
         try:
             why = self._check(m) if self._check else ""
             if why:
-                ready.ok, ready.detail = False, why[:wire.MAX_TEXT_BYTES]
-            else:
-                staged = self._stage(m) if self._stage else None
-                with self._lock:
-                    self._plans[m.plan_id] = StagedPlan(m, staged)
+                self.refuse(m.plan_id, why)
+                return
+            staged = self._stage(m) if self._stage else None
         except Exception as e:  # noqa: BLE001 - any staging failure is a refusal
-            ready.ok = False
-            ready.detail = f"{type(e).__name__}: {e}"[:wire.MAX_TEXT_BYTES]
-        with self._lock:
-            self.events.append(f"prepare {m.plan_id} -> {'ready' if ready.ok else ready.detail}")
-        self._send(ready)
+            self.refuse(m.plan_id, f"{type(e).__name__}: {e}")
+            return
+        self.stage(m.plan_id, staged, m)
+        self.ready(m.plan_id)
 
-    def committed_at(self, step: int, after_id: int) -> int:
-        """The newest committed plan with switch_at_step <= step and id > after_id (0: none)."""
-        with self._lock:
-            best = 0
-            for pid, p in self._plans.items():
-                if pid > after_id and p.committed and p.switch_at_step <= step and pid > best:
-                    best = pid
-            return best
+    # ---- the job's staging ----
 
-    def get(self, plan_id: int) -> Optional[StagedPlan]:
+    def stage(self, plan_id: int, staged: Any, prepare: Optional[wire.PlanPrepare] = None) -> None:
+        """The job is staging plan_id into `staged`; until ready() the plan is not held."""
         with self._lock:
-            return self._plans.get(plan_id)
+            self._plans[plan_id] = StagedPlan(prepare, staged)
 
-    def applied(self, plan_id: int) -> None:
-        """The job switched to plan_id: Ack it and forget older plans."""
+    def ready(self, plan_id: int) -> None:
+        """Staging of plan_id is complete: PlanReady{ok}. Ignored for a plan no longer staging."""
         with self._lock:
-            for pid in [p for p in self._plans if p < plan_id]:
-                del self._plans[pid]
-            self.events.append(f"applied {plan_id}")
-        self._send(wire.Ack(wire.MessageType.PLAN_COMMIT, plan_id, self.rank))
+            p = self._plans.get(plan_id)
+            if p is None or p.ready:
+                return
+            p.ready = True
+            self.events.append(f"prepare {plan_id} -> ready")
+        self._send(wire.PlanReady(plan_id, self.rank, True, ""))
 
-    def missed(self, plan_id: int, detail: str) -> None:
-        """The ranks could not all switch to plan_id: tell the agent (it ends the plan)."""
+    def refuse(self, plan_id: int, why: str) -> None:
+        """This rank cannot run plan_id: PlanReady{ok=false, detail=why}; the plan is dropped."""
         with self._lock:
             self._plans.pop(plan_id, None)
-            self.events.append(f"missed {plan_id}: {detail}")
-        self._send(wire.PlanReady(plan_id, self.rank, False, detail[:wire.MAX_TEXT_BYTES]))
+            self.events.append(f"prepare {plan_id} -> {why}")
+        self._send(wire.PlanReady(plan_id, self.rank, False, why[:wire.MAX_TEXT_BYTES]))
 
-    def drop_uncommitted(self, why: str) -> None:
+    def drop_uncommitted(self, why: str = "agent lost") -> None:
         """The agent was lost: forget plans it prepared but never committed (a restarted agent
         starts its own plans; committed ones stay, the ranks may be switching to them)."""
         with self._lock:
@@ -122,7 +139,55 @@ class PlanBook:
                 del self._plans[pid]
                 self.events.append(f"dropped {pid}: {why}")
 
+    # ---- the boundary ----
+
+    def committed_at(self, step: int, after_id: int) -> int:
+        """Agreement 1: the newest plan id > after_id committed here with switch_at_step <= step
+        (0: none)."""
+        with self._lock:
+            best = 0
+            for pid, p in self._plans.items():
+                if pid > after_id and p.committed and p.switch_at_step <= step and pid > best:
+                    best = pid
+            return best
+
+    def holds(self, plan_id: int) -> bool:
+        """Agreement 2: plan_id is staged here (committed or not)."""
+        with self._lock:
+            p = self._plans.get(plan_id)
+            return p is not None and p.ready
+
+    def get(self, plan_id: int) -> Optional[StagedPlan]:
+        with self._lock:
+            return self._plans.get(plan_id)
+
+    def applied(self, plan_id: int) -> Optional[StagedPlan]:
+        """Every rank holds plan_id: returns it, forgets it and every older plan, and acks. None
+        when this rank does not hold it."""
+        with self._lock:
+            p = self._plans.get(plan_id)
+            if p is None or not p.ready:
+                return None
+            for pid in [q for q in self._plans if q <= plan_id]:
+                del self._plans[pid]
+            self.events.append(f"applied {plan_id}")
+        self._send(wire.Ack(wire.MessageType.PLAN_COMMIT, plan_id, self.rank))
+        return p
+
+    def missed(self, plan_id: int, detail: str) -> None:
+        """Some rank does not hold plan_id: nobody switches. Drops it here and answers
+        PlanReady{ok=false, detail} so that the agent ends the plan."""
+        with self._lock:
+            self._plans.pop(plan_id, None)
+            self.events.append(f"missed {plan_id}: {detail}")
+        self._send(wire.PlanReady(plan_id, self.rank, False, detail[:wire.MAX_TEXT_BYTES]))
+
     @property
     def stop_reason(self) -> Optional[str]:
         with self._lock:
             return self._stop_reason
+
+    @property
+    def no_plans_reason(self) -> Optional[str]:
+        with self._lock:
+            return self._no_plans_reason

@@ -308,10 +308,10 @@ class Session:
 
     def _switch(self, plan_id: int) -> None:
         current = self.plan_id
-        staged = self.book.get(plan_id)
-        missing = torch.tensor([0 if staged is not None else 1], dtype=torch.int64)
-        dist.all_reduce(missing, op=dist.ReduceOp.MAX, group=self._control_group)
-        if int(missing[0]):
+        held = torch.tensor([1 if self.book.holds(plan_id) else 0], dtype=torch.int64)
+        dist.all_reduce(held, op=dist.ReduceOp.MIN, group=self._control_group)
+        staged = self.book.applied(plan_id) if int(held[0]) else None
+        if staged is None:
             self._refused.append(plan_id)
             self._say("warn", f"plan {plan_id} refused: committed but not staged on every "
                               f"rank; staying on plan {current}")
@@ -321,7 +321,6 @@ class Session:
         cfg = staged.staged
         self._hook.config = cfg
         self.applied_plans.append(plan_id)
-        self.book.applied(plan_id)
         shares = ",".join(str(x) for x in cfg.shares) if cfg.shares else "even"
         self._say("info", f"plan {plan_id} applied at step {self.step_index}: this rank takes "
                           f"{cfg.counts[self.rank]} of {self.global_batch} samples (shares "

@@ -365,8 +365,11 @@ TEST_CASE("telemetry recordings round-trip and reject bad rows") {
         std::string::npos);
   CHECK(bad(header + "0,0,0,1,1.0,2.0,4,-80,0,0,0,0,0,0\n").find("t.csv:2: column 'compute_ms'") !=
         std::string::npos);
-  CHECK(bad(header + "0,0,0,1,1.0,2.0,0,80,0,0,0,0,0,0\n").find("column 'microbatches'") !=
+  CHECK(bad(header + "0,0,0,1,1.0,2.0,-1,80,0,0,0,0,0,0\n").find("column 'microbatches'") !=
         std::string::npos);
+  // A rank that elastic data parallelism gave a zero share ran no microbatch in the step.
+  std::istringstream idle(header + "0,0,0,1,1.0,2.0,0,0,5,0,0,0,0,0\n");
+  CHECK(ok(read_telemetry(idle, "t.csv")).samples.front().microbatches == 0);
   CHECK(bad(header + "0,0,0,1,1.0,2.0,4,80,x,0,0,0,0,0\n").find("column 'dp_comm_ms'") !=
         std::string::npos);
   CHECK(bad("rank,step\n").find("t.csv:1") != std::string::npos);

@@ -110,18 +110,6 @@ class ClientTest(unittest.TestCase):
             time.sleep(0.01)
         self.assertEqual(book.stop_reason, "job done")
 
-    def test_losing_the_agent_drops_uncommitted_plans_only(self):
-        sent = []
-        book = PlanBook(3, sent.append)
-        book.on_message(wire.PlanPrepare(1, wire.Layout(dp=2)))
-        book.on_message(wire.PlanPrepare(2, wire.Layout(dp=2)))
-        book.on_message(wire.PlanCommit(1, 50))
-        self.assertEqual([m.ok for m in sent], [True, True])
-        book.drop_uncommitted("agent lost")
-        self.assertIsNotNone(book.get(1))
-        self.assertIsNone(book.get(2))
-        self.assertEqual(book.committed_at(50, 0), 1)
-
     def test_heartbeats_keep_an_idle_connection(self):
         c = self.client()
         self.assertTrue(c.wait_connected(5))
