@@ -101,6 +101,13 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
         if (name.ends_with("/dp")) {
           s.dp_comm.ms += c.ms;
           s.dp_comm.bytes += static_cast<double>(c.bytes);
+        } else if (name == "p2p/pp") {
+          s.pp_comm = {c.ms, static_cast<double>(c.bytes)};
+        } else if (name == "all_reduce/tp") {
+          s.tp_comm = {c.ms, static_cast<double>(c.bytes)};
+        } else if (name == "info/coords") {  // a hybrid layout's replica and stage
+          s.dp_rank = static_cast<int>(c.bytes);
+          s.stage = static_cast<int>(c.calls);
         }
       }
       recorded_.push_back(s);

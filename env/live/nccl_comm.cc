@@ -67,8 +67,11 @@ NcclComm::~NcclComm() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-void NcclComm::all_reduce(void* host, std::size_t count, bool half, bool max) {
-  const std::size_t bytes = count * (half ? 2 : 4);
+void NcclComm::all_reduce(void* host, std::size_t count, Type type, bool max) {
+  const std::size_t bytes = count * (type == Type::float16 ? 2 : type == Type::int64 ? 8 : 4);
+  const ncclDataType_t wire = type == Type::float16 ? ncclFloat16
+                              : type == Type::int64 ? ncclInt64
+                                                    : ncclFloat32;
   if (bytes > impl_->device_bytes) {
     if (impl_->device_buffer) check_cuda(cudaFree(impl_->device_buffer), "cudaFree");
     check_cuda(cudaMalloc(&impl_->device_buffer, bytes), "cudaMalloc");
@@ -78,7 +81,7 @@ void NcclComm::all_reduce(void* host, std::size_t count, bool half, bool max) {
       cudaMemcpyAsync(impl_->device_buffer, host, bytes, cudaMemcpyHostToDevice, impl_->stream),
       "cudaMemcpyAsync");
   check_nccl(ncclAllReduce(impl_->device_buffer, impl_->device_buffer, count,
-                           half ? ncclFloat16 : ncclFloat32, max ? ncclMax : ncclSum, impl_->comm,
+                           wire, max ? ncclMax : ncclSum, impl_->comm,
                            impl_->stream),
              "ncclAllReduce");
   check_cuda(

@@ -1,9 +1,10 @@
 // A thin NCCL layer for the live worker on GPUs: one communicator per process over the NCCL C
 // API and the CUDA runtime, its unique id exchanged through a key-value store (the worker passes
-// c10d's TCPStore), sum all-reduces of float32/float16 buffers that live in host memory (the
-// Debian libtorch is CPU-only: the model computes on the CPU and only the reduction runs on the
-// GPU, through device buffers). Compiled only when CMake finds CUDA and NCCL
-// (PARAPILOT_HAVE_NCCL). No libtorch and no CUDA headers here.
+// c10d's TCPStore), sum and max all-reduces of float32, float16 and int64 buffers that live in
+// host memory (the Debian libtorch is CPU-only: the model computes on the CPU and only the
+// reduction runs on the GPU, through device buffers; int64 carries the control tensor, so plan
+// ids are reduced exactly). Compiled only when CMake finds CUDA and NCCL (PARAPILOT_HAVE_NCCL).
+// No libtorch and no CUDA headers here.
 #pragma once
 
 #include <cstddef>
@@ -30,10 +31,15 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  /// In place sum (or max) over ranks of `count` elements at `host` (float32 or, with
-  /// half = true, float16). Throws std::runtime_error on failure or after the timeout (the
-  /// communicator is aborted then).
-  void all_reduce(void* host, std::size_t count, bool half, bool max = false);
+  /// Element types a reduction runs in.
+  enum class Type { float32, float16, int64 };
+  /// In place sum (or max) over ranks of `count` elements of `type` at `host`. Throws
+  /// std::runtime_error on failure or after the timeout (the communicator is aborted then).
+  void all_reduce(void* host, std::size_t count, Type type, bool max = false);
+  /// The same for float32 or, with half = true, float16.
+  void all_reduce(void* host, std::size_t count, bool half, bool max = false) {
+    all_reduce(host, count, half ? Type::float16 : Type::float32, max);
+  }
 
  private:
   struct Impl;

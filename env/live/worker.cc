@@ -1,21 +1,28 @@
-// The training worker (libtorch): model, data, collectives, the training loop.
+// The training worker (libtorch): data, rendezvous and the training loop. The model is
+// hybrid_model.h, the process groups collectives.h, everything that depends on the layout
+// layout_state.h, one step's passes through the pipeline pipeline.h.
 #include "env/live/worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <thread>
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "env/live/collectives.h"
 #include "env/live/grad_sync.h"
+#include "env/live/layout.h"
+#include "env/live/layout_state.h"
+#include "env/live/pipeline.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
 #include "strategy/error.h"
@@ -103,214 +110,6 @@ std::string load_corpus(const std::string& path) {
   return out;
 }
 
-// ---- models ------------------------------------------------------------------------------
-
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int d, int heads) : heads_(heads) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
-    proj = register_module("proj", torch::nn::Linear(d, d));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc1 = register_module("fc1", torch::nn::Linear(d, 4 * d));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
-  }
-  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
-    const auto b = x.size(0), t = x.size(1), d = x.size(2);
-    const auto dh = d / heads_;
-    auto parts = qkv(ln1(x)).chunk(3, -1);
-    auto q = parts[0].view({b, t, heads_, dh}).transpose(1, 2);
-    auto k = parts[1].view({b, t, heads_, dh}).transpose(1, 2);
-    auto v = parts[2].view({b, t, heads_, dh}).transpose(1, 2);
-    auto att = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
-    att = att.masked_fill(mask, -1e9).softmax(-1);
-    auto y = att.matmul(v).transpose(1, 2).contiguous().view({b, t, d});
-    x = x + proj(y);
-    return x + fc2(torch::gelu(fc1(ln2(x))));
-  }
-  int64_t heads_;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(Block);
-
-/// Byte-level model: logits [B, T', 256] and the targets they predict [B, T'].
-struct LanguageModel : torch::nn::Module {
-  explicit LanguageModel(const ModelConfig& c) : cfg(c) {
-    const int d = c.d_model;
-    if (c.kind == "transformer") {
-      pos = register_parameter("pos", torch::randn({c.seq_len, d}) * 0.02);
-      tok = register_module("tok", torch::nn::Embedding(ModelConfig::kVocab, d));
-      blocks = register_module("blocks", torch::nn::ModuleList());
-      for (int i = 0; i < c.layers; ++i) blocks->push_back(Block(d, c.heads));
-      lnf = register_module("lnf", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-      head = register_module("head", torch::nn::Linear(d, ModelConfig::kVocab));
-    } else {
-      tok = register_module("tok", torch::nn::Embedding(ModelConfig::kVocab, d));
-      hidden = register_module("hidden", torch::nn::ModuleList());
-      int in = c.context * d;
-      for (int i = 0; i < c.layers; ++i) {
-        hidden->push_back(torch::nn::Linear(in, 4 * d));
-        in = 4 * d;
-      }
-      head = register_module("head", torch::nn::Linear(in, ModelConfig::kVocab));
-    }
-  }
-  /// Mean cross-entropy of predicting seq[:, 1:] from what precedes it.
-  torch::Tensor loss(const torch::Tensor& seq) {
-    const auto t = seq.size(1) - 1;
-    if (cfg.kind == "transformer") {
-      auto input = seq.narrow(1, 0, t);
-      auto x = tok(input) + pos.narrow(0, 0, t);
-      auto mask = torch::ones({t, t}, torch::kBool).triu(1);
-      for (auto& m : *blocks) x = m->as<Block>()->forward(x, mask);
-      auto logits = head(lnf(x));
-      return torch::nn::functional::cross_entropy(logits.reshape({-1, ModelConfig::kVocab}),
-                                                  seq.narrow(1, 1, t).reshape({-1}));
-    }
-    const int c = cfg.context;
-    auto emb = tok(seq.narrow(1, 0, t));  // [B, t, d]
-    auto win = emb.unfold(1, c, 1);       // [B, t-c+1, d, c]
-    auto x = win.transpose(2, 3).reshape({seq.size(0), t - c + 1, c * cfg.d_model});
-    for (auto& m : *hidden) x = torch::gelu(m->as<torch::nn::Linear>()->forward(x));
-    auto logits = head(x);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, ModelConfig::kVocab}),
-                                                seq.narrow(1, c, t - c + 1).reshape({-1}));
-  }
-  ModelConfig cfg;
-  torch::Tensor pos;
-  torch::nn::Embedding tok{nullptr};
-  torch::nn::ModuleList blocks{nullptr}, hidden{nullptr};
-  torch::nn::LayerNorm lnf{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-
-// ---- collectives -------------------------------------------------------------------------
-
-class GlooCollectives final : public Collectives {
- public:
-  GlooCollectives(c10::intrusive_ptr<c10d::Store> store, int rank, int world, double timeout_s,
-                  const std::string& master_addr)
-      : rank_(rank), world_(world) {
-    auto opts = c10d::ProcessGroupGloo::Options::create(
-        std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    else if (master_addr == "127.0.0.1" || master_addr == "localhost")
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    opts->threads = 1;
-    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
-  }
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    return run([&] {
-      std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      for (auto& t : tensors) {
-        std::vector<at::Tensor> one{t};
-        works.push_back(pg_->allreduce(one));
-      }
-      for (auto& w : works) w->wait();
-    });
-  }
-  Status all_reduce_max(at::Tensor& tensor) override {
-    return run([&] {
-      std::vector<at::Tensor> one{tensor};
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d::ReduceOp::MAX;
-      pg_->allreduce(one, o)->wait();
-    });
-  }
-  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
-    std::vector<std::vector<at::Tensor>> out(1);
-    for (int r = 0; r < world_; ++r) out[0].push_back(at::empty_like(input));
-    std::vector<at::Tensor> in{input.contiguous()};
-    if (Status st = run([&] { pg_->allgather(out, in)->wait(); }); !st.ok()) return st;
-    return out[0];
-  }
-  Status broadcast(std::vector<at::Tensor>& tensors) override {
-    return run([&] {
-      for (auto& t : tensors) {
-        std::vector<at::Tensor> one{t};
-        pg_->broadcast(one)->wait();
-      }
-    });
-  }
-  std::string backend() const override { return "gloo"; }
-
- private:
-  // Gloo reports a failed or timed-out collective by throwing; here it becomes a Status.
-  template <class F>
-  static Status run(F&& f) {
-    try {
-      f();
-      return {};
-    } catch (const std::exception& e) {
-      return Status::collective_failed(std::string("gloo collective failed: ") + e.what());
-    }
-  }
-  int rank_, world_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
-};
-
-#ifdef PARAPILOT_HAVE_NCCL
-class NcclCollectives final : public Collectives {
- public:
-  NcclCollectives(c10::intrusive_ptr<c10d::Store> store, int rank, int world, int device,
-                  double timeout_s)
-      : rank_(rank), world_(world) {
-    auto set = [store](const std::string& k, const std::vector<std::uint8_t>& v) {
-      store->set(k, v);
-    };
-    auto get = [store](const std::string& k) { return store->get(k); };
-    comm_ =
-        std::make_unique<NcclComm>(rank, world, device, "parapilot/nccl_id", set, get, timeout_s);
-  }
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors)
-      if (Status st = reduce(t, false); !st.ok()) return st;
-    return {};
-  }
-  Status all_reduce_max(at::Tensor& tensor) override { return reduce(tensor, true); }
-  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
-    // All-gather as a sum all-reduce of a zero-padded [world, n] buffer (small top-k payloads).
-    at::Tensor buf = at::zeros({world_, input.numel()}, input.options().dtype(at::kFloat));
-    buf[rank_].copy_(input.reshape({-1}).to(at::kFloat));
-    if (Status st = reduce(buf, false); !st.ok()) return st;
-    std::vector<at::Tensor> out;
-    for (int r = 0; r < world_; ++r)
-      out.push_back(buf[r].to(input.scalar_type()).view(input.sizes()));
-    return out;
-  }
-  Status broadcast(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors) {
-      if (rank_ != 0) t.zero_();
-      if (Status st = reduce(t, false); !st.ok()) return st;
-    }
-    return {};
-  }
-  std::string backend() const override { return "nccl"; }
-
- private:
-  Status reduce(at::Tensor& t, bool max) {
-    const bool half = t.scalar_type() == at::kHalf;
-    at::Tensor c = half ? t.contiguous() : t.to(at::kFloat).contiguous();
-    try {
-      comm_->all_reduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), half, max);
-    } catch (const std::exception& e) {
-      return Status::collective_failed(e.what());
-    }
-    if (!c.is_same(t)) t.copy_(c);
-    return {};
-  }
-  int rank_, world_;
-  std::unique_ptr<NcclComm> comm_;
-};
-#endif
-
 std::string expand_rank(std::string path, int rank) {
   const std::size_t at = path.find("{rank}");
   if (at != std::string::npos) path.replace(at, 6, std::to_string(rank));
@@ -341,20 +140,16 @@ int run_or_throw(const WorkerOptions& o) {
   const at::Tensor corpus_t = at::from_blob(const_cast<char*>(corpus.data()),
                                             {static_cast<std::int64_t>(corpus.size())}, at::kByte)
                                   .to(at::kLong);
-
-  // Model: same seed on every rank; rank 0's parameters are broadcast anyway (as DDP does).
-  torch::manual_seed(o.seed);
-  LanguageModel model(o.model);
-  std::vector<at::Tensor> params = model.parameters();
+  const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
   const std::vector<LayerShape> layers = model_layers(o.model);
-  if (layers.size() != params.size())
-    throw std::logic_error("model_layers() disagrees with the model's parameter count");
-  for (std::size_t i = 0; i < layers.size(); ++i)
-    if (params[i].sizes().vec() != layers[i].shape)
-      throw std::logic_error("model_layers() disagrees with the model at " + layers[i].name);
 
-  // Rendezvous and collectives.
+  // Rendezvous and the world group (control, loss and the gathered dump).
   std::unique_ptr<Collectives> coll;
+  c10::intrusive_ptr<c10d::Store> store;
+  GroupOptions group_options;
+  group_options.timeout_s = o.collective_timeout_s;
+  group_options.master_addr = o.master_addr;
+  int device = 0;
   if (o.world_size == 1 && o.backend == "gloo" && std::getenv("MASTER_PORT") == nullptr) {
     coll = make_local_collectives();
   } else {
@@ -365,7 +160,6 @@ int run_or_throw(const WorkerOptions& o) {
     so.waitWorkers = true;
     so.timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
-    c10::intrusive_ptr<c10d::Store> store;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     } catch (const c10::Error& e) {
@@ -377,41 +171,65 @@ int run_or_throw(const WorkerOptions& o) {
                    o.master_addr.c_str(), o.master_port, e.what());
       return kWorkerCollectiveFailed;
     }
+    StatusOr<std::unique_ptr<Collectives>> made = Status::internal("no backend");
     if (o.backend == "nccl") {
 #ifdef PARAPILOT_HAVE_NCCL
       std::string why;
       const int gpus = cuda_device_count(&why);
       if (gpus == 0) throw InputError("--backend nccl: " + why);
-      coll = std::make_unique<NcclCollectives>(store, o.rank, o.world_size, o.local_rank % gpus,
-                                               o.collective_timeout_s);
+      device = o.local_rank % gpus;
+      made = make_nccl_collectives(store, o.rank, o.world_size, device, o.collective_timeout_s);
 #else
       throw InputError("--backend nccl: this build has no NCCL (CMake found no CUDA/NCCL)");
 #endif
     } else {
-      try {
-        coll = std::make_unique<GlooCollectives>(store, o.rank, o.world_size,
-                                                 o.collective_timeout_s, o.master_addr);
-      } catch (const c10::Error& e) {
-        std::fprintf(stderr, "%s: gloo setup failed: %s\n", tag.c_str(),
-                     e.what_without_backtrace());
-        return kWorkerCollectiveFailed;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: gloo setup failed: %s\n", tag.c_str(), e.what());
-        return kWorkerCollectiveFailed;
-      }
+      made = make_gloo_collectives(store, o.rank, o.world_size, group_options);
     }
+    if (!made.ok()) {
+      std::fprintf(stderr, "%s: %s\n", tag.c_str(), made.status().message().c_str());
+      return kWorkerCollectiveFailed;
+    }
+    coll = std::move(*made);
   }
+
+  // This rank's part of the layout: groups, stage model, optimizer, gradient reduction.
+  LayoutStateOptions lo;
+  lo.model = o.model;
+  lo.seed = o.seed;
+  lo.optimizer = o.optimizer;
+  lo.lr = o.lr;
+  lo.backend = o.backend;
+  lo.device = device;
+  lo.groups = group_options;
+  StatusOr<std::unique_ptr<LayoutState>> built =
+      LayoutState::build(layout, o.rank, *coll, store, lo);
+  if (!built.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tag.c_str(), built.status().message().c_str());
+    (void)coll.release();
+    return kWorkerCollectiveFailed;
+  }
+  std::unique_ptr<LayoutState> state = std::move(*built);
+  const RankCoords me = state->coords();
 
   std::unique_ptr<WorkerBus> bus;
   if (!o.agent.empty()) {
-    auto read_plan = [&o, n_layers = layers.size()](
+    auto read_plan = [&o, &layout, n_layers = layers.size()](
                          const transport::PlanPrepare& p) -> StatusOr<LiveAction> {
+      // The control reduction carries plan ids as int64.
+      if (p.plan_id > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        return Status::rejected("plan id " + std::to_string(p.plan_id) + " exceeds 2^63 - 1");
+      if (!layout.pure_data_parallel() && !is_action_text(p.layout_name))
+        return Status::rejected("layout '" + p.layout_name + "': this job runs " +
+                                layout_text(layout) +
+                                "; the workers cannot switch a hybrid job's layout yet");
       StatusOr<LiveAction> read = action_from_plan(p, o.world_size, n_layers);
       if (!read.ok()) return read;
       const LiveAction& a = *read;
-      if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(o.world_size))
-        return Status::rejected("shares for " + std::to_string(a.shares.size()) +
-                                " ranks; the job has " + std::to_string(o.world_size));
+      if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(layout.dp))
+        return Status::rejected(
+            "shares for " + std::to_string(a.shares.size()) +
+            (layout.pure_data_parallel() ? " ranks; the job has " : " replicas; the job has ") +
+            std::to_string(layout.dp));
       if (!a.compression.empty() && a.compression.size() != n_layers)
         return Status::rejected("compression for " + std::to_string(a.compression.size()) +
                                 " layers; the model has " + std::to_string(n_layers));
@@ -428,21 +246,20 @@ int run_or_throw(const WorkerOptions& o) {
     job.capabilities =
         transport::kCapDpShares | transport::kCapCompression | transport::kCapMicroBatches;
     job.framework = "parapilot-worker";
-    for (const at::Tensor& p : params) {
-      const auto n = static_cast<std::uint64_t>(p.numel());
-      job.layers.push_back({n, n * static_cast<std::uint64_t>(p.element_size())});
+    for (const LayerShape& l : layers) {
+      const auto n = static_cast<std::uint64_t>(l.numel());
+      job.layers.push_back({n, n * 4});
     }
     bus = take(WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job)));
     bus->wait_connected(10000);
   }
 
-  // Current plan.
+  // Current plan. Shares and per-layer compression are per replica and per full-model tensor.
   std::vector<double> shares =
-      o.shares.empty()
-          ? std::vector<double>(static_cast<std::size_t>(o.world_size), 1.0 / o.world_size)
-          : take(parse_shares(o.shares));
+      o.shares.empty() ? std::vector<double>(static_cast<std::size_t>(layout.dp), 1.0 / layout.dp)
+                       : take(parse_shares(o.shares));
   int microbatch = o.microbatch;
-  GradientSync gsync(layers, o.seed);
+  GradientSync& gsync = state->gradient_sync();
   {
     std::vector<Compression> comp;
     if (o.compression == "auto") {
@@ -451,17 +268,16 @@ int run_or_throw(const WorkerOptions& o) {
       comp = take(parse_compression_list(o.compression));
       if (comp.size() == 1) comp.assign(layers.size(), comp[0]);
     }
-    gsync.configure(comp, o.topk_ratio, o.powersgd_rank, o.bucket_bytes);
+    gsync.configure(state->local_entries(comp), o.topk_ratio, o.powersgd_rank, o.bucket_bytes);
   }
   double topk_ratio = o.topk_ratio;
   int powersgd_rank = o.powersgd_rank;
   std::int64_t bucket_bytes = o.bucket_bytes;
-
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (o.optimizer == "adam")
-    opt = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
-  else
-    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr));
+  StageModel& model = state->model();
+  const std::vector<at::Tensor> params = model.parameters();  // handles of the tensors
+  torch::optim::Optimizer& opt = state->optimizer();
+  // The last stage's first TP rank reports its replica's loss into the world's sum.
+  const bool reports_loss = model.last_stage() && me.tp == 0;
 
   std::vector<trace::TelemetrySample> recorded;
   std::ofstream loss_log;
@@ -477,6 +293,7 @@ int run_or_throw(const WorkerOptions& o) {
   std::uint64_t step = 0;
   double tokens = 0;
   std::uint64_t total_dp_bytes = 0;
+  double last_loss = 0;
   std::string failure;
   // A collective that failed ends the training loop: the others notice through their own.
   auto collective_ok = [&](const Status& st) {
@@ -486,26 +303,21 @@ int run_or_throw(const WorkerOptions& o) {
     return false;
   };
   try {
-    bool started = false;
-    {
-      torch::NoGradGuard ng;
-      started = collective_ok(coll->broadcast(params));
-    }
+    bool started = collective_ok(state->broadcast_parameters());
     while (started) {
       const double now_s = seconds_since(t_start);
       // 1. Boundary: agree on stopping and on the plan to switch to (transport/plan_book.h):
-      // the newest plan committed on some rank (MAX), then whether every rank holds it.
-      // Integers, so that plan ids (microseconds since the epoch) survive exactly.
-      at::Tensor control = at::zeros({2}, at::kLong);
-      if (bus) control[0] = static_cast<std::int64_t>(bus->committed_at(step, plan_id));
+      // the newest plan committed on some rank (MAX over the world, int64 so that plan ids
+      // survive exactly), then whether every rank holds it.
       const bool stop = (o.steps > 0 && static_cast<std::int64_t>(step) >= o.steps) ||
                         (o.max_seconds > 0 && o.rank == 0 && now_s >= o.max_seconds) ||
                         (bus && bus->stop_requested());
-      control[1] = stop ? 1 : 0;
       const auto tc = Clock::now();
-      if (!collective_ok(coll->all_reduce_max(control))) break;
-      if (control[1].item<std::int64_t>() > 0) break;
-      const auto next_plan = static_cast<std::uint64_t>(control[0].item<std::int64_t>());
+      const StatusOr<BoundaryDecision> agreed =
+          agree_at_boundary(*coll, bus ? bus->committed_at(step, plan_id) : 0, stop);
+      if (!collective_ok(agreed.status())) break;
+      if (agreed->stop) break;
+      const std::uint64_t next_plan = agreed->plan_id;
       if (next_plan > plan_id) {
         at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);
         std::vector<at::Tensor> ht{held};
@@ -524,53 +336,57 @@ int run_or_throw(const WorkerOptions& o) {
           if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
           if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
           if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
-          gsync.configure(a->compression.empty() ? gsync.compression() : a->compression,
-                          topk_ratio, powersgd_rank, bucket_bytes);
+          gsync.configure(
+              a->compression.empty() ? gsync.compression() : state->local_entries(a->compression),
+              topk_ratio, powersgd_rank, bucket_bytes);
           plan_id = next_plan;
         }
       }
       const double control_ms = seconds_since(tc) * 1000;
 
-      // 2. Forward/backward over this rank's microbatches.
+      // 2. Forward/backward over this replica's microbatches, through this rank's stage.
       const std::uint64_t step_start_ns = wall_ns();
       const double step_start_s = seconds_since(t_start);
       const int total_mb = o.global_batch / microbatch;
       const std::vector<int> counts = microbatch_counts(shares, total_mb);
       int first = 0;
-      for (int r = 0; r < o.rank; ++r) first += counts[r];
-      const int mine = counts[o.rank];
+      for (int r = 0; r < me.dp; ++r) first += counts[static_cast<std::size_t>(r)];
+      const int mine = counts[static_cast<std::size_t>(me.dp)];
       const bool slowed =
           o.slow_factor > 1 && now_s >= o.slow_at_s && now_s < o.slow_at_s + o.slow_for_s;
-      opt->zero_grad();
-      for (auto& p : params) {
+      opt.zero_grad();
+      for (const auto& p : params) {
         if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
       }
-      double compute_ms = 0;
-      double local_loss = 0;
-      for (int j = first; j < first + mine; ++j) {
-        const auto t0 = Clock::now();
+      auto make_batch = [&](int i) {
+        const int j = first + i;
         std::vector<at::Tensor> rows;
-        for (int i = 0; i < microbatch; ++i) {
-          const std::uint64_t g = static_cast<std::uint64_t>(j * microbatch + i);
+        for (int k = 0; k < microbatch; ++k) {
+          const std::uint64_t g = static_cast<std::uint64_t>(j * microbatch + k);
           const std::uint64_t h = splitmix64(o.seed * 0x100000001B3ull ^ (step << 24) ^ g);
           const std::int64_t start = static_cast<std::int64_t>(
               h % static_cast<std::uint64_t>(corpus_t.size(0) - seq_bytes));
           rows.push_back(corpus_t.narrow(0, start, seq_bytes));
         }
-        at::Tensor batch = at::stack(rows);
-        at::Tensor loss = model.loss(batch) / static_cast<double>(total_mb);
-        loss.backward();
-        local_loss += loss.item<double>();
-        double ms = seconds_since(t0) * 1000;
-        if (slowed) {
-          std::this_thread::sleep_for(
-              std::chrono::duration<double, std::milli>((o.slow_factor - 1) * ms));
-          ms = seconds_since(t0) * 1000;
-        }
-        compute_ms += ms;
-      }
+        return at::stack(rows);
+      };
+      PipelineStepOptions po;
+      po.microbatches = mine;
+      po.sequences = microbatch;
+      po.loss_divisor = static_cast<double>(total_mb);
+      po.slow_factor = slowed ? o.slow_factor : 1;
+      TensorParallelGroup* tp = state->tp();
+      const double tp_ms_before = tp ? tp->all_reduce_ms : 0;
+      const std::uint64_t tp_bytes_before = tp ? tp->all_reduce_bytes : 0;
+      const std::uint32_t tp_calls_before = tp ? tp->all_reduce_calls : 0;
+      const StatusOr<PipelineStepStats> passes =
+          run_pipeline_step(model, state->pipeline(), tp, po, make_batch);
+      if (!collective_ok(passes.status())) break;
+      const double compute_ms = passes->compute_ms;
+      const double tp_ms = tp ? tp->all_reduce_ms - tp_ms_before : 0;
+      const double local_loss = reports_loss ? passes->loss : 0;
 
-      // 3. Per-layer gradient statistics (local, before the reduction).
+      // 3. Per-layer gradient statistics (local, before the reduction; full-model indices).
       std::vector<transport::LayerGradStat> layer_stats;
       const bool publish = bus && step % static_cast<std::uint64_t>(o.telemetry_every) == 0;
       std::vector<at::Tensor> grads;
@@ -582,19 +398,19 @@ int run_or_throw(const WorkerOptions& o) {
           const auto nonfinite =
               static_cast<std::uint32_t>(g.numel() - finite.sum().item<std::int64_t>());
           const at::Tensor gf = nonfinite ? g.where(finite, at::zeros_like(g)) : g;
-          layer_stats.push_back({static_cast<std::uint32_t>(i), gf.norm().item<float>(),
-                                 gf.abs().max().item<float>(), nonfinite});
+          layer_stats.push_back({static_cast<std::uint32_t>(model.shards()[i].layer),
+                                 gf.norm().item<float>(), gf.abs().max().item<float>(), nonfinite});
         }
       }
 
-      // 4. Gradient reduction.
+      // 4. Gradient reduction over the DP group.
       const bool delayed = o.link_delay_ms > 0 && now_s >= o.link_delay_at_s &&
                            now_s < o.link_delay_at_s + o.link_delay_for_s;
       auto before_call = [&] {
         if (delayed)
           std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.link_delay_ms));
       };
-      const StatusOr<SyncStats> synced = gsync.sync(grads, *coll, before_call);
+      const StatusOr<SyncStats> synced = gsync.sync(grads, state->dp(), before_call);
       if (!collective_ok(synced.status())) break;
       const SyncStats& sync = *synced;
       // 5. Global loss (for the log) and the update.
@@ -603,7 +419,8 @@ int run_or_throw(const WorkerOptions& o) {
       const auto tl = Clock::now();
       if (!collective_ok(coll->all_reduce_sum(lt))) break;
       const double loss_ms = seconds_since(tl) * 1000;
-      opt->step();
+      last_loss = loss_t.item<double>();
+      opt.step();
 
       const std::uint64_t step_end_ns = wall_ns();
       const double step_end_s = seconds_since(t_start);
@@ -612,18 +429,21 @@ int run_or_throw(const WorkerOptions& o) {
       const std::uint64_t dp_bytes = sync.all_reduce_bytes + sync.all_gather_bytes;
       total_dp_bytes += dp_bytes;
       if (loss_log.is_open())
-        loss_log << step << ',' << loss_t.item<double>() << ',' << tokens << ',' << total_dp_bytes
-                 << ',' << (step_end_s - step_start_s) << '\n';
+        loss_log << step << ',' << last_loss << ',' << tokens << ',' << total_dp_bytes << ','
+                 << (step_end_s - step_start_s) << '\n';
 
       trace::TelemetrySample row;
       row.rank = o.rank;
-      row.dp_rank = o.rank;
+      row.dp_rank = me.dp;
+      row.stage = me.stage;
       row.step = static_cast<std::int64_t>(step);
       row.start_s = step_start_s;
       row.end_s = step_end_s;
       row.microbatches = mine;
       row.compute_ms = compute_ms;
       row.dp_comm = {sync.all_reduce_ms + sync.all_gather_ms, static_cast<double>(dp_bytes)};
+      row.pp_comm = {passes->p2p_ms, static_cast<double>(passes->p2p_bytes)};
+      if (tp) row.tp_comm = {tp_ms, static_cast<double>(tp->all_reduce_bytes - tp_bytes_before)};
       if (!o.record.empty()) recorded.push_back(row);
 
       if (publish) {
@@ -632,10 +452,12 @@ int run_or_throw(const WorkerOptions& o) {
         t.step = step;
         t.step_start_ns = step_start_ns;
         t.step_end_ns = step_end_ns;
-        // Everything this rank did in the step except waiting in its collectives: a slowdown
-        // anywhere in the step (batch building, the optimizer) counts, a wait for a peer not.
+        // Everything this rank did in the step except waiting in its collectives and for its
+        // pipeline neighbours: a slowdown anywhere in the step (batch building, the optimizer)
+        // counts, a wait for a peer not.
         const double wall_ms = static_cast<double>(step_end_ns - step_start_ns) / 1e6;
-        const double wait_ms = sync.all_reduce_ms + sync.all_gather_ms + loss_ms;
+        const double wait_ms =
+            sync.all_reduce_ms + sync.all_gather_ms + loss_ms + passes->p2p_ms + tp_ms;
         t.compute_ms = std::clamp(wall_ms - wait_ms, compute_ms, std::max(compute_ms, wall_ms));
         t.queue_depth = sync.buckets;
         t.collectives["wait/dp"] = {sync.all_reduce_ms + sync.all_gather_ms, 0, 1};
@@ -644,13 +466,22 @@ int run_or_throw(const WorkerOptions& o) {
         if (sync.all_gather_calls)
           t.collectives["all_gather/dp"] = {sync.all_gather_ms, sync.all_gather_bytes,
                                             sync.all_gather_calls};
+        if (state->pipeline())
+          t.collectives["p2p/pp"] = {passes->p2p_ms, passes->p2p_bytes, passes->p2p_calls};
+        if (tp)
+          t.collectives["all_reduce/tp"] = {tp_ms, tp->all_reduce_bytes - tp_bytes_before,
+                                            tp->all_reduce_calls - tp_calls_before};
         t.collectives["all_reduce/control"] = {control_ms + loss_ms, 0, 2};
         // Microbatches processed and the global loss, for the agent's throughput and reward.
         t.collectives["info/microbatches"] = {0, static_cast<std::uint64_t>(mine),
                                               static_cast<std::uint32_t>(total_mb)};
         t.collectives["info/loss_x1e6"] = {
-            0, static_cast<std::uint64_t>(std::max(0.0, loss_t.item<double>()) * 1e6), 0};
+            0, static_cast<std::uint64_t>(std::max(0.0, last_loss) * 1e6), 0};
         t.collectives["info/plan"] = {0, plan_id, 0};
+        // Where the rank sits in a hybrid layout: its replica (bytes) and stage (calls).
+        if (!layout.pure_data_parallel())
+          t.collectives["info/coords"] = {0, static_cast<std::uint64_t>(me.dp),
+                                          static_cast<std::uint32_t>(me.stage)};
         // Samples this rank processed: the monitor compares ranks' compute per sample, so a
         // rank given a smaller share does not look faster than it is.
         t.collectives["info/samples"] = {0, static_cast<std::uint64_t>(mine) * microbatch, 0};
@@ -659,6 +490,30 @@ int run_or_throw(const WorkerOptions& o) {
         bus->send(t);
       }
       ++step;
+    }
+    // The whole model, gathered from stages and TP shards (every rank takes part).
+    if (exit_code == kWorkerOk && !o.dump_params.empty()) {
+      if (layout.tp > 1) {
+        const StatusOr<double> spread = state->tp_replica_spread();
+        if (collective_ok(spread.status())) {
+          at::Tensor worst = at::full({1}, *spread, at::kDouble);
+          if (collective_ok(coll->all_reduce_max(worst)) && o.rank == 0)
+            std::printf("%s: tensor-parallel replicas differ by at most %.3g\n", tag.c_str(),
+                        worst.item<double>());
+        }
+      }
+      const StatusOr<std::vector<at::Tensor>> full =
+          exit_code == kWorkerOk ? state->gather_full_model(*coll)
+                                 : StatusOr<std::vector<at::Tensor>>(Status::internal(failure));
+      if (exit_code == kWorkerOk && collective_ok(full.status()) && o.rank == 0) {
+        std::ofstream out(o.dump_params, std::ios::binary);
+        for (const auto& p : *full) {
+          const at::Tensor c = p.contiguous();
+          out.write(static_cast<const char*>(c.data_ptr()),
+                    static_cast<std::streamsize>(c.numel() * 4));
+        }
+        if (!out) throw std::runtime_error("--dump-params '" + o.dump_params + "': cannot write");
+      }
     }
   } catch (const c10::Error& e) {
     failure = e.what_without_backtrace();
@@ -670,19 +525,14 @@ int run_or_throw(const WorkerOptions& o) {
   if (exit_code != kWorkerOk)
     std::fprintf(stderr, "%s: stopping at step %llu: %s\n", tag.c_str(),
                  static_cast<unsigned long long>(step), failure.c_str());
+  if (o.rank == 0 && exit_code == kWorkerOk && !layout.pure_data_parallel())
+    std::printf("%s: layout %s, %llu steps, final loss %.6f\n", tag.c_str(),
+                layout_text(layout).c_str(), static_cast<unsigned long long>(step), last_loss);
 
   if (!o.record.empty()) {
     std::ofstream out(expand_rank(o.record, o.rank));
     if (!out) throw InputError("--record '" + o.record + "': cannot write");
     trace::write_telemetry(recorded, out);
-  }
-  if (o.rank == 0 && !o.dump_params.empty() && exit_code == kWorkerOk) {
-    std::ofstream out(o.dump_params, std::ios::binary);
-    for (const auto& p : params) {
-      const at::Tensor c = p.detach().to(at::kFloat).contiguous();
-      out.write(static_cast<const char*>(c.data_ptr()),
-                static_cast<std::streamsize>(c.numel() * 4));
-    }
   }
   if (bus) {
     transport::Shutdown bye;
@@ -695,9 +545,12 @@ int run_or_throw(const WorkerOptions& o) {
     bus->flush(2000);
   }
   std::fflush(stdout);
-  // After a failed collective the process group may still wait on a dead peer in its
-  // destructor; leave it to the process exit instead.
-  if (exit_code != kWorkerOk) (void)coll.release();
+  // After a failed collective the process groups may still wait on a dead peer in their
+  // destructors; leave them to the process exit instead.
+  if (exit_code != kWorkerOk) {
+    (void)state.release();
+    (void)coll.release();
+  }
   return exit_code;
 }
 

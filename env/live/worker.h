@@ -1,13 +1,13 @@
-// parapilot worker: one rank of a real data-parallel training job (libtorch) of a small byte-level
-// language model, with gradient all-reduce through c10d's ProcessGroupGloo on CPU (or our thin
-// NCCL layer on GPUs), rendezvous through c10d's TCPStore, telemetry on the bus and repartition
-// actions applied at iteration boundaries. Configured like torchrun: RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+// parapilot worker: one rank of a real training job (libtorch) of a small byte-level language
+// model under a hybrid layout dp x tp x pp (layout.h; pure data parallel by default), with
+// c10d's ProcessGroupGloo on CPU (or our thin NCCL layer on GPUs), rendezvous through c10d's
+// TCPStore, telemetry on the bus and repartition actions applied at iteration boundaries.
+// Configured like torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
 //
 // Determinism: for a seed, the global batch of every step (which sequences, in which
-// microbatches) does not depend on the number of ranks or their shares; each rank's gradient is
-// its microbatches' loss gradients divided by the step's microbatch count, so the summed
-// gradient equals the single-process full-batch gradient.
+// microbatches) does not depend on the layout, the number of ranks or their shares; each
+// replica's gradient is its microbatches' loss gradients divided by the step's microbatch count,
+// so the summed gradient equals the single-process full-batch gradient.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,8 @@ struct WorkerOptions {
 
   std::string backend = "gloo";  ///< "gloo" (CPU) or "nccl" (GPU; needs a CUDA/NCCL build).
   ModelConfig model;
+  /// Start layout, "dp=2,tp=1,pp=2,stages=[1,3]" (parse_layout); empty = dp = world size.
+  std::string layout;
   int global_batch = 16;    ///< sequences per step, over all ranks.
   int microbatch = 2;       ///< sequences per microbatch; must divide global_batch.
   std::int64_t steps = 50;  ///< steps to train; 0 = until the agent sends Shutdown.
@@ -40,7 +42,7 @@ struct WorkerOptions {
   std::string optimizer = "adam";  ///< "adam" or "sgd".
   std::uint64_t seed = 1;
   std::string corpus;                ///< file or folder of text; empty = a generated corpus.
-  std::string shares;                ///< initial shares "0.5,0.25,0.25"; empty = uniform.
+  std::string shares;  ///< initial per-replica shares "0.5,0.25,0.25"; empty = uniform.
   std::string compression = "none";  ///< "none", "fp16", "topk", "powersgd", "auto" or a list.
   double topk_ratio = 0.01;
   int powersgd_rank = 4;
@@ -52,7 +54,9 @@ struct WorkerOptions {
   int telemetry_every = 1;  ///< publish telemetry every N steps.
   std::string record;    ///< telemetry CSV (env/trace/telemetry.h) of this rank; "{rank}" expands.
   std::string loss_log;  ///< CSV: step,loss,tokens,dp_bytes,step_s (rank 0 writes it).
-  std::string dump_params;           ///< raw float32 parameters after training (rank 0 writes it).
+  /// Raw float32 parameters of the whole model after training, model order, whatever the
+  /// layout (rank 0 writes it; every rank must be given it: all take part in the gather).
+  std::string dump_params;
   double collective_timeout_s = 30;  ///< a collective taking longer fails the worker.
   double rendezvous_timeout_s = 60;
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "env/live/layout.h"
 #include "env/live/worker.h"
 #include "strategy/error.h"
 
@@ -59,8 +60,13 @@ void validate_or_throw(const WorkerOptions& o) {
   if (!(o.collective_timeout_s > 0)) throw InputError("--collective-timeout: must be > 0");
   if (o.slow_factor < 1) throw InputError("--slow: must be >= 1");
   if (o.link_delay_ms < 0) throw InputError("--link-delay-ms: must be >= 0");
-  if (!o.shares.empty() && take(parse_shares(o.shares)).size() != static_cast<std::size_t>(o.world_size))
-    throw InputError("--shares: needs one share per rank (" + std::to_string(o.world_size) + ")");
+  const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
+  if (!o.shares.empty() &&
+      take(parse_shares(o.shares)).size() != static_cast<std::size_t>(layout.dp))
+    throw InputError(layout.pure_data_parallel()
+                         ? "--shares: needs one share per rank (" + std::to_string(o.world_size) + ")"
+                         : "--shares: needs one share per data-parallel replica (" +
+                               std::to_string(layout.dp) + ")");
   if (o.compression != "auto") {
     const auto list = take(parse_compression_list(o.compression));
     const std::size_t layers = model_layers(o.model).size();
@@ -98,8 +104,10 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--seed", o.seed, "Seed of the model and the data order (same on all ranks)")
       ->capture_default_str();
   cmd.add_option("--corpus", o.corpus, "Text file or folder to train on (default: generated text)");
+  cmd.add_option("--layout", o.layout,
+                 "Start layout, e.g. dp=2,tp=1,pp=2,stages=[1,3] (default: dp = world size)");
   cmd.add_option("--shares", o.shares,
-                 "Initial per-rank batch shares, e.g. 0.75,0.25 (default uniform)");
+                 "Initial per-replica batch shares, e.g. 0.75,0.25 (default uniform)");
   cmd.add_option("--compression", o.compression,
                  "Gradient compression: none, fp16, topk, powersgd, auto, or one per layer")
       ->capture_default_str();
@@ -116,7 +124,8 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--record", o.record, "Write this rank's telemetry CSV ({rank} expands)");
   cmd.add_option("--loss-log", o.loss_log, "Rank 0 writes step,loss,tokens,dp_bytes,step_s CSV");
   cmd.add_option("--dump-params", o.dump_params,
-                 "Rank 0 writes the final parameters (raw float32)");
+                 "Rank 0 writes the whole model's final parameters (raw float32, model order; "
+                 "give it to every rank)");
   cmd.add_option("--collective-timeout", o.collective_timeout_s,
                  "Seconds before a collective fails")
       ->capture_default_str();

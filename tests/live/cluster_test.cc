@@ -1,5 +1,12 @@
 // Real multi-process Gloo clusters on loopback: this test program starts itself as the workers
 // (main.cc, --live-worker). Assertions never depend on machine speed; every wait has a timeout.
+#ifdef PARAPILOT_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "env/live/collectives.h"
+// c10d's headers bring glog, whose CHECK would replace doctest's: doctest comes after them.
+#undef CHECK
+#endif
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -295,6 +302,16 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
   if (gpus == 0) {
     skip(why);
     return;
+  }
+  {
+    // The boundary's control reduction on one NCCL rank: a deploy-sized plan id went through
+    // float32 here once and came back as another id.
+    constexpr std::uint64_t kPlan = 1'800'000'000'000'123ull;
+    auto made = make_nccl_collectives(c10::make_intrusive<c10d::HashStore>(), 0, 1, 0, 20);
+    REQUIRE_MESSAGE(made.ok(), made.status().message());
+    const BoundaryDecision d = ok(agree_at_boundary(**made, kPlan, true));
+    CHECK(d.plan_id == kPlan);
+    CHECK(d.stop);
   }
   const int world = std::min(2, gpus);
   const std::string dir = temp_dir("nccl");

@@ -1,0 +1,249 @@
+#include "env/live/collectives.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#ifdef PARAPILOT_HAVE_NCCL
+#include "env/live/nccl_comm.h"
+#endif
+
+namespace parapilot::live {
+
+namespace {
+
+std::chrono::milliseconds to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+}
+
+// Gloo reports a failed or timed-out operation by throwing; here it becomes a Status.
+template <class F>
+Status gloo_status(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const c10::Error& e) {
+    return Status::collective_failed(std::string("gloo collective failed: ") +
+                                     e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status::collective_failed(std::string("gloo collective failed: ") + e.what());
+  }
+}
+
+StatusOr<c10::intrusive_ptr<c10d::ProcessGroupGloo>> make_gloo_group(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GroupOptions& o) {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  const Status st = gloo_status([&] {
+    auto opts = c10d::ProcessGroupGloo::Options::create(to_ms(o.timeout_s));
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (o.master_addr == "127.0.0.1" || o.master_addr == "localhost")
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  });
+  if (!st.ok()) return Status::collective_failed("gloo setup failed: " + st.message());
+  return pg;
+}
+
+class GlooCollectives final : public Collectives {
+ public:
+  GlooCollectives(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
+      : rank_(rank), size_(size), pg_(std::move(pg)) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    return gloo_status([&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(pg_->allreduce(one));
+      }
+      for (auto& w : works) w->wait();
+    });
+  }
+  Status all_reduce_max(at::Tensor& tensor) override {
+    return gloo_status([&] {
+      std::vector<at::Tensor> one{tensor};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      pg_->allreduce(one, o)->wait();
+    });
+  }
+  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < size_; ++r) out[0].push_back(at::empty_like(input));
+    std::vector<at::Tensor> in{input.contiguous()};
+    if (Status st = gloo_status([&] { pg_->allgather(out, in)->wait(); }); !st.ok()) return st;
+    return out[0];
+  }
+  Status broadcast(std::vector<at::Tensor>& tensors) override {
+    return gloo_status([&] {
+      for (auto& t : tensors) {
+        std::vector<at::Tensor> one{t};
+        pg_->broadcast(one)->wait();
+      }
+    });
+  }
+  std::string backend() const override { return "gloo"; }
+
+ private:
+  int rank_, size_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+class GlooPointToPoint final : public PointToPoint {
+ public:
+  GlooPointToPoint(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size,
+                   double timeout_s)
+      : rank_(rank), size_(size), timeout_(to_ms(timeout_s)), pg_(std::move(pg)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status send(const at::Tensor& t, int peer, std::uint32_t tag) override {
+    assert(t.is_contiguous());
+    return gloo_status([&] {
+      std::vector<at::Tensor> one{t};
+      sends_.push_back(pg_->send(one, peer, static_cast<int>(tag)));
+    });
+  }
+  Status recv(at::Tensor& t, int peer, std::uint32_t tag) override {
+    assert(t.is_contiguous());
+    return gloo_status([&] {
+      std::vector<at::Tensor> one{t};
+      pg_->recv(one, peer, static_cast<int>(tag))->wait(timeout_);
+    });
+  }
+  Status wait_sends() override {
+    const Status st = gloo_status([&] {
+      for (auto& w : sends_) w->wait(timeout_);
+    });
+    sends_.clear();
+    return st;
+  }
+
+ private:
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends_;
+};
+
+#ifdef PARAPILOT_HAVE_NCCL
+class NcclCollectives final : public Collectives {
+ public:
+  NcclCollectives(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
+                  double timeout_s)
+      : rank_(rank), size_(size) {
+    auto set = [store](const std::string& k, const std::vector<std::uint8_t>& v) {
+      store->set(k, v);
+    };
+    auto get = [store](const std::string& k) { return store->get(k); };
+    comm_ =
+        std::make_unique<NcclComm>(rank, size, device, "parapilot/nccl_id", set, get, timeout_s);
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    for (auto& t : tensors)
+      if (Status st = reduce(t, false); !st.ok()) return st;
+    return {};
+  }
+  Status all_reduce_max(at::Tensor& tensor) override { return reduce(tensor, true); }
+  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
+    // All-gather as a sum all-reduce of a zero-padded [world, n] buffer (small top-k payloads).
+    at::Tensor buf = at::zeros({size_, input.numel()}, input.options().dtype(at::kFloat));
+    buf[rank_].copy_(input.reshape({-1}).to(at::kFloat));
+    if (Status st = reduce(buf, false); !st.ok()) return st;
+    std::vector<at::Tensor> out;
+    for (int r = 0; r < size_; ++r)
+      out.push_back(buf[r].to(input.scalar_type()).view(input.sizes()));
+    return out;
+  }
+  Status broadcast(std::vector<at::Tensor>& tensors) override {
+    for (auto& t : tensors) {
+      if (rank_ != 0) t.zero_();
+      if (Status st = reduce(t, false); !st.ok()) return st;
+    }
+    return {};
+  }
+  std::string backend() const override { return "nccl"; }
+
+ private:
+  // float16 and int64 are reduced in their own type; everything else through float32.
+  Status reduce(at::Tensor& t, bool max) {
+    const at::ScalarType type = t.scalar_type();
+    const NcclComm::Type wire = type == at::kHalf   ? NcclComm::Type::float16
+                                : type == at::kLong ? NcclComm::Type::int64
+                                                    : NcclComm::Type::float32;
+    at::Tensor c = wire == NcclComm::Type::float32 ? t.to(at::kFloat).contiguous() : t.contiguous();
+    try {
+      comm_->all_reduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), wire, max);
+    } catch (const std::exception& e) {
+      return Status::collective_failed(e.what());
+    }
+    if (!c.is_same(t)) t.copy_(c);
+    return {};
+  }
+  int rank_, size_;
+  std::unique_ptr<NcclComm> comm_;
+};
+#endif
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Collectives>> make_gloo_collectives(c10::intrusive_ptr<c10d::Store> store,
+                                                             int rank, int size,
+                                                             const GroupOptions& options) {
+  auto pg = make_gloo_group(std::move(store), rank, size, options);
+  if (!pg.ok()) return pg.status();
+  return std::unique_ptr<Collectives>(std::make_unique<GlooCollectives>(*pg, rank, size));
+}
+
+#ifdef PARAPILOT_HAVE_NCCL
+StatusOr<std::unique_ptr<Collectives>> make_nccl_collectives(c10::intrusive_ptr<c10d::Store> store,
+                                                             int rank, int size, int device,
+                                                             double timeout_s) {
+  try {
+    return std::unique_ptr<Collectives>(
+        std::make_unique<NcclCollectives>(store, rank, size, device, timeout_s));
+  } catch (const c10::Error& e) {
+    return Status::collective_failed(std::string("nccl setup failed: ") +
+                                     e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status::collective_failed(std::string("nccl setup failed: ") + e.what());
+  }
+}
+#endif
+
+StatusOr<std::unique_ptr<PointToPoint>> make_gloo_point_to_point(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GroupOptions& options) {
+  auto pg = make_gloo_group(std::move(store), rank, size, options);
+  if (!pg.ok()) return pg.status();
+  return std::unique_ptr<PointToPoint>(
+      std::make_unique<GlooPointToPoint>(*pg, rank, size, options.timeout_s));
+}
+
+c10::intrusive_ptr<c10d::Store> group_store(c10::intrusive_ptr<c10d::Store> store,
+                                            const std::string& name) {
+  return c10::make_intrusive<c10d::PrefixStore>("parapilot/group/" + name, std::move(store));
+}
+
+StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop) {
+  assert(plan_id <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+  at::Tensor control = at::zeros({2}, at::kLong);
+  control[0] = static_cast<std::int64_t>(plan_id);
+  control[1] = stop ? 1 : 0;
+  if (Status st = world.all_reduce_max(control); !st.ok()) return st;
+  BoundaryDecision d;
+  d.plan_id = static_cast<std::uint64_t>(control[0].item<std::int64_t>());
+  d.stop = control[1].item<std::int64_t>() > 0;
+  return d;
+}
+
+}  // namespace parapilot::live
