@@ -244,10 +244,8 @@ void run_deploy(const DeployFlags& f) {
   rt::AgentOptions o;
   if (!f.scenario.empty()) {
     o.job = take(rt::make_job(f.scenario, f.gpus));
-    if (!rt::Job::is_initial_name(f.initial_layout)) {
-      throw InputError("--initial-layout \"" + f.initial_layout +
-                       "\": expected planned or uniform-dp");
-    }
+    if (Status st = o.job->start_layout(f.initial_layout).status(); !st.ok())
+      throw InputError("--initial-layout " + st.message());
   } else {
     // A learned job: per-step noise on a shared machine is large; flag only clear slowdowns.
     o.monitor.slow_speed = 1 / 1.25;
@@ -490,7 +488,8 @@ void add_deploy_command(CLI::App& app) {
                   "commit before the boundary)")
       ->capture_default_str();
   cmd->add_option("--initial-layout", d->initial_layout,
-                  "the job's layout at start: planned | uniform-dp")
+                  "the job's layout at start: planned | uniform-dp | a layout such as "
+                  "dp=2,pp=2,stages=[1,3]")
       ->capture_default_str();
   cmd->add_option("--total-steps", d->total_steps,
                   "the job's planned length in training steps (0: unknown; the policy is told so)")

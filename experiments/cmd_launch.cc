@@ -166,7 +166,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
         take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir));
     co.agent_command = {"/proc/self/exe", "deploy",
                         "--scenario", job_file,
-                        "--initial-layout", "uniform-dp",
+                        "--initial-layout", wo.layout.empty() ? "uniform-dp" : wo.layout,
                         "--interval-steps", std::to_string(o.agent_interval_steps),
                         "--cooldown", "1"};
     if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});

@@ -593,9 +593,9 @@ DeployAgent::DeployAgent() : impl_(std::make_unique<Impl>()) {}
 StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) {
   if (options.interval_steps < 1) return Status::invalid_argument("--interval-steps must be >= 1");
   if (options.data_parallel.min_gain < 1) return Status::invalid_argument("--min-gain must be >= 1");
-  if (options.job && !Job::is_initial_name(options.decider.initial_layout)) {
-    return Status::invalid_argument("unknown initial layout \"" +
-                                    options.decider.initial_layout + "\" (planned | uniform-dp)");
+  if (options.job) {
+    if (Status st = options.job->start_layout(options.decider.initial_layout).status(); !st.ok())
+      return Status::invalid_argument("initial layout " + st.message());
   }
   std::unique_ptr<DeployAgent> agent(new DeployAgent());
   Impl& m = *agent->impl_;
@@ -604,7 +604,8 @@ StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) 
     const Job& job = *m.o.job;
     const ClusterTopology& topology = job.planner->cost_model().topology();
     monitor::MonitorOptions mo = monitor::options_for(topology, m.o.monitor);
-    mo.peer_group = monitor::peer_groups(topology, job.initial(m.o.decider.initial_layout));
+    mo.peer_group =
+        monitor::peer_groups(topology, job.start_layout(m.o.decider.initial_layout).value());
     m.monitor_owner = std::make_unique<monitor::Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
     LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);

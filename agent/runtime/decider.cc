@@ -65,7 +65,7 @@ Decider::Decider(std::shared_ptr<const Job> job, LoadedPolicy policy, DeciderOpt
   assert(policy_);  // precondition
   if (o_.horizon <= 0) o_.horizon = job_->scenario.horizon;
   if (o_.interval_s <= 0) o_.interval_s = job_->scenario.interval_s;
-  current_ = job_->initial(o_.initial_layout);
+  current_ = job_->start_layout(o_.initial_layout).value();  // checked by the caller
   policy_->begin_episode();
   plan_now(Conditions{}, current_);
   if (o_.async_planning) planner_ = std::thread([this] { planner_loop(); });

@@ -7,16 +7,31 @@
 #include <sstream>
 
 #include "strategy/error.h"
+#include "strategy/spec_io.h"
 
 namespace parapilot::agent::runtime {
 
-bool Job::is_initial_name(const std::string& name) {
-  return name == "planned" || name == "uniform-dp";
-}
-
-const Strategy& Job::initial(const std::string& name) const {
-  assert(is_initial_name(name));
-  return name == "uniform-dp" ? uniform_dp : planned_initial;
+StatusOr<Strategy> Job::start_layout(const std::string& name) const {
+  if (name == "planned") return planned_initial;
+  if (name == "uniform-dp") return uniform_dp;
+  if (name.find('=') == std::string::npos) {
+    return Status::invalid_argument("\"" + name +
+                                    "\": expected planned, uniform-dp or a layout such as "
+                                    "dp=2,pp=2,stages=[1,3]");
+  }
+  // The job runs its own global batch, whatever the text says.
+  const std::string text = name.find("global_batch") == std::string::npos
+                               ? name + ",global_batch=" + std::to_string(global_batch)
+                               : name;
+  StatusOr<Strategy> read = load_strategy(text, scenario.model, scenario.cluster);
+  if (!read.ok())
+    return Status::invalid_argument("\"" + name + "\": " + read.status().message());
+  Strategy s = std::move(read).value();
+  s.global_batch = global_batch;
+  if (auto problem = find_problem(s, scenario.model, scenario.cluster))
+    return Status::invalid_argument("\"" + name + "\": " + problem->key + ": " +
+                                    problem->reason);
+  return s;
 }
 
 StatusOr<std::shared_ptr<const Job>> make_job(const std::string& scenario, int gpus) {
@@ -73,10 +88,13 @@ transport::Layout to_wire(const Strategy& s) {
 }
 
 Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t c) {
-  if (to.tp > 1 && to.tp != from.tp && !(c & transport::kCapTensor)) {
+  // A degree changes either way (into or out of tensor or pipeline parallelism); stage
+  // boundaries are the pipeline's.
+  if (to.tp != from.tp && !(c & transport::kCapTensor)) {
     return Status::rejected("the job cannot switch tensor parallel");
   }
-  if (to.pp > 1 && to.pp != from.pp && !(c & transport::kCapPipeline)) {
+  if ((to.pp != from.pp || (to.pp > 1 && to.stage_layers != from.stage_layers)) &&
+      !(c & transport::kCapPipeline)) {
     return Status::rejected("the job cannot switch pipeline parallel");
   }
   if (!to.dp_shares.empty() && to.dp_shares != from.dp_shares && !(c & transport::kCapDpShares)) {

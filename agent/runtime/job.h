@@ -26,10 +26,11 @@ struct Job {
 
   int gpus() const { return scenario.cluster.num_gpus(); }
   int nodes() const { return scenario.cluster.num_nodes(); }
-  /// Whether `name` names a start layout: "planned" or "uniform-dp".
-  static bool is_initial_name(const std::string& name);
-  /// The start layout by name. Precondition: is_initial_name(name).
-  const Strategy& initial(const std::string& name) const;
+  /// The layout the job starts on: "planned", "uniform-dp", or a layout in the strategy
+  /// language's inline form ("dp=2,pp=2,stages=[1,3]", docs/specs.md), which runs the job's
+  /// global batch. kInvalidArgument quoting the text (the caller names the option) when it is
+  /// none of these or not legal for this model and cluster.
+  StatusOr<Strategy> start_layout(const std::string& name) const;
 };
 
 /// Builds the job of `scenario` (a family name such as "straggler", or a scenario .toml path) on
@@ -49,7 +50,8 @@ std::string layout_name(const Strategy& s);
 /// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on wire v1).
 std::optional<std::string> wire_name(const Strategy& s);
 /// Why a job that announced `capabilities` (transport::Capability bits) cannot make the switch
-/// from `from` to `to`: a degree or knob it cannot switch, or a switch that changes only
+/// from `from` to `to`: a degree or knob it cannot switch (a tensor- or pipeline-parallel degree
+/// changed in either direction, stage boundaries moved), or a switch that changes only
 /// settings it ignores (ZeRO stage, recompute, schedule; micro-batches without kCapMicroBatches;
 /// compression without kCapCompression). OK when it can, else kRejected saying why.
 Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t capabilities);

@@ -129,10 +129,7 @@ void SimulatedCluster::build(SimClusterOptions options) {
   }
   m.truth = env::generate_truth(job_->scenario, m.o.seed);
   m.rng.seed(m.o.seed * 7919 + 17);
-  if (!Job::is_initial_name(m.o.initial_layout)) {
-    throw InputError("unknown initial layout \"" + m.o.initial_layout + "\" (planned | uniform-dp)");
-  }
-  m.layout = job_->initial(m.o.initial_layout);
+  m.layout = take(job_->start_layout(m.o.initial_layout));
   m.layout_changed();
   m.clock_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                          std::chrono::system_clock::now().time_since_epoch())

@@ -10,6 +10,7 @@
 #include "tests/test_util.h"
 
 using parapilot::testing::ok;
+using parapilot::testing::failure_of;
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;
@@ -264,4 +265,27 @@ TEST_CASE("telemetry age is measured: intervals from the newest closed step to t
   d.update_beliefs(none);
   CHECK(feature(d.decide(39, false, 0).observation, env::StateFeature::kTelemetryAge) ==
         doctest::Approx(4 * per_interval));
+}
+
+TEST_CASE("a job starts on the planned layout, pure data parallel, or a layout given inline") {
+  auto job = ok(make_job("straggler", 16));
+  CHECK(ok(job->start_layout("planned")) == job->planned_initial);
+  CHECK(ok(job->start_layout("uniform-dp")) == job->uniform_dp);
+  const Strategy hybrid = ok(job->start_layout("dp=2,tp=2,pp=4"));
+  CHECK(hybrid.dp == 2);
+  CHECK(hybrid.tp == 2);
+  CHECK(hybrid.pp == 4);
+  CHECK(hybrid.global_batch == job->global_batch);  // the job's batch, whatever the text says
+  // The decider starts from it.
+  DeciderOptions o;
+  o.initial_layout = "dp=2,tp=2,pp=4";
+  Decider d(job, always_first(), o);
+  CHECK(d.current() == hybrid);
+  // Bad names and layouts this job cannot run say what is wrong.
+  CHECK(failure_of(job->start_layout("best")).find("expected planned, uniform-dp") !=
+        std::string::npos);
+  CHECK(failure_of(job->start_layout("dp=3,tp=1,pp=1")).find("dp=3,tp=1,pp=1") !=
+        std::string::npos);
+  CHECK(failure_of(job->start_layout("dp=2,tp=2,pp=4,color=red")).find("color") !=
+        std::string::npos);
 }

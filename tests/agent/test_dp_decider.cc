@@ -283,6 +283,19 @@ TEST_CASE(
   to.dp = 4;
   CHECK(unsupported_switch(from, to, ddp) ==
         Status::rejected("the job cannot switch pipeline parallel"));
+  // Back out of pipeline or tensor parallelism, or a stage move, needs the same capability.
+  CHECK(unsupported_switch(to, from, ddp) ==
+        Status::rejected("the job cannot switch pipeline parallel"));
+  Strategy moved = to;
+  moved.stage_layers = {1, 3};
+  CHECK(unsupported_switch(to, moved, ddp) ==
+        Status::rejected("the job cannot switch pipeline parallel"));
+  CHECK(unsupported_switch(to, moved, ddp | transport::kCapPipeline).ok());
+  Strategy tensor = from;
+  tensor.tp = 2;
+  tensor.dp = 4;
+  CHECK(unsupported_switch(tensor, from, ddp) ==
+        Status::rejected("the job cannot switch tensor parallel"));
   to = from;
   to.zero = 2;
   to.microbatch_size = 2;
