@@ -232,6 +232,9 @@ int run_or_throw(const WorkerOptions& o) {
   std::unique_ptr<WorkerBus> bus;
   // Declared after the bus: its threads report to the bus, so it goes first.
   LayoutStager stager;
+  // Releases a replaced layout's state and groups off the training path (joined before the
+  // next switch and when training ends).
+  std::thread releaser;
   const auto stage_delay = std::chrono::milliseconds(static_cast<std::int64_t>(o.stage_delay_ms));
   if (!o.agent.empty()) {
     auto read_plan = [&o, &current, n_layers = layers.size()](
@@ -412,6 +415,7 @@ int run_or_throw(const WorkerOptions& o) {
             // step (layout_switch.h). Its wall time is the pause this step pays.
             const auto ts = Clock::now();
             std::unique_ptr<StagedLayout> staged = stager.take(next_plan);
+            const double take_ms = seconds_since(ts) * 1000;
             if (!staged) {  // every rank said it holds the plan: a broken invariant
               failure = "plan " + std::to_string(next_plan) + " is held but not staged here";
               exit_code = kWorkerCollectiveFailed;
@@ -433,8 +437,14 @@ int run_or_throw(const WorkerOptions& o) {
             shares = a->shares.empty() ? std::vector<double>(static_cast<std::size_t>(layout.dp),
                                                              1.0 / layout.dp)
                                        : a->shares;
-            old.reset();
-            staged.reset();
+            const auto tr = Clock::now();
+            if (releaser.joinable()) releaser.join();
+            releaser = std::thread(
+                [gone = std::move(old), transfer = std::move(staged)]() mutable {
+                  gone.reset();
+                  transfer.reset();
+                });
+            const double release_ms = seconds_since(tr) * 1000;
             gsync->configure(state->local_entries(full_compression), topk_ratio, powersgd_rank,
                              bucket_bytes);
             SwitchRecord rec;
@@ -446,11 +456,14 @@ int run_or_throw(const WorkerOptions& o) {
             rec.bytes_sent = moved->bytes_sent;
             switches.push_back(rec);
             std::printf(
-                "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (state moved "
-                "in %.1f ms: %llu bytes sent, %llu received, %llu copied locally), staged in %.1f "
-                "ms beside training\n",
+                "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (staged state "
+                "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state moved in "
+                "%.1f ms: %llu "
+                "bytes sent, %llu received, %llu copied locally), staged in %.1f ms beside "
+                "training\n",
                 tag.c_str(), rec.layout.c_str(), static_cast<unsigned long long>(step),
-                static_cast<unsigned long long>(next_plan), rec.pause_ms, moved->move_ms,
+                static_cast<unsigned long long>(next_plan), rec.pause_ms, take_ms, release_ms,
+                moved->move_ms,
                 static_cast<unsigned long long>(moved->bytes_sent),
                 static_cast<unsigned long long>(moved->bytes_received),
                 static_cast<unsigned long long>(moved->bytes_local), rec.staged_ms);
@@ -611,6 +624,7 @@ int run_or_throw(const WorkerOptions& o) {
       }
       ++step;
     }
+    if (releaser.joinable()) releaser.join();
     // The whole model, gathered from stages and TP shards (every rank takes part).
     if (exit_code == kWorkerOk && !o.dump_params.empty()) {
       if (layout.tp > 1) {
@@ -642,6 +656,7 @@ int run_or_throw(const WorkerOptions& o) {
     failure = e.what();
     exit_code = 1;
   }
+  if (releaser.joinable()) releaser.join();
   if (exit_code != kWorkerOk)
     std::fprintf(stderr, "%s: stopping at step %llu: %s\n", tag.c_str(),
                  static_cast<unsigned long long>(step), failure.c_str());

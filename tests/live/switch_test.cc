@@ -170,7 +170,7 @@ double against_one_process(const std::string& dump, std::int64_t steps, const st
 
 // Starts `workers` ranks under `from`, switches them to `to` through the controller, trains a
 // few steps more, stops them, and compares with one process. Returns rank 0's log.
-std::string switch_and_compare(int workers, const char* from, const char* to,
+std::string switch_and_compare(int workers, const std::string& from, const std::string& to,
                                const std::string& name) {
   const std::string dir = temp_dir(name);
   std::vector<std::string> args = model_args();
@@ -190,11 +190,12 @@ std::string switch_and_compare(int workers, const char* from, const char* to,
   agent.request_stop("test done");
   check_all_finished(c.wait(120), dir);
   const std::string log = read_text(dir + "/worker-0.log");
-  INFO(log);
-  const std::string want = "switched to layout " + layout_text(layout_of(to, workers));
-  CHECK(log.find(want) != std::string::npos);
+  const std::string want =
+      "switched to layout " + layout_text(layout_of(to.c_str(), workers));
+  CHECK_MESSAGE(log.find(want) != std::string::npos, log);
   const std::size_t pause = log.find("pause ");
-  if (pause != std::string::npos) MESSAGE(from << " -> " << to << ": " << log.substr(pause, 40));
+  if (pause != std::string::npos)
+    MESSAGE(from << " -> " << to << ": " << log.substr(pause, log.find('\n', pause) - pause));
   const std::int64_t steps = steps_trained(log);
   CHECK(steps >= static_cast<std::int64_t>(r->switch_at_step) + 2);
   const double diff = against_one_process(dir + "/params.bin", steps, dir);
@@ -306,11 +307,11 @@ TEST_CASE("layout switch on 4 Gloo processes: dp=2,pp=2 -> pp=4 and tp=2,dp=2 ->
   switch_and_compare(4, "dp=2,tp=2", "dp=4", "dp2tp2-dp4");
 }
 
-TEST_CASE("layout switch aborted while staging: every rank stays on the old layout and still "
-          "equals one process") {
+TEST_CASE("layout switch aborted while staging: every rank stays on the old layout, untouched") {
   const std::string dir = temp_dir("abort");
   std::vector<std::string> args = model_args();
-  // Staging waits 20 s, so that the controller's 2 s wait for PlanReady ends first (PlanAbort).
+  // Staging waits 20 s, so that the controller's 0.5 s wait for PlanReady ends first: it sends
+  // PlanAbort while every rank is staging.
   args.insert(args.end(), {"--layout", "dp=2", "--steps", "0", "--stage-delay-ms", "20000",
                            "--dump-params", dir + "/params.bin", "--loss-log", dir + "/loss.csv"});
   const auto started = ok(LocalCluster::start(cluster(2, args, true, dir)));
@@ -320,31 +321,29 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   REQUIRE(agent.wait_for_step(2, 60s));
   LiveAction a;
   a.layout = "pp=2";
-  const auto r = agent.apply(a, 2s);
+  const auto r = agent.apply(a, 500ms);
   CHECK(r.status().code() == parapilot::StatusCode::kUnavailable);
-  const std::uint64_t after = agent.completed_step();
-  REQUIRE(agent.wait_for_step(after + 3, 60s));
-  // A switch that needs no staging still works afterwards.
-  LiveAction shares;
-  shares.shares = {0.75, 0.25};
-  const auto applied = agent.apply(shares, 30s);
-  INFO(applied.status().message());
-  REQUIRE(applied.ok());
-  REQUIRE(agent.wait_for_step(applied->switch_at_step + 2, 60s));
+  REQUIRE(agent.wait_for_step(agent.completed_step() + 3, 60s));
   agent.request_stop("test done");
   check_all_finished(c.wait(120), dir);
   const std::string log = read_text(dir + "/worker-0.log");
-  INFO(log);
-  CHECK(log.find("switched to layout") == std::string::npos);
-  CHECK(log.find("dropped while staging") != std::string::npos);
+  CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+  CHECK_MESSAGE(log.find("dropped while staging") != std::string::npos, log);
   // The job ran pure DP throughout: the steps are the loss log's rows (after its header).
   std::ifstream loss(dir + "/loss.csv");
   std::int64_t steps = -1;
   for (std::string line; std::getline(loss, line);) ++steps;
-  CHECK(steps >= static_cast<std::int64_t>(applied->switch_at_step) + 2);
+  REQUIRE(steps >= 5);
   const double diff = against_one_process(dir + "/params.bin", steps, dir);
   MESSAGE("aborted dp=2 -> pp=2: " << steps << " steps, parameters within " << diff
                                     << " of one process");
   CHECK(diff < 1e-4);
+  // And bit for bit the never-migrated job: the abort touched nothing.
+  std::vector<std::string> plain = model_args();
+  plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps),
+                             "--dump-params", dir + "/plain.bin"});
+  check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
+                     dir);
+  CHECK(read_floats(dir + "/plain.bin") == read_floats(dir + "/params.bin"));
   std::filesystem::remove_all(dir);
 }
