@@ -199,7 +199,12 @@ void LayoutStager::start(std::uint64_t plan_id, Stage stage,
   auto finished = e.finished;
   e.thread = std::thread([this, plan_id, stage = std::move(stage), done = std::move(done),
                           cancelled, finished] {
-    StatusOr<StagedLayout> made = stage([cancelled] { return cancelled->load(); });
+    StatusOr<StagedLayout> made = Status::internal("staging did not run");
+    try {
+      made = stage([cancelled] { return cancelled->load(); });
+    } catch (const std::exception& err) {  // libtorch's errors while building the new layout
+      made = Status::internal("staging plan " + std::to_string(plan_id) + ": " + err.what());
+    }
     Status status = made.status();
     {
       std::lock_guard held(mu_);

@@ -77,7 +77,8 @@ StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
 class LayoutStager {
  public:
   using Stage = std::function<StatusOr<StagedLayout>(const std::function<bool()>& cancelled)>;
-  /// Runs `stage` on a new thread for plan_id; when it returns, keeps its result (on success)
+  /// Runs `stage` on a new thread for plan_id (an exception it throws becomes kInternal); when
+  /// it returns, keeps its result (on success)
   /// and then calls done(status). A plan already staging or staged is left as it is.
   void start(std::uint64_t plan_id, Stage stage, std::function<void(const Status&)> done);
   /// The staged copy of plan_id (joining its thread), or null when it is not staged (still

@@ -44,13 +44,14 @@ std::vector<TransferPiece> transfer_plan(const LiveLayout& from, const LiveLayou
       holders[static_cast<std::size_t>(s.layer)].push_back({r, shard_range(s, model)});
 
   std::vector<TransferPiece> out;
+  std::vector<std::int64_t> sent(static_cast<std::size_t>(world), 0);  // elements, so far
   for (int t = 0; t < world; ++t) {
     for (const ParamShard& s : rank_shards(to, model, t)) {
       const ShardRange want = shard_range(s, model);
       const std::vector<Held>& have = holders[static_cast<std::size_t>(s.layer)];
       // Cover [begin, end) left to right: at each position the target itself when it holds
-      // the element, else one of the holders of that position, picked by the target's rank so
-      // that the targets of a replicated tensor spread over its holders.
+      // the element, else the holder of that position that has sent the least so far (the
+      // lowest rank on a tie), so that the sending spreads over the holders.
       std::int64_t pos = want.begin;
       while (pos < want.end) {
         std::vector<const Held*> covering;
@@ -62,7 +63,12 @@ std::vector<TransferPiece> transfer_plan(const LiveLayout& from, const LiveLayou
           }
         }
         assert(!covering.empty());  // every element of the model is held by some rank
-        const Held* pick = self ? self : covering[static_cast<std::size_t>(t) % covering.size()];
+        const Held* pick = self;
+        if (!pick)
+          for (const Held* h : covering)
+            if (!pick || sent[static_cast<std::size_t>(h->rank)] <
+                             sent[static_cast<std::size_t>(pick->rank)])
+              pick = h;
         TransferPiece p;
         p.layer = s.layer;
         p.dim = want.dim;
@@ -75,6 +81,7 @@ std::vector<TransferPiece> transfer_plan(const LiveLayout& from, const LiveLayou
             if (h.rank == t && h.range.begin > pos) p.end = std::min(p.end, h.range.begin);
         p.source = pick->rank;
         p.target = t;
+        if (p.source != t) sent[static_cast<std::size_t>(p.source)] += piece_numel(p, model);
         out.push_back(p);
         pos = p.end;
       }

@@ -34,7 +34,8 @@ struct TransferPiece {
 /// Every piece every rank needs to hold its tensors under `to`, given what the ranks hold
 /// under `from`. Each element of each rank's new tensors has exactly one piece (and so one
 /// source); a rank that held an element keeps it (local copy); otherwise the element comes
-/// from an old holder chosen to spread the sending over the holders. Sorted by (target,
+/// from the old holder that has sent the least so far (the lowest rank on a tie), which spreads
+/// the sending over the holders. Sorted by (target,
 /// layer, begin). Preconditions: both layouts valid for `model` (parse_layout) with the same
 /// world size; the model is the transformer (or, for the MLP, both layouts pure DP).
 std::vector<TransferPiece> transfer_plan(const LiveLayout& from, const LiveLayout& to,

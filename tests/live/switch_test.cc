@@ -254,6 +254,18 @@ TEST_CASE("transfer plan: what stays local and what moves") {
   CHECK(g0.received > 0);
   CHECK(g0.received == transfer_volume(gather, 1, m).sent);
   CHECK(g0.local + g0.received == 68032);
+  // dp=2,tp=2 -> dp=4: each rank receives the other half of every split tensor, and the
+  // sending spreads over the four holders (before: two ranks sent everything).
+  const auto spread = transfer_plan(layout_of("dp=2,tp=2", 4), layout_of("dp=4", 4), m);
+  const std::int64_t half = transfer_volume(spread, 0, m).received;
+  CHECK(half > 0);
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    const TransferVolume v = transfer_volume(spread, r, m);
+    CHECK(v.received == half);
+    CHECK(v.sent > half * 99 / 100);
+    CHECK(v.sent < half * 101 / 100);
+  }
 }
 
 TEST_CASE("a layout travels in the action text and in deploy's structured plans") {
