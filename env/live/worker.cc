@@ -343,6 +343,7 @@ int run_or_throw(const WorkerOptions& o) {
     std::uint64_t bytes_sent = 0;
   };
   std::vector<SwitchRecord> switches;
+  bool switched_this_step = false;
 
   std::vector<trace::TelemetrySample> recorded;
   std::ofstream loss_log;
@@ -455,6 +456,7 @@ int run_or_throw(const WorkerOptions& o) {
             rec.staged_ms = staged_ms;
             rec.bytes_sent = moved->bytes_sent;
             switches.push_back(rec);
+            switched_this_step = true;
             std::printf(
                 "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (staged state "
                 "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state moved in "
@@ -611,6 +613,10 @@ int run_or_throw(const WorkerOptions& o) {
         t.collectives["info/loss_x1e6"] = {
             0, static_cast<std::uint64_t>(std::max(0.0, last_loss) * 1e6), 0};
         t.collectives["info/plan"] = {0, plan_id, 0};
+        // The step that switched layouts: its pause and the bytes this rank sent for it.
+        if (switched_this_step)
+          t.collectives["switch/layout"] = {switches.back().pause_ms, switches.back().bytes_sent,
+                                            1};
         // Where the rank sits in a hybrid layout: its replica (bytes) and stage (calls).
         if (!layout.pure_data_parallel())
           t.collectives["info/coords"] = {0, static_cast<std::uint64_t>(me.dp),
@@ -622,6 +628,7 @@ int run_or_throw(const WorkerOptions& o) {
         t.send_time_ns = wall_ns();
         bus->send(t);
       }
+      switched_this_step = false;
       ++step;
     }
     if (releaser.joinable()) releaser.join();

@@ -187,6 +187,15 @@ std::string switch_and_compare(int workers, const std::string& from, const std::
   INFO(r.status().message());
   REQUIRE(r.ok());
   REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
+  // Every rank's telemetry of the switching step carries its pause.
+  int reported = 0;
+  for (const auto& t : agent.take_telemetry()) {
+    if (!t.collectives.count("switch/layout")) continue;
+    CHECK(t.step == r->switch_at_step);
+    CHECK(t.collectives.at("switch/layout").ms >= 0);
+    ++reported;
+  }
+  CHECK(reported == workers);
   agent.request_stop("test done");
   check_all_finished(c.wait(120), dir);
   const std::string log = read_text(dir + "/worker-0.log");
