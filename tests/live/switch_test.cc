@@ -340,6 +340,13 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   Controller& agent = *c.controller();
   REQUIRE(agent.wait_for_ranks(2, 60s));
   REQUIRE(agent.wait_for_step(2, 60s));
+  // A layout the workers cannot run is refused by every rank with the reason, before staging.
+  LiveAction impossible;
+  impossible.layout = "tp=4,dp=1";
+  const auto refused = agent.apply(impossible, 30s);
+  CHECK(refused.status().code() == parapilot::StatusCode::kRejected);
+  CHECK_MESSAGE(refused.status().message().find("tp") != std::string::npos,
+                refused.status().message());
   LiveAction a;
   a.layout = "pp=2";
   const auto r = agent.apply(a, 500ms);
