@@ -18,8 +18,8 @@
 #include "experiments/commands.h"
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
-#include "env/live/live_env.h"
 #include "env/live/layout.h"
+#include "env/live/live_env.h"
 #include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"

@@ -258,8 +258,10 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
                      std::to_string(world_size) + " ranks");
   const bool hybrid = l.tp != 1 || l.pp != 1;
   const std::string head = plan.layout_name.substr(0, plan.layout_name.find(';'));
-  if (const std::size_t v = head.find("-v"); v != std::string::npos && std::atoi(head.c_str() + v + 2) > 1)
-    throw InputError(what + ": interleaved pipeline stages (" + head.substr(v + 1, head.find('-', v + 1) - v - 1) +
+  if (const std::size_t v = head.find("-v");
+      v != std::string::npos && std::atoi(head.c_str() + v + 2) > 1)
+    throw InputError(what + ": interleaved pipeline stages (" +
+                     head.substr(v + 1, head.find('-', v + 1) - v - 1) +
                      ") are not run by the workers (1F1B over one stage per rank)");
   std::string stages;
   for (std::string_view field : split(plan.layout_name, ';')) {
@@ -281,8 +283,8 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
                          "': the workers place a hybrid layout's ranks in the rank order only");
     }
   }
-  std::string layout_text = "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) +
-                            ",pp=" + std::to_string(l.pp);
+  std::string layout_text =
+      "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
   if (!stages.empty()) layout_text += ",stages=[" + stages + "]";
   if (hybrid) {
     LiveAction a;

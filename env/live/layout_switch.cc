@@ -38,9 +38,7 @@ std::map<int, Local> by_layer(LayoutState& s, const ModelConfig& model) {
   return out;
 }
 
-std::string state_key(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
+std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 // The tensors moved per parameter: the parameter, then Adam's moments when it has them.
 std::vector<at::Tensor> moved_tensors(LayoutState& s, std::size_t i, bool adam_state) {
@@ -69,8 +67,8 @@ StatusOr<StagedLayout> stage_layout(std::uint64_t plan_id, const LiveLayout& fro
   s.to = to;
   s.plan = transfer_plan(from, to, options.model);
   while (Clock::now() - t0 < delay) {
-    if (cancelled()) return Status::unavailable("staging of plan " + std::to_string(plan_id) +
-                                                " cancelled");
+    if (cancelled())
+      return Status::unavailable("staging of plan " + std::to_string(plan_id) + " cancelled");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (cancelled())
@@ -197,27 +195,27 @@ void LayoutStager::start(std::uint64_t plan_id, Stage stage,
   e.finished = std::make_shared<std::atomic<bool>>(false);
   auto cancelled = e.cancelled;
   auto finished = e.finished;
-  e.thread = std::thread([this, plan_id, stage = std::move(stage), done = std::move(done),
-                          cancelled, finished] {
-    StatusOr<StagedLayout> made = Status::internal("staging did not run");
-    try {
-      made = stage([cancelled] { return cancelled->load(); });
-    } catch (const std::exception& err) {  // libtorch's errors while building the new layout
-      made = Status::internal("staging plan " + std::to_string(plan_id) + ": " + err.what());
-    }
-    Status status = made.status();
-    {
-      std::lock_guard held(mu_);
-      auto it = plans_.find(plan_id);
-      if (made.ok() && !cancelled->load() && it != plans_.end())
-        it->second.staged = std::make_unique<StagedLayout>(std::move(*made));
-      else if (made.ok())
-        status = Status::unavailable("plan " + std::to_string(plan_id) + " was dropped");
-    }
-    // Staged state of a dropped plan (made, when not kept) goes with this thread.
-    finished->store(true);
-    if (!cancelled->load()) done(status);
-  });
+  e.thread = std::thread(
+      [this, plan_id, stage = std::move(stage), done = std::move(done), cancelled, finished] {
+        StatusOr<StagedLayout> made = Status::internal("staging did not run");
+        try {
+          made = stage([cancelled] { return cancelled->load(); });
+        } catch (const std::exception& err) {  // libtorch's errors while building the new layout
+          made = Status::internal("staging plan " + std::to_string(plan_id) + ": " + err.what());
+        }
+        Status status = made.status();
+        {
+          std::lock_guard held(mu_);
+          auto it = plans_.find(plan_id);
+          if (made.ok() && !cancelled->load() && it != plans_.end())
+            it->second.staged = std::make_unique<StagedLayout>(std::move(*made));
+          else if (made.ok())
+            status = Status::unavailable("plan " + std::to_string(plan_id) + " was dropped");
+        }
+        // Staged state of a dropped plan (made, when not kept) goes with this thread.
+        finished->store(true);
+        if (!cancelled->load()) done(status);
+      });
 }
 
 std::unique_ptr<StagedLayout> LayoutStager::take(std::uint64_t plan_id) {
@@ -231,8 +229,7 @@ std::unique_ptr<StagedLayout> LayoutStager::take(std::uint64_t plan_id) {
   return std::move(e.staged);
 }
 
-std::vector<std::uint64_t> LayoutStager::keep_only(
-    const std::function<bool(std::uint64_t)>& keep) {
+std::vector<std::uint64_t> LayoutStager::keep_only(const std::function<bool(std::uint64_t)>& keep) {
   std::vector<Entry> finished;
   std::vector<std::uint64_t> dropped;
   {

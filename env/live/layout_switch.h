@@ -39,10 +39,10 @@ namespace parapilot::live {
 struct StagedLayout {
   std::uint64_t plan_id = 0;
   LiveLayout from, to;
-  std::unique_ptr<LayoutState> state;        ///< the new layout, parameters not yet moved.
-  std::unique_ptr<PointToPoint> transfer;    ///< the world, for the move (group rank = rank).
-  std::vector<TransferPiece> plan;           ///< transfer_plan(from, to).
-  double staged_ms = 0;                      ///< wall time of staging.
+  std::unique_ptr<LayoutState> state;      ///< the new layout, parameters not yet moved.
+  std::unique_ptr<PointToPoint> transfer;  ///< the world, for the move (group rank = rank).
+  std::vector<TransferPiece> plan;         ///< transfer_plan(from, to).
+  double staged_ms = 0;                    ///< wall time of staging.
 };
 
 /// Builds plan_id's staged copy of `to` for `rank` (the job runs `from`): groups over
@@ -60,10 +60,10 @@ StatusOr<StagedLayout> stage_layout(std::uint64_t plan_id, const LiveLayout& fro
 
 /// What one switch cost this rank.
 struct SwitchStats {
-  double move_ms = 0;                ///< copying and transferring the state.
-  std::uint64_t bytes_sent = 0;      ///< to other ranks (parameters and optimizer state).
+  double move_ms = 0;            ///< copying and transferring the state.
+  std::uint64_t bytes_sent = 0;  ///< to other ranks (parameters and optimizer state).
   std::uint64_t bytes_received = 0;
-  std::uint64_t bytes_local = 0;     ///< copied within this rank.
+  std::uint64_t bytes_local = 0;  ///< copied within this rank.
 };
 
 /// Moves `from`'s parameters and optimizer state (Adam: exp_avg, exp_avg_sq and the step; SGD

@@ -262,11 +262,11 @@ int run_or_throw(const WorkerOptions& o) {
         }
       }
       if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(replicas))
-        return Status::rejected(
-            "shares for " + std::to_string(a.shares.size()) +
-            (now.pure_data_parallel() && a.layout.empty() ? " ranks; the job has "
-                                                          : " replicas; the layout has ") +
-            std::to_string(replicas));
+        return Status::rejected("shares for " + std::to_string(a.shares.size()) +
+                                (now.pure_data_parallel() && a.layout.empty()
+                                     ? " ranks; the job has "
+                                     : " replicas; the layout has ") +
+                                std::to_string(replicas));
       if (!a.compression.empty() && a.compression.size() != n_layers)
         return Status::rejected("compression for " + std::to_string(a.compression.size()) +
                                 " layers; the model has " + std::to_string(n_layers));
@@ -306,8 +306,8 @@ int run_or_throw(const WorkerOptions& o) {
           },
           std::move(done));
     };
-    bus = take(WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job),
-                                  stage_async));
+    bus = take(
+        WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job), stage_async));
     bus->wait_connected(10000);
   }
 
@@ -387,10 +387,10 @@ int run_or_throw(const WorkerOptions& o) {
       // are torn down.
       for (std::uint64_t dropped :
            stager.keep_only([&](std::uint64_t id) { return bus && bus->knows(id); }))
-        std::printf("%s: plan %llu dropped while staging or staged (aborted, refused or the "
-                    "agent lost); its groups are torn down and the job stays on %s\n",
-                    tag.c_str(), static_cast<unsigned long long>(dropped),
-                    layout_text(layout).c_str());
+        std::printf(
+            "%s: plan %llu dropped while staging or staged (aborted, refused or the "
+            "agent lost); its groups are torn down and the job stays on %s\n",
+            tag.c_str(), static_cast<unsigned long long>(dropped), layout_text(layout).c_str());
       const std::uint64_t next_plan = agreed->plan_id;
       if (next_plan > plan_id) {
         at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);
@@ -435,16 +435,15 @@ int run_or_throw(const WorkerOptions& o) {
             opt = &state->optimizer();
             gsync = &state->gradient_sync();
             reports_loss = model->last_stage() && me.tp == 0;
-            shares = a->shares.empty() ? std::vector<double>(static_cast<std::size_t>(layout.dp),
-                                                             1.0 / layout.dp)
-                                       : a->shares;
+            shares = a->shares.empty()
+                         ? std::vector<double>(static_cast<std::size_t>(layout.dp), 1.0 / layout.dp)
+                         : a->shares;
             const auto tr = Clock::now();
             if (releaser.joinable()) releaser.join();
-            releaser = std::thread(
-                [gone = std::move(old), transfer = std::move(staged)]() mutable {
-                  gone.reset();
-                  transfer.reset();
-                });
+            releaser = std::thread([gone = std::move(old), transfer = std::move(staged)]() mutable {
+              gone.reset();
+              transfer.reset();
+            });
             const double release_ms = seconds_since(tr) * 1000;
             gsync->configure(state->local_entries(full_compression), topk_ratio, powersgd_rank,
                              bucket_bytes);
@@ -465,8 +464,7 @@ int run_or_throw(const WorkerOptions& o) {
                 "training\n",
                 tag.c_str(), rec.layout.c_str(), static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(next_plan), rec.pause_ms, take_ms, release_ms,
-                moved->move_ms,
-                static_cast<unsigned long long>(moved->bytes_sent),
+                moved->move_ms, static_cast<unsigned long long>(moved->bytes_sent),
                 static_cast<unsigned long long>(moved->bytes_received),
                 static_cast<unsigned long long>(moved->bytes_local), rec.staged_ms);
             std::fflush(stdout);

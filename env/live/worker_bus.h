@@ -5,11 +5,11 @@
 //
 // Plan protocol (docs/architecture.md, "The switch protocol"): PlanPrepare -> the job's
 // read_plan checks it and the action is staged (at once, or, for an action the job stages in
-// the background such as a layout change, when its stager says so) -> PlanReady{ok, detail} -> PlanCommit -> at each
-// boundary the ranks agree (committed_at reduced with MAX, then holds with AND; see
-// transport/plan_book.h) and all switch (applied: Ack) or none does (missed). PlanAbort drops a
-// plan before its commit; losing the agent drops the plans it did not commit. Shutdown asks the
-// job to stop at the next boundary.
+// the background such as a layout change, when its stager says so) -> PlanReady{ok, detail} ->
+// PlanCommit -> at each boundary the ranks agree (committed_at reduced with MAX, then holds with
+// AND; see transport/plan_book.h) and all switch (applied: Ack) or none does (missed). PlanAbort
+// drops a plan before its commit; losing the agent drops the plans it did not commit. Shutdown asks
+// the job to stop at the next boundary.
 //
 // Thread-safety: all members may be called from any thread.
 #pragma once
@@ -45,10 +45,9 @@ class WorkerBus {
   using Done = std::function<void(const Status&)>;
   using StageAsync = std::function<void(std::uint64_t plan_id, const LiveAction&, Done done)>;
   static StatusOr<std::unique_ptr<WorkerBus>> connect(const std::string& agent,
-                                                       const std::string& secret_file, int rank,
-                                                       PlanReader read_plan,
-                                                       transport::JobInfo job,
-                                                       StageAsync stage_async = {});
+                                                      const std::string& secret_file, int rank,
+                                                      PlanReader read_plan, transport::JobInfo job,
+                                                      StageAsync stage_async = {});
   ~WorkerBus();
   WorkerBus(const WorkerBus&) = delete;
   WorkerBus& operator=(const WorkerBus&) = delete;

@@ -12,12 +12,12 @@
 #include <map>
 #include <sstream>
 
+#include <doctest/doctest.h>
 #include "env/live/controller.h"
 #include "env/live/layout.h"
 #include "env/live/local_cluster.h"
 #include "env/live/transfer_plan.h"
 #include "env/live/worker.h"
-#include <doctest/doctest.h>
 
 #include "tests/test_util.h"
 
@@ -63,8 +63,8 @@ void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
     for (const ParamShard& s : rank_shards(from, m, r)) held[{r, s.layer}] = shard_range(s, m);
   }
   for (const TransferPiece& p : plan) {
-    INFO("piece of layer " << p.layer << " [" << p.begin << ", " << p.end << ") from "
-                           << p.source << " to " << p.target);
+    INFO("piece of layer " << p.layer << " [" << p.begin << ", " << p.end << ") from " << p.source
+                           << " to " << p.target);
     REQUIRE(covered.count({p.target, p.layer}));
     REQUIRE(p.begin < p.end);
     const ShardRange& w = wanted.at({p.target, p.layer});
@@ -84,8 +84,8 @@ void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
   for (const auto& [key, counts] : covered) {
     const ShardRange& w = wanted.at(key);
     for (std::size_t i = 0; i < counts.size(); ++i) {
-      const bool inside = static_cast<std::int64_t>(i) >= w.begin &&
-                          static_cast<std::int64_t>(i) < w.end;
+      const bool inside =
+          static_cast<std::int64_t>(i) >= w.begin && static_cast<std::int64_t>(i) < w.end;
       INFO("rank " << key.first << " layer " << key.second << " index " << i);
       CHECK(counts[i] == (inside ? 1 : 0));
     }
@@ -100,9 +100,26 @@ std::string temp_dir(const std::string& name) {
 }
 
 std::vector<std::string> model_args() {
-  return {"--layers",    "4", "--d-model",   "32", "--heads",  "2",    "--seq-len",
-          "16",          "--global-batch", "8",  "--microbatch", "1", "--threads", "1",
-          "--optimizer", "adam", "--collective-timeout", "20", "--rendezvous-timeout", "30"};
+  return {"--layers",
+          "4",
+          "--d-model",
+          "32",
+          "--heads",
+          "2",
+          "--seq-len",
+          "16",
+          "--global-batch",
+          "8",
+          "--microbatch",
+          "1",
+          "--threads",
+          "1",
+          "--optimizer",
+          "adam",
+          "--collective-timeout",
+          "20",
+          "--rendezvous-timeout",
+          "30"};
 }
 
 std::vector<float> read_floats(const std::string& path) {
@@ -174,8 +191,7 @@ std::string switch_and_compare(int workers, const std::string& from, const std::
                                const std::string& name) {
   const std::string dir = temp_dir(name);
   std::vector<std::string> args = model_args();
-  args.insert(args.end(),
-              {"--layout", from, "--steps", "0", "--dump-params", dir + "/params.bin"});
+  args.insert(args.end(), {"--layout", from, "--steps", "0", "--dump-params", dir + "/params.bin"});
   const auto started = ok(LocalCluster::start(cluster(workers, args, true, dir)));
   LocalCluster& c = *started;
   Controller& agent = *c.controller();
@@ -199,8 +215,7 @@ std::string switch_and_compare(int workers, const std::string& from, const std::
   agent.request_stop("test done");
   check_all_finished(c.wait(120), dir);
   const std::string log = read_text(dir + "/worker-0.log");
-  const std::string want =
-      "switched to layout " + layout_text(layout_of(to.c_str(), workers));
+  const std::string want = "switched to layout " + layout_text(layout_of(to.c_str(), workers));
   CHECK_MESSAGE(log.find(want) != std::string::npos, log);
   const std::size_t pause = log.find("pause ");
   if (pause != std::string::npos)
@@ -225,8 +240,8 @@ TEST_CASE("transfer plan: every element of every new shard has exactly one sourc
       CAPTURE(b);
       check_exactly_once(layout_of(a, 2), layout_of(b, 2));
     }
-  const char* four[] = {"dp=4", "pp=4", "dp=2,pp=2,stages=[1,3]", "dp=2,tp=2", "tp=2,pp=2",
-                        "dp=1,tp=2,pp=2,stages=[3,1]"};
+  const char* four[] = {"dp=4",      "pp=4",      "dp=2,pp=2,stages=[1,3]",
+                        "dp=2,tp=2", "tp=2,pp=2", "dp=1,tp=2,pp=2,stages=[3,1]"};
   for (const char* a : four)
     for (const char* b : four) {
       CAPTURE(a);
@@ -249,11 +264,11 @@ TEST_CASE("transfer plan: what stays local and what moves") {
   CHECK(to_pp.received == 0);
   CHECK(to_pp.sent == 0);
   // pp=2 [1,3] -> [2,2]: block 1 moves from stage 1 to stage 0, nothing else.
-  const auto move = transfer_plan(layout_of("pp=2,stages=[1,3]", 2),
-                                  layout_of("pp=2,stages=[2,2]", 2), m);
+  const auto move =
+      transfer_plan(layout_of("pp=2,stages=[1,3]", 2), layout_of("pp=2,stages=[2,2]", 2), m);
   const TransferVolume r0 = transfer_volume(move, 0, m), r1 = transfer_volume(move, 1, m);
-  const std::int64_t block = 4 * 32 + 3 * 32 * 32 + 3 * 32 + 32 * 32 + 32 + 4 * 32 * 32 + 4 * 32 +
-                             4 * 32 * 32 + 32;
+  const std::int64_t block =
+      4 * 32 + 3 * 32 * 32 + 3 * 32 + 32 * 32 + 32 + 4 * 32 * 32 + 4 * 32 + 4 * 32 * 32 + 32;
   CHECK(r0.received == block);
   CHECK(r1.sent == block);
   CHECK(r0.sent == 0);
@@ -311,12 +326,12 @@ TEST_CASE("a layout travels in the action text and in deploy's structured plans"
   CHECK(placed.status().message().find("rank order") != std::string::npos);
   p.layout.dp = 1;
   p.layout_name = "dp1-tp2-pp1-mb1-z1";
-  CHECK(action_from_plan(p, 4, 66).status().message().find("job has 4 ranks") !=
-        std::string::npos);
+  CHECK(action_from_plan(p, 4, 66).status().message().find("job has 4 ranks") != std::string::npos);
 }
 
-TEST_CASE("layout switch on 2 Gloo processes: dp -> pp, a stage-boundary move, tp -> dp and "
-          "dp -> tp equal one process") {
+TEST_CASE(
+    "layout switch on 2 Gloo processes: dp -> pp, a stage-boundary move, tp -> dp and "
+    "dp -> tp equal one process") {
   switch_and_compare(2, "dp=2", "pp=2", "dp-pp");
   switch_and_compare(2, "pp=2,stages=[1,3]", "pp=2,stages=[2,2]", "stages");
   switch_and_compare(2, "tp=2", "dp=2", "tp-dp");
@@ -364,12 +379,12 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   REQUIRE(steps >= 5);
   const double diff = against_one_process(dir + "/params.bin", steps, dir);
   MESSAGE("aborted dp=2 -> pp=2: " << steps << " steps, parameters within " << diff
-                                    << " of one process");
+                                   << " of one process");
   CHECK(diff < 1e-4);
   // And bit for bit the never-migrated job: the abort touched nothing.
   std::vector<std::string> plain = model_args();
-  plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps),
-                             "--dump-params", dir + "/plain.bin"});
+  plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps), "--dump-params",
+                             dir + "/plain.bin"});
   check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
                      dir);
   CHECK(read_floats(dir + "/plain.bin") == read_floats(dir + "/params.bin"));
