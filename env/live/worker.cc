@@ -230,8 +230,10 @@ int run_or_throw(const WorkerOptions& o) {
   current.set(layout);
 
   std::unique_ptr<WorkerBus> bus;
-  // Declared after the bus: its threads report to the bus, so it goes first.
-  LayoutStager stager;
+  // Declared after the bus: its threads report to the bus, so it goes first (its destructor
+  // joins them). The bus thread reaches it through a weak pointer: a plan arriving while the
+  // worker ends finds it gone and is refused.
+  auto stager = std::make_shared<LayoutStager>();
   // Releases a replaced layout's state and groups off the training path (joined before the
   // next switch and when training ends).
   std::thread releaser;
@@ -289,8 +291,13 @@ int run_or_throw(const WorkerOptions& o) {
     }
     // A layout change is staged off the training path (layout_switch.h): PlanReady once the
     // new layout's groups and state are built.
-    auto stage_async = [&o, &current, &stager, &coll, store, lo, stage_delay](
-                           std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
+    auto stage_async = [&o, &current, weak = std::weak_ptr<LayoutStager>(stager), &coll, store, lo,
+                        stage_delay](std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
+      const std::shared_ptr<LayoutStager> staging = weak.lock();
+      if (!staging) {
+        done(Status::unavailable("the worker is ending"));
+        return;
+      }
       const LiveLayout from = current.get();
       const StatusOr<LiveLayout> to = parse_layout(a.layout, o.world_size, o.model);
       if (!to.ok()) {
@@ -298,7 +305,7 @@ int run_or_throw(const WorkerOptions& o) {
         return;
       }
       Collectives* world = coll.get();
-      stager.start(
+      staging->start(
           id,
           [id, from, to = *to, rank = o.rank, world, store, lo,
            stage_delay](const std::function<bool()>& cancelled) {
@@ -386,7 +393,7 @@ int run_or_throw(const WorkerOptions& o) {
       // Staged layouts of plans the book dropped (aborted, refused, missed, the agent lost)
       // are torn down.
       for (std::uint64_t dropped :
-           stager.keep_only([&](std::uint64_t id) { return bus && bus->knows(id); }))
+           stager->keep_only([&](std::uint64_t id) { return bus && bus->knows(id); }))
         std::printf(
             "%s: plan %llu dropped while staging or staged (aborted, refused or the "
             "agent lost); its groups are torn down and the job stays on %s\n",
@@ -415,7 +422,7 @@ int run_or_throw(const WorkerOptions& o) {
             // The switch: move the state into the staged layout and train on it from this
             // step (layout_switch.h). Its wall time is the pause this step pays.
             const auto ts = Clock::now();
-            std::unique_ptr<StagedLayout> staged = stager.take(next_plan);
+            std::unique_ptr<StagedLayout> staged = stager->take(next_plan);
             const double take_ms = seconds_since(ts) * 1000;
             if (!staged) {  // every rank said it holds the plan: a broken invariant
               failure = "plan " + std::to_string(next_plan) + " is held but not staged here";
