@@ -18,6 +18,7 @@
 #include "experiments/commands.h"
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
+#include "env/live/layout.h"
 #include "env/live/live_env.h"
 #include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
@@ -117,7 +118,15 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     char* end = nullptr;
     const long long step = std::strtoll(a.c_str(), &end, 10);
     if (end != a.c_str() + colon || step < 0) throw InputError("--action '" + a + "': bad step");
-    schedule[step].push_back(take(live::decode_action(a.substr(colon + 1))));
+    const std::string text = a.substr(colon + 1);
+    // A layout in --layout's form ("dp=1,pp=4") is a layout switch; anything else an action.
+    if (!text.empty() && !live::is_action_text(text)) {
+      live::LiveAction switch_to;
+      switch_to.layout = text;
+      schedule[step].push_back(switch_to);
+    } else {
+      schedule[step].push_back(take(live::decode_action(text)));
+    }
   }
   if (o.agent != "builtin" &&
       (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0))
@@ -143,6 +152,14 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     }
     live::validate(wo);
   }
+  for (const auto& [step, actions] : schedule)
+    for (const live::LiveAction& a : actions)
+      if (!a.layout.empty()) {
+        const auto checked = live::parse_layout(a.layout, o.workers, wo.model);
+        if (!checked.ok())
+          throw InputError("--action " + std::to_string(step) + ":" + a.layout + ": " +
+                           checked.status().message());
+      }
   const auto layers = live::model_layers(wo.model);
 
   live::LocalClusterOptions co;
@@ -314,7 +331,8 @@ void add_launch_command(CLI::App& app) {
                   "--agent deploy: training steps per decision")
       ->capture_default_str();
   cmd->add_option("--action", options->actions,
-                  "Scripted action STEP:ACTION, e.g. 20:s=0.75/0.25 or 40:c=30h (docs/live.md)");
+                  "Scripted action STEP:ACTION, e.g. 20:s=0.75/0.25, 40:c=30h or a layout switch "
+                  "20:dp=1,pp=4 (docs/live.md)");
   cmd->add_option("--elastic-every", options->elastic_every,
                   "Re-balance batch shares from measured rank speed every N steps (0 = off)");
   cmd->add_option("--auto-compress-at", options->auto_compress_at,

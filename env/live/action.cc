@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "strategy/error.h"
@@ -138,6 +139,11 @@ std::string encode_or_throw(const LiveAction& a) {
   if (a.powersgd_rank > 0) field("r=" + std::to_string(a.powersgd_rank));
   if (a.bucket_bytes >= 0) field("b=" + std::to_string(a.bucket_bytes));
   if (a.microbatch > 0) field("m=" + std::to_string(a.microbatch));
+  if (!a.layout.empty()) {
+    if (a.layout.find(';') != std::string::npos)
+      throw InputError("live action: layout '" + a.layout + "' contains ';'");
+    field("l=" + a.layout);
+  }
   if (out.empty()) out = "keep";
   if (out.size() > kMaxActionTextBytes)
     throw InputError("live action too long for the bus (" + std::to_string(out.size()) + " > " +
@@ -220,6 +226,10 @@ LiveAction decode_or_throw(std::string_view text) {
         a.microbatch = static_cast<int>(to_int(value, where + " m"));
         if (a.microbatch < 1) throw InputError(where + ": m must be >= 1");
         break;
+      case 'l':
+        if (value.empty()) throw InputError(where + ": empty layout");
+        a.layout = std::string(value);
+        break;
       default:
         throw InputError(where + ": unknown field '" + std::string(1, key) + "'");
     }
@@ -232,7 +242,7 @@ LiveAction decode_or_throw(std::string_view text) {
 bool is_action_text(std::string_view name) {
   if (name == "keep") return true;
   return name.size() >= 2 && name[1] == '=' &&
-         std::string_view("sckrbm").find(name[0]) != std::string_view::npos;
+         std::string_view("sckrbml").find(name[0]) != std::string_view::npos;
 }
 
 namespace {
@@ -242,13 +252,67 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
   if (is_action_text(plan.layout_name)) return decode_or_throw(plan.layout_name);
   const transport::Layout& l = plan.layout;
   const std::string what = "layout '" + plan.layout_name + "'";
-  if (l.tp != 1 || l.pp != 1)
-    throw InputError(what + ": this job runs pure data parallel (tp = pp = 1), not tp = " +
-                     std::to_string(l.tp) + ", pp = " + std::to_string(l.pp));
-  if (l.dp != static_cast<std::uint32_t>(world_size))
-    throw InputError(what + ": dp = " + std::to_string(l.dp) + ", but the job has " +
+  if (static_cast<std::int64_t>(l.dp) * l.tp * l.pp != world_size)
+    throw InputError(what + ": dp x tp x pp = " + std::to_string(l.dp) + " x " +
+                     std::to_string(l.tp) + " x " + std::to_string(l.pp) + ", but the job has " +
                      std::to_string(world_size) + " ranks");
+  const bool hybrid = l.tp != 1 || l.pp != 1;
+  const std::string head = plan.layout_name.substr(0, plan.layout_name.find(';'));
+  if (const std::size_t v = head.find("-v");
+      v != std::string::npos && std::atoi(head.c_str() + v + 2) > 1)
+    throw InputError(what + ": interleaved pipeline stages (" +
+                     head.substr(v + 1, head.find('-', v + 1) - v - 1) +
+                     ") are not run by the workers (1F1B over one stage per rank)");
+  std::string stages;
+  for (std::string_view field : split(plan.layout_name, ';')) {
+    if (field.substr(0, 3) == "st=") stages = std::string(field.substr(3));
+    if (field.substr(0, 2) == "g=" && hybrid) {
+      // The workers place ranks in the rank order (tp fastest, then stage, then replica).
+      std::int64_t next = 0;
+      bool identity = true;
+      for (std::string_view item : split(field.substr(2), ',')) {
+        const auto dash = item.find('-');
+        const std::int64_t first = to_int(item.substr(0, dash), what + " g");
+        const std::int64_t last =
+            dash == std::string_view::npos ? first : to_int(item.substr(dash + 1), what + " g");
+        identity = identity && first == next;
+        next = last + 1;
+      }
+      if (!identity || next != world_size)
+        throw InputError(what + ": device map '" + std::string(field.substr(2)) +
+                         "': the workers place a hybrid layout's ranks in the rank order only");
+    }
+  }
+  std::string layout_text =
+      "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
+  if (!stages.empty()) layout_text += ",stages=[" + stages + "]";
+  if (hybrid) {
+    LiveAction a;
+    a.layout = layout_text;
+    if (!l.dp_shares.empty()) {
+      if (l.dp_shares.size() != l.dp)
+        throw InputError(what + ": " + std::to_string(l.dp_shares.size()) + " shares for " +
+                         std::to_string(l.dp) + " replicas");
+      double total = 0;
+      for (std::uint32_t v : l.dp_shares) total += v;
+      if (!(total > 0)) throw InputError(what + ": shares sum to zero");
+      for (std::uint32_t v : l.dp_shares) a.shares.push_back(v / total);
+    }
+    if (!l.compression.empty()) {
+      a.compression.assign(layers, Compression::none);
+      for (const transport::LayerCompression& c : l.compression) {
+        if (c.first_layer >= layers) continue;
+        const std::size_t last = std::min<std::size_t>(c.last_layer, layers - 1);
+        for (std::size_t i = c.first_layer; i <= last; ++i) a.compression[i] = from_wire(c.method);
+        if (c.method == transport::CompressionMethod::topk) a.topk_ratio = c.parameter;
+        if (c.method == transport::CompressionMethod::powersgd)
+          a.powersgd_rank = static_cast<int>(std::lround(c.parameter));
+      }
+    }
+    return a;
+  }
   LiveAction a;
+  a.layout = layout_text;
   std::vector<double> per_replica(l.dp_shares.begin(), l.dp_shares.end());
   if (per_replica.empty()) per_replica.assign(static_cast<std::size_t>(world_size), 1.0);
   if (per_replica.size() != static_cast<std::size_t>(world_size))

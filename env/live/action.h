@@ -3,7 +3,8 @@
 // selector, and fault-injection specs for local clusters. No libtorch here.
 //
 // An action travels on the bus inside PlanPrepare.layout_name as a compact text (encode_action /
-// decode_action, at most 128 bytes: "s=0.75/0.25;c=2n1p27h;k=0.01;r=4;b=1048576;m=2"), because the
+// decode_action, at most 128 bytes: "s=0.75/0.25;c=2n1p27h;k=0.01;r=4;b=1048576;m=2", a layout
+// change as "l=dp=1,tp=1,pp=4,stages=[1,1,1,1]"), because the
 // wire format has no richer field yet (docs/live.md, "Actions on the bus").
 //
 // Thread-safety: plain values and pure functions.
@@ -41,6 +42,10 @@ struct LiveAction {
   int powersgd_rank = 0;  ///< PowerSGD rank r >= 1; 0 keeps.
   std::int64_t bucket_bytes = -1;  ///< all-reduce bucket size; 0 = one call per layer; -1 keeps.
   int microbatch = 0;              ///< sequences per microbatch (gradient accumulation); 0 keeps.
+  /// The layout to switch to, in --layout's form (layout.h parse_layout: "dp=1,pp=4",
+  /// "dp=2,tp=1,pp=2,stages=[1,3]"); empty keeps. The worker checks it against its world size
+  /// and model. With a new layout, `shares` are per replica of the new layout (empty: equal).
+  std::string layout;
 
   bool operator==(const LiveAction&) const = default;
 };
@@ -61,10 +66,15 @@ bool is_action_text(std::string_view name);
 /// The action a PlanPrepare asks of this pure data-parallel job of `world_size` ranks whose
 /// model has `layers` parameter tensors (docs/live.md, "Plans on the bus"):
 ///  - layout_name is an action text (launch's builtin agent): that action;
-///  - otherwise (parapilot deploy) the structured Layout, which must be dp = world_size,
-///    tp = pp = 1. Its dp_shares (samples per replica; empty = equal) become the shares; when the
-///    name maps replicas to devices (";g=3,0-2": replica i runs on rank g[i]) each rank keeps its
-///    device and takes the share of the replica placed there. Compression ranges index the
+///  - otherwise (parapilot deploy) the structured Layout: dp x tp x pp must be world_size; the
+///    action's layout is "dp=D,tp=T,pp=P" plus the stage list of the name's ";st=" field
+///    (blocks per stage, agent/runtime/job.cc wire_name) when it has one (the worker checks
+///    the rest: tp dividing the heads, stages summing to the blocks). Refused: an interleaved
+///    schedule (a "-vN" name with N > 1), or a device map (";g=") other than the rank order
+///    when tp or pp > 1. Its dp_shares (samples per replica; empty = equal) become the shares;
+///    for pure data parallel, when the name maps replicas to devices (";g=3,0-2": replica i
+///    runs on rank g[i]) each rank keeps its device and takes the share of the replica placed
+///    there. Compression ranges index the
 ///    parameter tensors (a top-k fraction or PowerSGD rank applies to the whole job). The
 ///    Layout's micro_batches count is the agent's model's and is not used.
 /// kRejected saying why this job cannot run the plan.

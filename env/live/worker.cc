@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "env/live/grad_sync.h"
 #include "env/live/layout.h"
 #include "env/live/layout_state.h"
+#include "env/live/layout_switch.h"
 #include "env/live/pipeline.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
@@ -140,7 +142,7 @@ int run_or_throw(const WorkerOptions& o) {
   const at::Tensor corpus_t = at::from_blob(const_cast<char*>(corpus.data()),
                                             {static_cast<std::int64_t>(corpus.size())}, at::kByte)
                                   .to(at::kLong);
-  const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
+  LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
   const std::vector<LayerShape> layers = model_layers(o.model);
 
   // Rendezvous and the world group (control, loss and the gathered dump).
@@ -209,27 +211,64 @@ int run_or_throw(const WorkerOptions& o) {
     return kWorkerCollectiveFailed;
   }
   std::unique_ptr<LayoutState> state = std::move(*built);
-  const RankCoords me = state->coords();
+  RankCoords me = state->coords();
+
+  // The layout the job runs, for the bus thread's checks of new plans (the training thread
+  // changes it at a switch).
+  struct CurrentLayout {
+    std::mutex mu;
+    LiveLayout layout;
+    LiveLayout get() {
+      std::lock_guard lock(mu);
+      return layout;
+    }
+    void set(const LiveLayout& l) {
+      std::lock_guard lock(mu);
+      layout = l;
+    }
+  } current;
+  current.set(layout);
 
   std::unique_ptr<WorkerBus> bus;
+  // Declared after the bus: its threads report to the bus, so it goes first (its destructor
+  // joins them). The bus thread reaches it through a weak pointer: a plan arriving while the
+  // worker ends finds it gone and is refused.
+  auto stager = std::make_shared<LayoutStager>();
+  // Releases a replaced layout's state and groups off the training path (joined before the
+  // next switch and when training ends).
+  std::thread releaser;
+  const auto stage_delay = std::chrono::milliseconds(static_cast<std::int64_t>(o.stage_delay_ms));
   if (!o.agent.empty()) {
-    auto read_plan = [&o, &layout, n_layers = layers.size()](
+    auto read_plan = [&o, &current, n_layers = layers.size()](
                          const transport::PlanPrepare& p) -> StatusOr<LiveAction> {
       // The control reduction carries plan ids as int64.
       if (p.plan_id > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         return Status::rejected("plan id " + std::to_string(p.plan_id) + " exceeds 2^63 - 1");
-      if (!layout.pure_data_parallel() && !is_action_text(p.layout_name))
-        return Status::rejected("layout '" + p.layout_name + "': this job runs " +
-                                layout_text(layout) +
-                                "; the workers cannot switch a hybrid job's layout yet");
+      const LiveLayout now = current.get();
       StatusOr<LiveAction> read = action_from_plan(p, o.world_size, n_layers);
       if (!read.ok()) return read;
-      const LiveAction& a = *read;
-      if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(layout.dp))
-        return Status::rejected(
-            "shares for " + std::to_string(a.shares.size()) +
-            (layout.pure_data_parallel() ? " ranks; the job has " : " replicas; the job has ") +
-            std::to_string(layout.dp));
+      LiveAction& a = *read;
+      int replicas = now.dp;
+      if (!a.layout.empty()) {
+        const StatusOr<LiveLayout> to = parse_layout(a.layout, o.world_size, o.model);
+        if (!to.ok())
+          return Status::rejected("layout '" + a.layout + "': " + to.status().message());
+        if (*to == now) {
+          a.layout.clear();  // the layout it runs: nothing to stage
+        } else {
+          if (o.backend != "gloo")
+            return Status::rejected("layout '" + a.layout +
+                                    "': the workers switch layouts on the Gloo backend only");
+          a.layout = layout_text(*to);
+          replicas = to->dp;
+        }
+      }
+      if (!a.shares.empty() && a.shares.size() != static_cast<std::size_t>(replicas))
+        return Status::rejected("shares for " + std::to_string(a.shares.size()) +
+                                (now.pure_data_parallel() && a.layout.empty()
+                                     ? " ranks; the job has "
+                                     : " replicas; the layout has ") +
+                                std::to_string(replicas));
       if (!a.compression.empty() && a.compression.size() != n_layers)
         return Status::rejected("compression for " + std::to_string(a.compression.size()) +
                                 " layers; the model has " + std::to_string(n_layers));
@@ -250,7 +289,32 @@ int run_or_throw(const WorkerOptions& o) {
       const auto n = static_cast<std::uint64_t>(l.numel());
       job.layers.push_back({n, n * 4});
     }
-    bus = take(WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job)));
+    // A layout change is staged off the training path (layout_switch.h): PlanReady once the
+    // new layout's groups and state are built.
+    auto stage_async = [&o, &current, weak = std::weak_ptr<LayoutStager>(stager), &coll, store, lo,
+                        stage_delay](std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
+      const std::shared_ptr<LayoutStager> staging = weak.lock();
+      if (!staging) {
+        done(Status::unavailable("the worker is ending"));
+        return;
+      }
+      const LiveLayout from = current.get();
+      const StatusOr<LiveLayout> to = parse_layout(a.layout, o.world_size, o.model);
+      if (!to.ok()) {
+        done(to.status());
+        return;
+      }
+      Collectives* world = coll.get();
+      staging->start(
+          id,
+          [id, from, to = *to, rank = o.rank, world, store, lo,
+           stage_delay](const std::function<bool()>& cancelled) {
+            return stage_layout(id, from, to, rank, *world, store, lo, stage_delay, cancelled);
+          },
+          std::move(done));
+    };
+    bus = take(
+        WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job), stage_async));
     bus->wait_connected(10000);
   }
 
@@ -259,25 +323,34 @@ int run_or_throw(const WorkerOptions& o) {
       o.shares.empty() ? std::vector<double>(static_cast<std::size_t>(layout.dp), 1.0 / layout.dp)
                        : take(parse_shares(o.shares));
   int microbatch = o.microbatch;
-  GradientSync& gsync = state->gradient_sync();
-  {
-    std::vector<Compression> comp;
-    if (o.compression == "auto") {
-      comp = select_compression(layers, {}, SelectorOptions{.powersgd_rank = o.powersgd_rank});
-    } else {
-      comp = take(parse_compression_list(o.compression));
-      if (comp.size() == 1) comp.assign(layers.size(), comp[0]);
-    }
-    gsync.configure(state->local_entries(comp), o.topk_ratio, o.powersgd_rank, o.bucket_bytes);
+  GradientSync* gsync = &state->gradient_sync();
+  // Per-layer compression of the whole model (model_layers order).
+  std::vector<Compression> full_compression;
+  if (o.compression == "auto") {
+    full_compression =
+        select_compression(layers, {}, SelectorOptions{.powersgd_rank = o.powersgd_rank});
+  } else {
+    full_compression = take(parse_compression_list(o.compression));
+    if (full_compression.size() == 1) full_compression.assign(layers.size(), full_compression[0]);
   }
+  gsync->configure(state->local_entries(full_compression), o.topk_ratio, o.powersgd_rank,
+                   o.bucket_bytes);
   double topk_ratio = o.topk_ratio;
   int powersgd_rank = o.powersgd_rank;
   std::int64_t bucket_bytes = o.bucket_bytes;
-  StageModel& model = state->model();
-  const std::vector<at::Tensor> params = model.parameters();  // handles of the tensors
-  torch::optim::Optimizer& opt = state->optimizer();
+  StageModel* model = &state->model();
+  std::vector<at::Tensor> params = model->parameters();  // handles of the tensors
+  torch::optim::Optimizer* opt = &state->optimizer();
   // The last stage's first TP rank reports its replica's loss into the world's sum.
-  const bool reports_loss = model.last_stage() && me.tp == 0;
+  bool reports_loss = model->last_stage() && me.tp == 0;
+  struct SwitchRecord {
+    std::uint64_t plan_id = 0, at_step = 0;
+    std::string layout;
+    double pause_ms = 0, staged_ms = 0;
+    std::uint64_t bytes_sent = 0;
+  };
+  std::vector<SwitchRecord> switches;
+  bool switched_this_step = false;
 
   std::vector<trace::TelemetrySample> recorded;
   std::ofstream loss_log;
@@ -317,6 +390,14 @@ int run_or_throw(const WorkerOptions& o) {
           agree_at_boundary(*coll, bus ? bus->committed_at(step, plan_id) : 0, stop);
       if (!collective_ok(agreed.status())) break;
       if (agreed->stop) break;
+      // Staged layouts of plans the book dropped (aborted, refused, missed, the agent lost)
+      // are torn down.
+      for (std::uint64_t dropped :
+           stager->keep_only([&](std::uint64_t id) { return bus && bus->knows(id); }))
+        std::printf(
+            "%s: plan %llu dropped while staging or staged (aborted, refused or the "
+            "agent lost); its groups are torn down and the job stays on %s\n",
+            tag.c_str(), static_cast<unsigned long long>(dropped), layout_text(layout).c_str());
       const std::uint64_t next_plan = agreed->plan_id;
       if (next_plan > plan_id) {
         at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);
@@ -336,9 +417,68 @@ int run_or_throw(const WorkerOptions& o) {
           if (a->topk_ratio > 0) topk_ratio = a->topk_ratio;
           if (a->powersgd_rank > 0) powersgd_rank = a->powersgd_rank;
           if (a->bucket_bytes >= 0) bucket_bytes = a->bucket_bytes;
-          gsync.configure(
-              a->compression.empty() ? gsync.compression() : state->local_entries(a->compression),
-              topk_ratio, powersgd_rank, bucket_bytes);
+          if (!a->compression.empty()) full_compression = a->compression;
+          if (!a->layout.empty()) {
+            // The switch: move the state into the staged layout and train on it from this
+            // step (layout_switch.h). Its wall time is the pause this step pays.
+            const auto ts = Clock::now();
+            std::unique_ptr<StagedLayout> staged = stager->take(next_plan);
+            const double take_ms = seconds_since(ts) * 1000;
+            if (!staged) {  // every rank said it holds the plan: a broken invariant
+              failure = "plan " + std::to_string(next_plan) + " is held but not staged here";
+              exit_code = kWorkerCollectiveFailed;
+              break;
+            }
+            const double staged_ms = staged->staged_ms;
+            const StatusOr<SwitchStats> moved = move_state(*state, *staged, o.rank, o.model);
+            if (!collective_ok(moved.status())) break;
+            std::unique_ptr<LayoutState> old = std::move(state);
+            state = std::move(staged->state);
+            layout = state->layout();
+            me = state->coords();
+            current.set(layout);
+            model = &state->model();
+            params = model->parameters();
+            opt = &state->optimizer();
+            gsync = &state->gradient_sync();
+            reports_loss = model->last_stage() && me.tp == 0;
+            shares = a->shares.empty()
+                         ? std::vector<double>(static_cast<std::size_t>(layout.dp), 1.0 / layout.dp)
+                         : a->shares;
+            const auto tr = Clock::now();
+            if (releaser.joinable()) releaser.join();
+            releaser = std::thread([gone = std::move(old), transfer = std::move(staged)]() mutable {
+              gone.reset();
+              transfer.reset();
+            });
+            const double release_ms = seconds_since(tr) * 1000;
+            gsync->configure(state->local_entries(full_compression), topk_ratio, powersgd_rank,
+                             bucket_bytes);
+            SwitchRecord rec;
+            rec.plan_id = next_plan;
+            rec.at_step = step;
+            rec.layout = layout_text(layout);
+            rec.pause_ms = seconds_since(ts) * 1000;
+            rec.staged_ms = staged_ms;
+            rec.bytes_sent = moved->bytes_sent;
+            switches.push_back(rec);
+            switched_this_step = true;
+            std::printf(
+                "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (staged state "
+                "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state moved in "
+                "%.1f ms: %llu "
+                "bytes sent, %llu received, %llu copied locally), staged in %.1f ms beside "
+                "training\n",
+                tag.c_str(), rec.layout.c_str(), static_cast<unsigned long long>(step),
+                static_cast<unsigned long long>(next_plan), rec.pause_ms, take_ms, release_ms,
+                moved->move_ms, static_cast<unsigned long long>(moved->bytes_sent),
+                static_cast<unsigned long long>(moved->bytes_received),
+                static_cast<unsigned long long>(moved->bytes_local), rec.staged_ms);
+            std::fflush(stdout);
+          } else {
+            gsync->configure(state->local_entries(full_compression), topk_ratio, powersgd_rank,
+                             bucket_bytes);
+          }
           plan_id = next_plan;
         }
       }
@@ -354,7 +494,7 @@ int run_or_throw(const WorkerOptions& o) {
       const int mine = counts[static_cast<std::size_t>(me.dp)];
       const bool slowed =
           o.slow_factor > 1 && now_s >= o.slow_at_s && now_s < o.slow_at_s + o.slow_for_s;
-      opt.zero_grad();
+      opt->zero_grad();
       for (const auto& p : params) {
         if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
       }
@@ -380,7 +520,7 @@ int run_or_throw(const WorkerOptions& o) {
       const std::uint64_t tp_bytes_before = tp ? tp->all_reduce_bytes : 0;
       const std::uint32_t tp_calls_before = tp ? tp->all_reduce_calls : 0;
       const StatusOr<PipelineStepStats> passes =
-          run_pipeline_step(model, state->pipeline(), tp, po, make_batch);
+          run_pipeline_step(*model, state->pipeline(), tp, po, make_batch);
       if (!collective_ok(passes.status())) break;
       const double compute_ms = passes->compute_ms;
       const double tp_ms = tp ? tp->all_reduce_ms - tp_ms_before : 0;
@@ -398,7 +538,7 @@ int run_or_throw(const WorkerOptions& o) {
           const auto nonfinite =
               static_cast<std::uint32_t>(g.numel() - finite.sum().item<std::int64_t>());
           const at::Tensor gf = nonfinite ? g.where(finite, at::zeros_like(g)) : g;
-          layer_stats.push_back({static_cast<std::uint32_t>(model.shards()[i].layer),
+          layer_stats.push_back({static_cast<std::uint32_t>(model->shards()[i].layer),
                                  gf.norm().item<float>(), gf.abs().max().item<float>(), nonfinite});
         }
       }
@@ -410,7 +550,7 @@ int run_or_throw(const WorkerOptions& o) {
         if (delayed)
           std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.link_delay_ms));
       };
-      const StatusOr<SyncStats> synced = gsync.sync(grads, state->dp(), before_call);
+      const StatusOr<SyncStats> synced = gsync->sync(grads, state->dp(), before_call);
       if (!collective_ok(synced.status())) break;
       const SyncStats& sync = *synced;
       // 5. Global loss (for the log) and the update.
@@ -420,7 +560,7 @@ int run_or_throw(const WorkerOptions& o) {
       if (!collective_ok(coll->all_reduce_sum(lt))) break;
       const double loss_ms = seconds_since(tl) * 1000;
       last_loss = loss_t.item<double>();
-      opt.step();
+      opt->step();
 
       const std::uint64_t step_end_ns = wall_ns();
       const double step_end_s = seconds_since(t_start);
@@ -478,6 +618,10 @@ int run_or_throw(const WorkerOptions& o) {
         t.collectives["info/loss_x1e6"] = {
             0, static_cast<std::uint64_t>(std::max(0.0, last_loss) * 1e6), 0};
         t.collectives["info/plan"] = {0, plan_id, 0};
+        // The step that switched layouts: its pause and the bytes this rank sent for it.
+        if (switched_this_step)
+          t.collectives["switch/layout"] = {switches.back().pause_ms, switches.back().bytes_sent,
+                                            1};
         // Where the rank sits in a hybrid layout: its replica (bytes) and stage (calls).
         if (!layout.pure_data_parallel())
           t.collectives["info/coords"] = {0, static_cast<std::uint64_t>(me.dp),
@@ -489,8 +633,10 @@ int run_or_throw(const WorkerOptions& o) {
         t.send_time_ns = wall_ns();
         bus->send(t);
       }
+      switched_this_step = false;
       ++step;
     }
+    if (releaser.joinable()) releaser.join();
     // The whole model, gathered from stages and TP shards (every rank takes part).
     if (exit_code == kWorkerOk && !o.dump_params.empty()) {
       if (layout.tp > 1) {
@@ -522,10 +668,11 @@ int run_or_throw(const WorkerOptions& o) {
     failure = e.what();
     exit_code = 1;
   }
+  if (releaser.joinable()) releaser.join();
   if (exit_code != kWorkerOk)
     std::fprintf(stderr, "%s: stopping at step %llu: %s\n", tag.c_str(),
                  static_cast<unsigned long long>(step), failure.c_str());
-  if (o.rank == 0 && exit_code == kWorkerOk && !layout.pure_data_parallel())
+  if (o.rank == 0 && exit_code == kWorkerOk && (!layout.pure_data_parallel() || !switches.empty()))
     std::printf("%s: layout %s, %llu steps, final loss %.6f\n", tag.c_str(),
                 layout_text(layout).c_str(), static_cast<unsigned long long>(step), last_loss);
 

@@ -67,6 +67,9 @@ struct WorkerOptions {
   double link_delay_ms = 0;  ///< added before each gradient collective call.
   double link_delay_at_s = 0;
   double link_delay_for_s = std::numeric_limits<double>::infinity();
+  /// Test hook: staging a layout change waits this long before building the new layout (so
+  /// that a test can abort a plan while it is staging). 0 = none.
+  double stage_delay_ms = 0;
 };
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT into `o` (missing: defaults for

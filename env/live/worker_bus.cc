@@ -35,7 +35,8 @@ WorkerBus::WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job)
 StatusOr<std::unique_ptr<WorkerBus>> WorkerBus::connect(const std::string& agent,
                                                         const std::string& secret_file, int rank,
                                                         PlanReader read_plan,
-                                                        transport::JobInfo job) {
+                                                        transport::JobInfo job,
+                                                        StageAsync stage_async) {
   const StatusOr<std::pair<std::string, std::uint16_t>> address = split_address(agent);
   if (!address.ok()) return address.status();
   if (secret_file.empty()) {
@@ -44,6 +45,7 @@ StatusOr<std::unique_ptr<WorkerBus>> WorkerBus::connect(const std::string& agent
   auto secret = transport::load_secret_from_file(secret_file);
   if (!secret) return Status(secret.status().code(), "--secret-file: " + secret.status().message());
   std::unique_ptr<WorkerBus> bus(new WorkerBus(rank, std::move(read_plan), std::move(job)));
+  bus->stage_async_ = std::move(stage_async);
   WorkerBus* self = bus.get();
   transport::ClientOptions o;
   o.server_address = address->first;
@@ -114,8 +116,26 @@ void WorkerBus::on_message(transport::Message&& m) {
     book_.refuse(prepare->plan_id, action.status().message());
     return;
   }
-  book_.stage(prepare->plan_id, std::move(action).value());
-  book_.ready(prepare->plan_id);
+  const std::uint64_t id = prepare->plan_id;
+  if (stage_async_ && !action->layout.empty()) {
+    const LiveAction staged = *action;
+    book_.stage(id, std::move(action).value());
+    stage_async_(id, staged, [this, id](const Status& st) {
+      if (st.ok())
+        book_.ready(id);
+      else if (knows(id))
+        book_.refuse(id, st.message());
+    });
+    return;
+  }
+  book_.stage(id, std::move(action).value());
+  book_.ready(id);
+}
+
+bool WorkerBus::knows(std::uint64_t plan_id) {
+  bool found = false;
+  book_.for_each([&](std::uint64_t id, const LiveAction&) { found = found || id == plan_id; });
+  return found;
 }
 
 }  // namespace parapilot::live

@@ -4,11 +4,12 @@
 // training loop's boundary applies or drops them. No libtorch here.
 //
 // Plan protocol (docs/architecture.md, "The switch protocol"): PlanPrepare -> the job's
-// read_plan checks it and the action is staged -> PlanReady{ok, detail} -> PlanCommit -> at each
-// boundary the ranks agree (committed_at reduced with MAX, then holds with AND; see
-// transport/plan_book.h) and all switch (applied: Ack) or none does (missed). PlanAbort drops a
-// plan before its commit; losing the agent drops the plans it did not commit. Shutdown asks the
-// job to stop at the next boundary.
+// read_plan checks it and the action is staged (at once, or, for an action the job stages in
+// the background such as a layout change, when its stager says so) -> PlanReady{ok, detail} ->
+// PlanCommit -> at each boundary the ranks agree (committed_at reduced with MAX, then holds with
+// AND; see transport/plan_book.h) and all switch (applied: Ack) or none does (missed). PlanAbort
+// drops a plan before its commit; losing the agent drops the plans it did not commit. Shutdown asks
+// the job to stop at the next boundary.
 //
 // Thread-safety: all members may be called from any thread.
 #pragma once
@@ -36,10 +37,17 @@ class WorkerBus {
   /// answered PlanReady{ok = false, detail = the Status's message}.
   /// `job` is announced to the agent first on every (re)connection.
   using PlanReader = std::function<StatusOr<LiveAction>(const transport::PlanPrepare&)>;
+  /// `stage_async`, when set, is called (on the bus thread; it must not block) for a read plan
+  /// whose action changes the layout: it starts staging and calls done(Status) when staging
+  /// ended, from any thread. The plan is staging from the call and held (PlanReady{ok}) only
+  /// after done(OK); done(error) refuses it (PlanReady{ok = false, the message}) unless it was
+  /// dropped meanwhile. Other plans are staged at once.
+  using Done = std::function<void(const Status&)>;
+  using StageAsync = std::function<void(std::uint64_t plan_id, const LiveAction&, Done done)>;
   static StatusOr<std::unique_ptr<WorkerBus>> connect(const std::string& agent,
-                                                       const std::string& secret_file, int rank,
-                                                       PlanReader read_plan,
-                                                       transport::JobInfo job);
+                                                      const std::string& secret_file, int rank,
+                                                      PlanReader read_plan, transport::JobInfo job,
+                                                      StageAsync stage_async = {});
   ~WorkerBus();
   WorkerBus(const WorkerBus&) = delete;
   WorkerBus& operator=(const WorkerBus&) = delete;
@@ -62,12 +70,15 @@ class WorkerBus {
   void missed(std::uint64_t plan_id, const std::string& detail);
   /// The agent asked the job to stop.
   bool stop_requested() const;
+  /// plan_id is staging or held here (not refused, aborted, dropped, applied or missed).
+  bool knows(std::uint64_t plan_id);
 
  private:
   WorkerBus(int rank, PlanReader read_plan, transport::JobInfo job);
   void on_message(transport::Message&& m);
 
   PlanReader read_plan_;
+  StageAsync stage_async_;
   transport::JobInfo job_;
   // The announcement goes out from on_connect, which may run before client_ is assigned.
   std::atomic<transport::Client*> live_client_{nullptr};

@@ -60,6 +60,8 @@ void validate_or_throw(const WorkerOptions& o) {
   if (!(o.collective_timeout_s > 0)) throw InputError("--collective-timeout: must be > 0");
   if (o.slow_factor < 1) throw InputError("--slow: must be >= 1");
   if (o.link_delay_ms < 0) throw InputError("--link-delay-ms: must be >= 0");
+  if (o.stage_delay_ms < 0 || o.stage_delay_ms > 600000)
+    throw InputError("--stage-delay-ms: must be in [0, 600000]");
   const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
   if (!o.shares.empty() &&
       take(parse_shares(o.shares)).size() != static_cast<std::size_t>(layout.dp))
@@ -134,6 +136,8 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--slow", o.slow_factor, "Fault: compute takes this many times as long");
   cmd.add_option("--slow-at", o.slow_at_s, "Fault: slowdown starts this many seconds in");
   cmd.add_option("--slow-for", o.slow_for_s, "Fault: slowdown lasts this many seconds");
+  cmd.add_option("--stage-delay-ms", o.stage_delay_ms,
+                 "Test hook: staging a layout change waits this long first");
   cmd.add_option("--link-delay-ms", o.link_delay_ms,
                  "Fault: delay before each gradient collective");
   cmd.add_option("--link-delay-at", o.link_delay_at_s,

@@ -1,0 +1,392 @@
+// Layout switches: the transfer plan without processes (every element of every new shard has
+// exactly one source, which holds it), the action text and deploy's structured plans that
+// carry a layout, and real switches on 2-4 Gloo processes on loopback (the test program starts
+// itself as the workers) compared against one process running the same steps. Assertions never
+// depend on machine speed; every wait has a timeout.
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <doctest/doctest.h>
+#include "env/live/controller.h"
+#include "env/live/layout.h"
+#include "env/live/local_cluster.h"
+#include "env/live/transfer_plan.h"
+#include "env/live/worker.h"
+
+#include "tests/test_util.h"
+
+using namespace parapilot::live;
+using namespace std::chrono_literals;
+using parapilot::testing::ok;
+
+namespace {
+
+ModelConfig four_blocks() {
+  ModelConfig m;
+  m.layers = 4;
+  m.d_model = 32;
+  m.heads = 2;
+  m.seq_len = 16;
+  return m;
+}
+
+LiveLayout layout_of(const char* text, int world) {
+  return ok(parse_layout(text, world, four_blocks()));
+}
+
+// Checks transfer_plan(from, to): for every rank's every new tensor, each index of its range
+// (along the split dimension, or each element of a replicated tensor) is covered by exactly
+// one piece, nothing outside it is, the source holds the piece under `from`, and a rank that
+// held an element copies it itself.
+void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
+  const ModelConfig m = four_blocks();
+  const std::vector<TransferPiece> plan = transfer_plan(from, to, m);
+  const int world = to.world_size();
+  // (target, layer) -> coverage count per index.
+  std::map<std::pair<int, int>, std::vector<int>> covered;
+  std::map<std::pair<int, int>, ShardRange> wanted;
+  std::map<std::pair<int, int>, ShardRange> held;
+  for (int r = 0; r < world; ++r) {
+    for (const ParamShard& s : rank_shards(to, m, r)) {
+      const ShardRange w = shard_range(s, m);
+      wanted[{r, s.layer}] = w;
+      const auto full = model_layers(m)[static_cast<std::size_t>(s.layer)];
+      const std::int64_t n = w.dim < 0 ? full.numel() : full.shape[w.dim] / w.parts;
+      covered[{r, s.layer}].assign(static_cast<std::size_t>(n), 0);
+    }
+    for (const ParamShard& s : rank_shards(from, m, r)) held[{r, s.layer}] = shard_range(s, m);
+  }
+  for (const TransferPiece& p : plan) {
+    INFO("piece of layer " << p.layer << " [" << p.begin << ", " << p.end << ") from " << p.source
+                           << " to " << p.target);
+    REQUIRE(covered.count({p.target, p.layer}));
+    REQUIRE(p.begin < p.end);
+    const ShardRange& w = wanted.at({p.target, p.layer});
+    CHECK(p.dim == w.dim);
+    CHECK(p.parts == w.parts);
+    REQUIRE(held.count({p.source, p.layer}));
+    const ShardRange& h = held.at({p.source, p.layer});
+    CHECK(h.begin <= p.begin);
+    CHECK(p.end <= h.end);
+    for (std::int64_t i = p.begin; i < p.end; ++i) ++covered[{p.target, p.layer}][i];
+    if (held.count({p.target, p.layer})) {
+      const ShardRange& own = held.at({p.target, p.layer});
+      const bool overlaps = own.begin < p.end && p.begin < own.end;
+      if (overlaps) CHECK(p.source == p.target);
+    }
+  }
+  for (const auto& [key, counts] : covered) {
+    const ShardRange& w = wanted.at(key);
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const bool inside =
+          static_cast<std::int64_t>(i) >= w.begin && static_cast<std::int64_t>(i) < w.end;
+      INFO("rank " << key.first << " layer " << key.second << " index " << i);
+      CHECK(counts[i] == (inside ? 1 : 0));
+    }
+  }
+}
+
+std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("parapilot-switch-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+std::vector<std::string> model_args() {
+  return {"--layers",
+          "4",
+          "--d-model",
+          "32",
+          "--heads",
+          "2",
+          "--seq-len",
+          "16",
+          "--global-batch",
+          "8",
+          "--microbatch",
+          "1",
+          "--threads",
+          "1",
+          "--optimizer",
+          "adam",
+          "--collective-timeout",
+          "20",
+          "--rendezvous-timeout",
+          "30"};
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);
+  return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
+                            const std::string& logs) {
+  LocalClusterOptions o;
+  o.workers = workers;
+  o.worker_command = {"/proc/self/exe", "--live-worker"};
+  o.worker_args = std::move(args);
+  o.host_agent = agent;
+  o.log_dir = logs;
+  return o;
+}
+
+void check_all_finished(const std::vector<RankExit>& exits, const std::string& logs) {
+  for (const auto& e : exits) {
+    INFO(e.describe() << " (logs in " << logs << ")");
+    CHECK(e.exited);
+    CHECK(e.signal == 0);
+    CHECK(e.code == 0);
+  }
+}
+
+// The steps rank 0 trained, from its closing line ("..., 7 steps, final loss ...").
+std::int64_t steps_trained(const std::string& log) {
+  const std::size_t at = log.find(" steps, final loss");
+  REQUIRE(at != std::string::npos);
+  std::size_t start = log.rfind(' ', at - 1);
+  return std::stoll(log.substr(start + 1, at - start - 1));
+}
+
+// Max |difference| / max |parameter| of the job's dump against one process trained as many
+// steps on the whole batch.
+double against_one_process(const std::string& dump, std::int64_t steps, const std::string& dir) {
+  std::vector<std::string> args = model_args();
+  args.insert(args.end(), {"--steps", std::to_string(steps), "--dump-params", dir + "/one.bin"});
+  const auto started = ok(LocalCluster::start(cluster(1, args, false, dir + "/one")));
+  check_all_finished(started->wait(120), dir);
+  const std::vector<float> one = read_floats(dir + "/one.bin"), got = read_floats(dump);
+  REQUIRE(one.size() == 68032);
+  REQUIRE(got.size() == one.size());
+  double max_diff = 0, max_abs = 0;
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    max_diff =
+        std::max(max_diff, std::abs(static_cast<double>(got[i]) - static_cast<double>(one[i])));
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(one[i])));
+  }
+  REQUIRE(max_abs > 0);
+  return max_diff / max_abs;
+}
+
+// Starts `workers` ranks under `from`, switches them to `to` through the controller, trains a
+// few steps more, stops them, and compares with one process. Returns rank 0's log.
+std::string switch_and_compare(int workers, const std::string& from, const std::string& to,
+                               const std::string& name) {
+  const std::string dir = temp_dir(name);
+  std::vector<std::string> args = model_args();
+  args.insert(args.end(), {"--layout", from, "--steps", "0", "--dump-params", dir + "/params.bin"});
+  const auto started = ok(LocalCluster::start(cluster(workers, args, true, dir)));
+  LocalCluster& c = *started;
+  Controller& agent = *c.controller();
+  REQUIRE(agent.wait_for_ranks(workers, 60s));
+  REQUIRE(agent.wait_for_step(2, 60s));
+  LiveAction a;
+  a.layout = to;
+  const auto r = agent.apply(a, 60s);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
+  // Every rank's telemetry of the switching step carries its pause.
+  int reported = 0;
+  for (const auto& t : agent.take_telemetry()) {
+    if (!t.collectives.count("switch/layout")) continue;
+    CHECK(t.step == r->switch_at_step);
+    CHECK(t.collectives.at("switch/layout").ms >= 0);
+    ++reported;
+  }
+  CHECK(reported == workers);
+  agent.request_stop("test done");
+  check_all_finished(c.wait(120), dir);
+  const std::string log = read_text(dir + "/worker-0.log");
+  const std::string want = "switched to layout " + layout_text(layout_of(to.c_str(), workers));
+  CHECK_MESSAGE(log.find(want) != std::string::npos, log);
+  const std::size_t pause = log.find("pause ");
+  if (pause != std::string::npos)
+    MESSAGE(from << " -> " << to << ": " << log.substr(pause, log.find('\n', pause) - pause));
+  const std::int64_t steps = steps_trained(log);
+  CHECK(steps >= static_cast<std::int64_t>(r->switch_at_step) + 2);
+  const double diff = against_one_process(dir + "/params.bin", steps, dir);
+  MESSAGE(from << " -> " << to << ": " << steps << " steps, parameters within " << diff
+               << " of one process");
+  CHECK(diff < 1e-4);
+  std::filesystem::remove_all(dir);
+  return log;
+}
+
+}  // namespace
+
+TEST_CASE("transfer plan: every element of every new shard has exactly one source") {
+  const char* two[] = {"dp=2", "pp=2", "pp=2,stages=[1,3]", "pp=2,stages=[3,1]", "tp=2"};
+  for (const char* a : two)
+    for (const char* b : two) {
+      CAPTURE(a);
+      CAPTURE(b);
+      check_exactly_once(layout_of(a, 2), layout_of(b, 2));
+    }
+  const char* four[] = {"dp=4",      "pp=4",      "dp=2,pp=2,stages=[1,3]",
+                        "dp=2,tp=2", "tp=2,pp=2", "dp=1,tp=2,pp=2,stages=[3,1]"};
+  for (const char* a : four)
+    for (const char* b : four) {
+      CAPTURE(a);
+      CAPTURE(b);
+      check_exactly_once(layout_of(a, 4), layout_of(b, 4));
+    }
+}
+
+TEST_CASE("transfer plan: what stays local and what moves") {
+  const ModelConfig m = four_blocks();
+  // Same layout: everything is a local copy.
+  const LiveLayout dp2 = layout_of("dp=2", 2);
+  for (const TransferPiece& p : transfer_plan(dp2, dp2, m)) CHECK(p.source == p.target);
+  const TransferVolume same = transfer_volume(transfer_plan(dp2, dp2, m), 0, m);
+  CHECK(same.local == 68032);
+  CHECK(same.sent == 0);
+  CHECK(same.received == 0);
+  // dp=2 -> pp=2: each rank keeps its stage's tensors and receives nothing.
+  const TransferVolume to_pp = transfer_volume(transfer_plan(dp2, layout_of("pp=2", 2), m), 1, m);
+  CHECK(to_pp.received == 0);
+  CHECK(to_pp.sent == 0);
+  // pp=2 [1,3] -> [2,2]: block 1 moves from stage 1 to stage 0, nothing else.
+  const auto move =
+      transfer_plan(layout_of("pp=2,stages=[1,3]", 2), layout_of("pp=2,stages=[2,2]", 2), m);
+  const TransferVolume r0 = transfer_volume(move, 0, m), r1 = transfer_volume(move, 1, m);
+  const std::int64_t block =
+      4 * 32 + 3 * 32 * 32 + 3 * 32 + 32 * 32 + 32 + 4 * 32 * 32 + 4 * 32 + 4 * 32 * 32 + 32;
+  CHECK(r0.received == block);
+  CHECK(r1.sent == block);
+  CHECK(r0.sent == 0);
+  // tp=2 -> dp=2: each rank receives the half of every split tensor it did not hold.
+  const auto gather = transfer_plan(layout_of("tp=2", 2), dp2, m);
+  const TransferVolume g0 = transfer_volume(gather, 0, m);
+  CHECK(g0.received > 0);
+  CHECK(g0.received == transfer_volume(gather, 1, m).sent);
+  CHECK(g0.local + g0.received == 68032);
+  // dp=2,tp=2 -> dp=4: each rank receives the other half of every split tensor, and the
+  // sending spreads over the four holders (before: two ranks sent everything).
+  const auto spread = transfer_plan(layout_of("dp=2,tp=2", 4), layout_of("dp=4", 4), m);
+  const std::int64_t half = transfer_volume(spread, 0, m).received;
+  CHECK(half > 0);
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    const TransferVolume v = transfer_volume(spread, r, m);
+    CHECK(v.received == half);
+    CHECK(v.sent > half * 99 / 100);
+    CHECK(v.sent < half * 101 / 100);
+  }
+}
+
+TEST_CASE("a layout travels in the action text and in deploy's structured plans") {
+  LiveAction a;
+  a.layout = "dp=2,tp=1,pp=2,stages=[1,3]";
+  a.shares = {0.5, 0.5};
+  const std::string text = ok(encode_action(a));
+  CHECK(text.size() <= kMaxActionTextBytes);
+  CHECK(is_action_text(text));
+  CHECK(ok(decode_action(text)) == a);
+  CHECK(ok(decode_action("l=dp=1,pp=4")).layout == "dp=1,pp=4");
+  // Deploy's Layout with the wire name's stage list.
+  parapilot::transport::PlanPrepare p;
+  p.plan_id = 5;
+  p.layout.dp = 2;
+  p.layout.tp = 1;
+  p.layout.pp = 2;
+  p.layout_name = "dp2-tp1-pp2-mb1-z1;sc=1f1b;rc=selective;st=1,3";
+  CHECK(ok(action_from_plan(p, 4, 66)).layout == "dp=2,tp=1,pp=2,stages=[1,3]");
+  p.layout.pp = 1;
+  p.layout.tp = 2;
+  p.layout_name = "dp2-tp2-pp1-mb1-z1;sc=1f1b;rc=selective";
+  CHECK(ok(action_from_plan(p, 4, 66)).layout == "dp=2,tp=2,pp=1");
+  // Refused with the reason: interleaved stages, a placement other than the rank order, a
+  // product other than the world.
+  p.layout_name = "dp2-tp2-pp1-mb1-v2-z1;sc=interleaved";
+  const auto v2 = action_from_plan(p, 4, 66);
+  REQUIRE(!v2.ok());
+  CHECK(v2.status().code() == parapilot::StatusCode::kRejected);
+  CHECK(v2.status().message().find("interleaved") != std::string::npos);
+  p.layout_name = "dp2-tp2-pp1-mb1-z1;sc=1f1b;g=1,0,2-3";
+  const auto placed = action_from_plan(p, 4, 66);
+  REQUIRE(!placed.ok());
+  CHECK(placed.status().message().find("rank order") != std::string::npos);
+  p.layout.dp = 1;
+  p.layout_name = "dp1-tp2-pp1-mb1-z1";
+  CHECK(action_from_plan(p, 4, 66).status().message().find("job has 4 ranks") != std::string::npos);
+}
+
+TEST_CASE(
+    "layout switch on 2 Gloo processes: dp -> pp, a stage-boundary move, tp -> dp and "
+    "dp -> tp equal one process") {
+  switch_and_compare(2, "dp=2", "pp=2", "dp-pp");
+  switch_and_compare(2, "pp=2,stages=[1,3]", "pp=2,stages=[2,2]", "stages");
+  switch_and_compare(2, "tp=2", "dp=2", "tp-dp");
+  switch_and_compare(2, "dp=2", "tp=2", "dp-tp");
+}
+
+TEST_CASE("layout switch on 4 Gloo processes: dp=2,pp=2 -> pp=4 and tp=2,dp=2 -> dp=4") {
+  switch_and_compare(4, "dp=2,pp=2", "dp=1,pp=4", "dp2pp2-pp4");
+  switch_and_compare(4, "dp=2,tp=2", "dp=4", "dp2tp2-dp4");
+}
+
+TEST_CASE("layout switch aborted while staging: every rank stays on the old layout, untouched") {
+  const std::string dir = temp_dir("abort");
+  std::vector<std::string> args = model_args();
+  // Staging waits 20 s, so that the controller's 0.5 s wait for PlanReady ends first: it sends
+  // PlanAbort while every rank is staging.
+  args.insert(args.end(), {"--layout", "dp=2", "--steps", "0", "--stage-delay-ms", "20000",
+                           "--dump-params", dir + "/params.bin", "--loss-log", dir + "/loss.csv"});
+  const auto started = ok(LocalCluster::start(cluster(2, args, true, dir)));
+  LocalCluster& c = *started;
+  Controller& agent = *c.controller();
+  REQUIRE(agent.wait_for_ranks(2, 60s));
+  REQUIRE(agent.wait_for_step(2, 60s));
+  // A layout the workers cannot run is refused by every rank with the reason, before staging.
+  LiveAction impossible;
+  impossible.layout = "tp=4,dp=1";
+  const auto refused = agent.apply(impossible, 30s);
+  CHECK(refused.status().code() == parapilot::StatusCode::kRejected);
+  CHECK_MESSAGE(refused.status().message().find("tp") != std::string::npos,
+                refused.status().message());
+  LiveAction a;
+  a.layout = "pp=2";
+  const auto r = agent.apply(a, 500ms);
+  CHECK(r.status().code() == parapilot::StatusCode::kUnavailable);
+  REQUIRE(agent.wait_for_step(agent.completed_step() + 3, 60s));
+  agent.request_stop("test done");
+  check_all_finished(c.wait(120), dir);
+  const std::string log = read_text(dir + "/worker-0.log");
+  CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+  CHECK_MESSAGE(log.find("dropped while staging") != std::string::npos, log);
+  // The job ran pure DP throughout: the steps are the loss log's rows (after its header).
+  std::ifstream loss(dir + "/loss.csv");
+  std::int64_t steps = -1;
+  for (std::string line; std::getline(loss, line);) ++steps;
+  REQUIRE(steps >= 5);
+  const double diff = against_one_process(dir + "/params.bin", steps, dir);
+  MESSAGE("aborted dp=2 -> pp=2: " << steps << " steps, parameters within " << diff
+                                   << " of one process");
+  CHECK(diff < 1e-4);
+  // And bit for bit the never-migrated job: the abort touched nothing.
+  std::vector<std::string> plain = model_args();
+  plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps), "--dump-params",
+                             dir + "/plain.bin"});
+  check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
+                     dir);
+  CHECK(read_floats(dir + "/plain.bin") == read_floats(dir + "/params.bin"));
+  std::filesystem::remove_all(dir);
+}
