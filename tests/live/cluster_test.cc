@@ -29,6 +29,7 @@
 #include "strategy/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
+#include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
@@ -40,11 +41,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
+using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::read_floats;
+
 std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("parapilot-live-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(p);
-  return p.string();
+  return parapilot::live::testing::temp_dir("cluster", name);
 }
 
 std::vector<std::string> tiny_model_args() {
@@ -78,23 +79,6 @@ LocalClusterOptions cluster(int workers, std::vector<std::string> extra, bool ag
   o.host_agent = agent;
   o.log_dir = logs;
   return o;
-}
-
-std::vector<float> read_floats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
-
-void check_all_finished(const std::vector<RankExit>& exits, const std::string& logs) {
-  for (const auto& e : exits) {
-    INFO(e.describe() << " (logs in " << logs << ")");
-    CHECK(e.exited);
-    CHECK(e.signal == 0);
-    CHECK(e.code == 0);
-  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #undef CHECK
 #include <doctest/doctest.h>
 
+#include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
 
 using namespace parapilot::live;
@@ -27,11 +28,12 @@ using parapilot::testing::ok;
 
 namespace {
 
+using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::read_floats;
+using parapilot::live::testing::read_text;
+
 std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("parapilot-hybrid-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(p);
-  return p.string();
+  return parapilot::live::testing::temp_dir("hybrid", name);
 }
 
 // 4 blocks, so that stages can be uneven; 8 microbatches of one sequence, so that each replica
@@ -61,21 +63,6 @@ std::vector<std::string> four_block_args(const std::string& dump) {
           "30",
           "--dump-params",
           dump};
-}
-
-std::vector<float> read_floats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Runs `workers` ranks with `extra` flags; every rank must finish cleanly.

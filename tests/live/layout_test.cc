@@ -2,6 +2,8 @@
 // part of every tensor a rank holds, and the 1F1B schedule.
 #include <doctest/doctest.h>
 
+#include "tests/live/live_test_util.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -13,14 +15,7 @@ using namespace parapilot::live;
 
 namespace {
 
-ModelConfig four_blocks() {
-  ModelConfig m;
-  m.layers = 4;
-  m.d_model = 32;
-  m.heads = 2;
-  m.seq_len = 16;
-  return m;
-}
+using parapilot::live::testing::four_blocks;
 
 std::string error_of(std::string_view text, int world, const ModelConfig& m = four_blocks()) {
   const auto r = parse_layout(text, world, m);

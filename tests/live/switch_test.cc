@@ -19,6 +19,7 @@
 #include "env/live/transfer_plan.h"
 #include "env/live/worker.h"
 
+#include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
 
 using namespace parapilot::live;
@@ -27,13 +28,13 @@ using parapilot::testing::ok;
 
 namespace {
 
-ModelConfig four_blocks() {
-  ModelConfig m;
-  m.layers = 4;
-  m.d_model = 32;
-  m.heads = 2;
-  m.seq_len = 16;
-  return m;
+using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::four_blocks;
+using parapilot::live::testing::read_floats;
+using parapilot::live::testing::read_text;
+
+std::string temp_dir(const std::string& name) {
+  return parapilot::live::testing::temp_dir("switch", name);
 }
 
 LiveLayout layout_of(const char* text, int world) {
@@ -92,13 +93,6 @@ void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
   }
 }
 
-std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("parapilot-switch-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(p);
-  return p.string();
-}
-
 std::vector<std::string> model_args() {
   return {"--layers",
           "4",
@@ -122,21 +116,6 @@ std::vector<std::string> model_args() {
           "30"};
 }
 
-std::vector<float> read_floats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
                             const std::string& logs) {
   LocalClusterOptions o;
@@ -146,15 +125,6 @@ LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool age
   o.host_agent = agent;
   o.log_dir = logs;
   return o;
-}
-
-void check_all_finished(const std::vector<RankExit>& exits, const std::string& logs) {
-  for (const auto& e : exits) {
-    INFO(e.describe() << " (logs in " << logs << ")");
-    CHECK(e.exited);
-    CHECK(e.signal == 0);
-    CHECK(e.code == 0);
-  }
 }
 
 // The steps rank 0 trained, from its closing line ("..., 7 steps, final loss ...").
