@@ -62,14 +62,12 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
   const double weight_bytes = kWeightBytesPerParam;
   const double grad_bytes = grad_bytes_per_param(model);
   const double optimizer_bytes = kOptimizerBytesPerParam;
-  auto layer_params = [&](int layer) {
-    if (layer < 0) return static_cast<double>(model.embedding_params());
-    if (layer >= model.layers) {
-      return model.tied_embeddings ? static_cast<double>(model.vocab) * model.hidden
+  // Parameters of the embedding, of one block and of the output layer.
+  const double embedding_params = static_cast<double>(model.embedding_params());
+  const double block_params = static_cast<double>(model.params_per_layer());
+  const double output_params = model.tied_embeddings
+                                   ? static_cast<double>(model.vocab) * model.hidden
                                    : static_cast<double>(model.output_params());
-    }
-    return static_cast<double>(model.params_per_layer());
-  };
   // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
   // of its ZeRO slice), optionally intersected with another holding.
   auto bytes_of = [&](const Holding& h, const Holding* other) {
@@ -77,13 +75,11 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
     const int b = other ? std::min(h.last_layer, other->last_layer) : h.last_layer;
     if (a > b) return 0.0;
     double params = 0;
-    if (a < 0) params += layer_params(-1);
+    if (a < 0) params += embedding_params;
     const int blocks = std::min(b, model.layers - 1) - std::max(a, 0) + 1;
-    if (blocks > 0) params += blocks * static_cast<double>(model.params_per_layer());
+    if (blocks > 0) params += blocks * block_params;
     // A tied output layer on the embedding's own GPU is the same tensor.
-    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) {
-      params += layer_params(model.layers);
-    }
+    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) params += output_params;
     const double width =
         other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
     auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };

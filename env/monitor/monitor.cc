@@ -166,7 +166,11 @@ struct Monitor::State {
   Beliefs beliefs;
   MonitorCounters counters;
   std::vector<MonitorEvent> events;
-  double median_wait_ms = 0;
+  // The last closed step's median wait in the collectives, for slow-rank events: worked out
+  // from `waits` (that step's waits) when an event needs it.
+  double median_wait_ms() {
+    return median_in_place(waits.data(), waits.data() + waits.size());
+  }
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
   int live_count = 0;  // ranks whose liveness is live
@@ -468,7 +472,6 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     ++r.samples;
     for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
-  median_wait_ms = median_in_place(waits.data(), waits.data() + waits.size());
   beliefs.last_step_ms = median_in_place(walls.data(), walls.data() + walls.size());
   beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
@@ -531,7 +534,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
           "compute-only %.2f ms%s vs peer median %.2f ms (%.2fx slower); arrives %.1f ms "
           "after the median rank at the collective; waits %.1f ms in it vs median %.1f ms",
           st.compute.value(), per_sample ? " per sample" : "", reference[g], 1.0 / st.speed,
-          st.lateness_ms, st.last_wait_ms, median_wait_ms);
+          st.lateness_ms, st.last_wait_ms, median_wait_ms());
       events.push_back({MonitorEvent::Kind::slow_rank, r, -1, st.speed, step, now, text});
     } else if (st.slow && past && confirmed) {
       st.past_steps = 0;
