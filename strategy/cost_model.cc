@@ -257,11 +257,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
 
   const int pp = s.pp;
   l.replica_of_gpu.assign(topo_.num_gpus(), -1);
+  const int stage_gpus = s.tp * s.cp;
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < pp; ++p) {
-      for (int c = 0; c < s.cp; ++c) {
-        for (int i = 0; i < s.tp; ++i) l.replica_of_gpu[s.gpu_of_rank(r, p, i, c)] = r;
-      }
+      const int first = s.first_rank(r, p);
+      for (int k = 0; k < stage_gpus; ++k) l.replica_of_gpu[s.gpu_at(first + k)] = r;
     }
   }
   // Node of each rank's first GPU, rank (r, p) at r * pp + p.
@@ -327,14 +327,12 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
         }
       }
     }
-    for (int r = 0; r < s.dp; ++r) {
-      for (int c = 0; c < s.cp; ++c) {
-        int& count = per_node[member_node(r, c)];
-        if (count > 0) group.min_members = std::min(group.min_members, count);
-        count = 0;
-      }
-    }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
+    for (int i = group.first_node; i < group.end_node; ++i) {
+      int& count = per_node[l.spanned_nodes[i]];
+      group.min_members = std::min(group.min_members, count);
+      count = 0;
+    }
   }
 
   l.peak_flops = s.num_gpus() * topo_.types[0].peak_tflops * 1e12;

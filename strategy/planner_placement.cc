@@ -277,10 +277,16 @@ const Placement& Search::detailed(int placement_index) {
     }
     links_ready_ = true;
   }
+  // The node of each slot's group's first GPU.
+  thread_local std::vector<int> slot_node;
+  slot_node.resize(used);
+  for (int slot = 0; slot < used; ++slot) {
+    slot_node[slot] = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
+  }
   // The link between the first GPUs of two slots' groups: latency and seconds per byte.
   auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
-    const int na = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
-    const int nb = topo_.node_of_gpu[flat_gpus[groups[pl.group[other]].first]];
+    const int na = slot_node[slot];
+    const int nb = slot_node[other];
     if (na == nb) {
       latency_s = intra_latency_s[na];
       s_per_byte = intra_s_per_byte[na];
