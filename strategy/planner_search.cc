@@ -445,7 +445,27 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
   // Alike replicas cost alike: replica 0's costs stand for every replica.
   const int distinct = pl.replicas_alike ? 1 : dp;
+  // Replicas whose costs equal the previous replica's, rank by rank (runs of like replicas
+  // on like links): with the same microbatch count their rows are the same row again, which
+  // partition_blocks would drop as dominated, and their shares come out alike.
+  thread_local std::vector<uint8_t> repeats;
+  repeats.assign(dp, 0);
   for (int r = 0; r < distinct; ++r) {
+    // A like replica (type, slowness, NVLink class and ring, slot by slot) whose pipeline
+    // links match the previous replica's costs the same, term by term.
+    bool same_links = r > 0 && pl.like_replica[r] == pl.like_replica[r - 1];
+    for (int p = 0; p < pp && same_links; ++p) {
+      const int a = r * pp + p, b = a - pp;
+      same_links = pl.next_latency_s[a] == pl.next_latency_s[b] &&
+                   pl.next_s_per_byte[a] == pl.next_s_per_byte[b] &&
+                   pl.prev_latency_s[a] == pl.prev_latency_s[b] &&
+                   pl.prev_s_per_byte[a] == pl.prev_s_per_byte[b];
+    }
+    if (same_links) {
+      std::copy(costs.begin() + (r - 1) * pp, costs.begin() + r * pp, costs.begin() + r * pp);
+      repeats[r] = 1;
+      continue;
+    }
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
@@ -479,14 +499,11 @@ Outcome Search::evaluate_shape(const Shape& shape) {
                        costs[r * pp + p].per_block_s == costs[p].per_block_s;
     }
   }
-  // Replicas whose costs equal the previous replica's, rank by rank (runs of like replicas
-  // on like links): with the same microbatch count their rows are the same row again, which
-  // partition_blocks would drop as dominated, and their shares come out alike.
-  thread_local std::vector<uint8_t> repeats;
-  repeats.assign(dp, replicas_alike ? 1 : 0);
-  repeats[0] = 0;
-  if (!replicas_alike) {
+  if (replicas_alike) {
+    std::fill(repeats.begin() + 1, repeats.end(), 1);
+  } else {
     for (int r = 1; r < dp; ++r) {
+      if (repeats[r]) continue;
       bool same = true;
       for (int p = 0; p < pp && same; ++p) {
         const RankCost& a = costs[r * pp + p];
