@@ -25,21 +25,26 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdi
   // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
   // optimizer state over the dp x cp ranks that hold it.
   const int owners = s.dp * s.cp;
+  // Slice bounds: tensor-parallel rank t holds [t / tp, (t + 1) / tp).
+  thread_local std::vector<double> tp_bound;
+  tp_bound.resize(static_cast<size_t>(s.tp) + 1);
+  for (int t = 0; t <= s.tp; ++t) tp_bound[t] = static_cast<double>(t) / s.tp;
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < s.pp; ++p) {
-      for (int i = 0; i < s.tp * s.cp; ++i) {
-        const int t = i % s.tp, cpi = i / s.tp;
-        const int gpu = s.gpu_of_rank(r, p, t, cpi);
+      for (int cpi = 0; cpi < s.cp; ++cpi) {
         const int owner = r * s.cp + cpi;
-        const double lo = static_cast<double>(t) / s.tp, hi = static_cast<double>(t + 1) / s.tp;
         const double olo = s.zero >= 1 ? static_cast<double>(owner) / owners : 0.0;
         const double ohi = s.zero >= 1 ? static_cast<double>(owner + 1) / owners : 1.0;
-        for (int k = 0; k < s.virtual_stages; ++k) {
-          const int c = k * s.pp + p;
-          int a = first[c], b = first[c] + chunks[c] - 1;
-          if (c == 0) a = -1;
-          if (c == s.num_chunks() - 1) b = model.layers;
-          out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+        for (int t = 0; t < s.tp; ++t) {
+          const int gpu = s.gpu_of_rank(r, p, t, cpi);
+          const double lo = tp_bound[t], hi = tp_bound[t + 1];
+          for (int k = 0; k < s.virtual_stages; ++k) {
+            const int c = k * s.pp + p;
+            int a = first[c], b = first[c] + chunks[c] - 1;
+            if (c == 0) a = -1;
+            if (c == s.num_chunks() - 1) b = model.layers;
+            out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+          }
         }
       }
     }
