@@ -41,6 +41,12 @@ void Search::make_groups(int tp, int cp) {
   groups.clear();
   flat_gpus.clear();
   std::vector<int>& usable = scratch_.usable;
+  std::vector<double>& inverse_speed = scratch_.inverse_speed;
+  if (!speeds_ready_) {
+    inverse_speed.resize(topo_.num_gpus());
+    for (int gpu = 0; gpu < topo_.num_gpus(); ++gpu) inverse_speed[gpu] = 1.0 / c_.speed(gpu);
+    speeds_ready_ = true;
+  }
   // A stage wider than a node takes whole slices of `slice` GPUs (a multiple of tp, so every
   // tensor-parallel group stays in one node) from `span` nodes of one GPU type, in node order:
   // its context-parallel ring then crosses nodes.
@@ -79,7 +85,7 @@ void Search::make_groups(int tp, int cp) {
       }
       for (int t = 0; t < slice; ++t) {
         flat_gpus.push_back(usable[i + t]);
-        building.slow = std::max(building.slow, 1.0 / c_.speed(usable[i + t]));
+        building.slow = std::max(building.slow, inverse_speed[usable[i + t]]);
       }
       if (span == 1) {
         building.ring_latency_s = topo_.intra_latency_s;
