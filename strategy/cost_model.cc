@@ -257,11 +257,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
 
   const int pp = s.pp;
   l.replica_of_gpu.assign(topo_.num_gpus(), -1);
+  const int stage_gpus = s.tp * s.cp;
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < pp; ++p) {
-      for (int c = 0; c < s.cp; ++c) {
-        for (int i = 0; i < s.tp; ++i) l.replica_of_gpu[s.gpu_of_rank(r, p, i, c)] = r;
-      }
+      const int first = s.first_rank(r, p);
+      for (int k = 0; k < stage_gpus; ++k) l.replica_of_gpu[s.gpu_at(first + k)] = r;
     }
   }
   // Node of each rank's first GPU, rank (r, p) at r * pp + p.
@@ -327,14 +327,12 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
         }
       }
     }
-    for (int r = 0; r < s.dp; ++r) {
-      for (int c = 0; c < s.cp; ++c) {
-        int& count = per_node[member_node(r, c)];
-        if (count > 0) group.min_members = std::min(group.min_members, count);
-        count = 0;
-      }
-    }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
+    for (int i = group.first_node; i < group.end_node; ++i) {
+      int& count = per_node[l.spanned_nodes[i]];
+      group.min_members = std::min(group.min_members, count);
+      count = 0;
+    }
   }
 
   l.peak_flops = s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
@@ -644,8 +642,19 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       if (r >= 0) unclean[r] = 1;
     };
     const int speeds = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_speed.size()));
-    for (int g = 0; g < speeds; ++g) {
-      if (c.gpu_speed[g] != 1.0) mark(g);
+    // Four at a time: most speeds are nominal.
+    const double* speed = c.gpu_speed.data();
+    int first = 0;
+    for (; first + 4 <= speeds; first += 4) {
+      if ((speed[first] != 1.0) | (speed[first + 1] != 1.0) | (speed[first + 2] != 1.0) |
+          (speed[first + 3] != 1.0)) {
+        for (int k = first; k < first + 4; ++k) {
+          if (speed[k] != 1.0) mark(k);
+        }
+      }
+    }
+    for (int k = first; k < speeds; ++k) {
+      if (speed[k] != 1.0) mark(k);
     }
     const int failures = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_failed.size()));
     for (int g = 0; g < failures; ++g) {
@@ -664,6 +673,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   constexpr int kMaxClasses = 16;
   ReplicaClass classes[kMaxClasses];
   int class_count = 0;
+  int last_seen = 0;  // the class the last skipped replica had
 
   constexpr int kMaxMemoryShares = 8;
   int memory_shares[kMaxMemoryShares];
@@ -675,9 +685,17 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     const bool clean = by_class && !unclean[r];
     if (clean) {
       const ReplicaClass mine{layout_info->replica_class[r], share};
-      bool seen = false;
-      for (int k = 0; k < class_count && !seen; ++k)
-        seen = classes[k].layout_class == mine.layout_class && classes[k].share == mine.share;
+      // Runs of replicas share a class: the last one seen is tried first.
+      auto is = [&](int k) {
+        return classes[k].layout_class == mine.layout_class && classes[k].share == mine.share;
+      };
+      bool seen = last_seen < class_count && is(last_seen);
+      for (int k = 0; k < class_count && !seen; ++k) {
+        if (is(k)) {
+          seen = true;
+          last_seen = k;
+        }
+      }
       if (seen) continue;
       if (class_count < kMaxClasses) classes[class_count++] = mine;
     }

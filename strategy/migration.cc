@@ -25,21 +25,26 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdi
   // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
   // optimizer state over the dp x cp ranks that hold it.
   const int owners = s.dp * s.cp;
+  // Slice bounds: tensor-parallel rank t holds [t / tp, (t + 1) / tp).
+  thread_local std::vector<double> tp_bound;
+  tp_bound.resize(static_cast<size_t>(s.tp) + 1);
+  for (int t = 0; t <= s.tp; ++t) tp_bound[t] = static_cast<double>(t) / s.tp;
   for (int r = 0; r < s.dp; ++r) {
     for (int p = 0; p < s.pp; ++p) {
-      for (int i = 0; i < s.tp * s.cp; ++i) {
-        const int t = i % s.tp, cpi = i / s.tp;
-        const int gpu = s.gpu_of_rank(r, p, t, cpi);
+      for (int cpi = 0; cpi < s.cp; ++cpi) {
         const int owner = r * s.cp + cpi;
-        const double lo = static_cast<double>(t) / s.tp, hi = static_cast<double>(t + 1) / s.tp;
         const double olo = s.zero >= 1 ? static_cast<double>(owner) / owners : 0.0;
         const double ohi = s.zero >= 1 ? static_cast<double>(owner + 1) / owners : 1.0;
-        for (int k = 0; k < s.virtual_stages; ++k) {
-          const int c = k * s.pp + p;
-          int a = first[c], b = first[c] + chunks[c] - 1;
-          if (c == 0) a = -1;
-          if (c == s.num_chunks() - 1) b = model.layers;
-          out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+        for (int t = 0; t < s.tp; ++t) {
+          const int gpu = s.gpu_of_rank(r, p, t, cpi);
+          const double lo = tp_bound[t], hi = tp_bound[t + 1];
+          for (int k = 0; k < s.virtual_stages; ++k) {
+            const int c = k * s.pp + p;
+            int a = first[c], b = first[c] + chunks[c] - 1;
+            if (c == 0) a = -1;
+            if (c == s.num_chunks() - 1) b = model.layers;
+            out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+          }
         }
       }
     }
@@ -62,14 +67,12 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
   const double weight_bytes = kWeightBytesPerParam;
   const double grad_bytes = grad_bytes_per_param(model);
   const double optimizer_bytes = kOptimizerBytesPerParam;
-  auto layer_params = [&](int layer) {
-    if (layer < 0) return static_cast<double>(model.embedding_params());
-    if (layer >= model.layers) {
-      return model.tied_embeddings ? static_cast<double>(model.vocab) * model.hidden
+  // Parameters of the embedding, of one block and of the output layer.
+  const double embedding_params = static_cast<double>(model.embedding_params());
+  const double block_params = static_cast<double>(model.params_per_layer());
+  const double output_params = model.tied_embeddings
+                                   ? static_cast<double>(model.vocab) * model.hidden
                                    : static_cast<double>(model.output_params());
-    }
-    return static_cast<double>(model.params_per_layer());
-  };
   // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
   // of its ZeRO slice), optionally intersected with another holding.
   auto bytes_of = [&](const Holding& h, const Holding* other) {
@@ -77,13 +80,11 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
     const int b = other ? std::min(h.last_layer, other->last_layer) : h.last_layer;
     if (a > b) return 0.0;
     double params = 0;
-    if (a < 0) params += layer_params(-1);
+    if (a < 0) params += embedding_params;
     const int blocks = std::min(b, model.layers - 1) - std::max(a, 0) + 1;
-    if (blocks > 0) params += blocks * static_cast<double>(model.params_per_layer());
+    if (blocks > 0) params += blocks * block_params;
     // A tied output layer on the embedding's own GPU is the same tensor.
-    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) {
-      params += layer_params(model.layers);
-    }
+    if (b >= model.layers && !(a < 0 && model.tied_embeddings)) params += output_params;
     const double width =
         other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
     auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };

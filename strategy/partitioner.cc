@@ -445,6 +445,116 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
   return true;
 }
 
+// The same allocation for replicas that come in runs of equal costs (consecutive replicas
+// with the same per-microbatch and fixed times), worked out once per run. The allocation does
+// not depend on the relaxation's bottleneck (see allocate_direct): every replica's first block,
+// then the blocks that come first in the order (time, then highest replica first). A run's
+// members have the same blocks, and its higher members come first among them; a run after
+// another holds only higher replicas. Handles the case where the missing blocks are each
+// replica's next one; returns false (out possibly written) otherwise or for odd costs, and the
+// caller goes on to allocate_direct.
+bool allocate_runs(const double* per_microbatch_s, const double* fixed_s, int replicas,
+                   int blocks, int unit, int* out) {
+  struct Run {
+    int begin, count;
+    double per, fixed, inverse;
+    int n;
+    double next_s;
+  };
+  thread_local std::vector<Run> runs;
+  runs.clear();
+  for (int r = 0; r < replicas; ++r) {
+    const double f = fixed_s ? fixed_s[r] : 0.0;
+    if (r > 0 && per_microbatch_s[r] == per_microbatch_s[r - 1] && f == runs.back().fixed) {
+      ++runs.back().count;
+      continue;
+    }
+    const double a = per_microbatch_s[r] * unit;
+    if (!(std::isnormal(a) && a > 0 && std::isfinite(f) && f >= 0)) return false;
+    runs.push_back(Run{r, 1, a, f, 1.0 / a, 0, 0});
+  }
+  double inverse_sum = 0, weighted_fixed = 0;
+  for (const Run& run : runs) {
+    inverse_sum += run.count * run.inverse;
+    weighted_fixed += run.count * run.fixed * run.inverse;
+  }
+  double relaxed = (blocks + weighted_fixed) / inverse_sum;
+  thread_local std::vector<uint8_t> single;
+  single.assign(runs.size(), 0);
+  for (int round = 0; round < 8 && std::isfinite(relaxed); ++round) {
+    long singles = 0;
+    bool changed = false;
+    inverse_sum = weighted_fixed = 0;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const Run& run = runs[k];
+      if (!single[k] && run.fixed + run.per > relaxed) {
+        single[k] = 1;
+        changed = true;
+      }
+      if (single[k]) {
+        singles += run.count;
+      } else {
+        inverse_sum += run.count * run.inverse;
+        weighted_fixed += run.count * run.fixed * run.inverse;
+      }
+    }
+    if (!changed) break;
+    if (singles == replicas) return false;
+    relaxed = (static_cast<double>(blocks - singles) + weighted_fixed) / inverse_sum;
+  }
+  if (!std::isfinite(relaxed)) return false;
+
+  long kept = 0;
+  for (Run& run : runs) {
+    const double a = run.per, f = run.fixed;
+    int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
+    if (f <= relaxed) {
+      const double room = (relaxed - f) * run.inverse;
+      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
+      while (n >= 0 && f + a * n > relaxed) --n;
+    }
+    run.n = std::max(n, 1);
+    run.next_s = run.n < blocks ? f + a * (run.n + 1) : kInf;
+    kept += static_cast<long>(run.n) * run.count;
+  }
+  if (kept > blocks) return false;
+  long missing = blocks - kept;
+  for (const Run& run : runs) {
+    for (int i = 0; i < run.count; ++i) out[run.begin + i] = run.n;
+  }
+  if (missing == 0) return true;
+
+  // The missing next blocks, smallest first: runs by next time, the later run first on a tie,
+  // and inside a run its highest members first.
+  thread_local std::vector<int> order;
+  order.resize(runs.size());
+  for (size_t k = 0; k < runs.size(); ++k) order[k] = static_cast<int>(k);
+  std::sort(order.begin(), order.end(), [](int x, int y) {
+    return runs[x].next_s < runs[y].next_s || (runs[x].next_s == runs[y].next_s && x > y);
+  });
+  double last_s = 0;
+  int last_replica = 0;
+  for (int k : order) {
+    if (missing == 0) break;
+    const Run& run = runs[k];
+    if (!(run.next_s < kInf)) return false;
+    const int take = static_cast<int>(std::min<long>(missing, run.count));
+    for (int i = run.count - take; i < run.count; ++i) ++out[run.begin + i];
+    missing -= take;
+    last_s = run.next_s;
+    last_replica = run.begin + run.count - take;
+  }
+  // Valid when no replica's block after its next one comes before the last block taken.
+  for (const Run& run : runs) {
+    if (run.n + 2 > blocks) continue;
+    const double after_s = run.fixed + run.per * (run.n + 2);
+    const int highest = run.begin + run.count - 1;
+    if (!(last_s < after_s || (last_s == after_s && last_replica > highest))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
@@ -454,7 +564,16 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     for (int r = 0; r < replicas; ++r) out[r] = unit;
     return;
   }
-  if (!allocate_direct(per_microbatch_s, fixed_s, replicas, total / unit, unit, out)) {
+  // Replicas in long runs of equal costs (like replicas of a placement): once per run.
+  int runs = 1;
+  for (int r = 1; r < replicas; ++r) {
+    const bool same = per_microbatch_s[r] == per_microbatch_s[r - 1] &&
+                      (!fixed_s || fixed_s[r] == fixed_s[r - 1]);
+    runs += same ? 0 : 1;
+  }
+  const bool by_runs = 4 * runs <= replicas &&
+                       allocate_runs(per_microbatch_s, fixed_s, replicas, total / unit, unit, out);
+  if (!by_runs && !allocate_direct(per_microbatch_s, fixed_s, replicas, total / unit, unit, out)) {
     thread_local std::vector<RankCost> costs;
     costs.resize(replicas);
     for (int r = 0; r < replicas; ++r) {

@@ -41,6 +41,12 @@ void Search::make_groups(int tp, int cp) {
   groups.clear();
   flat_gpus.clear();
   std::vector<int>& usable = scratch_.usable;
+  std::vector<double>& inverse_speed = scratch_.inverse_speed;
+  if (!speeds_ready_) {
+    inverse_speed.resize(topo_.num_gpus());
+    for (int gpu = 0; gpu < topo_.num_gpus(); ++gpu) inverse_speed[gpu] = 1.0 / c_.speed(gpu);
+    speeds_ready_ = true;
+  }
   // A stage wider than a node takes whole slices of `slice` GPUs (a multiple of tp, so every
   // tensor-parallel group stays in one node) from `span` nodes of one GPU type, in node order:
   // its context-parallel ring then crosses nodes.
@@ -79,7 +85,7 @@ void Search::make_groups(int tp, int cp) {
       }
       for (int t = 0; t < slice; ++t) {
         flat_gpus.push_back(usable[i + t]);
-        building.slow = std::max(building.slow, 1.0 / c_.speed(usable[i + t]));
+        building.slow = std::max(building.slow, inverse_speed[usable[i + t]]);
       }
       if (span == 1) {
         building.ring_latency_s = topo_.intra_latency_s;
@@ -277,10 +283,16 @@ const Placement& Search::detailed(int placement_index) {
     }
     links_ready_ = true;
   }
+  // The node of each slot's group's first GPU.
+  thread_local std::vector<int> slot_node;
+  slot_node.resize(used);
+  for (int slot = 0; slot < used; ++slot) {
+    slot_node[slot] = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
+  }
   // The link between the first GPUs of two slots' groups: latency and seconds per byte.
   auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
-    const int na = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
-    const int nb = topo_.node_of_gpu[flat_gpus[groups[pl.group[other]].first]];
+    const int na = slot_node[slot];
+    const int nb = slot_node[other];
     if (na == nb) {
       latency_s = intra_latency_s[na];
       s_per_byte = intra_s_per_byte[na];

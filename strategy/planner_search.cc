@@ -445,7 +445,27 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
   // Alike replicas cost alike: replica 0's costs stand for every replica.
   const int distinct = pl.replicas_alike ? 1 : dp;
+  // Replicas whose costs equal the previous replica's, rank by rank (runs of like replicas
+  // on like links): with the same microbatch count their rows are the same row again, which
+  // partition_blocks would drop as dominated, and their shares come out alike.
+  thread_local std::vector<uint8_t> repeats;
+  repeats.assign(dp, 0);
   for (int r = 0; r < distinct; ++r) {
+    // A like replica (type, slowness, NVLink class and ring, slot by slot) whose pipeline
+    // links match the previous replica's costs the same, term by term.
+    bool same_links = r > 0 && pl.like_replica[r] == pl.like_replica[r - 1];
+    for (int p = 0; p < pp && same_links; ++p) {
+      const int a = r * pp + p, b = a - pp;
+      same_links = pl.next_latency_s[a] == pl.next_latency_s[b] &&
+                   pl.next_s_per_byte[a] == pl.next_s_per_byte[b] &&
+                   pl.prev_latency_s[a] == pl.prev_latency_s[b] &&
+                   pl.prev_s_per_byte[a] == pl.prev_s_per_byte[b];
+    }
+    if (same_links) {
+      std::copy(costs.begin() + (r - 1) * pp, costs.begin() + r * pp, costs.begin() + r * pp);
+      repeats[r] = 1;
+      continue;
+    }
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
@@ -479,21 +499,47 @@ Outcome Search::evaluate_shape(const Shape& shape) {
                        costs[r * pp + p].per_block_s == costs[p].per_block_s;
     }
   }
+  if (replicas_alike) {
+    std::fill(repeats.begin() + 1, repeats.end(), 1);
+  } else {
+    for (int r = 1; r < dp; ++r) {
+      if (repeats[r]) continue;
+      bool same = true;
+      for (int p = 0; p < pp && same; ++p) {
+        const RankCost& a = costs[r * pp + p];
+        const RankCost& b = costs[(r - 1) * pp + p];
+        same = a.fixed_s == b.fixed_s && a.per_block_s == b.per_block_s &&
+               a.max_blocks == b.max_blocks;
+      }
+      repeats[r] = same;
+    }
+  }
   thread_local std::vector<int> micro, before;
   thread_local std::vector<RankCost> rows;
   micro.assign(dp, total / dp);
   auto build_rows = [&]() {
     bool one = replicas_alike;
     for (int r = 1; r < dp && one; ++r) one = micro[r] == micro[0];
-    const int count = one ? 1 : dp;
-    rows.resize(static_cast<size_t>(count) * pp);
-    for (int r = 0; r < count; ++r) {
+    if (one) {
+      rows.assign(costs.begin(), costs.begin() + pp);
+      for (RankCost& w : rows) {
+        w.fixed_s *= micro[0];
+        w.per_block_s *= micro[0];
+      }
+      return 1;
+    }
+    // Some rows differ, so at least two remain: partition_blocks sees the same envelope.
+    rows.clear();
+    int count = 0;
+    for (int r = 0; r < dp; ++r) {
+      if (repeats[r] && micro[r] == micro[r - 1]) continue;
       for (int p = 0; p < pp; ++p) {
         RankCost w = costs[r * pp + p];
         w.fixed_s *= micro[r];
         w.per_block_s *= micro[r];
-        rows[r * pp + p] = w;
+        rows.push_back(w);
       }
+      ++count;
     }
     return count;
   };
@@ -502,6 +548,11 @@ Outcome Search::evaluate_shape(const Shape& shape) {
     per_mb.assign(dp, 0);
     fixed.assign(dp, 0);
     for (int r = 0; r < dp; ++r) {
+      if (repeats[r]) {
+        per_mb[r] = per_mb[r - 1];
+        fixed[r] = fixed[r - 1];
+        continue;
+      }
       double max = 0, sum = 0;
       for (int p = 0; p < pp; ++p) {
         const RankCost& c = costs[r * pp + p];

@@ -124,6 +124,7 @@ struct SearchScratch {
   // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
   // the network when the node's end is the slower one.
   std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
+  std::vector<double> inverse_speed;  // per GPU, this search's 1 / speed
   std::vector<int> usable, chosen, replicas;
   std::vector<std::vector<int>> by_type;
   std::vector<double> type_block_s, link_speed;
@@ -238,6 +239,7 @@ class Search {
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
+  bool speeds_ready_ = false;   // scratch_.inverse_speed holds this search's conditions
   std::vector<Shape>& shapes_;  // scratch_.shapes
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often

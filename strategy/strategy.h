@@ -82,12 +82,18 @@ struct Strategy {
   // The GPU of a rank. A stage's cp tensor-parallel groups sit next to one another, just
   // outside tp (Megatron's tp-cp order); cp_index 0 is the first of them.
   int gpu_of_rank(int dp_index, int pp_index, int tp_index, int cp_index = 0) const {
+    return gpu_at(first_rank(dp_index, pp_index) + cp_index * tp + tp_index);
+  }
+  // The first rank of (replica, stage): its tp x cp GPUs are the tp * cp ranks from it on,
+  // context rank after context rank.
+  int first_rank(int dp_index, int pp_index) const {
     const int stage = placement == PlacementOrder::kTpPpDp || !gpus.empty()
                           ? dp_index * pp + pp_index
                           : pp_index * dp + dp_index;
-    const int rank = (stage * cp + cp_index) * tp + tp_index;
-    return gpus.empty() ? rank : gpus[rank];
+    return stage * cp * tp;
   }
+  // The GPU of a rank (as numbered by first_rank).
+  int gpu_at(int rank) const { return gpus.empty() ? rank : gpus[rank]; }
   const Compression& compression_of_layer(int layer) const;
 
   bool operator==(const Strategy&) const = default;

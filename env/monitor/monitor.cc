@@ -65,8 +65,8 @@ std::string telemetry_problem(const transport::Telemetry& t, const MonitorOption
 }
 
 // What is wrong with a sample handed in directly (the checks telemetry_problem makes on the
-// message, on the fields the monitor reads); "" when nothing is.
-std::string sample_problem(const StepSample& x, const MonitorOptions& o) {
+// message, on the fields the monitor reads); nullptr when nothing is.
+const char* sample_problem(const StepSample& x, const MonitorOptions& o) {
   if (x.rank < 0 || x.rank >= o.ranks) return "unknown_rank";
   if (x.end_ns < x.start_ns) return "negative";
   const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
@@ -80,7 +80,7 @@ std::string sample_problem(const StepSample& x, const MonitorOptions& o) {
   }
   if (x.compute_ms > wall_ms + 1.0 || x.longest_collective_ms > wall_ms + 1.0) return "absurd";
   if (const char* r = layers_problem(x.layers)) return r;
-  return "";
+  return nullptr;
 }
 
 enum class Liveness : uint8_t { unknown, live, lost };
@@ -166,7 +166,11 @@ struct Monitor::State {
   Beliefs beliefs;
   MonitorCounters counters;
   std::vector<MonitorEvent> events;
-  double median_wait_ms = 0;
+  // The last closed step's median wait in the collectives, for slow-rank events: worked out
+  // from `waits` (that step's waits) when an event needs it.
+  double median_wait_ms() {
+    return median_in_place(waits.data(), waits.data() + waits.size());
+  }
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
   int live_count = 0;  // ranks whose liveness is live
@@ -364,15 +368,15 @@ size_t Monitor::ingest(std::vector<StepSample>&& samples, Clock::time_point arri
 Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
                             std::vector<std::pair<uint64_t, Clock::time_point>>& closed) {
   State& s = *this;
-  std::string reason = sample_problem(sample, s.o);
-  if (reason.empty() && s.any_seen && sample.step > s.newest + s.o.max_step_jump)
-    reason = "absurd_step";
+  // Why the sample is rejected (nullptr: it is not).
+  const char* reason = sample_problem(sample, s.o);
+  if (!reason && s.any_seen && sample.step > s.newest + s.o.max_step_jump) reason = "absurd_step";
   // Ranks report their steps in order: one already reported is a duplicate.
-  if (reason.empty() && s.ranks[sample.rank].reported &&
+  if (!reason && s.ranks[sample.rank].reported &&
       sample.step <= s.ranks[sample.rank].newest) {
     reason = "duplicate";
   }
-  if (reason.empty() && s.any_closed && sample.step <= s.last_closed) {
+  if (!reason && s.any_closed && sample.step <= s.last_closed) {
     // Its step already closed without it: the rank's own levels still learn from it, the
     // cross-rank comparisons of that step cannot.
     ++s.counters.accepted;
@@ -384,12 +388,12 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
     return Status();
   }
   StepAgg* agg = nullptr;
-  if (reason.empty()) {
+  if (!reason) {
     auto it = s.pending.find(sample.step);
     agg = it != s.pending.end() ? &it->second : &s.new_step(sample.step);
     if (agg->seen[sample.rank]) reason = "duplicate";
   }
-  if (!reason.empty()) {
+  if (reason) {
     ++s.counters.rejected;
     ++s.counters.rejected_by_reason[reason];
     return Status::rejected(reason);
@@ -468,7 +472,6 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     ++r.samples;
     for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
-  median_wait_ms = median_in_place(waits.data(), waits.data() + waits.size());
   beliefs.last_step_ms = median_in_place(walls.data(), walls.data() + walls.size());
   beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
@@ -531,7 +534,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
           "compute-only %.2f ms%s vs peer median %.2f ms (%.2fx slower); arrives %.1f ms "
           "after the median rank at the collective; waits %.1f ms in it vs median %.1f ms",
           st.compute.value(), per_sample ? " per sample" : "", reference[g], 1.0 / st.speed,
-          st.lateness_ms, st.last_wait_ms, median_wait_ms);
+          st.lateness_ms, st.last_wait_ms, median_wait_ms());
       events.push_back({MonitorEvent::Kind::slow_rank, r, -1, st.speed, step, now, text});
     } else if (st.slow && past && confirmed) {
       st.past_steps = 0;

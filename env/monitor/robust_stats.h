@@ -47,7 +47,7 @@ class RobustEwma {
     double reject_k = 4.0;    ///< outlier threshold in robust deviations.
     double rel_floor = 0.05;  ///< deviation floor relative to the level (noise-free inputs).
     int confirm = 3;          ///< consecutive same-side outliers that make a level shift.
-    int window = 9;           ///< recent inliers kept for the MAD (at most 64).
+    int window = 9;           ///< recent inliers kept for the MAD (at most 16).
   };
 
   RobustEwma() = default;
@@ -105,7 +105,7 @@ class RobustEwma {
   void reset() { *this = RobustEwma(o_); }
 
  private:
-  static constexpr int kMaxWindow = 64;
+  static constexpr int kMaxWindow = 16;
   int capacity() const { return std::clamp(o_.window, 1, kMaxWindow); }
   // Appends to the window of recent inliers, dropping the oldest beyond its capacity.
   void push(double x) {

@@ -285,6 +285,8 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
     // A step closes once a rank reported the next one: with a few steps per interval and
     // samples missing, waiting longer would hold beliefs back a whole interval.
     mo.close_lag_steps = 1;
+    // The last episode's monitor goes first, so that the new one reuses its memory.
+    monitor_.reset();
     monitor_ = std::make_unique<monitor::Monitor>(mo);
     for (int g = 0; g < topo.num_gpus(); ++g) monitor_->rank_connected(g);
   }
@@ -332,7 +334,11 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
 void SimEnv::emit_telemetry(int t) {
   const CostModel& cost = planner_for(truth_.seq_len[t]).cost_model();
   const Conditions& truth = truth_.conditions[t];
-  if (!cost.evaluate(current_, truth).feasible) return;  // the job is down: no steps to report
+  // The job is down (its layout uses a failed GPU, the one way a layout is infeasible): no
+  // steps to report. Without failed GPUs every layout is feasible.
+  const bool any_failed =
+      std::find(truth.gpu_failed.begin(), truth.gpu_failed.end(), true) != truth.gpu_failed.end();
+  if (any_failed && !cost.evaluate(current_, truth).feasible) return;
   if (!telemetry_ || !(telemetry_layout_ == current_)) {
     monitor_->layout_changed(monitor::peer_groups(cost.topology(), current_));
     telemetry_.emplace(cost, current_);

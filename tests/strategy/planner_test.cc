@@ -280,6 +280,46 @@ TEST_CASE("planner: elastic microbatch shares equal brute force and follow speed
   CHECK(out[1] == 48);
 }
 
+TEST_CASE("planner: elastic shares of replicas in runs of equal costs equal partition_blocks'") {
+  // Like replicas come in long runs of equal costs; the shares are worked out once per run and
+  // must be exactly the allocation of partition_blocks with one row (ties to higher replicas).
+  // Costs from a small set make block times tie across runs.
+  std::mt19937 rng(11);
+  const double pers[] = {0.5, 1.0, 1.5, 2.0, 3.0};
+  const double fixeds[] = {0.0, 0.0, 0.5, 1.0};
+  std::uniform_real_distribution<double> u(0.2, 3.0);
+  long by_runs_cases = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const bool discrete = trial % 2 == 0;
+    std::vector<double> per, fixed;
+    const int runs = 1 + static_cast<int>(rng() % 5);
+    for (int k = 0; k < runs; ++k) {
+      const double a = discrete ? pers[rng() % 5] : u(rng);
+      const double f = discrete ? fixeds[rng() % 4] : (rng() % 2 ? u(rng) : 0.0);
+      const int length = 1 + static_cast<int>(rng() % 60);
+      per.insert(per.end(), length, a);
+      fixed.insert(fixed.end(), length, f);
+    }
+    const int replicas = static_cast<int>(per.size());
+    by_runs_cases += 4 * runs <= replicas;
+    const int unit = 1 + static_cast<int>(rng() % 3);
+    const int total = unit * (replicas + static_cast<int>(rng() % (3 * replicas + 1)));
+    std::vector<int> out(replicas);
+    allocate_microbatches(per.data(), fixed.data(), replicas, total, unit, out.data());
+    std::vector<RankCost> costs(replicas);
+    for (int r = 0; r < replicas; ++r) costs[r] = RankCost{fixed[r], per[r] * unit, INT_MAX};
+    std::vector<int> reference(replicas);
+    double bottleneck = 0;
+    REQUIRE(partition_blocks(costs.data(), 1, replicas, total / unit, 1, reference.data(),
+                             &bottleneck));
+    for (int& n : reference) n *= unit;
+    CAPTURE(trial);
+    CAPTURE(replicas);
+    CHECK(out == reference);
+  }
+  CHECK(by_runs_cases > 100);
+}
+
 TEST_CASE("planner: best layout equals exhaustive enumeration through the cost model") {
   // Exhaustive: every (tp, pp, dp) filling the cluster, sp, schedule and virtual stages,
   // recompute, zero, microbatch size, and every stage partition; uniform shares on a
