@@ -40,6 +40,7 @@ struct LaunchOptions {
   std::string agent = "builtin";
   std::string agent_policy;     // --agent deploy: deploy's --policy (empty: its default)
   int agent_interval_steps = 5;  // --agent deploy: training steps per decision
+  std::string agent_switches = "dp";  // --agent deploy: what the agent may switch (dp | hybrid)
   std::vector<std::string> actions;  // STEP:ACTION
   int elastic_every = 0;
   std::int64_t auto_compress_at = -1;
@@ -108,6 +109,8 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   const bool deploy = o.agent == "deploy";
   if (o.agent != "builtin" && o.agent != "none" && !deploy && o.agent.find(':') == std::string::npos)
     throw InputError("--agent: builtin, deploy, none or HOST:PORT");
+  if (!deploy && o.agent_switches != "dp")
+    throw InputError("--agent-switches needs --agent deploy");
   if (!deploy && (!o.agent_policy.empty() || o.agent_interval_steps != 5))
     throw InputError("--agent-policy and --agent-interval-steps need --agent deploy");
   if (o.agent_interval_steps < 1) throw InputError("--agent-interval-steps: must be >= 1");
@@ -179,8 +182,23 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
       if (!::mkdtemp(dir)) throw std::runtime_error("cannot create a folder for the job file");
       job_dir = dir;
     }
+    // With hybrid switches the agent's planner searches every tensor-parallel degree that
+    // splits the heads and every pipeline depth the blocks allow, over all the workers.
+    live::JobSwitches switches;
+    if (o.agent_switches == "hybrid") {
+      if (wo.model.kind != "transformer")
+        throw InputError("--agent-switches hybrid: the " + wo.model.kind +
+                         " model trains data parallel only");
+      switches.tp.clear();
+      switches.pp.clear();
+      for (int d = 1; d <= o.workers; ++d) {
+        if (o.workers % d != 0) continue;
+        if (wo.model.heads % d == 0) switches.tp.push_back(d);
+        if (d <= wo.model.layers) switches.pp.push_back(d);
+      }
+    }
     const std::string job_file =
-        take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir));
+        take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir, switches));
     co.agent_command = {"/proc/self/exe", "deploy",
                         "--scenario", job_file,
                         "--initial-layout", wo.layout.empty() ? "uniform-dp" : wo.layout,
@@ -329,6 +347,11 @@ void add_launch_command(CLI::App& app) {
                   "--agent deploy: its --policy (default: the shipped policy)");
   cmd->add_option("--agent-interval-steps", options->agent_interval_steps,
                   "--agent deploy: training steps per decision")
+      ->capture_default_str();
+  cmd->add_option("--agent-switches", options->agent_switches,
+                  "--agent deploy: what the agent may switch: dp (data-parallel shares) or "
+                  "hybrid (also tensor- and pipeline-parallel degrees and stage boundaries)")
+      ->check(CLI::IsMember({"dp", "hybrid"}))
       ->capture_default_str();
   cmd->add_option("--action", options->actions,
                   "Scripted action STEP:ACTION, e.g. 20:s=0.75/0.25, 40:c=30h or a layout switch "

@@ -56,7 +56,8 @@ StatusOr<std::string> write_job_scenario(const std::string& model_path, int work
       << "\n\n# What the workers can switch: data-parallel shares"
       << (hybrid ? ", tensor- and pipeline-parallel degrees and stage boundaries" : "")
       << ".\n[space]\ntp = " << list(switches.tp) << "\npp = " << list(switches.pp)
-      << "\nmicrobatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";
+      << "\nmicrobatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n"
+      << (hybrid ? "# The workers run 1F1B over one stage per rank.\nschedule = [\"1f1b\"]\n" : "");
   const std::string path = dir + "/job.toml";
   if (Status written = write_whole(path, job.str()); !written.ok()) return written;
   return path;

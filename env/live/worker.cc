@@ -284,6 +284,9 @@ int run_or_throw(const WorkerOptions& o) {
     job.global_batch = static_cast<std::uint32_t>(o.global_batch);
     job.capabilities =
         transport::kCapDpShares | transport::kCapCompression | transport::kCapMicroBatches;
+    // Layouts switch on Gloo (layout_switch.h), for the transformer (the MLP is data parallel).
+    if (o.backend == "gloo" && o.model.kind == "transformer")
+      job.capabilities |= transport::kCapTensor | transport::kCapPipeline;
     job.framework = "parapilot-worker";
     for (const LayerShape& l : layers) {
       const auto n = static_cast<std::uint64_t>(l.numel());

@@ -133,6 +133,51 @@ TEST_CASE("the same with the reactive baseline") {
   drives_live_workers(" --agent-policy reactive", "reactive");
 }
 
+TEST_CASE("with hybrid switches, parapilot deploy moves a pipeline job off its slowed stage: a "
+          "real layout switch, every step once on every rank") {
+  const std::string dir = temp_dir("hybrid");
+  const std::string cmd = std::string(PARAPILOT_BIN) +
+                          " launch --workers 2 --agent deploy --agent-switches hybrid"
+                          " --agent-interval-steps 5 --steps 60 --layout dp=1,pp=2"
+                          " --inject rank=1,slow=4x,at=1s --log-dir " + dir +
+                          " --record " + dir + "/telemetry.csv"
+                          " --layers 4 --d-model 32 --heads 2 --seq-len 16 --global-batch 8"
+                          " --microbatch 1 --threads 1 --collective-timeout 60 > " + dir +
+                          "/launch.log 2>&1";
+  INFO("logs in " << dir);
+  REQUIRE(run(cmd) == 0);  // workers and the agent ended cleanly
+  const auto lines = json_lines(dir + "/agent.log");
+  REQUIRE(!lines.empty());
+  CHECK(lines.front()["event"] == "agent_started");
+  // The agent committed a switch out of the two-stage pipeline.
+  std::vector<long> switch_steps;
+  std::string last_layout;
+  for (const auto& e : lines) {
+    if (e["event"] == "migration" && e["outcome"] == "committed") {
+      switch_steps.push_back(e["switch_at_step"].get<long>());
+      last_layout = e["layout"].get<std::string>();
+    }
+  }
+  REQUIRE(!switch_steps.empty());
+  CHECK(last_layout.find("-pp2-") == std::string::npos);
+  // Every step ran once on each rank, across the switch.
+  const auto read = parapilot::trace::read_telemetry(dir + "/telemetry.csv");
+  REQUIRE_MESSAGE(read.ok(), read.status().message());
+  std::map<long, std::map<int, int>> rows;  // step -> rank -> rows
+  for (const auto& x : read->samples) ++rows[x.step][x.rank];
+  REQUIRE(rows.size() == 60);
+  for (const auto& [step, ranks] : rows) {
+    CAPTURE(step);
+    CHECK(ranks.size() == 2);
+    for (const auto& [rank, n] : ranks) CHECK(n == 1);
+  }
+  // The workers logged the switch with its pause.
+  std::ifstream w0(dir + "/worker-0.log");
+  const std::string log0((std::istreambuf_iterator<char>(w0)), {});
+  CHECK(log0.find("switched to layout dp=2,tp=1,pp=1") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the agent killed: live workers train on, reconnect to a new agent, finish cleanly") {
   const std::string dir = temp_dir("restart");
   const std::string bin = PARAPILOT_BIN;
