@@ -29,6 +29,7 @@ using parapilot::testing::ok;
 namespace {
 
 using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::four_block_args;
 using parapilot::live::testing::read_floats;
 using parapilot::live::testing::read_text;
 
@@ -36,33 +37,11 @@ std::string temp_dir(const std::string& name) {
   return parapilot::live::testing::temp_dir("hybrid", name);
 }
 
-// 4 blocks, so that stages can be uneven; 8 microbatches of one sequence, so that each replica
-// of a dp=2 layout runs 4 through its pipeline (warm-up, steady 1F1B and cool-down all occur).
-std::vector<std::string> four_block_args(const std::string& dump) {
-  return {"--layers",
-          "4",
-          "--d-model",
-          "32",
-          "--heads",
-          "2",
-          "--seq-len",
-          "16",
-          "--global-batch",
-          "8",
-          "--microbatch",
-          "1",
-          "--threads",
-          "1",
-          "--steps",
-          "3",
-          "--optimizer",
-          "adam",
-          "--collective-timeout",
-          "20",
-          "--rendezvous-timeout",
-          "30",
-          "--dump-params",
-          dump};
+// four_block_args for 3 steps, the whole model dumped to `dump`.
+std::vector<std::string> three_steps_args(const std::string& dump) {
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--steps", "3", "--dump-params", dump});
+  return args;
 }
 
 // Runs `workers` ranks with `extra` flags; every rank must finish cleanly.
@@ -89,7 +68,7 @@ TEST_CASE(
     "hybrid layouts: pipeline, tensor and data parallel give the update of one process on "
     "the whole batch") {
   const std::string dir = temp_dir("layouts");
-  run_cluster(1, four_block_args(dir + "/one.bin"), dir);
+  run_cluster(1, three_steps_args(dir + "/one.bin"), dir);
   const std::vector<float> one = read_floats(dir + "/one.bin");
   REQUIRE(one.size() == 68032);  // the whole 4-block model
   double max_abs = 0;
@@ -108,7 +87,7 @@ TEST_CASE(
       const std::string logs = dir + "/" + std::to_string(c.workers) + "-" +
                                std::to_string(std::hash<std::string>{}(c.layout));
       std::filesystem::create_directories(logs);
-      std::vector<std::string> args = four_block_args(logs + "/params.bin");
+      std::vector<std::string> args = three_steps_args(logs + "/params.bin");
       args.insert(args.end(), {"--layout", c.layout});
       run_cluster(c.workers, args, logs);
       const std::vector<float> got = read_floats(logs + "/params.bin");
@@ -135,7 +114,7 @@ TEST_CASE(
     }
   }
   // The bound can fail: one step fewer of the same training is far outside it.
-  std::vector<std::string> shorter = four_block_args(dir + "/shorter.bin");
+  std::vector<std::string> shorter = three_steps_args(dir + "/shorter.bin");
   shorter[static_cast<std::size_t>(std::find(shorter.begin(), shorter.end(), "--steps") -
                                    shorter.begin() + 1)] = "2";
   run_cluster(1, shorter, dir);
@@ -197,7 +176,7 @@ TEST_CASE(
   LocalClusterOptions o;
   o.workers = 4;
   o.worker_command = {"/proc/self/exe", "--live-worker"};
-  o.worker_args = four_block_args(dir + "/unused.bin");
+  o.worker_args = three_steps_args(dir + "/unused.bin");
   o.worker_args.insert(o.worker_args.end(),
                        {"--layout", "tp=2,pp=2", "--steps", "0", "--collective-timeout", "5"});
   o.host_agent = true;

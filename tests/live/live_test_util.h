@@ -53,6 +53,17 @@ inline ModelConfig four_blocks() {
   return m;
 }
 
+/// Worker flags for four_blocks(): a global batch of 8 microbatches of one sequence (so each
+/// replica of a dp=2 layout runs 4 through its pipeline: warm-up, steady 1F1B and cool-down all
+/// occur), Adam, one thread.
+inline std::vector<std::string> four_block_args() {
+  const ModelConfig m = four_blocks();
+  return {"--layers",     std::to_string(m.layers), "--d-model", std::to_string(m.d_model),
+          "--heads",      std::to_string(m.heads),  "--seq-len", std::to_string(m.seq_len),
+          "--global-batch", "8", "--microbatch", "1", "--threads", "1", "--optimizer", "adam",
+          "--collective-timeout", "20", "--rendezvous-timeout", "30"};
+}
+
 /// Every rank exited by itself with code 0.
 inline void check_all_finished(const std::vector<RankExit>& exits, const std::string& logs) {
   for (const auto& e : exits) {

@@ -29,6 +29,7 @@ using parapilot::testing::ok;
 namespace {
 
 using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::four_block_args;
 using parapilot::live::testing::four_blocks;
 using parapilot::live::testing::read_floats;
 using parapilot::live::testing::read_text;
@@ -93,29 +94,6 @@ void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
   }
 }
 
-std::vector<std::string> model_args() {
-  return {"--layers",
-          "4",
-          "--d-model",
-          "32",
-          "--heads",
-          "2",
-          "--seq-len",
-          "16",
-          "--global-batch",
-          "8",
-          "--microbatch",
-          "1",
-          "--threads",
-          "1",
-          "--optimizer",
-          "adam",
-          "--collective-timeout",
-          "20",
-          "--rendezvous-timeout",
-          "30"};
-}
-
 LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
                             const std::string& logs) {
   LocalClusterOptions o;
@@ -138,7 +116,7 @@ std::int64_t steps_trained(const std::string& log) {
 // Max |difference| / max |parameter| of the job's dump against one process trained as many
 // steps on the whole batch.
 double against_one_process(const std::string& dump, std::int64_t steps, const std::string& dir) {
-  std::vector<std::string> args = model_args();
+  std::vector<std::string> args = four_block_args();
   args.insert(args.end(), {"--steps", std::to_string(steps), "--dump-params", dir + "/one.bin"});
   const auto started = ok(LocalCluster::start(cluster(1, args, false, dir + "/one")));
   check_all_finished(started->wait(120), dir);
@@ -160,7 +138,7 @@ double against_one_process(const std::string& dump, std::int64_t steps, const st
 std::string switch_and_compare(int workers, const std::string& from, const std::string& to,
                                const std::string& name) {
   const std::string dir = temp_dir(name);
-  std::vector<std::string> args = model_args();
+  std::vector<std::string> args = four_block_args();
   args.insert(args.end(), {"--layout", from, "--steps", "0", "--dump-params", dir + "/params.bin"});
   const auto started = ok(LocalCluster::start(cluster(workers, args, true, dir)));
   LocalCluster& c = *started;
@@ -315,7 +293,7 @@ TEST_CASE("layout switch on 4 Gloo processes: dp=2,pp=2 -> pp=4 and tp=2,dp=2 ->
 
 TEST_CASE("layout switch aborted while staging: every rank stays on the old layout, untouched") {
   const std::string dir = temp_dir("abort");
-  std::vector<std::string> args = model_args();
+  std::vector<std::string> args = four_block_args();
   // Staging waits 20 s, so that the controller's 0.5 s wait for PlanReady ends first: it sends
   // PlanAbort while every rank is staging.
   args.insert(args.end(), {"--layout", "dp=2", "--steps", "0", "--stage-delay-ms", "20000",
@@ -355,7 +333,7 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   MESSAGE("aborted dp=2 -> pp=2: " << steps << " steps, parameters within " << diff
                                    << " of one process");
   // Bit for bit the never-migrated job: the abort touched nothing.
-  std::vector<std::string> plain = model_args();
+  std::vector<std::string> plain = four_block_args();
   plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps), "--dump-params",
                              dir + "/plain.bin"});
   check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
