@@ -71,12 +71,18 @@ StatusOr<std::unique_ptr<LayoutState>> LayoutState::build(const LiveLayout& layo
       throw std::logic_error("rank_shards() disagrees with the stage model at " +
                              s->local_layers_.back().name);
   }
-  if (o.optimizer == "adam")
-    s->optimizer_ = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
-  else
-    s->optimizer_ = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr));
+  s->optimizer_ = make_optimizer(params, o);
   s->gsync_ = std::make_unique<GradientSync>(s->local_layers_, o.seed);
   return s;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
+                                                        const LayoutStateOptions& options) {
+  if (options.optimizer == "adam")
+    return std::make_unique<torch::optim::Adam>(std::move(params),
+                                                torch::optim::AdamOptions(options.lr));
+  return std::make_unique<torch::optim::SGD>(std::move(params),
+                                             torch::optim::SGDOptions(options.lr));
 }
 
 Status LayoutState::broadcast_parameters() {

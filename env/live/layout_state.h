@@ -34,6 +34,11 @@ struct LayoutStateOptions {
   GroupOptions groups;
 };
 
+/// The job's optimizer (options.optimizer, options.lr; torch's defaults otherwise) over
+/// `params`: every LayoutState's, and the one a layout switch replays streamed updates with.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
+                                                        const LayoutStateOptions& options);
+
 class LayoutState {
  public:
   /// Builds `rank`'s part of `layout` (valid for options.model: parse_layout). Groups are built
@@ -46,6 +51,7 @@ class LayoutState {
                                                       const LayoutStateOptions& options);
 
   const LiveLayout& layout() const { return layout_; }
+  const LayoutStateOptions& options() const { return options_; }
   const RankCoords& coords() const { return coords_; }
   StageModel& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }

@@ -1,32 +1,38 @@
-// A layout switch of a running job (libtorch), double-buffered: the new layout's state is
-// staged off the training path, then installed at the committed boundary.
+// A layout switch of a running job (libtorch), double-buffered: the new layout is built and the
+// state it needs from other ranks is streamed to it while training continues on the old one;
+// at the committed boundary the staged copy is installed.
 //
-//  - Staging (stage_layout, on a LayoutStager thread while training continues): the new
-//    layout's LayoutState (its DP, TP and pipeline groups, stage model, optimizer, gradient
-//    reduction) built over a c10d::PrefixStore keyed by the plan id, so its rendezvous never
-//    meets the running layout's groups; a transfer group over the whole world (Gloo
-//    point-to-point, also under the plan's prefix); and the transfer plan (transfer_plan.h).
-//    Nothing of the running state is read: an abort drops the staged copy and the old layout
-//    is untouched.
-//  - At the committed boundary (move_state, on the training thread, every rank at the same
-//    step): every parameter and Adam state piece of the new shards is copied locally or
-//    received from its one source over the transfer group, exactly once; the caller then swaps
-//    in the new LayoutState. The state moves here, not in the background: it is the state
-//    after the last step before the boundary, so nothing can change after the copy.
+//  - Staging (stage_layout, on the plan's stream thread, layout_stager.h): the new layout's
+//    LayoutState (its DP, TP and pipeline groups, stage model, optimizer, gradient reduction)
+//    built over a c10d::PrefixStore keyed by the plan id, so its rendezvous never meets the
+//    running layout's groups; a transfer group over the whole world (Gloo point-to-point, also
+//    under the plan's prefix); and the transfer plan (transfer_plan.h).
+//  - Streaming (send_snapshot and send_gradients on the training thread; IncomingState on the
+//    stream thread). At its first boundary after the new layout is built, every rank sends each
+//    peer a snapshot of the pieces that peer takes from it: parameters, Adam's exp_avg and
+//    exp_avg_sq, and Adam's step count. After every later step's gradient reduction it sends
+//    that step's reduced gradients of the same pieces (a third of the snapshot's bytes). The
+//    receiver applies each step's gradients to its staged pieces with a second instance of the
+//    job's own optimizer (make_optimizer), so the staged pieces follow the holder's state step
+//    by step: the same elementwise update on the same inputs. The sends are asynchronous on the
+//    transfer group; nothing of the running state is written, so an abort drops the staged
+//    copy and the old layout is untouched.
+//  - At the committed boundary (move_state, the training thread, every rank at the same step):
+//    pieces a rank keeps are copied locally from its running state; pieces streamed to it are
+//    copied from the staged copy, which by then has every step's update up to the boundary.
+//    When the staged copy is not usable (the job switched to another layout after this plan was
+//    staged: its snapshot is of a layout no longer running) every moved piece is sent at the
+//    boundary instead. Which of the two a switch takes depends only on layouts every rank
+//    agreed on, so all ranks take the same one.
 //
-// Thread-safety: LayoutStager's members may be called from any thread; stage_layout and
-// move_state use only the objects passed to them.
+// Thread-safety: the functions use only the objects passed to them. A transfer group's sends
+// are started by the training thread only and its receives made by the stream thread only.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/status.h"
@@ -35,14 +41,22 @@
 
 namespace parapilot::live {
 
+class IncomingState;
+
 /// What a rank staged for one plan.
 struct StagedLayout {
   std::uint64_t plan_id = 0;
   LiveLayout from, to;
-  std::unique_ptr<LayoutState> state;      ///< the new layout, parameters not yet moved.
-  std::unique_ptr<PointToPoint> transfer;  ///< the world, for the move (group rank = rank).
-  std::vector<TransferPiece> plan;         ///< transfer_plan(from, to).
-  double staged_ms = 0;                    ///< wall time of staging.
+  std::unique_ptr<LayoutState> state;       ///< the new layout, parameters not yet moved.
+  std::unique_ptr<PointToPoint> transfer;   ///< the world, for the move (group rank = rank).
+  std::vector<TransferPiece> plan;          ///< transfer_plan(from, to).
+  std::unique_ptr<IncomingState> incoming;  ///< the streamed pieces; null: move them at the boundary.
+  double staged_ms = 0;                     ///< wall time of building the new layout.
+  std::uint64_t streamed_sent = 0;          ///< bytes this rank streamed to others before the boundary.
+  StagedLayout();
+  StagedLayout(StagedLayout&&) noexcept;
+  StagedLayout& operator=(StagedLayout&&) noexcept;
+  ~StagedLayout();
 };
 
 /// Builds plan_id's staged copy of `to` for `rank` (the job runs `from`): groups over
@@ -58,51 +72,64 @@ StatusOr<StagedLayout> stage_layout(std::uint64_t plan_id, const LiveLayout& fro
                                     std::chrono::milliseconds delay,
                                     const std::function<bool()>& cancelled);
 
+/// The pieces `to` streams to this rank (those it takes from other ranks), staged and kept
+/// current. Used by one thread at a time (the stream thread, then the training thread at the
+/// boundary).
+class IncomingState {
+ public:
+  /// For the pieces of `staged.plan` whose target is `rank` and source another rank.
+  IncomingState(const StagedLayout& staged, int rank);
+  ~IncomingState();
+  /// Receives every source's snapshot (blocking, in source order, at most the group's timeout
+  /// each). The failed receive's status.
+  Status receive_snapshots(PointToPoint& transfer);
+  /// Receives step's reduced gradients from every source whose snapshot is of this step or an
+  /// earlier one, and applies them. Steps in increasing order, each once.
+  Status apply(PointToPoint& transfer, std::uint64_t step);
+  /// The next step to apply: every source's staged pieces hold its state at the boundary
+  /// before this step (the oldest snapshot's step until apply() runs; 0 without sources).
+  std::uint64_t next_step() const { return next_step_; }
+  /// Bytes received (snapshots and gradients).
+  std::uint64_t bytes_received() const { return bytes_received_; }
+  /// Copies the staged pieces into `to`'s parameters and, when `adam_state`, into its Adam
+  /// state (which must exist). Returns the bytes copied.
+  std::uint64_t install(LayoutState& to, bool adam_state);
+
+ private:
+  struct Source;
+  LayoutStateOptions options_;
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::uint64_t next_step_ = 0;
+  std::uint64_t bytes_received_ = 0;
+};
+
+/// Starts sending every peer the snapshot of the pieces it takes from this rank under
+/// `staged.plan` (parameters, Adam state when the optimizer has stepped), taken from `running`
+/// at the boundary before `step`. Asynchronous: the copies sent are this call's own.
+/// Precondition: running.layout() == staged.from. Returns the bytes started.
+StatusOr<std::uint64_t> send_snapshot(LayoutState& running, StagedLayout& staged, int rank,
+                                      std::uint64_t step);
+/// Starts sending every peer `step`'s reduced gradients of the same pieces (call after the
+/// gradient reduction, before the optimizer steps). Returns the bytes started.
+StatusOr<std::uint64_t> send_gradients(LayoutState& running, StagedLayout& staged, int rank,
+                                       std::uint64_t step);
+
 /// What one switch cost this rank.
 struct SwitchStats {
-  double move_ms = 0;            ///< copying and transferring the state.
-  std::uint64_t bytes_sent = 0;  ///< to other ranks (parameters and optimizer state).
+  double move_ms = 0;            ///< installing the new state (the part of the pause it adds).
+  bool streamed = false;         ///< moved pieces came from the streamed copy.
+  std::uint64_t bytes_sent = 0;  ///< to other ranks at the boundary (parameters and state).
   std::uint64_t bytes_received = 0;
   std::uint64_t bytes_local = 0;  ///< copied within this rank.
 };
 
 /// Moves `from`'s parameters and optimizer state (Adam: exp_avg, exp_avg_sq and the step; SGD
-/// has none) into `to.state` by `to.plan` (recomputed first when `from` no longer runs
-/// `to.from`). Every rank of the world must call it at the same boundary. A failed transfer:
-/// kCollectiveFailed (the new state is then unusable; the old one is untouched).
+/// has none) into `to.state` by `to.plan`: local pieces copied; the others installed from
+/// `to.incoming` when it is set and `from` runs `to.from` (the caller's contract: incoming
+/// applied every step before this boundary, on every rank alike), sent now otherwise (the plan
+/// recomputed first when `from` no longer runs `to.from`). Every rank of the world must call it at the same boundary. A failed
+/// transfer: kCollectiveFailed (the new state is then unusable; the old one is untouched).
 StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
                                  const ModelConfig& model);
-
-/// Staging threads, one per plan being staged, and the staged copies they made.
-class LayoutStager {
- public:
-  using Stage = std::function<StatusOr<StagedLayout>(const std::function<bool()>& cancelled)>;
-  /// Runs `stage` on a new thread for plan_id (an exception it throws becomes kInternal); when
-  /// it returns, keeps its result (on success)
-  /// and then calls done(status). A plan already staging or staged is left as it is.
-  void start(std::uint64_t plan_id, Stage stage, std::function<void(const Status&)> done);
-  /// The staged copy of plan_id (joining its thread), or null when it is not staged (still
-  /// staging, failed, or dropped).
-  std::unique_ptr<StagedLayout> take(std::uint64_t plan_id);
-  /// Cancels and drops every plan for which keep(plan_id) is false (aborted, refused, missed or
-  /// forgotten by the plan book); their threads end on their own (at most the group timeout)
-  /// and are joined later. Finished threads are joined here. Returns the plans dropped now.
-  std::vector<std::uint64_t> keep_only(const std::function<bool(std::uint64_t)>& keep);
-  /// Plans staging or staged.
-  std::size_t size() const;
-  /// Cancels everything and joins every thread.
-  ~LayoutStager();
-
- private:
-  struct Entry {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> cancelled;
-    std::shared_ptr<std::atomic<bool>> finished;
-    std::unique_ptr<StagedLayout> staged;  ///< set by the thread under mu_.
-  };
-  mutable std::mutex mu_;
-  std::map<std::uint64_t, Entry> plans_;
-  std::vector<Entry> dropped_;
-};
 
 }  // namespace parapilot::live

@@ -23,7 +23,7 @@
 #include "env/live/grad_sync.h"
 #include "env/live/layout.h"
 #include "env/live/layout_state.h"
-#include "env/live/layout_switch.h"
+#include "env/live/layout_stager.h"
 #include "env/live/pipeline.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
@@ -233,7 +233,7 @@ int run_or_throw(const WorkerOptions& o) {
   // Declared after the bus: its threads report to the bus, so it goes first (its destructor
   // joins them). The bus thread reaches it through a weak pointer: a plan arriving while the
   // worker ends finds it gone and is refused.
-  auto stager = std::make_shared<LayoutStager>();
+  auto stager = std::make_shared<LayoutStager>(o.rank, o.switch_transfer == "streamed");
   // Releases a replaced layout's state and groups off the training path (joined before the
   // next switch and when training ends).
   std::thread releaser;
@@ -425,14 +425,17 @@ int run_or_throw(const WorkerOptions& o) {
             // The switch: move the state into the staged layout and train on it from this
             // step (layout_switch.h). Its wall time is the pause this step pays.
             const auto ts = Clock::now();
-            std::unique_ptr<StagedLayout> staged = stager->take(next_plan);
+            StatusOr<std::unique_ptr<StagedLayout>> took = stager->take(next_plan, step);
             const double take_ms = seconds_since(ts) * 1000;
+            if (!collective_ok(took.status())) break;
+            std::unique_ptr<StagedLayout> staged = std::move(*took);
             if (!staged) {  // every rank said it holds the plan: a broken invariant
               failure = "plan " + std::to_string(next_plan) + " is held but not staged here";
               exit_code = kWorkerCollectiveFailed;
               break;
             }
             const double staged_ms = staged->staged_ms;
+            const std::uint64_t streamed_sent = staged->streamed_sent;
             const StatusOr<SwitchStats> moved = move_state(*state, *staged, o.rank, o.model);
             if (!collective_ok(moved.status())) break;
             std::unique_ptr<LayoutState> old = std::move(state);
@@ -463,18 +466,22 @@ int run_or_throw(const WorkerOptions& o) {
             rec.layout = layout_text(layout);
             rec.pause_ms = seconds_since(ts) * 1000;
             rec.staged_ms = staged_ms;
-            rec.bytes_sent = moved->bytes_sent;
+            rec.bytes_sent = moved->bytes_sent + streamed_sent;
             switches.push_back(rec);
             switched_this_step = true;
             std::printf(
                 "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (staged state "
-                "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state moved in "
-                "%.1f ms: %llu "
-                "bytes sent, %llu received, %llu copied locally), staged in %.1f ms beside "
-                "training\n",
+                "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state installed "
+                "in %.1f ms: %s, %llu bytes sent at the boundary, %llu received, %llu copied "
+                "locally), built in %.1f ms beside training\n",
                 tag.c_str(), rec.layout.c_str(), static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(next_plan), rec.pause_ms, take_ms, release_ms,
-                moved->move_ms, static_cast<unsigned long long>(moved->bytes_sent),
+                moved->move_ms,
+                moved->streamed ? ("streamed ahead (" + std::to_string(streamed_sent) +
+                                   " bytes sent before the boundary)")
+                                      .c_str()
+                                : "not streamed",
+                static_cast<unsigned long long>(moved->bytes_sent),
                 static_cast<unsigned long long>(moved->bytes_received),
                 static_cast<unsigned long long>(moved->bytes_local), rec.staged_ms);
             std::fflush(stdout);
@@ -485,6 +492,8 @@ int run_or_throw(const WorkerOptions& o) {
           plan_id = next_plan;
         }
       }
+      // Plans built since the last boundary start streaming from this one (layout_stager.h).
+      if (!collective_ok(stager->at_boundary(*state, step).status())) break;
       const double control_ms = seconds_since(tc) * 1000;
 
       // 2. Forward/backward over this replica's microbatches, through this rank's stage.
@@ -556,6 +565,7 @@ int run_or_throw(const WorkerOptions& o) {
       const StatusOr<SyncStats> synced = gsync->sync(grads, state->dp(), before_call);
       if (!collective_ok(synced.status())) break;
       const SyncStats& sync = *synced;
+      if (!collective_ok(stager->after_reduction(*state, step).status())) break;
       // 5. Global loss (for the log) and the update.
       at::Tensor loss_t = at::full({1}, local_loss, at::kDouble);
       std::vector<at::Tensor> lt{loss_t};
@@ -563,6 +573,7 @@ int run_or_throw(const WorkerOptions& o) {
       if (!collective_ok(coll->all_reduce_sum(lt))) break;
       const double loss_ms = seconds_since(tl) * 1000;
       last_loss = loss_t.item<double>();
+      stager->release(step);  // every rank has sent this step's streamed gradients
       opt->step();
 
       const std::uint64_t step_end_ns = wall_ns();

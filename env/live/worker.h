@@ -34,6 +34,9 @@ struct WorkerOptions {
   ModelConfig model;
   /// Start layout, "dp=2,tp=1,pp=2,stages=[1,3]" (parse_layout); empty = dp = world size.
   std::string layout;
+  /// How a layout switch moves the state other ranks need: "streamed" (ahead of the boundary,
+  /// kept current step by step; layout_switch.h) or "at-boundary" (all of it at the switch).
+  std::string switch_transfer = "streamed";
   int global_batch = 16;    ///< sequences per step, over all ranks.
   int microbatch = 2;       ///< sequences per microbatch; must divide global_batch.
   std::int64_t steps = 50;  ///< steps to train; 0 = until the agent sends Shutdown.

@@ -52,6 +52,8 @@ void validate_or_throw(const WorkerOptions& o) {
   if (o.max_seconds < 0) throw InputError("--max-seconds: must be >= 0");
   if (!(o.lr > 0)) throw InputError("--lr: must be > 0");
   if (o.optimizer != "adam" && o.optimizer != "sgd") throw InputError("--optimizer: adam or sgd");
+  if (o.switch_transfer != "streamed" && o.switch_transfer != "at-boundary")
+    throw InputError("--switch-transfer: streamed or at-boundary, not '" + o.switch_transfer + "'");
   if (!(o.topk_ratio > 0 && o.topk_ratio <= 1)) throw InputError("--topk-ratio: must be in (0, 1]");
   if (o.powersgd_rank < 1) throw InputError("--powersgd-rank: must be >= 1");
   if (o.bucket_bytes < 0) throw InputError("--bucket-bytes: must be >= 0");
@@ -136,6 +138,10 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--slow", o.slow_factor, "Fault: compute takes this many times as long");
   cmd.add_option("--slow-at", o.slow_at_s, "Fault: slowdown starts this many seconds in");
   cmd.add_option("--slow-for", o.slow_for_s, "Fault: slowdown lasts this many seconds");
+  cmd.add_option("--switch-transfer", o.switch_transfer,
+                 "Layout switches move the state streamed (ahead of the boundary, kept current) "
+                 "or at-boundary")
+      ->capture_default_str();
   cmd.add_option("--stage-delay-ms", o.stage_delay_ms,
                  "Test hook: staging a layout change waits this long first");
   cmd.add_option("--link-delay-ms", o.link_delay_ms,
