@@ -2,7 +2,9 @@
 
 #include <cassert>
 #include <cstdlib>
+#include <chrono>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -232,6 +234,28 @@ StatusOr<std::unique_ptr<PointToPoint>> make_gloo_point_to_point(
 c10::intrusive_ptr<c10d::Store> group_store(c10::intrusive_ptr<c10d::Store> store,
                                             const std::string& name) {
   return c10::make_intrusive<c10d::PrefixStore>("parapilot/group/" + name, std::move(store));
+}
+
+std::string unanswered_ranks(c10d::Store& store, int rank, int world_size,
+                             std::chrono::milliseconds wait) {
+  auto key = [](int r) { return "parapilot/alive/" + std::to_string(r); };
+  std::vector<int> missing;
+  try {
+    store.set(key(rank), std::vector<std::uint8_t>{1});
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < world_size; ++r)
+        if (r != rank && !store.check({key(r)})) missing.push_back(r);
+      if (missing.empty() || std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    return "rank 0 (the job's store is unreachable)";
+  }
+  std::string out;
+  for (int r : missing) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return missing.empty() ? "" : (missing.size() == 1 ? "rank " : "ranks ") + out;
 }
 
 StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop) {

@@ -9,6 +9,7 @@
 // Thread-safety: a group is used by one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,5 +80,14 @@ struct BoundaryDecision {
 /// committed plan id and stop flag, as int64 (plan ids up to 2^63 - 1 survive exactly on every
 /// backend). Precondition: plan_id < 2^63. The backend's failure as it came.
 StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop);
+
+/// After a failed collective, which ranks of the world are gone: the caller marks itself
+/// alive in `store` (key parapilot/alive/<rank>), then waits up to `wait` for every other
+/// rank's mark (each survivor calls this once its own collective fails, which a closed
+/// connection makes prompt). Returns the ranks whose mark did not come, as text ("rank 1",
+/// "ranks 1, 3"; empty when all answered), or "rank 0 (the job's store is unreachable)" when
+/// the store, which rank 0 hosts, cannot be reached.
+std::string unanswered_ranks(c10d::Store& store, int rank, int world_size,
+                             std::chrono::milliseconds wait);
 
 }  // namespace parapilot::live

@@ -683,6 +683,14 @@ int run_or_throw(const WorkerOptions& o) {
     exit_code = 1;
   }
   if (releaser.joinable()) releaser.join();
+  if (exit_code == kWorkerCollectiveFailed && store) {
+    // Name the rank that is gone: a pipeline or tensor-parallel job cannot go on without it.
+    const std::string lost = unanswered_ranks(
+        *store, o.rank, o.world_size,
+        std::chrono::milliseconds(static_cast<std::int64_t>(
+            std::min(5.0, o.collective_timeout_s) * 1000)));
+    if (!lost.empty()) failure += " (lost: " + lost + ", no answer in the job's store)";
+  }
   if (exit_code != kWorkerOk)
     std::fprintf(stderr, "%s: stopping at step %llu: %s\n", tag.c_str(),
                  static_cast<unsigned long long>(step), failure.c_str());

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <future>
+#include <thread>
 
 #include <doctest/doctest.h>
 #include "env/live/controller.h"
@@ -394,6 +396,80 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   std::vector<std::string> plain = four_block_args();
   plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps), "--dump-params",
                              dir + "/plain.bin"});
+  check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
+                     dir);
+  CHECK(read_floats(dir + "/plain.bin") == read_floats(dir + "/params.bin"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("layout switch: a rank killed while staging stops the survivors, naming it") {
+  // A pipeline job cannot go on without a stage: rank 1 is killed while both ranks stage a
+  // switch to dp=2 (staging waits 20 s). The plan never commits, and rank 0 stops with exit
+  // code 3 and a message naming rank 1, without waiting for anyone.
+  const std::string dir = temp_dir("killed");
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--layout", "pp=2", "--steps", "0", "--stage-delay-ms", "20000",
+                           "--collective-timeout", "10"});
+  const auto started = ok(LocalCluster::start(cluster(2, args, true, dir)));
+  LocalCluster& c = *started;
+  Controller& agent = *c.controller();
+  REQUIRE(agent.wait_for_ranks(2, 60s));
+  REQUIRE(agent.wait_for_step(2, 60s));
+  LiveAction a;
+  a.layout = "dp=2";
+  auto switching = std::async(std::launch::async, [&] { return agent.apply(a, 60s); });
+  std::this_thread::sleep_for(1500ms);  // both ranks are staging (for 20 s)
+  c.kill_rank(1);
+  const auto r = switching.get();
+  CHECK_MESSAGE(!r.ok(), "the plan committed without rank 1");
+  MESSAGE("the plan ended: " << r.status().message());
+  const std::vector<RankExit> exits = c.wait(120);
+  REQUIRE(exits.size() == 2);
+  CHECK_MESSAGE(exits[0].exited, exits[0].describe());
+  CHECK_MESSAGE(exits[0].code == 3, exits[0].describe());
+  CHECK_MESSAGE(exits[1].signal == 9, exits[1].describe());
+  const std::string log = read_text(dir + "/worker-0.log");
+  CHECK_MESSAGE(log.find("lost: rank 1") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+  MESSAGE(exits[0].describe() << "; " << exits[1].describe());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("layout switch: the agent killed while staging: the workers drop the plan and train on") {
+  // The agent (another process: this program's --live-agent) prepares dp=2 -> pp=2 and is
+  // killed while the ranks stage it (staging waits 20 s). The plan book drops the uncommitted
+  // plan when the agent's connection goes; the job trains on on dp=2 until its 15 s are up,
+  // bit-equal to a job that never saw a plan trained as many steps.
+  const std::string dir = temp_dir("agent-lost");
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--layout", "dp=2", "--steps", "0", "--max-seconds", "15",
+                           "--stage-delay-ms", "20000", "--dump-params", dir + "/params.bin",
+                           "--loss-log", dir + "/loss.csv"});
+  LocalClusterOptions o = cluster(2, args, false, dir);
+  o.agent_command = {"/proc/self/exe", "--live-agent", "--world", "2", "--layout", "pp=2"};
+  o.agent_log = dir + "/agent.log";
+  const auto started = ok(LocalCluster::start(o));
+  LocalCluster& c = *started;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (read_text(dir + "/agent.log").find("preparing") == std::string::npos) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() - t0 < 60s, read_text(dir + "/agent.log"));
+    REQUIRE(c.poll());
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(1000ms);  // the plan reached the ranks; they stage it
+  const int agent_end = c.stop_agent();
+  MESSAGE("agent stopped: " << agent_end << "; its log: " << read_text(dir + "/agent.log"));
+  check_all_finished(c.wait(120), dir);
+  const std::string log = read_text(dir + "/worker-0.log");
+  CHECK_MESSAGE(log.find("dropped while staging") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+  std::ifstream loss(dir + "/loss.csv");
+  std::int64_t steps = -1;  // the loss log's rows after its header
+  for (std::string line; std::getline(loss, line);) ++steps;
+  REQUIRE(steps >= 5);
+  std::vector<std::string> plain = four_block_args();
+  plain.insert(plain.end(), {"--layout", "dp=2", "--steps", std::to_string(steps),
+                             "--dump-params", dir + "/plain.bin"});
   check_all_finished(ok(LocalCluster::start(cluster(2, plain, false, dir + "/plain")))->wait(120),
                      dir);
   CHECK(read_floats(dir + "/plain.bin") == read_floats(dir + "/params.bin"));
