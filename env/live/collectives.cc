@@ -110,6 +110,11 @@ class GlooPointToPoint final : public PointToPoint {
   Status send(const at::Tensor& t, int peer, std::uint32_t tag) override {
     assert(t.is_contiguous());
     return gloo_status([&] {
+      // Sends that completed are let go (a stream of them is started every step while a
+      // switch stages); a failed one stays for wait_sends to report.
+      std::erase_if(sends_, [](const c10::intrusive_ptr<c10d::Work>& w) {
+        return w->isCompleted() && !w->exception();
+      });
       std::vector<at::Tensor> one{t};
       sends_.push_back(pg_->send(one, peer, static_cast<int>(tag)));
     });

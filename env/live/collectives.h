@@ -54,7 +54,8 @@ class PointToPoint {
   virtual ~PointToPoint() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// Starts sending `t` (contiguous; kept alive until it is sent) to group rank `peer`.
+  /// Starts sending `t` (contiguous; kept alive until it is sent) to group rank `peer`. Sends
+  /// of one group are started by one thread at a time; receives may run on another.
   virtual Status send(const at::Tensor& t, int peer, std::uint32_t tag) = 0;
   /// Receives into `t` (contiguous, the sent shape and type) from group rank `peer`; waits at
   /// most the group's timeout. kCollectiveFailed when the peer is gone or the time is up.
