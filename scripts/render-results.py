@@ -359,10 +359,12 @@ def live_switch_slowed(d):
         return "–" if x is None else "%.1f" % x
 
     def switch(w):
+        early = "".join("step %d to %s, before the slowdown; " % (e["step"], e["to"])
+                        for e in w.get("switches_before_onset", []))
         if w.get("switch_step") is None:
-            return "none (ends on `%s`)" % w["final_layout"]
-        return "step %d to `%s` (%d layout switches, ends on `%s`)" % (
-            w["switch_step"], w["switched_to"], w["layout_switches"], w["final_layout"])
+            return early + "none after the slowdown (ends on `%s`)" % w["final_layout"]
+        return early + "step %d to %s (ends on `%s`)" % (w["switch_step"], w["switched_to"],
+                                                        w["final_layout"])
     rows = []
     for key, name in (("deploy_default", "deploy, the shipped policy"),
                       ("deploy_reactive", "deploy, reactive"), ("none", "no agent")):
@@ -374,7 +376,7 @@ def live_switch_slowed(d):
         rows.append(["static `%s`%s, slowed from the start" % (x["layout"], best), "–", "–",
                      sps(x["slowed"]), "–", "–"])
     head = ["run", "slowdown from step", "samples/s before", "during (slowed, before a switch)",
-            "after the switch", "layout switch"]
+            "after the switch", "switches committed (deploy's log)"]
     notes = []
     for key, name in (("deploy_default", "shipped policy"), ("deploy_reactive", "reactive")):
         lines = f[key].get("agent", [])

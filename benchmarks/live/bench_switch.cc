@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -265,16 +266,30 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
               a.slow_at, a.slowed_steps);
   nlohmann::json out;
   const std::string steps = " --steps " + std::to_string(a.slowed_steps);
-  // Windows: before = steps 2 .. onset; during = onset + 1 .. the first switch; after = from
-  // two steps after the switch to the end.
-  auto windows = [&](const nlohmann::json& s) {
+  // Windows: before = steps 2 .. the slowdown's onset; during = onset + 1 .. the first switch
+  // the agent committed after the onset (layout or shares: deploy's log); after = from two
+  // steps after that switch to the end. Switches before the onset are listed apart.
+  auto windows = [&](const nlohmann::json& s, const std::string& agent_log) {
     const long n = static_cast<long>(s["step_ms"].size());
+    const long first = s["first_step"].get<long>();
     const long onset = step_ending_after(s, a.slow_at);
     long sw = n;
     std::string switched_to;
-    if (!s["switches"].empty()) {
-      sw = s["switches"][0]["at_step"].get<long>() - s["first_step"].get<long>();
-      switched_to = s["switches"][0]["layout"];
+    nlohmann::json early = nlohmann::json::array();
+    std::istringstream log(agent_log.empty() ? std::string() : read_text(agent_log));
+    for (std::string line; std::getline(log, line);) {
+      const nlohmann::json e = nlohmann::json::parse(line, nullptr, false);
+      if (!e.is_object() || e.value("event", "") != "migration" ||
+          e.value("outcome", "") != "committed")
+        continue;
+      const long at = e.value("switch_at_step", 0L) - first;
+      const std::string what = e.value("layout", "");
+      if (at <= onset)
+        early.push_back({{"step", at}, {"to", what}});
+      else if (at < sw) {
+        sw = at;
+        switched_to = what;
+      }
     }
     const double before = throughput(s, 2, onset);
     const double during = throughput(s, onset + 1, sw);
@@ -282,6 +297,7 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
     return nlohmann::json{{"onset_step", onset},
                           {"switch_step", sw < n ? nlohmann::json(sw) : nlohmann::json()},
                           {"switched_to", switched_to},
+                          {"switches_before_onset", early},
                           {"final_layout", s["layout"]},
                           {"layout_switches", s["switches"].size()},
                           {"before", num(before)},
@@ -291,13 +307,18 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
   std::printf("%-26s | %9s %9s %9s | %s\n", "run", "before", "during", "after", "switch");
   auto row = [&](const std::string& name, const nlohmann::json& w) {
     auto f = [](const nlohmann::json& x) { return x.is_number() ? x.get<double>() : kNaN; };
-    std::printf("%-26s | %9.1f %9.1f %9.1f | %s\n", name.c_str(), f(w["before"]), f(w["during"]),
-                f(w["after"]),
+    std::string early;
+    for (const auto& e : w["switches_before_onset"])
+      early += " (before it: step " + std::to_string(e["step"].get<long>()) + " to " +
+               e["to"].get<std::string>() + ")";
+    std::printf("%-26s | %9.1f %9.1f %9.1f | %s%s; slowdown from step %ld\n", name.c_str(),
+                f(w["before"]), f(w["during"]), f(w["after"]),
                 w["switch_step"].is_null()
-                    ? "none"
+                    ? "none after the slowdown"
                     : ("step " + std::to_string(w["switch_step"].get<long>()) + " to " +
                        w["switched_to"].get<std::string>())
-                          .c_str());
+                          .c_str(),
+                early.c_str(), w["onset_step"].get<long>());
     std::fflush(stdout);
   };
   for (const char* policy : {"default", "reactive"}) {
@@ -305,7 +326,7 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
     launch(dir, std::string("--agent deploy --agent-switches hybrid --layout dp=2,pp=2") +
                     (std::string(policy) == "default" ? "" : " --agent-policy reactive") +
                     slow_flags(a.slow_at) + steps + " --summary-json " + dir + "/summary.json");
-    nlohmann::json w = windows(summary(dir + "/summary.json"));
+    nlohmann::json w = windows(summary(dir + "/summary.json"), dir + "/agent.log");
     w["agent"] = agent_lines(dir + "/launch.log");
     row(std::string("deploy (") + (std::string(policy) == "default" ? "shipped policy" : policy) +
             ")",
@@ -317,29 +338,41 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
     const std::string dir = base + "/slowed/none";
     launch(dir, "--agent none --layout dp=2,pp=2" + slow_flags(a.slow_at) + steps +
                     " --summary-json " + dir + "/summary.json");
-    const nlohmann::json w = windows(summary(dir + "/summary.json"));
+    const nlohmann::json w = windows(summary(dir + "/summary.json"), "");
     row("no agent", w);
     out["none"] = w;
   }
   // Static layouts slowed from the start: throughput over steps 2 .. end.
-  const char* statics[] = {"dp=2,pp=2", "dp=2,pp=2,stages=[3,1]", "dp=4", "dp=1,pp=4",
-                           "tp=2,dp=2"};
+  // Layouts, and last data parallel with shares in proportion to speed (3:1) fixed from the
+  // start.
+  struct Static {
+    const char* layout;
+    const char* shares;
+  };
+  const Static statics[] = {{"dp=2,pp=2", ""},        {"dp=2,pp=2,stages=[3,1]", ""},
+                            {"dp=4", ""},             {"dp=1,pp=4", ""},
+                            {"tp=2,dp=2", ""},        {"dp=4", "0.375,0.125,0.375,0.125"}};
   const std::string static_steps = " --steps " + std::to_string(std::max(16, a.slowed_steps / 5));
   out["static"] = nlohmann::json::array();
   double best = 0;
   std::string best_layout;
-  for (const char* layout : statics) {
-    const std::string dir = base + "/slowed/static-" + std::to_string(&layout - statics);
-    launch(dir, std::string("--agent none --layout ") + layout + slow_flags(0) + static_steps +
+  for (std::size_t k = 0; k < std::size(statics); ++k) {
+    const Static& st = statics[k];
+    const std::string dir = base + "/slowed/static-" + std::to_string(k);
+    const std::string shares = st.shares;
+    launch(dir, std::string("--agent none --layout ") + st.layout +
+                    (shares.empty() ? "" : " --shares " + shares) + slow_flags(0) + static_steps +
                     " --summary-json " + dir + "/summary.json");
     const nlohmann::json s = summary(dir + "/summary.json");
     const double t = throughput(s, 2, static_cast<long>(s["step_ms"].size()));
-    std::printf("static %-19s | %9s %9.1f %9s |\n", layout, "", t, "");
+    const std::string name =
+        s["layout"].get<std::string>() + (shares.empty() ? "" : ", shares " + shares);
+    std::printf("static %-19s | %9s %9.1f %9s |\n", name.c_str(), "", t, "");
     std::fflush(stdout);
-    out["static"].push_back({{"layout", s["layout"]}, {"slowed", num(t)}});
+    out["static"].push_back({{"layout", name}, {"slowed", num(t)}});
     if (t > best) {
       best = t;
-      best_layout = s["layout"];
+      best_layout = name;
     }
   }
   out["best_static"] = {{"layout", best_layout}, {"slowed", best}};
