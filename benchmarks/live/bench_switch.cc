@@ -50,9 +50,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 struct Args {
   std::string mode = "all";
-  int steps = 30;          // pause and staging: steps of the switch runs
-  int slowed_steps = 80;   // slowed: steps of each run
-  double slow_at = 8;      // slowed: seconds after the workers start
+  int steps = 30;         // pause and staging: steps of the switch runs
+  int slowed_steps = 80;  // slowed: steps of each run
+  double slow_at = 8;     // slowed: seconds after the workers start
   double stage_delay_ms = 1500;
   std::string keep;
 };
@@ -154,12 +154,13 @@ const Kind kKinds[] = {
 
 nlohmann::json pause_mode(const Args& a, const std::string& base) {
   const int switch_step = 20;
-  std::printf("pause: a scripted switch at step %d (launch --agent builtin --action %d:LAYOUT, "
-              "%d steps)\nagainst stop at step %d, save, relaunch on the target layout, load "
-              "(%d ranks, 4-block transformer d=64)\n\n",
-              switch_step, switch_step, a.steps, switch_step, kWorkers);
-  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %9s %9s %8s\n", "kind", "from", "to",
-              "pause", "excess", "moved", "staged", "restart", "step", "pause /");
+  std::printf(
+      "pause: a scripted switch at step %d (launch --agent builtin --action %d:LAYOUT, "
+      "%d steps)\nagainst stop at step %d, save, relaunch on the target layout, load "
+      "(%d ranks, 4-block transformer d=64)\n\n",
+      switch_step, switch_step, a.steps, switch_step, kWorkers);
+  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %9s %9s %8s\n", "kind", "from", "to", "pause",
+              "excess", "moved", "staged", "restart", "step", "pause /");
   std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %9s %9s %8s\n", "", "", "", "ms", "ms",
               "bytes", "ms", "downtime", "ms", "restart");
   nlohmann::json out = nlohmann::json::array();
@@ -178,10 +179,11 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
     }
     const nlohmann::json& rec = sw["switches"][0];
     const std::vector<double> ms = step_ms(sw);
-    const auto at = static_cast<std::size_t>(rec["at_step"].get<long>() - sw["first_step"].get<long>());
+    const auto at =
+        static_cast<std::size_t>(rec["at_step"].get<long>() - sw["first_step"].get<long>());
     // The median step of the target layout, after the switch step.
-    const double after_median =
-        median(std::vector<double>(ms.begin() + static_cast<long>(std::min(at + 1, ms.size())), ms.end()));
+    const double after_median = median(
+        std::vector<double>(ms.begin() + static_cast<long>(std::min(at + 1, ms.size())), ms.end()));
     const double excess = at < ms.size() ? ms[at] - after_median : kNaN;
     // Stop, save, relaunch, load.
     launch(dir + "/first", std::string("--agent none --layout ") + k.from + " --steps " +
@@ -191,41 +193,47 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
     launch(dir + "/second", std::string("--agent none --layout ") + k.to + " --steps " +
                                 std::to_string(switch_step + 10) + " --load-state " + dir +
                                 "/state --summary-json " + dir + "/second.json");
-    const nlohmann::json first = summary(dir + "/first.json"), second = summary(dir + "/second.json");
+    const nlohmann::json first = summary(dir + "/first.json"),
+                         second = summary(dir + "/second.json");
     const std::vector<double> second_ms = step_ms(second);
     const double normal = median(std::vector<double>(second_ms.begin() + 1, second_ms.end()));
     const double downtime_ms = (second["first_step_end_unix_s"].get<double>() -
-                                first["last_step_end_unix_s"].get<double>()) * 1000 - normal;
+                                first["last_step_end_unix_s"].get<double>()) *
+                                   1000 -
+                               normal;
     const double pause = rec["pause_ms"].get<double>();
     std::printf("%-11s %-24s %-24s | %8.1f %8.1f %10.0f %8.0f | %9.0f %9.1f %7.2f%%\n", k.name,
                 k.from, k.to, pause, excess, rec["bytes_moved"].get<double>(),
                 rec["staged_ms"].get<double>(), downtime_ms, normal, 100 * pause / downtime_ms);
     std::fflush(stdout);
-    out.push_back({{"kind", k.name},
-                   {"from", k.from},
-                   {"to", sw["layout"]},
-                   {"at_step", rec["at_step"]},
-                   {"pause_ms", pause},
-                   {"switch_step_excess_ms", num(excess)},
-                   {"bytes_moved", rec["bytes_moved"]},
-                   {"staged_ms", rec["staged_ms"]},
-                   {"step_ms_after_switch", num(after_median)},
-                   {"restart_downtime_ms", downtime_ms},
-                   {"restart_step_ms", num(normal)},
-                   {"restart_gap_ms", (second["first_step_end_unix_s"].get<double>() -
-                                       first["last_step_end_unix_s"].get<double>()) * 1000},
-                   // Where the downtime goes: from the first job's last step to the relaunched
-                   // workers' start (save, exit, relaunch), and from there to the end of their
-                   // first step less a normal step (library load, rendezvous, checkpoint load).
-                   {"restart_stop_to_exit_ms",
-                    (first_exited_unix_s - first["last_step_end_unix_s"].get<double>()) * 1000},
-                   {"restart_exit_to_start_ms",
-                    (second["started_unix_s"].get<double>() - first_exited_unix_s) * 1000},
-                   {"restart_start_to_first_step_ms",
-                    (second["first_step_end_unix_s"].get<double>() -
-                     second["started_unix_s"].get<double>()) * 1000 - normal},
-                   {"pause_over_restart", pause / downtime_ms},
-                   {"excess_over_restart", num(excess / downtime_ms)}});
+    out.push_back(
+        {{"kind", k.name},
+         {"from", k.from},
+         {"to", sw["layout"]},
+         {"at_step", rec["at_step"]},
+         {"pause_ms", pause},
+         {"switch_step_excess_ms", num(excess)},
+         {"bytes_moved", rec["bytes_moved"]},
+         {"staged_ms", rec["staged_ms"]},
+         {"step_ms_after_switch", num(after_median)},
+         {"restart_downtime_ms", downtime_ms},
+         {"restart_step_ms", num(normal)},
+         {"restart_gap_ms", (second["first_step_end_unix_s"].get<double>() -
+                             first["last_step_end_unix_s"].get<double>()) *
+                                1000},
+         // Where the downtime goes: from the first job's last step to the relaunched
+         // workers' start (save, exit, relaunch), and from there to the end of their
+         // first step less a normal step (library load, rendezvous, checkpoint load).
+         {"restart_stop_to_exit_ms",
+          (first_exited_unix_s - first["last_step_end_unix_s"].get<double>()) * 1000},
+         {"restart_exit_to_start_ms",
+          (second["started_unix_s"].get<double>() - first_exited_unix_s) * 1000},
+         {"restart_start_to_first_step_ms",
+          (second["first_step_end_unix_s"].get<double>() - second["started_unix_s"].get<double>()) *
+                  1000 -
+              normal},
+         {"pause_over_restart", pause / downtime_ms},
+         {"excess_over_restart", num(excess / downtime_ms)}});
   }
   std::printf(
       "\npause: the switch's wall time on the switching step (taking the staged state, moving "
@@ -261,9 +269,10 @@ std::vector<std::string> agent_lines(const std::string& launch_log) {
 }
 
 nlohmann::json slowed_mode(const Args& a, const std::string& base) {
-  std::printf("slowed: dp=2,pp=2, stage 1 (ranks 1 and 3) slowed 3x from %.0f s after the "
-              "workers start, %d steps\n\n",
-              a.slow_at, a.slowed_steps);
+  std::printf(
+      "slowed: dp=2,pp=2, stage 1 (ranks 1 and 3) slowed 3x from %.0f s after the "
+      "workers start, %d steps\n\n",
+      a.slow_at, a.slowed_steps);
   nlohmann::json out;
   const std::string steps = " --steps " + std::to_string(a.slowed_steps);
   // Windows: before = steps 2 .. the slowdown's onset; during = onset + 1 .. the first switch
@@ -349,9 +358,9 @@ nlohmann::json slowed_mode(const Args& a, const std::string& base) {
     const char* layout;
     const char* shares;
   };
-  const Static statics[] = {{"dp=2,pp=2", ""},        {"dp=2,pp=2,stages=[3,1]", ""},
-                            {"dp=4", ""},             {"dp=1,pp=4", ""},
-                            {"tp=2,dp=2", ""},        {"dp=4", "0.375,0.125,0.375,0.125"}};
+  const Static statics[] = {{"dp=2,pp=2", ""}, {"dp=2,pp=2,stages=[3,1]", ""},
+                            {"dp=4", ""},      {"dp=1,pp=4", ""},
+                            {"tp=2,dp=2", ""}, {"dp=4", "0.375,0.125,0.375,0.125"}};
   const std::string static_steps = " --steps " + std::to_string(std::max(16, a.slowed_steps / 5));
   out["static"] = nlohmann::json::array();
   double best = 0;
@@ -418,7 +427,8 @@ nlohmann::json staging_mode(const Args& a, const std::string& base) {
     // ended; held: after it, up to the switch step (not included: its pause is not staging's).
     const std::vector<double> staging = slice(prepared, ready + 1);
     const std::vector<double> held = slice(ready + 1, at);
-    const double max_staging = staging.empty() ? kNaN : *std::max_element(staging.begin(), staging.end());
+    const double max_staging =
+        staging.empty() ? kNaN : *std::max_element(staging.begin(), staging.end());
     std::printf("%11.0f ms | %8.1f | %6zu %9.1f %9.1f | %6zu %9.1f | %ld / %ld / %ld\n", delay,
                 mean(before), staging.size(), mean(staging), max_staging, held.size(), mean(held),
                 prepared + first, ready + first, at + first);
@@ -437,9 +447,10 @@ nlohmann::json staging_mode(const Args& a, const std::string& base) {
                    {"staging_over_before", num(mean(staging) / mean(before))},
                    {"step_ms", ms}});
   }
-  std::printf("\nbefore: mean of the 10 steps before PlanPrepare; staging: mean (and max) of the "
-              "steps from the one PlanPrepare\narrived in to the one staging ended in; held: "
-              "the steps after, before the switch step.\n\n");
+  std::printf(
+      "\nbefore: mean of the 10 steps before PlanPrepare; staging: mean (and max) of the "
+      "steps from the one PlanPrepare\narrived in to the one staging ended in; held: "
+      "the steps after, before the switch step.\n\n");
   return out;
 }
 
@@ -487,18 +498,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (a.steps < 30 || a.slowed_steps < 40 || a.slow_at < 0 || a.stage_delay_ms < 0) {
-    std::fprintf(stderr, "bench_switch: needs --steps >= 30, --slowed-steps >= 40, --slow-at >= 0, "
-                         "--stage-delay-ms >= 0\n");
+    std::fprintf(stderr,
+                 "bench_switch: needs --steps >= 30, --slowed-steps >= 40, --slow-at >= 0, "
+                 "--stage-delay-ms >= 0\n");
     return 2;
   }
-  const std::string base =
-      a.keep.empty() ? (std::filesystem::temp_directory_path() /
-                        ("parapilot-bench-switch-" + std::to_string(::getpid())))
-                           .string()
-                     : a.keep;
-  fig["config"] = {{"workers", kWorkers},       {"global_batch", kGlobalBatch},
-                   {"steps", a.steps},          {"slowed_steps", a.slowed_steps},
-                   {"slow_at_s", a.slow_at},    {"stage_delay_ms", a.stage_delay_ms},
+  const std::string base = a.keep.empty()
+                               ? (std::filesystem::temp_directory_path() /
+                                  ("parapilot-bench-switch-" + std::to_string(::getpid())))
+                                     .string()
+                               : a.keep;
+  fig["config"] = {{"workers", kWorkers},     {"global_batch", kGlobalBatch},
+                   {"steps", a.steps},        {"slowed_steps", a.slowed_steps},
+                   {"slow_at_s", a.slow_at},  {"stage_delay_ms", a.stage_delay_ms},
                    {"job", std::string(kJob)}};
   if (a.mode == "pause" || a.mode == "all") fig["pause"] = pause_mode(a, base);
   if (a.mode == "slowed" || a.mode == "all") fig["slowed"] = slowed_mode(a, base);

@@ -58,8 +58,7 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
   if (!std::getline(in, magic) || magic != kMagic)
     throw InputError(what + path + " is not a parapilot checkpoint (its first line is not '" +
                      kMagic + "')");
-  if (!std::getline(in, header_line))
-    throw InputError(what + path + " is truncated (no header)");
+  if (!std::getline(in, header_line)) throw InputError(what + path + " is truncated (no header)");
   const nlohmann::json h = nlohmann::json::parse(header_line, nullptr, false);
   if (!h.is_object() || !h.contains("tensors") || !h["tensors"].is_array() ||
       !h.contains("payload_bytes") || !h.contains("fnv1a64") || !h.contains("next_step") ||
@@ -79,10 +78,10 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
   } catch (const nlohmann::json::exception& e) {
     throw InputError(what + path + " has a malformed header (" + e.what() + ")");
   }
-  const std::string saved_model =
-      c.model.kind + " with " + std::to_string(c.model.layers) + " layers, d_model " +
-      std::to_string(c.model.d_model) + ", " + std::to_string(c.model.heads) + " heads, seq_len " +
-      std::to_string(c.model.seq_len);
+  const std::string saved_model = c.model.kind + " with " + std::to_string(c.model.layers) +
+                                  " layers, d_model " + std::to_string(c.model.d_model) + ", " +
+                                  std::to_string(c.model.heads) + " heads, seq_len " +
+                                  std::to_string(c.model.seq_len);
   const std::vector<LayerShape> want = model_layers(model);
   const nlohmann::json& tensors = h["tensors"];
   if (tensors.size() != want.size())
@@ -105,8 +104,8 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
                        shape_text(want[i].shape) + " (check --model, --layers, --d-model, ...)");
   }
   if (c.optimizer != optimizer)
-    throw InputError(what + "the checkpoint holds " + c.optimizer + " state; this job trains with " +
-                     optimizer + " (--optimizer)");
+    throw InputError(what + "the checkpoint holds " + c.optimizer +
+                     " state; this job trains with " + optimizer + " (--optimizer)");
   const bool adam_state = c.adam_step > 0;
   std::uint64_t elements = 0;
   for (const LayerShape& l : want) elements += static_cast<std::uint64_t>(l.numel());
@@ -124,8 +123,8 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
   const auto header_bytes = static_cast<std::uintmax_t>(in.tellg());
   if (ec || file_bytes != header_bytes + payload_bytes)
     throw InputError(what + path + " is " +
-                     (file_bytes < header_bytes + payload_bytes ? "truncated" : "too long") +
-                     " (" + std::to_string(file_bytes) + " bytes; its header says " +
+                     (file_bytes < header_bytes + payload_bytes ? "truncated" : "too long") + " (" +
+                     std::to_string(file_bytes) + " bytes; its header says " +
                      std::to_string(header_bytes + payload_bytes) + ")");
   if (header_only) return;
   std::uint64_t checksum = 0xcbf29ce484222325ull;

@@ -16,7 +16,7 @@ namespace parapilot::live {
 /// One layout switch the job made (the same on every rank but for the per-rank figures).
 struct SwitchSummary {
   std::uint64_t plan_id = 0;
-  std::string layout;        ///< the layout switched to, layout_text's form.
+  std::string layout;         ///< the layout switched to, layout_text's form.
   std::uint64_t at_step = 0;  ///< the first step trained on it.
   /// The switch's pause: the wall time it added to its step (taking the staged state, the
   /// move, the swap), the largest over the ranks.

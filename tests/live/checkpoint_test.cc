@@ -139,17 +139,19 @@ TEST_CASE("run summary: a switch listed at its step with its layout, steps and s
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("checkpoint: stopped under dp=2, resumed under pp=2 or tp=2, ends where the "
-          "never-stopped job does") {
+TEST_CASE(
+    "checkpoint: stopped under dp=2, resumed under pp=2 or tp=2, ends where the "
+    "never-stopped job does") {
   const std::string dir = temp_dir("resume");
   const std::string ck = dir + "/state";
   // The never-stopped job, 12 steps.
   run_job(2, {"--layout", "dp=2", "--steps", "12", "--dump-params", dir + "/whole.bin"},
           dir + "/whole");
   // Stopped after 6 steps, its state saved.
-  run_job(2, {"--layout", "dp=2", "--steps", "6", "--save-state", ck, "--dump-params",
-              dir + "/first.bin"},
-          dir + "/first");
+  run_job(
+      2,
+      {"--layout", "dp=2", "--steps", "6", "--save-state", ck, "--dump-params", dir + "/first.bin"},
+      dir + "/first");
   REQUIRE(std::filesystem::exists(checkpoint_path(ck)));
   const std::vector<float> whole = read_floats(dir + "/whole.bin");
   REQUIRE(whole.size() == 68032);
@@ -161,8 +163,9 @@ TEST_CASE("checkpoint: stopped under dp=2, resumed under pp=2 or tp=2, ends wher
 
   // Resumed under the same layout: bit for bit the never-stopped job (the data order, the
   // parameters and Adam's moments and step continue exactly).
-  run_job(2, {"--layout", "dp=2", "--steps", "12", "--load-state", ck, "--dump-params",
-              dir + "/same.bin", "--summary-json", dir + "/same.json"},
+  run_job(2,
+          {"--layout", "dp=2", "--steps", "12", "--load-state", ck, "--dump-params",
+           dir + "/same.bin", "--summary-json", dir + "/same.json"},
           dir + "/same");
   CHECK(read_floats(dir + "/same.bin") == whole);
   const nlohmann::json s = read_json(dir + "/same.json");
@@ -185,8 +188,9 @@ TEST_CASE("checkpoint: stopped under dp=2, resumed under pp=2 or tp=2, ends wher
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("checkpoint: a missing, truncated, corrupt or mismatched checkpoint is refused with "
-          "exit code 2 and the reason") {
+TEST_CASE(
+    "checkpoint: a missing, truncated, corrupt or mismatched checkpoint is refused with "
+    "exit code 2 and the reason") {
   const std::string dir = temp_dir("bad");
   const std::string ck = dir + "/state";
   run_job(1, {"--steps", "2", "--save-state", ck}, dir + "/save");
