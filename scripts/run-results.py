@@ -8,7 +8,7 @@ docs/data/): the benchmarks' own `--json` reports, and for CLI commands and Pyth
 same envelope (commit, cores, load average at start and end, UTC time) around their output.
 Then `scripts/render-results.py` rewrites the tables in the docs from those files.
 
-Sections (default: all of them, in this order; about 35 minutes on a 2-core machine):
+Sections (default: all of them, in this order; about 30 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
   holdout         parapilot eval on experiments/scenarios/holdout/, never trained on (deterministic)
   training        parapilot train, the shipped policy's recipe: the validation curve against wall time
@@ -19,7 +19,7 @@ Sections (default: all of them, in this order; about 35 minutes on a 2-core mach
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   live            bench_live elastic and compression
-  live-switch     bench_switch pause, slowed and staging (about 10 minutes)
+  live-switch     bench_switch pause, slowed and staging (about 6 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
