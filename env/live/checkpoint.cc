@@ -34,7 +34,8 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return out.str();
 }
 
-// The tensor kinds a checkpoint of `adam_state` holds, in payload order.
+// The tensor kinds `c` holds (parameters, and Adam's moments when it has them), in payload
+// order.
 std::vector<const std::vector<std::vector<float>>*> payload_of(const Checkpoint& c) {
   std::vector<const std::vector<std::vector<float>>*> out{&c.params};
   if (!c.exp_avg.empty()) {

@@ -51,13 +51,12 @@ StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamShard& s = shards[i];
     if (!writes_in_gather(state.layout(), rank, s)) continue;
-    auto& layer = views;
-    const auto at = static_cast<std::size_t>(s.layer);
-    put_shard(layer[0][at], params[i].detach().to(at::kFloat), s);
+    const auto layer = static_cast<std::size_t>(s.layer);
+    put_shard(views[0][layer], params[i].detach().to(at::kFloat), s);
     if (first) {
       torch::optim::AdamParamState* st = adam_state_of(state, params[i]);
-      put_shard(layer[1][at], st->exp_avg().to(at::kFloat), s);
-      put_shard(layer[2][at], st->exp_avg_sq().to(at::kFloat), s);
+      put_shard(views[1][layer], st->exp_avg().to(at::kFloat), s);
+      put_shard(views[2][layer], st->exp_avg_sq().to(at::kFloat), s);
     }
   }
   std::vector<at::Tensor> one{flat};
