@@ -153,7 +153,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     } catch (const CLI::ParseError& e) {
       throw InputError(std::string("worker flags: ") + e.what());
     }
-    live::validate(wo);
+    parapilot::check(live::validate(wo));
   }
   for (const auto& [step, actions] : schedule)
     for (const live::LiveAction& a : actions)

@@ -330,6 +330,84 @@ def live_compression(d):
     return table(head, rows) + note + "\n\n" + source(r)
 
 
+def opt(x, fmt):
+    return "–" if x is None else fmt % x
+
+
+def live_switch_pause(d):
+    r = d("live-switch-pause.json")
+    rows = []
+    for x in r["figures"]["pause"]:
+        rows.append([x["kind"], "`%s` → `%s`" % (x["from"], x["to"]), "%.1f" % x["pause_ms"],
+                     opt(x.get("switch_step_excess_ms"), "%.0f"), n0(x["bytes_moved"]),
+                     "%.0f" % x["staged_ms"], n0(x["restart_downtime_ms"]),
+                     "%s / %s / %s" % (opt(x.get("restart_stop_to_exit_ms"), "%.0f"),
+                                       opt(x.get("restart_exit_to_start_ms"), "%.0f"),
+                                       opt(x.get("restart_start_to_first_step_ms"), "%.0f")),
+                     opt(x.get("restart_step_ms"), "%.0f"),
+                     "**%.2f%%**" % (100 * x["pause_over_restart"]),
+                     opt(None if x.get("excess_over_restart") is None
+                         else 100 * x["excess_over_restart"], "%.1f%%")])
+    head = ["kind", "switch", "pause (ms)", "switch step's excess (ms)", "bytes moved",
+            "staged beside training (ms)", "restart downtime (ms)",
+            "of it: save and exit / relaunch / start to first step (ms)", "step after restart (ms)",
+            "pause ÷ restart", "excess ÷ restart"]
+    return table(head, rows) + "\n\n" + source(r)
+
+
+def live_switch_slowed(d):
+    r = d("live-switch-slowed.json")
+    f = r["figures"]["slowed"]
+
+    def sps(x):
+        return "–" if x is None else "%.1f" % x
+
+    def switch(w):
+        early = "".join("step %d to %s, before the slowdown; " % (e["step"], e["to"])
+                        for e in w.get("switches_before_onset", []))
+        if w.get("switch_step") is None:
+            return early + "none after the slowdown (ends on `%s`)" % w["final_layout"]
+        return early + "step %d to %s (ends on `%s`)" % (w["switch_step"], w["switched_to"],
+                                                        w["final_layout"])
+    rows = []
+    for key, name in (("deploy_default", "deploy, the shipped policy"),
+                      ("deploy_reactive", "deploy, reactive"), ("none", "no agent")):
+        w = f[key]
+        rows.append([name, w["onset_step"], sps(w["before"]), sps(w["during"]), sps(w["after"]),
+                     switch(w)])
+    for x in f["static"]:
+        best = " (best)" if x["layout"] == f["best_static"]["layout"] else ""
+        rows.append(["static `%s`%s, slowed from the start" % (x["layout"], best), "–", "–",
+                     sps(x["slowed"]), "–", "–"])
+    head = ["run", "slowdown from step", "samples/s before", "during (slowed, before a switch)",
+            "after the switch", "switches committed (deploy's log)"]
+    notes = []
+    for key, name in (("deploy_default", "shipped policy"), ("deploy_reactive", "reactive")):
+        lines = f[key].get("agent", [])
+        if lines:
+            notes.append("Deploy's own summary (%s):\n\n```\n%s\n```" % (name, "\n".join(lines)))
+    return table(head, rows) + "\n\n" + "\n\n".join(notes) + "\n\n" + source(r)
+
+
+def live_switch_staging(d):
+    r = d("live-switch-staging.json")
+    rows = []
+    for x in r["figures"]["staging"]:
+        rows.append(["%.0f" % x["stage_delay_ms"],
+                     "%d / %d / %d" % (x["prepared_at_step"], x["ready_at_step"], x["at_step"]),
+                     "%.0f" % x["staged_ms"], opt(x.get("step_ms_before"), "%.0f"),
+                     "%s (%d steps, max %s)" % (opt(x.get("step_ms_staging"), "%.0f"),
+                                                x["staging_steps"],
+                                                opt(x.get("step_ms_staging_max"), "%.0f")),
+                     "%s (%d steps)" % (opt(x.get("step_ms_held"), "%.0f"), x["held_steps"]),
+                     opt(None if x.get("staging_over_before") is None
+                         else 100 * (x["staging_over_before"] - 1), "%+.1f%%")])
+    head = ["stage delay (ms)", "PlanPrepare / PlanReady / switch at step", "staged (ms)",
+            "step before (ms)", "step while staging (ms)", "step with the staged copy held (ms)",
+            "staging vs before"]
+    return table(head, rows) + "\n\n" + source(r)
+
+
 # ---- planner, simulator and cost model speed -------------------------------------------------
 
 def planner_searches(d):
@@ -419,6 +497,9 @@ RENDER = {
     "pytorch-overhead": pytorch_overhead,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
+    "live-switch-pause": live_switch_pause,
+    "live-switch-slowed": live_switch_slowed,
+    "live-switch-staging": live_switch_staging,
     "planner-searches": planner_searches,
     "planner-mixed": planner_mixed,
     "env-speed": env_speed,

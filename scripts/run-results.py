@@ -8,7 +8,7 @@ docs/data/): the benchmarks' own `--json` reports, and for CLI commands and Pyth
 same envelope (commit, cores, load average at start and end, UTC time) around their output.
 Then `scripts/render-results.py` rewrites the tables in the docs from those files.
 
-Sections (default: all of them, in this order; about 25 minutes on a 2-core machine):
+Sections (default: all of them, in this order; about 30 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
   holdout         parapilot eval on experiments/scenarios/holdout/, never trained on (deterministic)
   training        parapilot train, the shipped policy's recipe: the validation curve against wall time
@@ -19,6 +19,7 @@ Sections (default: all of them, in this order; about 25 minutes on a 2-core mach
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   live            bench_live elastic and compression
+  live-switch     bench_switch pause, slowed and staging (about 6 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
@@ -37,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
-            "deploy-live", "pytorch", "live"]
+            "deploy-live", "pytorch", "live", "live-switch"]
 
 
 def git(*args):
@@ -203,6 +204,11 @@ class Runner:
             png = os.path.join(tmp, "loss-curves.png")
             if os.path.exists(png):  # gnuplot present
                 os.replace(png, os.path.join(ROOT, "docs", "live-compression-loss.png"))
+
+    def live_switch(self):
+        b = self.bin("benchmarks", "live", "bench_switch")
+        for mode in ("pause", "slowed", "staging"):
+            self.bench("live-switch-%s.json" % mode, [b, mode])
 
 
 def main():

@@ -4,6 +4,7 @@
 #include "env/live/worker.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,14 +12,18 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "env/live/checkpoint.h"
+#include "env/live/checkpoint_state.h"
 #include "env/live/collectives.h"
 #include "env/live/corpus.h"
 #include "env/live/grad_sync.h"
@@ -26,6 +31,7 @@
 #include "env/live/layout_state.h"
 #include "env/live/layout_stager.h"
 #include "env/live/pipeline.h"
+#include "env/live/run_summary.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
 #include "strategy/error.h"
@@ -71,6 +77,7 @@ int run_or_throw(const WorkerOptions& o) {
   check(validate(o));
   at::set_num_threads(o.threads);
   const auto t_start = Clock::now();
+  const std::uint64_t started_ns = wall_ns();
   const std::string tag = "worker rank " + std::to_string(o.rank);
   const std::string corpus = load_corpus(o.corpus);
   const std::int64_t seq_bytes = o.model.seq_len + 1;
@@ -81,6 +88,17 @@ int run_or_throw(const WorkerOptions& o) {
                                   .to(at::kLong);
   LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
   const std::vector<LayerShape> layers = model_layers(o.model);
+  // A checkpoint to resume from is read and checked before the rendezvous, so that a bad one
+  // fails every rank alike (exit code 2) and none waits for the others.
+  std::optional<Checkpoint> resumed;
+  if (!o.load_state.empty()) resumed = take(read_checkpoint(o.load_state, o.model, o.optimizer));
+  const std::uint64_t first_step = resumed ? resumed->next_step : 0;
+  if (o.rank == 0 && !o.save_state.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.save_state, ec);
+    if (ec || !std::filesystem::is_directory(o.save_state))
+      throw InputError("--save-state '" + o.save_state + "': cannot create the folder");
+  }
 
   // Rendezvous and the world group (control, loss and the gathered dump).
   std::unique_ptr<Collectives> coll;
@@ -148,6 +166,10 @@ int run_or_throw(const WorkerOptions& o) {
     return kWorkerCollectiveFailed;
   }
   std::unique_ptr<LayoutState> state = std::move(*built);
+  if (resumed) {
+    install_checkpoint(*state, *resumed);
+    resumed.reset();
+  }
   RankCoords me = state->coords();
 
   // The layout the job runs, for the bus thread's checks of new plans (the training thread
@@ -165,6 +187,14 @@ int run_or_throw(const WorkerOptions& o) {
     }
   } current;
   current.set(layout);
+
+  // The step training is at, and the steps at which each plan's staging began and ended (for
+  // --summary-json). Declared before the bus and the stager, whose threads write them.
+  std::atomic<std::uint64_t> training_step{first_step};
+  struct StagingSteps {
+    std::mutex mu;
+    std::map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> by_plan;  // prepared, ready
+  } staging_steps;
 
   std::unique_ptr<WorkerBus> bus;
   // Declared after the bus: its threads report to the bus, so it goes first (its destructor
@@ -232,7 +262,8 @@ int run_or_throw(const WorkerOptions& o) {
     // A layout change is staged off the training path (layout_switch.h): PlanReady once the
     // new layout's groups and state are built.
     auto stage_async = [&o, &current, weak = std::weak_ptr<LayoutStager>(stager), &coll, store, lo,
-                        stage_delay](std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
+                        stage_delay, &training_step, &staging_steps](
+                           std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
       const std::shared_ptr<LayoutStager> staging = weak.lock();
       if (!staging) {
         done(Status::unavailable("the worker is ending"));
@@ -245,13 +276,23 @@ int run_or_throw(const WorkerOptions& o) {
         return;
       }
       Collectives* world = coll.get();
+      {
+        std::lock_guard lock(staging_steps.mu);
+        staging_steps.by_plan[id] = {static_cast<std::int64_t>(training_step.load()), -1};
+      }
       staging->start(
           id,
           [id, from, to = *to, rank = o.rank, world, store, lo,
            stage_delay](const std::function<bool()>& cancelled) {
             return stage_layout(id, from, to, rank, *world, store, lo, stage_delay, cancelled);
           },
-          std::move(done));
+          [id, done = std::move(done), &training_step, &staging_steps](const Status& st) {
+            {
+              std::lock_guard lock(staging_steps.mu);
+              staging_steps.by_plan[id].second = static_cast<std::int64_t>(training_step.load());
+            }
+            done(st);
+          });
     };
     bus = take(
         WorkerBus::connect(o.agent, o.secret_file, o.rank, read_plan, std::move(job), stage_async));
@@ -303,7 +344,12 @@ int run_or_throw(const WorkerOptions& o) {
 
   int exit_code = kWorkerOk;
   std::uint64_t plan_id = 0;
-  std::uint64_t step = 0;
+  std::uint64_t step = first_step;
+  // Rank 0's step ends (seconds since the worker started, and the wall clock of the first and
+  // the last), for --summary-json.
+  std::vector<double> step_end_times;
+  std::uint64_t first_step_end_ns = 0, last_step_end_ns = 0;
+  double train_start_s = 0;
   double tokens = 0;
   std::uint64_t total_dp_bytes = 0;
   double last_loss = 0;
@@ -317,7 +363,9 @@ int run_or_throw(const WorkerOptions& o) {
   };
   try {
     bool started = collective_ok(state->broadcast_parameters());
+    train_start_s = seconds_since(t_start);
     while (started) {
+      training_step.store(step);
       const double now_s = seconds_since(t_start);
       // 1. Boundary: agree on stopping and on the plan to switch to (transport/plan_book.h):
       // the newest plan committed on some rank (MAX over the world, int64 so that plan ids
@@ -513,6 +561,9 @@ int run_or_throw(const WorkerOptions& o) {
 
       const std::uint64_t step_end_ns = wall_ns();
       const double step_end_s = seconds_since(t_start);
+      step_end_times.push_back(step_end_s);
+      if (first_step_end_ns == 0) first_step_end_ns = step_end_ns;
+      last_step_end_ns = step_end_ns;
       const double step_tokens = static_cast<double>(o.global_batch) * o.model.seq_len;
       tokens += step_tokens;
       const std::uint64_t dp_bytes = sync.all_reduce_bytes + sync.all_gather_bytes;
@@ -608,6 +659,65 @@ int run_or_throw(const WorkerOptions& o) {
                     static_cast<std::streamsize>(c.numel() * 4));
         }
         if (!out) throw std::runtime_error("--dump-params '" + o.dump_params + "': cannot write");
+      }
+    }
+    // The checkpoint: the whole model and optimizer state, gathered (every rank takes part).
+    if (exit_code == kWorkerOk && !o.save_state.empty()) {
+      const StatusOr<Checkpoint> saved =
+          gather_checkpoint(*state, *coll, o.model, o.optimizer, step);
+      if (collective_ok(saved.status()) && o.rank == 0) {
+        check(write_checkpoint(o.save_state, *saved));
+        std::printf("%s: saved the state after step %llu to %s\n", tag.c_str(),
+                    static_cast<unsigned long long>(step), checkpoint_path(o.save_state).c_str());
+      }
+    }
+    // The run summary: the switches' pauses and staging times are the largest over the ranks,
+    // their bytes the sum (every rank takes part).
+    if (exit_code == kWorkerOk && !o.summary_json.empty()) {
+      const auto n = static_cast<std::int64_t>(switches.size());
+      at::Tensor worst = at::zeros({2 * n + 1}, at::kDouble);
+      at::Tensor bytes = at::zeros({n + 1}, at::kDouble);
+      for (std::int64_t i = 0; i < n; ++i) {
+        worst[i].fill_(switches[static_cast<std::size_t>(i)].pause_ms);
+        worst[n + i].fill_(switches[static_cast<std::size_t>(i)].staged_ms);
+        bytes[i].fill_(static_cast<double>(switches[static_cast<std::size_t>(i)].bytes_sent));
+      }
+      std::vector<at::Tensor> bt{bytes};
+      if (collective_ok(coll->all_reduce_max(worst)) && collective_ok(coll->all_reduce_sum(bt)) &&
+          o.rank == 0) {
+        RunSummary sum;
+        sum.first_step = first_step;
+        sum.steps = step - first_step;
+        sum.samples = sum.steps * static_cast<std::uint64_t>(o.global_batch);
+        sum.train_s = step_end_times.empty() ? 0 : step_end_times.back() - train_start_s;
+        sum.layout = layout_text(layout);
+        sum.started_unix_s = static_cast<double>(started_ns) / 1e9;
+        sum.first_step_end_unix_s = static_cast<double>(first_step_end_ns) / 1e9;
+        sum.last_step_end_unix_s = static_cast<double>(last_step_end_ns) / 1e9;
+        double previous = train_start_s;
+        for (double end : step_end_times) {
+          sum.step_ms.push_back((end - previous) * 1000);
+          sum.step_end_s.push_back(end);
+          previous = end;
+        }
+        std::lock_guard lock(staging_steps.mu);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const SwitchRecord& r = switches[static_cast<std::size_t>(i)];
+          SwitchSummary w;
+          w.plan_id = r.plan_id;
+          w.layout = r.layout;
+          w.at_step = r.at_step;
+          w.pause_ms = worst[i].item<double>();
+          w.staged_ms = worst[n + i].item<double>();
+          w.bytes_moved = static_cast<std::uint64_t>(bytes[i].item<double>());
+          if (const auto at = staging_steps.by_plan.find(r.plan_id);
+              at != staging_steps.by_plan.end()) {
+            w.prepared_at_step = at->second.first;
+            w.ready_at_step = at->second.second;
+          }
+          sum.switches.push_back(w);
+        }
+        check(write_run_summary(o.summary_json, sum));
       }
     }
   } catch (const c10::Error& e) {

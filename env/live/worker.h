@@ -60,6 +60,16 @@ struct WorkerOptions {
   /// Raw float32 parameters of the whole model after training, model order, whatever the
   /// layout (rank 0 writes it; every rank must be given it: all take part in the gather).
   std::string dump_params;
+  /// JSON run summary (env/live/run_summary.h; rank 0 writes it; every rank must be given it:
+  /// all take part in the reduction of the switches' figures).
+  std::string summary_json;
+  /// Checkpoint folder (env/live/checkpoint.h): at the end every rank takes part in gathering
+  /// the whole model's parameters and optimizer state, which rank 0 writes with the next step.
+  std::string save_state;
+  /// Checkpoint folder to resume from: every rank reads it before the rendezvous and takes its
+  /// own shards under its layout; training resumes at the saved next step (--steps counts from
+  /// step 0, so a resumed run trains steps next_step .. steps - 1).
+  std::string load_state;
   double collective_timeout_s = 30;  ///< a collective taking longer fails the worker.
   double rendezvous_timeout_s = 60;
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "env/live/checkpoint.h"
 #include "env/live/layout.h"
 #include "env/live/worker.h"
 #include "strategy/error.h"
@@ -65,6 +66,8 @@ void validate_or_throw(const WorkerOptions& o) {
   if (o.stage_delay_ms < 0 || o.stage_delay_ms > 600000)
     throw InputError("--stage-delay-ms: must be in [0, 600000]");
   const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
+  // The checkpoint's header and size (the payload's checksum is checked when it is loaded).
+  if (!o.load_state.empty()) (void)take(read_checkpoint(o.load_state, o.model, o.optimizer, true));
   if (!o.shares.empty() &&
       take(parse_shares(o.shares)).size() != static_cast<std::size_t>(layout.dp))
     throw InputError(layout.pure_data_parallel()
@@ -130,6 +133,15 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--dump-params", o.dump_params,
                  "Rank 0 writes the whole model's final parameters (raw float32, model order; "
                  "give it to every rank)");
+  cmd.add_option("--summary-json", o.summary_json,
+                 "Rank 0 writes a JSON run summary: steps, samples, throughput, final layout, "
+                 "switches (give it to every rank)");
+  cmd.add_option("--save-state", o.save_state,
+                 "At the end, save the whole model's parameters, Adam state and next step to "
+                 "this folder, layout-independently (give it to every rank)");
+  cmd.add_option("--load-state", o.load_state,
+                 "Resume from a --save-state folder under this run's layout (the step counter "
+                 "and the data order continue)");
   cmd.add_option("--collective-timeout", o.collective_timeout_s,
                  "Seconds before a collective fails")
       ->capture_default_str();
