@@ -259,8 +259,8 @@ int run_or_throw(const WorkerOptions& o) {
       const auto n = static_cast<std::uint64_t>(l.numel());
       job.layers.push_back({n, n * 4});
     }
-    // A layout change is staged off the training path (layout_switch.h): PlanReady once the
-    // new layout's groups and state are built.
+    // A layout change is staged off the training path (layout_stager.h): PlanReady once the
+    // new layout is built and the peers' snapshots of the moving state are here.
     auto stage_async = [&o, &current, weak = std::weak_ptr<LayoutStager>(stager), &coll, store, lo,
                         stage_delay, &training_step, &staging_steps](
                            std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
@@ -280,17 +280,28 @@ int run_or_throw(const WorkerOptions& o) {
         std::lock_guard lock(staging_steps.mu);
         staging_steps.by_plan[id] = {static_cast<std::int64_t>(training_step.load()), -1};
       }
+      std::printf("worker rank %d: plan %llu: staging layout %s beside training (from step %llu)\n",
+                  o.rank, static_cast<unsigned long long>(id), layout_text(*to).c_str(),
+                  static_cast<unsigned long long>(training_step.load()));
+      std::fflush(stdout);
       staging->start(
           id,
           [id, from, to = *to, rank = o.rank, world, store, lo,
            stage_delay](const std::function<bool()>& cancelled) {
             return stage_layout(id, from, to, rank, *world, store, lo, stage_delay, cancelled);
           },
-          [id, done = std::move(done), &training_step, &staging_steps](const Status& st) {
+          [id, rank = o.rank, done = std::move(done), &training_step,
+           &staging_steps](const Status& st) {
             {
               std::lock_guard lock(staging_steps.mu);
               staging_steps.by_plan[id].second = static_cast<std::int64_t>(training_step.load());
             }
+            std::printf("worker rank %d: plan %llu: %s at step %llu\n", rank,
+                        static_cast<unsigned long long>(id),
+                        st.ok() ? "staged (new layout built, moving state here)"
+                                : ("not staged: " + st.message()).c_str(),
+                        static_cast<unsigned long long>(training_step.load()));
+            std::fflush(stdout);
             done(st);
           });
     };

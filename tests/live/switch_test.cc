@@ -414,6 +414,22 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+// Waits (at most 60 s) until every rank's log in `dir` says it is staging a plan.
+void wait_until_staging(const std::string& dir, int workers) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < workers; ++r) {
+    const std::string log = dir + "/worker-" + std::to_string(r) + ".log";
+    while (read_text(log).find(": staging layout ") == std::string::npos) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() - t0 < 60s, read_text(log));
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("layout switch: a rank killed while staging stops the survivors, naming it") {
   // A pipeline job cannot go on without a stage: rank 1 is killed while both ranks stage a
   // switch to dp=2 (staging waits 20 s). The plan never commits, and rank 0 stops with exit
@@ -430,7 +446,7 @@ TEST_CASE("layout switch: a rank killed while staging stops the survivors, namin
   LiveAction a;
   a.layout = "dp=2";
   auto switching = std::async(std::launch::async, [&] { return agent.apply(a, 60s); });
-  std::this_thread::sleep_for(1500ms);  // both ranks are staging (for 20 s)
+  wait_until_staging(dir, 2);  // for 20 s
   c.kill_rank(1);
   const auto r = switching.get();
   CHECK_MESSAGE(!r.ok(), "the plan committed without rank 1");
@@ -468,7 +484,7 @@ TEST_CASE("layout switch: the agent killed while staging: the workers drop the p
     REQUIRE(c.poll());
     std::this_thread::sleep_for(50ms);
   }
-  std::this_thread::sleep_for(1000ms);  // the plan reached the ranks; they stage it
+  wait_until_staging(dir, 2);  // for 20 s
   const int agent_end = c.stop_agent();
   MESSAGE("agent stopped: " << agent_end << "; its log: " << read_text(dir + "/agent.log"));
   check_all_finished(c.wait(120), dir);
