@@ -1,5 +1,7 @@
 #include "env/live/layout_switch.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>

@@ -20,13 +20,14 @@
 //  - At the committed boundary (move_state, the training thread, every rank at the same step):
 //    pieces a rank keeps are copied locally from its running state; pieces streamed to it are
 //    copied from the staged copy, which by then has every step's update up to the boundary.
-//    When the staged copy is not usable (the job switched to another layout after this plan was
-//    staged: its snapshot is of a layout no longer running) every moved piece is sent at the
-//    boundary instead. Which of the two a switch takes depends only on layouts every rank
-//    agreed on, so all ranks take the same one.
+//    Without a staged copy (--switch-transfer at-boundary, or a plan staged against a layout
+//    the job no longer ran when its snapshot was due) every moved piece is sent at the
+//    boundary instead. Which of the two a switch takes depends only on the flag and on layouts
+//    every rank agreed on, so all ranks take the same one.
 //
-// Thread-safety: the functions use only the objects passed to them. A transfer group's sends
-// are started by the training thread only and its receives made by the stream thread only.
+// Thread-safety: the functions use only the objects passed to them. While a plan streams, its
+// transfer group's sends are started by the training thread only and its receives made by the
+// stream thread only; the boundary move runs after the stream thread ended.
 #pragma once
 
 #include <chrono>
