@@ -340,7 +340,10 @@ def live_switch_pause(d):
     for x in r["figures"]["pause"]:
         rows.append([x["kind"], "`%s` → `%s`" % (x["from"], x["to"]), "%.1f" % x["pause_ms"],
                      opt(x.get("switch_step_excess_ms"), "%.0f"), n0(x["bytes_moved"]),
-                     "%.0f" % x["staged_ms"], n0(x["restart_downtime_ms"]),
+                     "%.0f" % x["staged_ms"],
+                     opt(x.get("boundary_pause_ms"), "%.1f"),
+                     "–" if x.get("boundary_bytes_moved") is None else n0(x["boundary_bytes_moved"]),
+                     n0(x["restart_downtime_ms"]),
                      "%s / %s / %s" % (opt(x.get("restart_stop_to_exit_ms"), "%.0f"),
                                        opt(x.get("restart_exit_to_start_ms"), "%.0f"),
                                        opt(x.get("restart_start_to_first_step_ms"), "%.0f")),
@@ -349,7 +352,8 @@ def live_switch_pause(d):
                      opt(None if x.get("excess_over_restart") is None
                          else 100 * x["excess_over_restart"], "%.1f%%")])
     head = ["kind", "switch", "pause (ms)", "switch step's excess (ms)", "bytes moved",
-            "staged beside training (ms)", "restart downtime (ms)",
+            "staged beside training (ms)", "pause at the boundary (ms)",
+            "bytes moved at the boundary", "restart downtime (ms)",
             "of it: save and exit / relaunch / start to first step (ms)", "step after restart (ms)",
             "pause ÷ restart", "excess ÷ restart"]
     return table(head, rows) + "\n\n" + source(r)

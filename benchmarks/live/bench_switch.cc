@@ -5,7 +5,8 @@
 //
 //   pause    For each switch kind: a scripted switch (launch --agent builtin --action
 //            20:LAYOUT) and its pause (the largest over the ranks, from --summary-json) and bytes
-//            moved, against a stop-checkpoint-relaunch-load cycle of the same job to the same
+//            moved, the same switch with --switch-transfer at-boundary (the whole move in the
+//            pause), against a stop-checkpoint-relaunch-load cycle of the same job to the same
 //            layout (run A saves at step 20 and exits, run B is launched on the target layout
 //            with --load-state). Restart downtime = the end of B's first step - the end of A's
 //            last step - B's normal step time (the median of its later steps): the wall time the
@@ -159,10 +160,11 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
       "%d steps)\nagainst stop at step %d, save, relaunch on the target layout, load "
       "(%d ranks, 4-block transformer d=64)\n\n",
       switch_step, switch_step, a.steps, switch_step, kWorkers);
-  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %9s %9s %8s\n", "kind", "from", "to", "pause",
-              "excess", "moved", "staged", "restart", "step", "pause /");
-  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %9s %9s %8s\n", "", "", "", "ms", "ms",
-              "bytes", "ms", "downtime", "ms", "restart");
+  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %8s %10s | %9s %9s %8s\n", "kind", "from",
+              "to", "pause", "excess", "moved", "staged", "boundary", "moved", "restart", "step",
+              "pause /");
+  std::printf("%-11s %-24s %-24s | %8s %8s %10s %8s | %8s %10s | %9s %9s %8s\n", "", "", "", "ms",
+              "ms", "bytes", "ms", "pause ms", "bytes", "downtime", "ms", "restart");
   nlohmann::json out = nlohmann::json::array();
   for (const Kind& k : kKinds) {
     const std::string dir = base + "/pause/" + std::to_string(&k - kKinds);
@@ -178,6 +180,19 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
       std::exit(1);
     }
     const nlohmann::json& rec = sw["switches"][0];
+    // The same switch with the whole move in the pause (--switch-transfer at-boundary).
+    launch(dir + "/boundary", std::string("--agent builtin --layout ") + k.from + " --action " +
+                                  std::to_string(switch_step) + ":" + k.to + " --steps " +
+                                  std::to_string(a.steps) +
+                                  " --switch-transfer at-boundary --summary-json " + dir +
+                                  "/boundary.json");
+    const nlohmann::json bw = summary(dir + "/boundary.json");
+    if (bw["switches"].size() != 1) {
+      std::fprintf(stderr, "bench_switch: %s -> %s at the boundary: %zu switches (logs in %s)\n",
+                   k.from, k.to, bw["switches"].size(), dir.c_str());
+      std::exit(1);
+    }
+    const nlohmann::json& brec = bw["switches"][0];
     const std::vector<double> ms = step_ms(sw);
     const auto at =
         static_cast<std::size_t>(rec["at_step"].get<long>() - sw["first_step"].get<long>());
@@ -202,9 +217,11 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
                                    1000 -
                                normal;
     const double pause = rec["pause_ms"].get<double>();
-    std::printf("%-11s %-24s %-24s | %8.1f %8.1f %10.0f %8.0f | %9.0f %9.1f %7.2f%%\n", k.name,
-                k.from, k.to, pause, excess, rec["bytes_moved"].get<double>(),
-                rec["staged_ms"].get<double>(), downtime_ms, normal, 100 * pause / downtime_ms);
+    std::printf(
+        "%-11s %-24s %-24s | %8.1f %8.1f %10.0f %8.0f | %8.1f %10.0f | %9.0f %9.1f %7.2f%%\n",
+        k.name, k.from, k.to, pause, excess, rec["bytes_moved"].get<double>(),
+        rec["staged_ms"].get<double>(), brec["pause_ms"].get<double>(),
+        brec["bytes_moved"].get<double>(), downtime_ms, normal, 100 * pause / downtime_ms);
     std::fflush(stdout);
     out.push_back(
         {{"kind", k.name},
@@ -216,6 +233,8 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
          {"bytes_moved", rec["bytes_moved"]},
          {"staged_ms", rec["staged_ms"]},
          {"step_ms_after_switch", num(after_median)},
+         {"boundary_pause_ms", brec["pause_ms"]},
+         {"boundary_bytes_moved", brec["bytes_moved"]},
          {"restart_downtime_ms", downtime_ms},
          {"restart_step_ms", num(normal)},
          {"restart_gap_ms", (second["first_step_end_unix_s"].get<double>() -
@@ -236,8 +255,10 @@ nlohmann::json pause_mode(const Args& a, const std::string& base) {
          {"excess_over_restart", num(excess / downtime_ms)}});
   }
   std::printf(
-      "\npause: the switch's wall time on the switching step (taking the staged state, moving "
-      "the state, the swap),\nthe largest over the ranks; excess: the switching step's wall "
+      "\npause: the switch's wall time on the switching step (waiting for the last streamed "
+      "step, installing the state, the swap),\nthe largest over the ranks; boundary: the same "
+      "switch with --switch-transfer at-boundary (the whole move in the pause);\nexcess: the "
+      "switching step's wall "
       "time on rank 0 minus the median step after it;\nmoved: bytes sent between ranks, summed "
       "over them; restart downtime: end of the relaunched job's first step\n- end of the first "
       "job's last step - the relaunched job's median step.\n\n");
