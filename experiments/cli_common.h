@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "strategy/atomic_file.h"
 #include "strategy/cost_model.h"
 #include "strategy/error.h"
 #include "strategy/strategy.h"
@@ -16,11 +17,6 @@ namespace parapilot::cli {
 
 // A library's Status meets the command line through check() and take() (strategy/error.h):
 // InputError, exit code 2; kInternal, exit code 1.
-
-// Writes a file via a temporary in the same directory, fsync and rename, so a reader never
-// sees it half-written. `write` fills the stream. Throws InputError when the path is unusable.
-void write_file_atomically(const std::string& path,
-                           const std::function<void(std::ostream&)>& write);
 
 nlohmann::json to_json(const Strategy& s);
 nlohmann::json to_json(const CostBreakdown& b);  // the metrics of `simulate --json`

@@ -1,7 +1,5 @@
 #include "env/live/checkpoint.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strategy/atomic_file.h"
 #include "strategy/error.h"
 
 namespace parapilot::live {
@@ -183,21 +182,17 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   h["payload_bytes"] = bytes;
   h["fnv1a64"] = hex.str();
 
-  const std::string path = checkpoint_path(dir);
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return Status::invalid_argument(what + "cannot write " + tmp);
   const std::string head = std::string(kMagic) + "\n" + h.dump() + "\n";
-  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
-  for (const auto* kind : payload_of(c))
-    for (const std::vector<float>& t : *kind)
-      ok = ok && std::fwrite(t.data(), 4, t.size(), f) == t.size();
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::invalid_argument(what + "cannot write " + path);
-  }
+  const Status written = catch_input_error([&] {
+    write_file_atomically(checkpoint_path(dir), [&](std::ostream& out) {
+      out << head;
+      for (const auto* kind : payload_of(c))
+        for (const std::vector<float>& t : *kind)
+          out.write(reinterpret_cast<const char*>(t.data()),
+                    static_cast<std::streamsize>(t.size() * 4));
+    });
+  });
+  if (!written.ok()) return Status::invalid_argument(what + written.message());
   return {};
 }
 

@@ -191,11 +191,6 @@ std::vector<std::uint64_t> LayoutStager::keep_only(const std::function<bool(std:
   return dropped;
 }
 
-std::size_t LayoutStager::size() const {
-  std::lock_guard lock(mu_);
-  return plans_.size();
-}
-
 LayoutStager::~LayoutStager() {
   std::vector<std::shared_ptr<Plan>> all;
   {

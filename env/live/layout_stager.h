@@ -64,8 +64,6 @@ class LayoutStager {
   /// Cancels and drops every plan for which keep(plan_id) is false; finished threads of dropped
   /// plans are joined here. Returns the plans dropped now.
   std::vector<std::uint64_t> keep_only(const std::function<bool(std::uint64_t)>& keep);
-  /// Plans staging or staged.
-  std::size_t size() const;
   /// Cancels everything and joins every thread.
   ~LayoutStager();
 
@@ -75,7 +73,7 @@ class LayoutStager {
 
   const int rank_;
   const bool stream_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t released_ = 0;  ///< steps whose gradients every rank has sent: [0, released_).
   std::map<std::uint64_t, std::shared_ptr<Plan>> plans_;

@@ -221,7 +221,6 @@ Status IncomingState::receive_snapshots(PointToPoint& transfer) {
                               std::to_string(src->numel));
     at::Tensor data = at::empty({3 * src->numel}, at::kFloat);
     if (Status st = transfer.recv(data, src->rank, kSnapshotTag); !st.ok()) return st;
-    bytes_received_ += static_cast<std::uint64_t>(data.numel()) * 4 + 24;
     src->snapshot_step = static_cast<std::uint64_t>(h[0]);
     first = std::min(first, src->snapshot_step);
     src->params = data.narrow(0, 0, src->numel).clone();
@@ -244,7 +243,6 @@ Status IncomingState::apply(PointToPoint& transfer, std::uint64_t step) {
     if (src->snapshot_step > step) continue;
     at::Tensor grad = at::empty({src->numel}, at::kFloat);
     if (Status st = transfer.recv(grad, src->rank, gradient_tag(step)); !st.ok()) return st;
-    bytes_received_ += static_cast<std::uint64_t>(grad.numel()) * 4;
     src->params.mutable_grad() = grad;
     src->replay->step();
   }

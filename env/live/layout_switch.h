@@ -90,8 +90,6 @@ class IncomingState {
   /// The next step to apply: every source's staged pieces hold its state at the boundary
   /// before this step (the oldest snapshot's step until apply() runs; 0 without sources).
   std::uint64_t next_step() const { return next_step_; }
-  /// Bytes received (snapshots and gradients).
-  std::uint64_t bytes_received() const { return bytes_received_; }
   /// Copies the staged pieces into `to`'s parameters and, when `adam_state`, into its Adam
   /// state (which must exist). Returns the bytes copied.
   std::uint64_t install(LayoutState& to, bool adam_state);
@@ -101,7 +99,6 @@ class IncomingState {
   LayoutStateOptions options_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::uint64_t next_step_ = 0;
-  std::uint64_t bytes_received_ = 0;
 };
 
 /// Starts sending every peer the snapshot of the pieces it takes from this rank under

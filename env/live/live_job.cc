@@ -5,24 +5,16 @@
 #include <sstream>
 
 #include "core/status.h"
+#include "strategy/atomic_file.h"
+#include "strategy/error.h"
 
 namespace parapilot::live {
 
 namespace {
 
 Status write_whole(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return Status::invalid_argument("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::invalid_argument("cannot write " + path);
-  }
-  return {};
+  return catch_input_error(
+      [&] { write_file_atomically(path, [&](std::ostream& out) { out << text; }); });
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strategy/atomic_file.h"
+#include "strategy/error.h"
+
 namespace parapilot::live {
 
 std::string run_summary_json(const RunSummary& s) {
@@ -35,21 +38,9 @@ std::string run_summary_json(const RunSummary& s) {
 }
 
 Status write_run_summary(const std::string& path, const RunSummary& summary) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << run_summary_json(summary);
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return Status::invalid_argument("--summary-json '" + path + "': cannot write");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::invalid_argument("--summary-json '" + path + "': cannot write");
-  }
-  return {};
+  return catch_input_error([&] {
+    write_file_atomically(path, [&](std::ostream& out) { out << run_summary_json(summary); });
+  });
 }
 
 }  // namespace parapilot::live

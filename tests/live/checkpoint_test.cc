@@ -27,6 +27,7 @@ using parapilot::testing::ok;
 namespace {
 
 using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::cluster;
 using parapilot::live::testing::four_block_args;
 using parapilot::live::testing::four_blocks;
 using parapilot::live::testing::read_floats;
@@ -34,17 +35,6 @@ using parapilot::live::testing::read_text;
 
 std::string temp_dir(const std::string& name) {
   return parapilot::live::testing::temp_dir("checkpoint", name);
-}
-
-LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
-                            const std::string& logs) {
-  LocalClusterOptions o;
-  o.workers = workers;
-  o.worker_command = {"/proc/self/exe", "--live-worker"};
-  o.worker_args = std::move(args);
-  o.host_agent = agent;
-  o.log_dir = logs;
-  return o;
 }
 
 // Runs `workers` ranks of the 4-block model with `extra` flags to the end (no agent).

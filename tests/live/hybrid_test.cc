@@ -46,13 +46,8 @@ std::vector<std::string> three_steps_args(const std::string& dump) {
 
 // Runs `workers` ranks with `extra` flags; every rank must finish cleanly.
 void run_cluster(int workers, std::vector<std::string> args, const std::string& logs) {
-  LocalClusterOptions o;
-  o.workers = workers;
-  o.worker_command = {"/proc/self/exe", "--live-worker"};
-  o.worker_args = std::move(args);
-  o.host_agent = false;
-  o.log_dir = logs;
-  const auto started = ok(LocalCluster::start(o));
+  const auto started =
+      ok(LocalCluster::start(parapilot::live::testing::cluster(workers, std::move(args), false, logs)));
   LocalCluster& c = *started;
   for (const auto& e : c.wait(120)) {
     INFO(e.describe() << " (logs in " << logs << ")");

@@ -74,4 +74,17 @@ inline void check_all_finished(const std::vector<RankExit>& exits, const std::st
   }
 }
 
+/// Options that start `workers` ranks of this test program as workers (--live-worker) with
+/// `args`, under the in-process agent when `agent`, their logs in `logs`.
+inline LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
+                                   const std::string& logs) {
+  LocalClusterOptions o;
+  o.workers = workers;
+  o.worker_command = {"/proc/self/exe", "--live-worker"};
+  o.worker_args = std::move(args);
+  o.host_agent = agent;
+  o.log_dir = logs;
+  return o;
+}
+
 }  // namespace parapilot::live::testing

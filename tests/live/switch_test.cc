@@ -31,6 +31,7 @@ using parapilot::testing::ok;
 namespace {
 
 using parapilot::live::testing::check_all_finished;
+using parapilot::live::testing::cluster;
 using parapilot::live::testing::four_block_args;
 using parapilot::live::testing::four_blocks;
 using parapilot::live::testing::read_floats;
@@ -96,15 +97,12 @@ void check_exactly_once(const LiveLayout& from, const LiveLayout& to) {
   }
 }
 
-LocalClusterOptions cluster(int workers, std::vector<std::string> args, bool agent,
-                            const std::string& logs) {
-  LocalClusterOptions o;
-  o.workers = workers;
-  o.worker_command = {"/proc/self/exe", "--live-worker"};
-  o.worker_args = std::move(args);
-  o.host_agent = agent;
-  o.log_dir = logs;
-  return o;
+// The steps a --loss-log recorded: its rows after the header.
+std::int64_t logged_steps(const std::string& loss_log) {
+  std::ifstream loss(loss_log);
+  std::int64_t steps = -1;
+  for (std::string line; std::getline(loss, line);) ++steps;
+  return steps;
 }
 
 // The steps rank 0 trained, from its closing line ("..., 7 steps, final loss ...").
@@ -398,9 +396,7 @@ TEST_CASE("layout switch aborted while staging: every rank stays on the old layo
   CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
   CHECK_MESSAGE(log.find("dropped while staging") != std::string::npos, log);
   // The job ran pure DP throughout: the steps are the loss log's rows (after its header).
-  std::ifstream loss(dir + "/loss.csv");
-  std::int64_t steps = -1;
-  for (std::string line; std::getline(loss, line);) ++steps;
+  const std::int64_t steps = logged_steps(dir + "/loss.csv");
   REQUIRE(steps >= 5);
   // How far it is from one process is reported, not bounded: the job ran as many steps as the
   // protocol took (36 on a loaded machine), and over that many Adam steps two ranks drift from
@@ -491,9 +487,7 @@ TEST_CASE("layout switch: the agent killed while staging: the workers drop the p
   const std::string log = read_text(dir + "/worker-0.log");
   CHECK_MESSAGE(log.find("dropped while staging") != std::string::npos, log);
   CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
-  std::ifstream loss(dir + "/loss.csv");
-  std::int64_t steps = -1;  // the loss log's rows after its header
-  for (std::string line; std::getline(loss, line);) ++steps;
+  const std::int64_t steps = logged_steps(dir + "/loss.csv");
   REQUIRE(steps >= 5);
   CHECK(never_migrated(2, "dp=2", steps, dir + "/plain") == read_floats(dir + "/params.bin"));
   std::filesystem::remove_all(dir);
