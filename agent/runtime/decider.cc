@@ -222,7 +222,11 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
     previous_min_speed_ = min_of(beliefs.conditions.gpu_speed);
     previous_min_bw_ = min_of(beliefs.conditions.node_inter_bw);
   }
-  const bool stale = !snap || !(snap->current == current);
+  // Candidates stand only for the layout and the beliefs they were planned under: against a
+  // current cost under moved beliefs their predictions would mix two views of the cluster.
+  const bool stale = !snap || !(snap->current == current) ||
+                     env::beliefs_moved(beliefs.conditions, snap->beliefs, job_->gpus(),
+                                        job_->nodes());
   if (!stale) d.candidates = snap->candidates;
   const CostModel& cost = job_->planner->cost_model();
   const CostBreakdown current_cost = cost.evaluate(current, beliefs.conditions);

@@ -10,7 +10,8 @@
 //
 // Guardrails: never a candidate predicted not to fit in memory (or using a lost GPU); a
 // cool-down between migrations; no new switch while one is being staged; candidates planned for
-// another current layout are ignored until the re-plan finishes.
+// another current layout, or under beliefs that have moved since, are ignored until the re-plan
+// finishes.
 //
 // Thread-safety: every member function may be called from any thread (internal mutexes).
 #pragma once

@@ -218,6 +218,33 @@ TEST_CASE("asynchronous planning catches up with the beliefs") {
   CHECK(x.action == 1);
 }
 
+TEST_CASE("a decision never prices candidates planned under beliefs that have moved since") {
+  // Beliefs alternate between a healthy cluster and GPU 3 at a quarter speed. Each decision
+  // follows its update at once, usually before the background re-plan ends: candidates planned
+  // under the other beliefs must be held back, not priced against the current layout's cost
+  // under these (a healthy prediction against a slowed current reads as a large gain).
+  auto job = ok(make_job("straggler", 16));
+  Decider d(job, always_first(), {});
+  const CostModel& cost = job->planner->cost_model();
+  int priced = 0;
+  for (int i = 0; i < 20; ++i) {
+    const monitor::Beliefs b =
+        i % 2 == 0 ? slowed_beliefs(16, 3, 0.25) : slowed_beliefs(16, 3, 1.0);
+    d.update_beliefs(b);
+    const Decision x = d.decide(static_cast<uint64_t>(10 + i), false, 0, {});
+    for (const Candidate& c : x.candidates) {
+      CHECK(c.cost.tokens_per_s ==
+            doctest::Approx(cost.evaluate(c.strategy, b.conditions).tokens_per_s).epsilon(1e-9));
+      ++priced;
+    }
+    if (x.candidates.empty()) CHECK(x.action == 0);
+  }
+  d.wait_for_plan();
+  const Decision settled = d.decide(40, false, 0, {});
+  CHECK(!settled.candidates.empty());  // the re-plan caught up: candidates again
+  MESSAGE(priced << " candidates priced across 20 decisions");
+}
+
 TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in layout_name") {
   auto job = ok(make_job("straggler", 16));
   PlanRequest request;
