@@ -53,19 +53,33 @@ PlanResult Planner::plan(const PlanRequest& request) const {
     space.global_batch =
         request.current ? request.current->global_batch : default_global_batch(cluster_.num_gpus());
   }
+  // Vectors that hold only nominal values say nothing: emptied, they take the cost model's
+  // fast paths in every evaluation of the search (the same conditions).
+  Conditions& c = resolved.conditions;
+  auto nominal = [](const std::vector<double>& v) {
+    return std::all_of(v.begin(), v.end(), [](double x) { return x == 1.0; });
+  };
+  if (nominal(c.gpu_speed)) c.gpu_speed.clear();
+  if (nominal(c.node_inter_bw)) c.node_inter_bw.clear();
+  if (nominal(c.node_intra_bw)) c.node_intra_bw.clear();
+  if (std::find(c.gpu_failed.begin(), c.gpu_failed.end(), true) == c.gpu_failed.end()) {
+    c.gpu_failed.clear();
+  }
   Search search(model_, cost_, probes_, *block_cache_, resolved);
   PlanResult result = search.run();
-  if (request.current) {
-    thread_local Holdings current;
-    holdings_of(*request.current, model_, cost_.topology().num_gpus(), current);
-    for (auto& cand : result.candidates) {
-      const Migration m = migration_from(current, *request.current, cand.strategy,
-                                         request.conditions, model_, cost_.topology());
-      cand.migration_bytes = m.max_bytes;
-      cand.migration_s = m.time_s;
-    }
-  }
+  if (request.current) price_migrations(*request.current, result.candidates, request.conditions);
   return result;
+}
+
+void Planner::price_migrations(const Strategy& from, std::vector<Candidate>& candidates,
+                               const Conditions& c) const {
+  thread_local Holdings before;
+  holdings_of(from, model_, cost_.topology().num_gpus(), before);
+  for (Candidate& cand : candidates) {
+    const Migration m = migration_from(before, from, cand.strategy, c, model_, cost_.topology());
+    cand.migration_bytes = m.max_bytes;
+    cand.migration_s = m.time_s;
+  }
 }
 
 Migration Planner::migration(const Strategy& from, const Strategy& to, const Conditions& c) const {

@@ -81,6 +81,10 @@ class Planner {
 
   // Migration cost between two legal layouts under conditions c.
   Migration migration(const Strategy& from, const Strategy& to, const Conditions& c = {}) const;
+  // Sets every candidate's migration_bytes and migration_s to migration(from, its layout, c),
+  // as plan() does for PlanRequest::current (from's holdings worked out once).
+  void price_migrations(const Strategy& from, std::vector<Candidate>& candidates,
+                        const Conditions& c = {}) const;
 
  private:
   ModelSpec model_;

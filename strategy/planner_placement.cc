@@ -331,6 +331,18 @@ const Placement& Search::detailed(int placement_index) {
                         pl.prev_latency_s[slot] == pl.prev_latency_s[first] &&
                         pl.prev_s_per_byte[slot] == pl.prev_s_per_byte[first];
   }
+  pl.same_as_previous.assign(dp, 0);
+  for (int r = 1; r < dp; ++r) {
+    bool same = pl.like_replica[r] == pl.like_replica[r - 1];
+    for (int p = 0; p < pp && same; ++p) {
+      const int a = r * pp + p, b = a - pp;
+      same = pl.next_latency_s[a] == pl.next_latency_s[b] &&
+             pl.next_s_per_byte[a] == pl.next_s_per_byte[b] &&
+             pl.prev_latency_s[a] == pl.prev_latency_s[b] &&
+             pl.prev_s_per_byte[a] == pl.prev_s_per_byte[b];
+    }
+    pl.same_as_previous[r] = same;
+  }
   pl.capacity_gib.assign(pp, kInf);
   for (int slot = 0; slot < used; ++slot) {
     double& capacity = pl.capacity_gib[slot % pp];

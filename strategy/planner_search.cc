@@ -341,7 +341,7 @@ void Search::add_shapes(int placement_index) {
 }
 
 void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
-  if (outcome.kind == Outcome::Kind::kNone) return;
+  if (outcome.kind == Outcome::Kind::kNone || outcome.kind == Outcome::Kind::kBelow) return;
   const CostBreakdown& b = outcome.cost;
   if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
     auto [it, inserted] = track.no_fit_mb.emplace(fit_key(shape), shape.mb);
@@ -365,9 +365,14 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
                      std::greater<double>());
     track.kth = track.top[track.top_k - 1];
   }
+  if (static_cast<int>(track.top.size()) >= track.keep) {
+    std::nth_element(track.top.begin(), track.top.begin() + (track.keep - 1), track.top.end(),
+                     std::greater<double>());
+    track.keep_kth = track.top[track.keep - 1];
+  }
 }
 
-Outcome Search::evaluate_shape(const Shape& shape) {
+Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   const Placement& pl = detailed(shape.placement);
   const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const int layers = model_.layers;
@@ -391,15 +396,12 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   const int unit = shape.schedule == Schedule::kInterleaved ? pp : 1;
   const bool even = total % (dp * unit) == 0;
   if (!even) {
-    // Provisional shares (memory bound below uses the largest).
-    s.dp_shares.assign(dp, 0);
-    int left = total / unit;
-    for (int r = 0; r < dp; ++r) {
-      const int n = left / (dp - r);
-      s.dp_shares[r] = n * unit * mb;
-      left -= n;
-    }
-    std::sort(s.dp_shares.begin(), s.dp_shares.end(), std::greater<int>());
+    // Provisional shares, largest first (the memory bound below uses the largest): the units
+    // as evenly as they go.
+    const int units = total / unit;
+    const int rest = units % dp;
+    s.dp_shares.assign(dp, units / dp * unit * mb);
+    for (int r = 0; r < rest; ++r) s.dp_shares[r] += unit * mb;
   }
 
   // Memory: per-GPU footprint is affine in the blocks a rank holds; find each rank's limit.
@@ -431,10 +433,9 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   const double p2p_bytes =
       static_cast<double>(mb) * model_.seq_len / shape.cp * model_.hidden * 2.0 / tp;
   const BlockCosts* type_costs[8] = {};
-  for (int slot = 0; slot < dp * pp; ++slot) {
-    if (!type_costs[pl.type[slot]]) {
-      type_costs[pl.type[slot]] =
-          &block_costs(pl.type[slot], tp, shape.cp, mb, shape.sp, shape.recompute);
+  for (int t = 0; t < 8; ++t) {
+    if (pl.types_used >> t & 1u) {
+      type_costs[t] = &block_costs(t, tp, shape.cp, mb, shape.sp, shape.recompute);
     }
   }
   thread_local std::vector<double> link_tp_s;
@@ -451,17 +452,7 @@ Outcome Search::evaluate_shape(const Shape& shape) {
   thread_local std::vector<uint8_t> repeats;
   repeats.assign(dp, 0);
   for (int r = 0; r < distinct; ++r) {
-    // A like replica (type, slowness, NVLink class and ring, slot by slot) whose pipeline
-    // links match the previous replica's costs the same, term by term.
-    bool same_links = r > 0 && pl.like_replica[r] == pl.like_replica[r - 1];
-    for (int p = 0; p < pp && same_links; ++p) {
-      const int a = r * pp + p, b = a - pp;
-      same_links = pl.next_latency_s[a] == pl.next_latency_s[b] &&
-                   pl.next_s_per_byte[a] == pl.next_s_per_byte[b] &&
-                   pl.prev_latency_s[a] == pl.prev_latency_s[b] &&
-                   pl.prev_s_per_byte[a] == pl.prev_s_per_byte[b];
-    }
-    if (same_links) {
+    if (pl.same_as_previous[r]) {
       std::copy(costs.begin() + (r - 1) * pp, costs.begin() + r * pp, costs.begin() + r * pp);
       repeats[r] = 1;
       continue;
@@ -580,6 +571,30 @@ Outcome Search::evaluate_shape(const Shape& shape) {
     before = micro;
     shares_from_partition();
     if (micro == before) break;
+  }
+
+  // The pipeline time the cost model will find (the same rank costs, counts and shares): the
+  // DP reduction and optimizer step only add to it. A layout it already puts below the floor
+  // is not costed (a relative margin covers the two computations' rounding).
+  double pipeline_s = 0;
+  for (int r = 0; r < dp; ++r) {
+    if (r > 0 && repeats[r] && micro[r] == micro[r - 1]) continue;
+    double max = 0, sum = 0;
+    for (int p = 0; p < pp; ++p) {
+      const RankCost& c = costs[r * pp + p];
+      const double t = c.fixed_s + c.per_block_s * counts[p];
+      max = std::max(max, t);
+      sum += t;
+    }
+    pipeline_s = std::max(pipeline_s, micro[r] * max + (sum - max) / v);
+  }
+  const double upper_tokens_per_s =
+      static_cast<double>(shape.global_batch) * model_.seq_len / pipeline_s;
+  if (upper_tokens_per_s * (1 + 1e-9) < floor_tokens_per_s) {
+    ++pruned_;
+    Outcome below;
+    below.kind = Outcome::Kind::kBelow;
+    return below;
   }
 
   std::vector<int> per_rank(counts.begin(), counts.end());
@@ -747,6 +762,9 @@ PlanResult Search::run() {
     tracks_.back().top_k = std::max(req_.top_k, req_.zero0_top_k);
     tracks_.back().zero0_only = true;
   }
+  // finish() compresses its 2K leaders when compression may apply (choose_compression).
+  const bool compressing = space_.compression && !req_.gradients.empty();
+  for (Track& track : tracks_) track.keep = compressing ? 2 * track.top_k : track.top_k;
 
   // Branch and bound over shapes_[from, end): best bound first; a track stops once no remaining
   // shape can enter its top K. A shape is evaluated once, whichever tracks take it. Most shapes
@@ -767,8 +785,12 @@ PlanResult Search::run() {
     for (size_t i = 0; i < n; ++i) {
       std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
       const Shape& shape = shapes_[order[n - 1 - i].second];
-      bool taken = false, computed = false, all_done = true;
-      Outcome outcome;
+      bool taken = false, all_done = true;
+      // The tracks that take the shape, and the lowest throughput that could matter to one.
+      Track* takers[2];  // tracks_ holds one or two
+      assert(tracks_.size() <= 2);
+      int taker_count = 0;
+      double floor = kInf;
       for (Track& track : tracks_) {
         if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
         all_done = all_done && track.done;
@@ -778,11 +800,12 @@ PlanResult Search::run() {
             it != track.no_fit_mb.end() && shape.mb >= it->second) {
           continue;
         }
-        if (!computed) {
-          outcome = evaluate_shape(shape);
-          computed = true;
-        }
-        record(track, shape, outcome);
+        takers[taker_count++] = &track;
+        floor = std::min(floor, track.keep_kth);
+      }
+      if (taker_count > 0) {
+        const Outcome outcome = evaluate_shape(shape, floor);
+        for (int t = 0; t < taker_count; ++t) record(*takers[t], shape, outcome);
       }
       if (all_done) {
         pruned_ += static_cast<long>(n - i);

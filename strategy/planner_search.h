@@ -7,6 +7,7 @@
 // buffers (a search never runs inside another).
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -80,6 +81,10 @@ struct Placement {
   // Whether every replica's slots match replica 0's (type, slowness, links): then every
   // replica times alike, whatever the shape.
   bool replicas_alike = false;
+  // Per replica: 1 when it is like the previous replica (same like_replica) and its pipeline
+  // links match that replica's slot for slot: then it costs the same, term by term, whatever
+  // the shape.
+  std::vector<uint8_t> same_as_previous;
   std::vector<double> capacity_gib;  // per pipeline rank: the least memory among its GPUs
 };
 
@@ -150,14 +155,19 @@ struct Track {
   std::vector<double> top;           // best throughput per family, for the K-th best
   std::map<FitKey, int> no_fit_mb;   // smallest microbatch known not to fit, per shape kind
   double kth = 0;     // K-th best family throughput so far (0 until K families are known)
+  // Families finish() ranks: K, or 2K when compression may reorder the leaders; and the
+  // keep-th best family throughput so far (0 until `keep` families are known). A layout below
+  // it can change nothing finish() returns.
+  int keep = 1;
+  double keep_kth = 0;
   bool done = false;  // no remaining layout can enter its top K
   bool covers(const Shape& shape) const { return !zero0_only || shape.zero == 0; }
 };
 
 // What evaluating one shape gave: nothing to record, a layout that cannot fit (memory or
-// partition), or a costed layout.
+// partition), one whose pipeline alone is too slow to matter (not costed), or a costed layout.
 struct Outcome {
-  enum class Kind { kNone, kNoFit, kEvaluated } kind = Kind::kNone;
+  enum class Kind { kNone, kNoFit, kBelow, kEvaluated } kind = Kind::kNone;
   Strategy strategy;
   CostBreakdown cost;
 };
@@ -216,7 +226,9 @@ class Search {
   void add_shapes(int placement_index);
   Placement& new_placement(int tp, int cp, int pp, int dp);
   const Placement& detailed(int placement_index);
-  Outcome evaluate_shape(const Shape& shape);
+  // Boundaries and shares of `shape`, then its cost; kBelow, not costed, when its pipeline
+  // time alone bounds its throughput below `floor_tokens_per_s`.
+  Outcome evaluate_shape(const Shape& shape, double floor_tokens_per_s);
   static SearchScratch& thread_scratch() {
     thread_local SearchScratch scratch;
     return scratch;

@@ -1,8 +1,9 @@
 // Simulator env steps per second, candidate generation (planning) and episode resets
 // included: one thread, and vectorised on 2 threads, at 64 and 1024 GPUs. Prints figures;
-// not a test. Usage: bench_env [--json FILE] [seconds_per_case] [env id...] (default: the four
-// cases below). --json FILE: also write the figures as JSON (benchmarks/report.h): "envs", one
-// row per env id with the steps/s on one thread and vectorised.
+// not a test. Usage: bench_env [--json FILE] [seconds_per_case] [env id...] (default: the six
+// families at 64 and 1024 GPUs). --json FILE: also write the figures as JSON
+// (benchmarks/report.h): "envs", one row per env id with the steps/s on one thread and
+// vectorised.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_env [--json FILE] [SECONDS [ENV_ID...]]\n"
           "  env steps per second, one thread and 8 envs on 2 threads, SECONDS each (3);\n"
-          "  default envs: sim:straggler and sim:mixed at 64 and 1024 GPUs\n"
+          "  default envs: the six sim families at 64 and 1024 GPUs\n"
           "  --json FILE: also write the figures as JSON\n");
       return 0;
     }
@@ -98,8 +99,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> ids;
   for (int i = 2; i < argc; ++i) ids.emplace_back(argv[i]);
   if (ids.empty()) {
-    ids = {"sim:straggler(gpus=64)", "sim:mixed(gpus=64)", "sim:straggler(gpus=1024)",
-           "sim:mixed(gpus=1024)"};
+    // Every family at both sizes: the targets hold for each.
+    for (const char* gpus : {"64", "1024"}) {
+      for (const char* family :
+           {"hetero", "straggler", "congestion", "failure", "phase", "mixed"}) {
+        ids.push_back(std::string("sim:") + family + "(gpus=" + gpus + ")");
+      }
+    }
   }
   const int vector_envs = 8, vector_threads = 2;
   fig["seconds_per_case"] = seconds;

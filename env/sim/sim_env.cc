@@ -213,10 +213,10 @@ PlanResult SimEnv::plan(const Conditions& c, int seq_len, int global_batch, cons
   }
   PlanResult result = it->second;
   const Planner& planner = planner_for(seq_len);
-  for (Candidate& cand : result.candidates) {
-    const Migration m = current ? planner.migration(*current, cand.strategy, c) : Migration{};
-    cand.migration_bytes = m.max_bytes;
-    cand.migration_s = m.time_s;
+  if (current) {
+    planner.price_migrations(*current, result.candidates, c);
+  } else {
+    for (Candidate& cand : result.candidates) cand.migration_bytes = cand.migration_s = 0;
   }
   result.current.reset();
   if (current) result.current = Candidate{*current, planner.cost_model().evaluate(*current, c), 0, 0};
