@@ -182,7 +182,8 @@ struct Monitor::State {
   std::vector<double> arrivals, waits, walls, values, group_reference, node_level, node_rates;
   std::vector<std::pair<int, double>> group_items;
   std::vector<int> group_fill;
-  std::vector<uint8_t> has_reference;
+  std::vector<uint8_t> has_reference, has_spread;
+  std::vector<double> group_spread, group_band;  // per peer group: speeds' noise, the band
 
   void index_groups() {
     group_index.assign(o.ranks, 0);
@@ -501,14 +502,38 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   group_medians(group_items, group_count, false, group_fill, values, group_reference,
                 has_reference);
   const std::vector<double>& reference = group_reference;
+  // The band around 1 per group: the fixed dead band, widened to the group's own noise (the
+  // lower median of |speed - 1|: most ranks are healthy, and the reference rank reads 0).
+  auto measured = [&](int r) {
+    const RankStats& st = ranks[r];
+    return st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
+           has_reference[group_index[r]] && st.compute.value() > 0;
+  };
+  auto raw_speed = [&](int r) {
+    return std::clamp(reference[group_index[r]] / ranks[r].compute.value(), 0.01, 1.5);
+  };
+  group_band.assign(group_count, o.dead_band);
+  if (o.dead_band_deviations > 0) {
+    group_items.clear();
+    for (int r = 0; r < n; ++r) {
+      if (measured(r)) group_items.emplace_back(group_index[r], std::abs(raw_speed(r) - 1.0));
+    }
+    group_medians(group_items, group_count, false, group_fill, values, group_spread,
+                  has_spread);
+    for (int g = 0; g < group_count; ++g) {
+      if (has_spread[g]) {
+        group_band[g] =
+            std::max(o.dead_band, o.dead_band_deviations * 1.4826 * group_spread[g]);
+      }
+    }
+  }
   Beliefs& b = beliefs;
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
     const int g = group_index[r];
-    if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
-        has_reference[g] && st.compute.value() > 0) {
-      st.speed = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
-      if (std::abs(st.speed - 1.0) < o.dead_band) st.speed = 1.0;
+    if (measured(r)) {
+      st.speed = raw_speed(r);
+      if (std::abs(st.speed - 1.0) < group_band[g]) st.speed = 1.0;
     }
     b.conditions.gpu_speed[r] = st.speed;
     b.rank_compute_ms[r] = st.compute.value();

@@ -55,6 +55,11 @@ struct MonitorOptions {
   /// Believed speeds and bandwidth factors within this relative distance of 1 are reported as 1:
   /// noise-level differences would otherwise reorder the planner's device mapping every re-plan.
   double dead_band = 0.05;
+  /// ...and speeds within this many robust deviations of the peer group's speeds around 1 (the
+  /// measurement noise the group shows: 1.4826 x the lower median of |speed - 1| over its
+  /// ranks), so that on a wide job noise does not make some healthy ranks look slow or fast.
+  /// 4, the deviations RobustEwma rejects an outlier at. 0: the fixed band only.
+  double dead_band_deviations = 4.0;
   /// Weight of a new compute sample in a rank's level (RobustEwma::Options::alpha).
   double compute_alpha = 0.3;
   /// Whether beliefs carry each rank's rank_compute_se_ms (a median of its recent samples per
