@@ -99,8 +99,9 @@ void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>&
     if (!fb.basis_shape.empty()) {
       const auto& b = fb.basis_shape;
       // A shard's Q: pieces x n is at most the tensor's elements, and so is the rank.
-      if (l.shape.size() < 2 || b.size() != 3 || b[0] < 1 || b[1] < 1 || b[2] < 1 ||
-          b[0] * b[1] > l.numel() || b[2] > l.numel())
+      const std::int64_t n = l.numel();
+      if (l.shape.size() < 2 || b.size() != 3 || b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > n ||
+          b[1] > n || b[2] > n || b[0] * b[1] > n)
         throw InputError(entry + "the basis shape " + shape_text(b) + " of " + l.name +
                          " is not {pieces, n, rank} of positive sizes within its shape " +
                          shape_text(l.shape) + ")");

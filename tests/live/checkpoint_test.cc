@@ -382,6 +382,34 @@ TEST_CASE(
     }));
     CHECK_MESSAGE(why.find("checksum") != std::string::npos, why);
   }
+  {
+    // A format-1 file has no table: with one it is malformed; without one it loads, owing
+    // nothing (made from this checkpoint without its error feedback: the same payload, less
+    // the table's part).
+    magic = "parapilot-state 1";
+    const std::string why = refusal(variant([](nlohmann::json&) {}));
+    CHECK_MESSAGE(why.find("has no error-feedback table") != std::string::npos, why);
+    Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
+    REQUIRE(!c.feedback.empty());
+    c.feedback.clear();
+    c.feedback_replicas = 0;
+    REQUIRE(write_checkpoint(dir + "/plain", c).ok());
+    std::ifstream plain(checkpoint_path(dir + "/plain"), std::ios::binary);
+    std::string line, plain_header;
+    std::getline(plain, line);
+    std::getline(plain, plain_header);
+    nlohmann::json v1 = nlohmann::json::parse(plain_header);
+    v1.erase("feedback");
+    const std::string rest((std::istreambuf_iterator<char>(plain)),
+                           std::istreambuf_iterator<char>());
+    std::filesystem::create_directories(dir + "/v1");
+    std::ofstream(checkpoint_path(dir + "/v1"), std::ios::binary)
+        << "parapilot-state 1\n" << v1.dump() << '\n' << rest;
+    const Checkpoint old = ok(read_checkpoint(dir + "/v1", four_blocks(), "adam"));
+    CHECK(old.feedback.empty());
+    CHECK(old.params == c.params);
+    magic = "parapilot-state 2";
+  }
   // Through the CLI: exit code 2 and the reason in the worker's log.
   {
     const std::string bad =
