@@ -243,6 +243,7 @@ void switch_keeps_feedback(int workers, const std::string& from, const std::stri
     diff = std::max(diff, std::abs(static_cast<double>(after[i]) - static_cast<double>(before[i])));
     if (before[i] != 0) ++owed;
   }
+  MESSAGE(from << " -> " << to << ": " << pause_line(s.log));
   MESSAGE(from << " -> " << to << ": " << owed << " of " << before.size()
                << " elements owed before the switch, max |owed| " << largest
                << ", after the move within " << diff);
