@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -245,9 +246,9 @@ TEST_CASE(
 
 namespace {
 
-// Flags of a dp=2 job whose every tensor keeps error feedback.
+// Flags of a dp=2,tp=2 job (4 ranks) whose every tensor keeps error feedback.
 std::vector<std::string> compressed_args() {
-  return {"--layout", "dp=2", "--compression",
+  return {"--layout", "dp=2,tp=2", "--compression",
           parapilot::live::testing::feedback_compression(), "--topk-ratio", "0.05"};
 }
 
@@ -259,29 +260,30 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 }  // namespace
 
 TEST_CASE(
-    "checkpoint: a compressed job resumed under its layout is bit for bit the never-stopped "
-    "one, and not without its residuals") {
+    "checkpoint: a compressed dp=2,tp=2 job resumed under its layout is bit for bit the "
+    "never-stopped one, and not without its residuals") {
   const std::string dir = temp_dir("compressed");
   const std::string ck = dir + "/state";
-  run_job(2, with(compressed_args(), {"--steps", "10", "--dump-params", dir + "/whole.bin"}),
+  run_job(4, with(compressed_args(), {"--steps", "10", "--dump-params", dir + "/whole.bin"}),
           dir + "/whole");
-  run_job(2, with(compressed_args(), {"--steps", "5", "--save-state", ck}), dir + "/first");
+  run_job(4, with(compressed_args(), {"--steps", "5", "--save-state", ck}), dir + "/first");
   const std::vector<float> whole = read_floats(dir + "/whole.bin");
   REQUIRE(whole.size() == 68032);
 
-  // The checkpoint holds both replicas' residuals of every tensor, and PowerSGD's bases.
+  // The checkpoint holds both replicas' residuals of every tensor, and PowerSGD's bases: one
+  // per TP piece of a split tensor, one for a replicated one.
   Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
   CHECK(c.feedback_replicas == 2);
   CHECK(c.feedback.size() == model_layers(four_blocks()).size());
-  std::size_t bases = 0;
+  std::set<std::int64_t> pieces;
   for (const auto& fb : c.feedback) {
     CHECK(fb.residual.size() ==
           2 * static_cast<std::size_t>(model_layers(four_blocks())[fb.layer].numel()));
-    if (!fb.basis.empty()) ++bases;
+    if (!fb.basis.empty()) pieces.insert(fb.basis_shape[0]);
   }
-  CHECK(bases > 0);
+  CHECK(pieces == std::set<std::int64_t>{1, 2});
 
-  run_job(2, with(compressed_args(), {"--steps", "10", "--load-state", ck, "--dump-params",
+  run_job(4, with(compressed_args(), {"--steps", "10", "--load-state", ck, "--dump-params",
                                       dir + "/resumed.bin"}),
           dir + "/resumed");
   CHECK(read_floats(dir + "/resumed.bin") == whole);
@@ -291,7 +293,7 @@ TEST_CASE(
   c.feedback.clear();
   c.feedback_replicas = 0;
   REQUIRE(write_checkpoint(dir + "/dropped", c).ok());
-  run_job(2, with(compressed_args(), {"--steps", "10", "--load-state", dir + "/dropped",
+  run_job(4, with(compressed_args(), {"--steps", "10", "--load-state", dir + "/dropped",
                                       "--dump-params", dir + "/dropped.bin"}),
           dir + "/dropped-run");
   const double lost = relative_difference(read_floats(dir + "/dropped.bin"), whole);
