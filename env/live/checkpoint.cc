@@ -77,8 +77,9 @@ void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>&
     if (!t.is_object() || !t.contains("layer") || !t["layer"].is_number_integer() ||
         !t.contains("residual") || !t["residual"].is_boolean() || !t.contains("basis") ||
         !t["basis"].is_array())
-      throw InputError(entry + "it needs an integer 'layer', a boolean 'residual' and a 'basis' "
-                               "shape list)");
+      throw InputError(entry +
+                       "it needs an integer 'layer', a boolean 'residual' and a 'basis' "
+                       "shape list)");
     const std::int64_t layer = t["layer"].get<std::int64_t>();
     if (layer < 0 || layer >= static_cast<std::int64_t>(want.size()))
       throw InputError(entry + "layer " + std::to_string(layer) + " is not a tensor of the " +

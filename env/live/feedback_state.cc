@@ -59,7 +59,8 @@ StatusOr<FeedbackState> gather_feedback(LayoutState& state, Collectives& world, 
   std::int64_t total = 0;
   for (std::int64_t l = 0; l < n_layers; ++l) {
     if (hv[l]) total += slots * full[static_cast<std::size_t>(l)].numel();
-    if (hv[n_layers + l]) total += pieces[static_cast<std::size_t>(l)] * hv[n_layers + l] * hv[2 * n_layers + l];
+    if (hv[n_layers + l])
+      total += pieces[static_cast<std::size_t>(l)] * hv[n_layers + l] * hv[2 * n_layers + l];
   }
   if (total == 0) return f;
   at::Tensor flat = at::zeros({total}, at::kFloat);

@@ -385,10 +385,10 @@ int run_or_throw(const WorkerOptions& o) {
                                  .string();
     std::ofstream out(path, std::ios::binary);
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      const at::Tensor t = owed->residual[l].defined()
-                               ? owed->residual[l][0].contiguous()
-                               : at::zeros(layers[l].shape, at::kFloat);
-      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * 4));
+      const at::Tensor t = owed->residual[l].defined() ? owed->residual[l][0].contiguous()
+                                                       : at::zeros(layers[l].shape, at::kFloat);
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * 4));
     }
     if (!out) throw InputError("--dump-feedback '" + o.dump_feedback + "': cannot write " + path);
     return {};
@@ -453,11 +453,9 @@ int run_or_throw(const WorkerOptions& o) {
             }
             const double staged_ms = staged->staged_ms;
             const std::uint64_t streamed_sent = staged->streamed_sent;
-            if (!o.dump_feedback.empty() &&
-                !collective_ok(dump_feedback(*state, "before", step)))
+            if (!o.dump_feedback.empty() && !collective_ok(dump_feedback(*state, "before", step)))
               break;
-            const StatusOr<SwitchStats> moved =
-                move_state(*state, *staged, o.rank, o.model, *coll);
+            const StatusOr<SwitchStats> moved = move_state(*state, *staged, o.rank, o.model, *coll);
             if (!collective_ok(moved.status())) break;
             if (!o.dump_feedback.empty() &&
                 !collective_ok(dump_feedback(*staged->state, "after", step)))
