@@ -125,8 +125,6 @@ class GradientSync {
   StatusOr<SyncStats> sync(std::vector<at::Tensor>& grads, Collectives& c,
                            const std::function<void()>& before_call = {});
   const std::vector<Compression>& compression() const { return compression_; }
-  const std::vector<LayerShape>& layers() const { return layers_; }
-  int powersgd_rank() const { return powersgd_rank_; }
 
   /// What layer i owes the model on this rank, in the layer's shape: its compressor's residual,
   /// or what its next sync adds to a none / fp16 gradient. Undefined when it owes nothing
@@ -139,8 +137,8 @@ class GradientSync {
   /// PowerSGD's basis Q of layer i (n x rank), undefined when the layer has none yet.
   at::Tensor basis(std::size_t i) const;
   /// The Q layer i's PowerSGD compressor uses from its next sync when `q` has its shape
-  /// (n x powersgd_rank()); otherwise (or undefined) the seed's. Every rank of the DP group
-  /// must set the same Q.
+  /// (n x the PowerSGD rank); otherwise (or undefined) the compressor keeps the Q it has, and
+  /// one built next starts from the seed's. Every rank of the DP group must set the same Q.
   void set_basis(std::size_t i, const at::Tensor& q);
 
  private:
