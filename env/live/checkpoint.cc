@@ -15,7 +15,8 @@ namespace parapilot::live {
 
 namespace {
 
-constexpr const char* kMagic = "parapilot-state 1";
+constexpr const char* kMagic = "parapilot-state 2";
+constexpr const char* kMagicV1 = "parapilot-state 1";  // no error feedback
 
 std::uint64_t fnv1a64(const char* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -33,15 +34,84 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return out.str();
 }
 
-// The tensor kinds `c` holds (parameters, and Adam's moments when it has them), in payload
-// order.
-std::vector<const std::vector<std::vector<float>>*> payload_of(const Checkpoint& c) {
-  std::vector<const std::vector<std::vector<float>>*> out{&c.params};
-  if (!c.exp_avg.empty()) {
-    out.push_back(&c.exp_avg);
-    out.push_back(&c.exp_avg_sq);
+// Every array of `c`'s payload in file order: parameters, Adam's moments when it has them, then
+// the feedback table's residuals and bases.
+template <class C, class F>
+void for_each_payload(C& c, F&& f) {
+  for (auto& t : c.params) f(t);
+  for (auto& t : c.exp_avg) f(t);
+  for (auto& t : c.exp_avg_sq) f(t);
+  for (auto& fb : c.feedback) {
+    if (!fb.residual.empty()) f(fb.residual);
+    if (!fb.basis.empty()) f(fb.basis);
   }
-  return out;
+}
+
+std::int64_t product(const std::vector<std::int64_t>& v) {
+  std::int64_t n = 1;
+  for (std::int64_t x : v) n *= x;
+  return n;
+}
+
+// Reads the header's error-feedback table into c.feedback (arrays left empty) and `sizes`
+// (per entry: the residual's and the basis's elements). Throws InputError naming the entry and
+// what is wrong.
+void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>& want,
+                         const std::string& where, Checkpoint& c,
+                         std::vector<std::pair<std::int64_t, std::int64_t>>& sizes) {
+  const std::string bad = where + " has a malformed error-feedback table (";
+  const nlohmann::json& f = h["feedback"];
+  if (!f.is_object() || !f.contains("replicas") || !f.contains("tensors") ||
+      !f["replicas"].is_number_integer() || !f["tensors"].is_array())
+    throw InputError(bad + "it needs integer 'replicas' and a 'tensors' list)");
+  const std::int64_t replicas = f["replicas"].get<std::int64_t>();
+  const nlohmann::json& tensors = f["tensors"];
+  if (!tensors.empty() && (replicas < 1 || replicas > 65536))
+    throw InputError(bad + "'replicas' is " + std::to_string(replicas) +
+                     "; it must be 1 to 65536)");
+  c.feedback_replicas = tensors.empty() ? 0 : static_cast<int>(replicas);
+  int previous = -1;
+  for (std::size_t e = 0; e < tensors.size(); ++e) {
+    const std::string entry = bad + "entry " + std::to_string(e) + ": ";
+    const nlohmann::json& t = tensors[e];
+    if (!t.is_object() || !t.contains("layer") || !t["layer"].is_number_integer() ||
+        !t.contains("residual") || !t["residual"].is_boolean() || !t.contains("basis") ||
+        !t["basis"].is_array())
+      throw InputError(entry +
+                       "it needs an integer 'layer', a boolean 'residual' and a 'basis' "
+                       "shape list)");
+    const std::int64_t layer = t["layer"].get<std::int64_t>();
+    if (layer < 0 || layer >= static_cast<std::int64_t>(want.size()))
+      throw InputError(entry + "layer " + std::to_string(layer) + " is not a tensor of the " +
+                       std::to_string(want.size()) + "-tensor model)");
+    if (layer <= previous)
+      throw InputError(entry + "layer " + std::to_string(layer) + " comes after layer " +
+                       std::to_string(previous) + "; the layers must increase)");
+    previous = static_cast<int>(layer);
+    const LayerShape& l = want[static_cast<std::size_t>(layer)];
+    Checkpoint::TensorFeedback fb;
+    fb.layer = static_cast<int>(layer);
+    sizes.push_back({t["residual"].get<bool>() ? replicas * l.numel() : 0, 0});
+    for (const nlohmann::json& d : t["basis"]) {
+      if (!d.is_number_integer())
+        throw InputError(entry + "the basis shape of " + l.name + " is not a list of integers)");
+      fb.basis_shape.push_back(d.get<std::int64_t>());
+    }
+    if (!fb.basis_shape.empty()) {
+      const auto& b = fb.basis_shape;
+      // A shard's Q: pieces x n is at most the tensor's elements, and so is the rank.
+      const std::int64_t n = l.numel();
+      if (l.shape.size() < 2 || b.size() != 3 || b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > n ||
+          b[1] > n || b[2] > n || b[0] * b[1] > n)
+        throw InputError(entry + "the basis shape " + shape_text(b) + " of " + l.name +
+                         " is not {pieces, n, rank} of positive sizes within its shape " +
+                         shape_text(l.shape) + ")");
+      sizes.back().second = product(b);
+    }
+    if (sizes.back().first == 0 && sizes.back().second == 0)
+      throw InputError(entry + l.name + " has neither a residual nor a basis)");
+    c.feedback.push_back(std::move(fb));
+  }
 }
 
 void read_or_throw(const std::string& dir, const ModelConfig& model, const std::string& optimizer,
@@ -55,7 +125,7 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
   if (!in) throw InputError(what + "no checkpoint in it (" + path + " is missing or unreadable)");
   const std::uintmax_t file_bytes = fs::file_size(path, ec);
   std::string magic, header_line;
-  if (!std::getline(in, magic) || magic != kMagic)
+  if (!std::getline(in, magic) || (magic != kMagic && magic != kMagicV1))
     throw InputError(what + path + " is not a parapilot checkpoint (its first line is not '" +
                      kMagic + "')");
   if (!std::getline(in, header_line)) throw InputError(what + path + " is truncated (no header)");
@@ -107,9 +177,18 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
     throw InputError(what + "the checkpoint holds " + c.optimizer +
                      " state; this job trains with " + optimizer + " (--optimizer)");
   const bool adam_state = c.adam_step > 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> feedback_sizes;
+  if (h.contains("feedback")) {
+    if (magic == kMagicV1)
+      throw InputError(what + path + " has a malformed header (a '" + kMagicV1 +
+                       "' file has no error-feedback table)");
+    read_feedback_table(h, want, what + path, c, feedback_sizes);
+  }
   std::uint64_t elements = 0;
   for (const LayerShape& l : want) elements += static_cast<std::uint64_t>(l.numel());
-  const std::uint64_t expected = elements * 4 * (adam_state ? 3 : 1);
+  std::uint64_t expected = elements * 4 * (adam_state ? 3 : 1);
+  for (const auto& [residual, basis] : feedback_sizes)
+    expected += static_cast<std::uint64_t>(residual + basis) * 4;
   std::uint64_t payload_bytes = 0;
   try {
     payload_bytes = h["payload_bytes"].get<std::uint64_t>();
@@ -128,21 +207,24 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
                      std::to_string(header_bytes + payload_bytes) + ")");
   if (header_only) return;
   std::uint64_t checksum = 0xcbf29ce484222325ull;
-  auto read_kind = [&](std::vector<std::vector<float>>& out) {
+  auto sized = [&](std::vector<std::vector<float>>& out) {
     out.clear();
-    for (const LayerShape& l : want) {
-      std::vector<float> t(static_cast<std::size_t>(l.numel()));
-      in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.size() * 4));
-      if (!in) throw InputError(what + path + " is truncated");
-      checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
-      out.push_back(std::move(t));
-    }
+    for (const LayerShape& l : want) out.emplace_back(static_cast<std::size_t>(l.numel()));
   };
-  read_kind(c.params);
+  sized(c.params);
   if (adam_state) {
-    read_kind(c.exp_avg);
-    read_kind(c.exp_avg_sq);
+    sized(c.exp_avg);
+    sized(c.exp_avg_sq);
   }
+  for (std::size_t e = 0; e < c.feedback.size(); ++e) {
+    c.feedback[e].residual.resize(static_cast<std::size_t>(feedback_sizes[e].first));
+    c.feedback[e].basis.resize(static_cast<std::size_t>(feedback_sizes[e].second));
+  }
+  for_each_payload(c, [&](std::vector<float>& t) {
+    in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.size() * 4));
+    if (!in) throw InputError(what + path + " is truncated");
+    checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
+  });
   std::ostringstream hex;
   hex << std::hex << checksum;
   if (h["fnv1a64"] != hex.str())
@@ -161,11 +243,10 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::invalid_argument(what + "cannot create the folder (" + ec.message() + ")");
   std::uint64_t checksum = 0xcbf29ce484222325ull, bytes = 0;
-  for (const auto* kind : payload_of(c))
-    for (const std::vector<float>& t : *kind) {
-      checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
-      bytes += t.size() * 4;
-    }
+  for_each_payload(c, [&](const std::vector<float>& t) {
+    checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
+    bytes += t.size() * 4;
+  });
   std::ostringstream hex;
   hex << std::hex << checksum;
   nlohmann::json h;
@@ -179,6 +260,11 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   h["optimizer"] = c.optimizer;
   h["adam_step"] = c.exp_avg.empty() ? 0 : c.adam_step;
   h["next_step"] = c.next_step;
+  nlohmann::json feedback = nlohmann::json::array();
+  for (const auto& fb : c.feedback)
+    feedback.push_back(
+        {{"layer", fb.layer}, {"residual", !fb.residual.empty()}, {"basis", fb.basis_shape}});
+  h["feedback"] = {{"replicas", c.feedback_replicas}, {"tensors", std::move(feedback)}};
   h["payload_bytes"] = bytes;
   h["fnv1a64"] = hex.str();
 
@@ -186,10 +272,10 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   const Status written = catch_input_error([&] {
     write_file_atomically(checkpoint_path(dir), [&](std::ostream& out) {
       out << head;
-      for (const auto* kind : payload_of(c))
-        for (const std::vector<float>& t : *kind)
-          out.write(reinterpret_cast<const char*>(t.data()),
-                    static_cast<std::streamsize>(t.size() * 4));
+      for_each_payload(c, [&](const std::vector<float>& t) {
+        out.write(reinterpret_cast<const char*>(t.data()),
+                  static_cast<std::streamsize>(t.size() * 4));
+      });
     });
   });
   if (!written.ok()) return Status::invalid_argument(what + written.message());

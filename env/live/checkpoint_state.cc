@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "env/live/feedback_state.h"
 #include "env/live/hybrid_model.h"
 
 namespace parapilot::live {
@@ -21,6 +22,13 @@ torch::optim::AdamParamState* adam_state_of(LayoutState& s, const at::Tensor& p)
 
 at::Tensor full_tensor(const std::vector<float>& values, const LayerShape& shape) {
   return at::from_blob(const_cast<float*>(values.data()), shape.shape, at::kFloat);
+}
+
+std::vector<float> values_of(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous().to(at::kFloat);
+  std::vector<float> out(static_cast<std::size_t>(c.numel()));
+  std::memcpy(out.data(), c.data_ptr<float>(), out.size() * 4);
+  return out;
 }
 
 }  // namespace
@@ -61,7 +69,24 @@ StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
   }
   std::vector<at::Tensor> one{flat};
   if (Status st = world.all_reduce_sum(one); !st.ok()) return st;
+  // What compression owes, one slot per replica (a resume under as many gets its own back).
+  const StatusOr<FeedbackState> owed = gather_feedback(state, world, state.layout().dp);
+  if (!owed.ok()) return owed.status();
   Checkpoint c;
+  for (std::size_t l = 0; l < full.size(); ++l) {
+    const at::Tensor& residual = owed->residual[l];
+    const at::Tensor& basis = owed->basis[l];
+    if (!residual.defined() && !basis.defined()) continue;
+    Checkpoint::TensorFeedback fb;
+    fb.layer = static_cast<int>(l);
+    if (residual.defined()) fb.residual = values_of(residual);
+    if (basis.defined()) {
+      fb.basis_shape = basis.sizes().vec();
+      fb.basis = values_of(basis);
+    }
+    c.feedback.push_back(std::move(fb));
+  }
+  c.feedback_replicas = c.feedback.empty() ? 0 : owed->slots;
   c.model = model;
   c.optimizer = optimizer;
   c.next_step = next_step;
@@ -95,6 +120,23 @@ void install_checkpoint(LayoutState& state, const Checkpoint& c) {
       adam->state()[state_key(p)] = std::move(st);
     }
   }
+  FeedbackState owed;
+  owed.slots = c.feedback_replicas;
+  owed.residual.resize(full.size());
+  owed.basis.resize(full.size());
+  for (const Checkpoint::TensorFeedback& fb : c.feedback) {
+    const auto layer = static_cast<std::size_t>(fb.layer);
+    if (!fb.residual.empty()) {
+      std::vector<std::int64_t> shape{c.feedback_replicas};
+      shape.insert(shape.end(), full[layer].shape.begin(), full[layer].shape.end());
+      owed.residual[layer] =
+          at::from_blob(const_cast<float*>(fb.residual.data()), shape, at::kFloat);
+    }
+    if (!fb.basis.empty())
+      owed.basis[layer] =
+          at::from_blob(const_cast<float*>(fb.basis.data()), fb.basis_shape, at::kFloat);
+  }
+  install_feedback(state, owed);
 }
 
 }  // namespace parapilot::live

@@ -73,6 +73,10 @@ std::pair<at::Tensor, at::Tensor> TopKCompressor::compress(const at::Tensor& gra
   return {values, idx};
 }
 
+void TopKCompressor::set_residual(const at::Tensor& residual) {
+  residual_ = residual.reshape({-1}).to(at::kFloat).clone();
+}
+
 PowerSgdCompressor::PowerSgdCompressor(std::int64_t m, std::int64_t n, int rank, std::uint64_t seed)
     : m_(m), n_(n), r_(rank), residual_(at::zeros({m, n}, at::kFloat)) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -96,11 +100,61 @@ StatusOr<std::uint64_t> PowerSgdCompressor::reduce(at::Tensor& grad, Collectives
   return tensor_bytes(p) + tensor_bytes(q);
 }
 
+void PowerSgdCompressor::set_residual(const at::Tensor& residual) {
+  residual_ = residual.reshape({m_, n_}).to(at::kFloat).clone();
+}
+
+void PowerSgdCompressor::set_basis(const at::Tensor& q) {
+  q_ = q.reshape({n_, r_}).to(at::kFloat).clone();
+}
+
 GradientSync::GradientSync(std::vector<LayerShape> layers, std::uint64_t seed)
     : layers_(std::move(layers)), seed_(seed) {
   compression_.assign(layers_.size(), Compression::none);
   topk_.resize(layers_.size());
   powersgd_.resize(layers_.size());
+  pending_.resize(layers_.size());
+  pending_basis_.resize(layers_.size());
+}
+
+void GradientSync::park(std::size_t i) {
+  if (topk_[i]) pending_[i] = topk_[i]->residual().view(layers_[i].shape);
+  if (powersgd_[i]) {
+    pending_[i] = powersgd_[i]->residual().view(layers_[i].shape);
+    pending_basis_[i] = powersgd_[i]->basis();
+  }
+  topk_[i].reset();
+  powersgd_[i].reset();
+}
+
+at::Tensor GradientSync::owed(std::size_t i) const {
+  if (topk_[i]) return topk_[i]->residual().view(layers_[i].shape);
+  if (powersgd_[i]) return powersgd_[i]->residual().view(layers_[i].shape);
+  return pending_[i];
+}
+
+void GradientSync::set_owed(std::size_t i, const at::Tensor& owed) {
+  const at::Tensor value =
+      owed.defined() ? owed.reshape(layers_[i].shape).to(at::kFloat).clone() : at::Tensor();
+  if (topk_[i] || powersgd_[i]) {
+    const at::Tensor residual = value.defined() ? value : at::zeros(layers_[i].shape, at::kFloat);
+    if (topk_[i]) topk_[i]->set_residual(residual);
+    if (powersgd_[i]) powersgd_[i]->set_residual(residual);
+    return;
+  }
+  pending_[i] = value;
+}
+
+at::Tensor GradientSync::basis(std::size_t i) const {
+  return powersgd_[i] ? powersgd_[i]->basis() : pending_basis_[i];
+}
+
+void GradientSync::set_basis(std::size_t i, const at::Tensor& q) {
+  if (!powersgd_[i]) {
+    pending_basis_[i] = q.defined() ? q.to(at::kFloat).clone() : at::Tensor();
+    return;
+  }
+  if (q.defined() && q.sizes() == powersgd_[i]->basis().sizes()) powersgd_[i]->set_basis(q);
 }
 
 void GradientSync::configure(const std::vector<Compression>& compression, double topk_ratio,
@@ -112,13 +166,11 @@ void GradientSync::configure(const std::vector<Compression>& compression, double
                                 " layers; the model has " + std::to_string(layers_.size()));
   const bool params_changed = topk_ratio != topk_ratio_ || powersgd_rank != powersgd_rank_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (next[i] != compression_[i] || params_changed) {
-      topk_[i].reset();
-      powersgd_[i].reset();
-    }
     // A matrix with fewer than 2 dimensions cannot be factored: PowerSGD falls back to fp16.
     if (next[i] == Compression::powersgd && layers_[i].shape.size() < 2)
       next[i] = Compression::fp16;
+    // What the layer owes (and PowerSGD's Q) waits for the next compressor or dense sync.
+    if (next[i] != compression_[i] || params_changed) park(i);
   }
   compression_ = std::move(next);
   topk_ratio_ = topk_ratio;
@@ -133,6 +185,14 @@ StatusOr<SyncStats> GradientSync::sync(std::vector<at::Tensor>& grads, Collectiv
   auto call = [&] {
     if (before_call) before_call();
   };
+  // What a dense layer still owes from an earlier compression goes with its next gradient.
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const bool dense = compression_[i] == Compression::none || compression_[i] == Compression::fp16;
+    if (dense && pending_[i].defined()) {
+      grads[i].add_(pending_[i].view(grads[i].sizes()));
+      pending_[i] = at::Tensor();
+    }
+  }
   // Buckets of dense layers (float32 and float16 separately), in layer order.
   for (const Compression dense : {Compression::none, Compression::fp16}) {
     const std::int64_t elem = dense == Compression::fp16 ? 2 : 4;
@@ -178,7 +238,11 @@ StatusOr<SyncStats> GradientSync::sync(std::vector<at::Tensor>& grads, Collectiv
   // Compressed layers.
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     if (compression_[i] == Compression::topk) {
-      if (!topk_[i]) topk_[i] = std::make_unique<TopKCompressor>(layers_[i].numel(), topk_ratio_);
+      if (!topk_[i]) {
+        topk_[i] = std::make_unique<TopKCompressor>(layers_[i].numel(), topk_ratio_);
+        if (pending_[i].defined()) topk_[i]->set_residual(pending_[i]);
+        pending_[i] = at::Tensor();
+      }
       auto [values, idx] = topk_[i]->compress(grads[i]);
       call();
       const auto t0 = Clock::now();
@@ -198,9 +262,15 @@ StatusOr<SyncStats> GradientSync::sync(std::vector<at::Tensor>& grads, Collectiv
     } else if (compression_[i] == Compression::powersgd) {
       const std::int64_t m = layers_[i].shape[0];
       const std::int64_t n = layers_[i].numel() / m;
-      if (!powersgd_[i])
+      if (!powersgd_[i]) {
         powersgd_[i] =
             std::make_unique<PowerSgdCompressor>(m, n, powersgd_rank_, seed_ * 1000003u + i);
+        if (pending_[i].defined()) powersgd_[i]->set_residual(pending_[i]);
+        const at::Tensor& q = pending_basis_[i];
+        if (q.defined() && q.sizes() == powersgd_[i]->basis().sizes()) powersgd_[i]->set_basis(q);
+        pending_[i] = at::Tensor();
+        pending_basis_[i] = at::Tensor();
+      }
       call();
       const auto t0 = Clock::now();
       const StatusOr<std::uint64_t> reduced = powersgd_[i]->reduce(grads[i], c);

@@ -5,7 +5,9 @@
 // Semantics: every rank passes its local gradient contribution (already weighted by its batch
 // share); after sync() every rank holds the same sum over ranks (compressed layers: the sum of
 // what each rank sent). A compressor's residual keeps, per rank, exactly what it did not send, and
-// adds it to the next step's gradient (error feedback).
+// adds it to the next step's gradient (error feedback). What a layer owes (its residual) outlives
+// a change of its compression: another compressor starts from it, and a layer that becomes
+// none or fp16 adds it to its next gradient once (GradientSync::owed).
 //
 // Thread-safety: none; one GradientSync per worker thread.
 #pragma once
@@ -56,6 +58,8 @@ class TopKCompressor {
   /// Returns (values, indices as int64) this rank sends.
   std::pair<at::Tensor, at::Tensor> compress(const at::Tensor& grad);
   const at::Tensor& residual() const { return residual_; }
+  /// Replaces the residual by `residual` (numel elements, any shape; copied).
+  void set_residual(const at::Tensor& residual);
   std::int64_t k() const { return k_; }
 
  private:
@@ -73,6 +77,12 @@ class PowerSgdCompressor {
   /// Returns the bytes this rank contributed to the two all-reduces.
   StatusOr<std::uint64_t> reduce(at::Tensor& grad, Collectives& c);
   const at::Tensor& residual() const { return residual_; }
+  /// Replaces the residual by `residual` (m x n elements, any shape; copied).
+  void set_residual(const at::Tensor& residual);
+  /// The shared basis Q (n x rank) the next reduce() starts from.
+  const at::Tensor& basis() const { return q_; }
+  /// Replaces Q (n x rank; copied). Every rank of the group must set the same Q.
+  void set_basis(const at::Tensor& q);
 
  private:
   std::int64_t m_, n_;
@@ -98,8 +108,10 @@ std::uint64_t ring_all_gather_bytes(std::uint64_t payload, int world);
 
 /// Reduces a model's gradients: layers set to none / fp16 go into buckets of bucket_bytes (0 =
 /// one call per layer), top-k layers are all-gathered, PowerSGD layers use two small
-/// all-reduces. Per-layer compressor state (residuals) lives here and is reset when a layer's
-/// compression changes.
+/// all-reduces. Per-layer compressor state (residuals, PowerSGD's Q) lives here. When a layer's
+/// compression or the compressors' parameters change, what it owes is kept: a top-k or
+/// PowerSGD compressor starts from it as its residual, a none or fp16 layer adds it to its next
+/// gradient; PowerSGD's Q is kept while its shape (n x rank) is, else made afresh from the seed.
 class GradientSync {
  public:
   /// `seed` must be the same on every rank (PowerSGD's initial bases).
@@ -114,7 +126,24 @@ class GradientSync {
                            const std::function<void()>& before_call = {});
   const std::vector<Compression>& compression() const { return compression_; }
 
+  /// What layer i owes the model on this rank, in the layer's shape: its compressor's residual,
+  /// or what its next sync adds to a none / fp16 gradient. Undefined when it owes nothing
+  /// (no error feedback, or no step yet).
+  at::Tensor owed(std::size_t i) const;
+  /// Replaces what layer i owes by `owed` (the layer's numel; copied; undefined: nothing). A
+  /// top-k or PowerSGD layer's compressor takes it as its residual, a none or fp16 layer adds
+  /// it to its next gradient.
+  void set_owed(std::size_t i, const at::Tensor& owed);
+  /// PowerSGD's basis Q of layer i (n x rank), undefined when the layer has none yet.
+  at::Tensor basis(std::size_t i) const;
+  /// The Q layer i's PowerSGD compressor uses from its next sync when `q` has its shape
+  /// (n x the PowerSGD rank); otherwise (or undefined) the compressor keeps the Q it has, and
+  /// one built next starts from the seed's. Every rank of the DP group must set the same Q.
+  void set_basis(std::size_t i, const at::Tensor& q);
+
  private:
+  // Moves layer i's compressor state into pending_ / pending_basis_ and drops the compressors.
+  void park(std::size_t i);
   std::vector<LayerShape> layers_;
   std::uint64_t seed_;
   std::vector<Compression> compression_;
@@ -123,6 +152,9 @@ class GradientSync {
   std::int64_t bucket_bytes_ = 1 << 20;
   std::vector<std::unique_ptr<TopKCompressor>> topk_;
   std::vector<std::unique_ptr<PowerSgdCompressor>> powersgd_;
+  // What a layer owes while it has no compressor (none / fp16, or not built yet), and the Q a
+  // PowerSGD compressor built next starts from; undefined: nothing.
+  std::vector<at::Tensor> pending_, pending_basis_;
 };
 
 }  // namespace parapilot::live

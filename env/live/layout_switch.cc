@@ -9,6 +9,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "env/live/feedback_state.h"
+
 namespace parapilot::live {
 
 namespace {
@@ -316,8 +318,25 @@ StatusOr<std::uint64_t> send_gradients(LayoutState& running, StagedLayout& stage
 
 // ---- the boundary -----------------------------------------------------------------------------
 
+namespace {
+
+// What `from`'s compressors owe, into `to`'s (new replica d: old replicas d' % to.dp == d).
+// Returns the all-reduce's bytes.
+StatusOr<std::uint64_t> move_feedback(LayoutState& from, LayoutState& to, Collectives& world) {
+  StatusOr<FeedbackState> owed = gather_feedback(from, world, to.layout().dp);
+  if (!owed.ok()) return owed.status();
+  install_feedback(to, *owed);
+  std::uint64_t bytes = 0;
+  for (const auto* kind : {&owed->residual, &owed->basis})
+    for (const at::Tensor& t : *kind)
+      if (t.defined()) bytes += static_cast<std::uint64_t>(t.numel()) * 4;
+  return bytes;
+}
+
+}  // namespace
+
 StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
-                                 const ModelConfig& model) {
+                                 const ModelConfig& model, Collectives& job) {
   const auto t0 = Clock::now();
   torch::NoGradGuard no_grad;
   const bool streamed = to.incoming && from.layout() == to.from;
@@ -367,6 +386,9 @@ StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
     // (long received: every receiver applied them) and the copy into the new tensors.
     stats.bytes_local += to.incoming->install(*to.state, adam_state);
     if (Status st = to.transfer->wait_sends(); !st.ok()) return st;
+    const StatusOr<std::uint64_t> fed = move_feedback(from, *to.state, job);
+    if (!fed.ok()) return fed.status();
+    stats.feedback_bytes = *fed;
     stats.move_ms = ms_since(t0);
     return stats;
   }
@@ -392,6 +414,9 @@ StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
     scatter(msg, 0, dst);
   }
   if (Status st = to.transfer->wait_sends(); !st.ok()) return st;
+  const StatusOr<std::uint64_t> fed = move_feedback(from, *to.state, job);
+  if (!fed.ok()) return fed.status();
+  stats.feedback_bytes = *fed;
   stats.move_ms = ms_since(t0);
   return stats;
 }

@@ -24,6 +24,11 @@
 //    the job no longer ran when its snapshot was due) every moved piece is sent at the
 //    boundary instead. Which of the two a switch takes depends only on the flag and on layouts
 //    every rank agreed on, so all ranks take the same one.
+//  - Error feedback (the compressors' residuals and PowerSGD's bases, feedback_state.h) is
+//    never streamed: a residual does not follow from the streamed gradients (top-k's choice
+//    and PowerSGD's projection depend on the whole tensor and the DP group). It moves at the
+//    committed boundary, in move_state, through one world all-reduce into the new layout's
+//    replicas (gather_feedback with one slot per new replica, install_feedback).
 //
 // Thread-safety: the functions use only the objects passed to them. While a plan streams, its
 // transfer group's sends are started by the training thread only and its receives made by the
@@ -119,15 +124,20 @@ struct SwitchStats {
   std::uint64_t bytes_sent = 0;  ///< to other ranks at the boundary (parameters and state).
   std::uint64_t bytes_received = 0;
   std::uint64_t bytes_local = 0;  ///< copied within this rank.
+  /// Bytes of the error feedback's all-reduce (this rank's buffer; 0 when nothing was owed).
+  std::uint64_t feedback_bytes = 0;
 };
 
 /// Moves `from`'s parameters and optimizer state (Adam: exp_avg, exp_avg_sq and the step; SGD
 /// has none) into `to.state` by `to.plan`: local pieces copied; the others installed from
 /// `to.incoming` when it is set and `from` runs `to.from` (the caller's contract: incoming
 /// applied every step before this boundary, on every rank alike), sent now otherwise (the plan
-/// recomputed first when `from` no longer runs `to.from`). Every rank of the world must call it at the same boundary. A failed
-/// transfer: kCollectiveFailed (the new state is then unusable; the old one is untouched).
+/// recomputed first when `from` no longer runs `to.from`). Then what `from`'s compressors owe
+/// goes to `to.state`'s over `job` (the world's collectives): summed over the old replicas, new replica
+/// d gets the old replicas d' with d' % to.dp == d (feedback_state.h). Every rank of the world
+/// must call it at the same boundary. A failed transfer or all-reduce: kCollectiveFailed (the
+/// new state is then unusable; the old one is untouched).
 StatusOr<SwitchStats> move_state(LayoutState& from, StagedLayout& to, int rank,
-                                 const ModelConfig& model);
+                                 const ModelConfig& model, Collectives& job);
 
 }  // namespace parapilot::live

@@ -26,6 +26,7 @@
 #include "env/live/checkpoint_state.h"
 #include "env/live/collectives.h"
 #include "env/live/corpus.h"
+#include "env/live/feedback_state.h"
 #include "env/live/grad_sync.h"
 #include "env/live/layout.h"
 #include "env/live/layout_state.h"
@@ -372,6 +373,26 @@ int run_or_throw(const WorkerOptions& o) {
     exit_code = kWorkerCollectiveFailed;
     return false;
   };
+  // --dump-feedback: what `s`'s compressors owe, summed over its replicas (every rank takes
+  // part; rank 0 writes it).
+  auto dump_feedback = [&](LayoutState& s, const char* when, std::uint64_t at) -> Status {
+    const StatusOr<FeedbackState> owed = gather_feedback(s, *coll, 1);
+    if (!owed.ok()) return owed.status();
+    if (o.rank != 0) return {};
+    std::filesystem::create_directories(o.dump_feedback);
+    const std::string path = (std::filesystem::path(o.dump_feedback) /
+                              ("feedback-" + std::string(when) + "-" + std::to_string(at) + ".bin"))
+                                 .string();
+    std::ofstream out(path, std::ios::binary);
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const at::Tensor t = owed->residual[l].defined() ? owed->residual[l][0].contiguous()
+                                                       : at::zeros(layers[l].shape, at::kFloat);
+      out.write(static_cast<const char*>(t.data_ptr()),
+                static_cast<std::streamsize>(t.numel() * 4));
+    }
+    if (!out) throw InputError("--dump-feedback '" + o.dump_feedback + "': cannot write " + path);
+    return {};
+  };
   try {
     bool started = collective_ok(state->broadcast_parameters());
     train_start_s = seconds_since(t_start);
@@ -432,8 +453,13 @@ int run_or_throw(const WorkerOptions& o) {
             }
             const double staged_ms = staged->staged_ms;
             const std::uint64_t streamed_sent = staged->streamed_sent;
-            const StatusOr<SwitchStats> moved = move_state(*state, *staged, o.rank, o.model);
+            if (!o.dump_feedback.empty() && !collective_ok(dump_feedback(*state, "before", step)))
+              break;
+            const StatusOr<SwitchStats> moved = move_state(*state, *staged, o.rank, o.model, *coll);
             if (!collective_ok(moved.status())) break;
+            if (!o.dump_feedback.empty() &&
+                !collective_ok(dump_feedback(*staged->state, "after", step)))
+              break;
             std::unique_ptr<LayoutState> old = std::move(state);
             state = std::move(staged->state);
             layout = state->layout();
@@ -469,7 +495,8 @@ int run_or_throw(const WorkerOptions& o) {
                 "%s: switched to layout %s at step %llu (plan %llu): pause %.1f ms (staged state "
                 "taken in %.1f ms, old layout handed to its releaser in %.1f ms, state installed "
                 "in %.1f ms: %s, %llu bytes sent at the boundary, %llu received, %llu copied "
-                "locally), built in %.1f ms beside training\n",
+                "locally, %llu bytes of error feedback all-reduced), built in %.1f ms beside "
+                "training\n",
                 tag.c_str(), rec.layout.c_str(), static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(next_plan), rec.pause_ms, take_ms, release_ms,
                 moved->move_ms,
@@ -479,7 +506,8 @@ int run_or_throw(const WorkerOptions& o) {
                                 : "not streamed",
                 static_cast<unsigned long long>(moved->bytes_sent),
                 static_cast<unsigned long long>(moved->bytes_received),
-                static_cast<unsigned long long>(moved->bytes_local), rec.staged_ms);
+                static_cast<unsigned long long>(moved->bytes_local),
+                static_cast<unsigned long long>(moved->feedback_bytes), rec.staged_ms);
             std::fflush(stdout);
           } else {
             gsync->configure(state->local_entries(full_compression), topk_ratio, powersgd_rank,

@@ -60,11 +60,17 @@ struct WorkerOptions {
   /// Raw float32 parameters of the whole model after training, model order, whatever the
   /// layout (rank 0 writes it; every rank must be given it: all take part in the gather).
   std::string dump_params;
+  /// Folder: at each layout switch rank 0 writes what the compressors owe, summed over the
+  /// replicas, in the old layout (feedback-before-STEP.bin) and in the new one just after the
+  /// move (feedback-after-STEP.bin): raw float32, model order, zeros where nothing is owed.
+  /// Every rank must be given it (all take part in the gathers). A test and debugging aid.
+  std::string dump_feedback;
   /// JSON run summary (env/live/run_summary.h; rank 0 writes it; every rank must be given it:
   /// all take part in the reduction of the switches' figures).
   std::string summary_json;
   /// Checkpoint folder (env/live/checkpoint.h): at the end every rank takes part in gathering
-  /// the whole model's parameters and optimizer state, which rank 0 writes with the next step.
+  /// the whole model's parameters, optimizer state and error feedback (feedback_state.h),
+  /// which rank 0 writes with the next step.
   std::string save_state;
   /// Checkpoint folder to resume from: every rank reads it before the rendezvous and takes its
   /// own shards under its layout; training resumes at the saved next step (--steps counts from

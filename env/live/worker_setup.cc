@@ -136,9 +136,14 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--summary-json", o.summary_json,
                  "Rank 0 writes a JSON run summary: steps, samples, throughput, final layout, "
                  "switches (give it to every rank)");
+  cmd.add_option("--dump-feedback", o.dump_feedback,
+                 "At each layout switch rank 0 writes the compressors' residuals summed over the "
+                 "replicas, before and after the move, into this folder (raw float32, model "
+                 "order; give it to every rank)");
   cmd.add_option("--save-state", o.save_state,
-                 "At the end, save the whole model's parameters, Adam state and next step to "
-                 "this folder, layout-independently (give it to every rank)");
+                 "At the end, save the whole model's parameters, Adam state, compressors' "
+                 "residuals and PowerSGD bases, and next step to this folder, "
+                 "layout-independently (give it to every rank)");
   cmd.add_option("--load-state", o.load_state,
                  "Resume from a --save-state folder under this run's layout (the step counter "
                  "and the data order continue)");

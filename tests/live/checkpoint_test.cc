@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -239,5 +241,186 @@ TEST_CASE(
   }
   // The good checkpoint still loads (the refusals above are about what was broken).
   run_job(1, {"--steps", "3", "--load-state", ck}, dir + "/good");
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Flags of a dp=2,tp=2 job (4 ranks) whose every tensor keeps error feedback.
+std::vector<std::string> compressed_args() {
+  return {"--layout", "dp=2,tp=2", "--compression",
+          parapilot::live::testing::feedback_compression(), "--topk-ratio", "0.05"};
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "checkpoint: a compressed dp=2,tp=2 job resumed under its layout is bit for bit the "
+    "never-stopped one, and not without its residuals") {
+  const std::string dir = temp_dir("compressed");
+  const std::string ck = dir + "/state";
+  run_job(4, with(compressed_args(), {"--steps", "10", "--dump-params", dir + "/whole.bin"}),
+          dir + "/whole");
+  run_job(4, with(compressed_args(), {"--steps", "5", "--save-state", ck}), dir + "/first");
+  const std::vector<float> whole = read_floats(dir + "/whole.bin");
+  REQUIRE(whole.size() == 68032);
+
+  // The checkpoint holds both replicas' residuals of every tensor, and PowerSGD's bases: one
+  // per TP piece of a split tensor, one for a replicated one.
+  Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
+  CHECK(c.feedback_replicas == 2);
+  CHECK(c.feedback.size() == model_layers(four_blocks()).size());
+  std::set<std::int64_t> pieces;
+  for (const auto& fb : c.feedback) {
+    CHECK(fb.residual.size() ==
+          2 * static_cast<std::size_t>(model_layers(four_blocks())[fb.layer].numel()));
+    if (!fb.basis.empty()) pieces.insert(fb.basis_shape[0]);
+  }
+  CHECK(pieces == std::set<std::int64_t>{1, 2});
+
+  run_job(4, with(compressed_args(), {"--steps", "10", "--load-state", ck, "--dump-params",
+                                      dir + "/resumed.bin"}),
+          dir + "/resumed");
+  CHECK(read_floats(dir + "/resumed.bin") == whole);
+
+  // The same checkpoint with its error feedback dropped: the resumed job loses what its
+  // compressors owed and ends elsewhere.
+  c.feedback.clear();
+  c.feedback_replicas = 0;
+  REQUIRE(write_checkpoint(dir + "/dropped", c).ok());
+  run_job(4, with(compressed_args(), {"--steps", "10", "--load-state", dir + "/dropped",
+                                      "--dump-params", dir + "/dropped.bin"}),
+          dir + "/dropped-run");
+  const double lost = relative_difference(read_floats(dir + "/dropped.bin"), whole);
+  MESSAGE("resumed without the residuals: " << lost << " from the never-stopped job");
+  CHECK(lost > 1e-4);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "checkpoint: a malformed, mismatched or corrupt error-feedback table is refused naming "
+    "what is wrong") {
+  const std::string dir = temp_dir("bad-feedback");
+  const std::string ck = dir + "/state";
+  run_job(1,
+          {"--steps", "2", "--compression", parapilot::live::testing::feedback_compression(),
+           "--save-state", ck},
+          dir + "/save");
+  // The file as its magic line, its header and its payload.
+  std::ifstream in(checkpoint_path(ck), std::ios::binary);
+  std::string magic, header;
+  std::getline(in, magic);
+  std::getline(in, header);
+  const std::string payload((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json h = nlohmann::json::parse(header);
+  REQUIRE(h["feedback"]["tensors"].size() > 2);
+  // Writes the checkpoint with its header edited by `edit` (and its payload edited by
+  // `damage`) into a folder of its own; returns the folder.
+  int written = 0;
+  auto variant = [&](const std::function<void(nlohmann::json&)>& edit,
+                     const std::function<void(std::string&)>& damage = {}) {
+    nlohmann::json e = h;
+    edit(e);
+    std::string p = payload;
+    if (damage) damage(p);
+    const std::string folder = dir + "/v" + std::to_string(++written);
+    std::filesystem::create_directories(folder);
+    std::ofstream(checkpoint_path(folder), std::ios::binary) << magic << '\n'
+                                                             << e.dump() << '\n'
+                                                             << p;
+    return folder;
+  };
+  auto refusal = [&](const std::string& folder) {
+    const parapilot::StatusOr<Checkpoint> r = read_checkpoint(folder, four_blocks(), "adam");
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == parapilot::StatusCode::kInvalidArgument);
+    return r.status().message();
+  };
+  const std::string table = "malformed error-feedback table";
+  {
+    const std::string why =
+        refusal(variant([](nlohmann::json& e) { e["feedback"]["tensors"][1]["layer"] = 999; }));
+    CHECK_MESSAGE(why.find(table + " (entry 1: layer 999 is not a tensor of the 54-tensor "
+                                   "model)") != std::string::npos,
+                  why);
+  }
+  {
+    const std::string why = refusal(variant([](nlohmann::json& e) {
+      std::swap(e["feedback"]["tensors"][1], e["feedback"]["tensors"][2]);
+    }));
+    CHECK_MESSAGE(why.find("the layers must increase") != std::string::npos, why);
+  }
+  {
+    const std::string why =
+        refusal(variant([](nlohmann::json& e) { e["feedback"]["replicas"] = 0; }));
+    CHECK_MESSAGE(why.find("'replicas' is 0") != std::string::npos, why);
+  }
+  {
+    const std::string why = refusal(variant([](nlohmann::json& e) {
+      for (auto& t : e["feedback"]["tensors"])
+        if (!t["basis"].empty()) {
+          t["basis"] = {1, 1000000, 4};
+          break;
+        }
+    }));
+    CHECK_MESSAGE(why.find("the basis shape [1,1000000,4]") != std::string::npos, why);
+  }
+  {
+    // A residual the payload does not hold: the sizes disagree.
+    const std::string why = refusal(variant([](nlohmann::json& e) {
+      e["feedback"]["tensors"][0]["residual"] = false;
+    }));
+    CHECK_MESSAGE(why.find("payload of") != std::string::npos, why);
+  }
+  {
+    // One flipped byte inside the residuals (after the parameters and Adam's two moments).
+    const std::string why = refusal(variant([](nlohmann::json&) {}, [](std::string& p) {
+      p[3 * 68032 * 4 + 101] = static_cast<char>(p[3 * 68032 * 4 + 101] ^ 0x40);
+    }));
+    CHECK_MESSAGE(why.find("checksum") != std::string::npos, why);
+  }
+  {
+    // A format-1 file has no table: with one it is malformed; without one it loads, owing
+    // nothing (made from this checkpoint without its error feedback: the same payload, less
+    // the table's part).
+    magic = "parapilot-state 1";
+    const std::string why = refusal(variant([](nlohmann::json&) {}));
+    CHECK_MESSAGE(why.find("has no error-feedback table") != std::string::npos, why);
+    Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
+    REQUIRE(!c.feedback.empty());
+    c.feedback.clear();
+    c.feedback_replicas = 0;
+    REQUIRE(write_checkpoint(dir + "/plain", c).ok());
+    std::ifstream plain(checkpoint_path(dir + "/plain"), std::ios::binary);
+    std::string line, plain_header;
+    std::getline(plain, line);
+    std::getline(plain, plain_header);
+    nlohmann::json v1 = nlohmann::json::parse(plain_header);
+    v1.erase("feedback");
+    const std::string rest((std::istreambuf_iterator<char>(plain)),
+                           std::istreambuf_iterator<char>());
+    std::filesystem::create_directories(dir + "/v1");
+    std::ofstream(checkpoint_path(dir + "/v1"), std::ios::binary)
+        << "parapilot-state 1\n" << v1.dump() << '\n' << rest;
+    const Checkpoint old = ok(read_checkpoint(dir + "/v1", four_blocks(), "adam"));
+    CHECK(old.feedback.empty());
+    CHECK(old.params == c.params);
+    magic = "parapilot-state 2";
+  }
+  // Through the CLI: exit code 2 and the reason in the worker's log.
+  {
+    const std::string bad =
+        variant([](nlohmann::json& e) { e["feedback"]["tensors"][1]["layer"] = 999; });
+    const auto [code, log] = refused_load({"--load-state", bad}, dir + "/cli");
+    CHECK(code == 2);
+    CHECK_MESSAGE(log.find(table) != std::string::npos, log);
+  }
+  // The unedited copy loads (the refusals are about the edits).
+  CHECK(read_checkpoint(variant([](nlohmann::json&) {}), four_blocks(), "adam").ok());
   std::filesystem::remove_all(dir);
 }

@@ -1,9 +1,11 @@
 // Error-feedback compressors and the bucketed gradient reduction (single process).
-#include <doctest/doctest.h>
-
 #include <ATen/ATen.h>
 
 #include "env/live/grad_sync.h"
+
+// ATen's headers bring glog, whose CHECK would replace doctest's: doctest comes last.
+#undef CHECK
+#include <doctest/doctest.h>
 
 using namespace parapilot::live;
 using parapilot::StatusOr;
@@ -73,4 +75,81 @@ TEST_CASE("GradientSync on one rank: dense layers unchanged, fp16 rounded, bytes
   CHECK(s.buckets == 1);  // one float32 bucket (layer a) and one float16 bucket (layer b)
   CHECK(ring_all_reduce_bytes(1000, 4) == 1500);
   CHECK(ring_all_gather_bytes(1000, 4) == 3000);
+}
+
+TEST_CASE("GradientSync: what a layer owes outlives a change of its compression") {
+  at::manual_seed(6);
+  auto local = make_local_collectives();
+  std::vector<LayerShape> layers{{"a", {40, 30}}, {"b", {500}}};
+  GradientSync sync(layers, 1);
+  sync.configure({Compression::topk, Compression::topk}, 0.05, 2, 0);
+  CHECK(!sync.owed(0).defined());  // no step yet: nothing owed
+  std::vector<at::Tensor> grads{at::randn({40, 30}), at::randn({500})};
+  REQUIRE(sync.sync(grads, *local).ok());
+  const at::Tensor owed_a = sync.owed(0).clone(), owed_b = sync.owed(1).clone();
+  REQUIRE(owed_a.sizes() == at::IntArrayRef({40, 30}));
+  CHECK(owed_a.abs().sum().item<float>() > 0);
+
+  // a: top-k -> PowerSGD: the compressor starts from the residual (what it sends plus its new
+  // residual is the new gradient plus what was owed). b: top-k -> none: the next dense sync
+  // adds what was owed to the gradient, once.
+  sync.configure({Compression::powersgd, Compression::none}, 0.05, 2, 0);
+  CHECK(at::equal(sync.owed(0), owed_a));
+  CHECK(at::equal(sync.owed(1), owed_b));
+  std::vector<at::Tensor> next{at::randn({40, 30}), at::randn({500})};
+  const std::vector<at::Tensor> given{next[0].clone(), next[1].clone()};
+  REQUIRE(sync.sync(next, *local).ok());
+  CHECK(at::allclose(next[0] + sync.owed(0), given[0] + owed_a, 1e-5, 1e-5));
+  CHECK(at::equal(next[1], given[1] + owed_b));
+  CHECK(!sync.owed(1).defined());  // paid
+  std::vector<at::Tensor> third{at::randn({40, 30}), at::randn({500})};
+  const at::Tensor third_b = third[1].clone();
+  REQUIRE(sync.sync(third, *local).ok());
+  CHECK(at::equal(third[1], third_b));  // only once
+}
+
+TEST_CASE("GradientSync: owed and PowerSGD's basis set from outside, kept or made afresh") {
+  at::manual_seed(7);
+  auto local = make_local_collectives();
+  std::vector<LayerShape> layers{{"a", {24, 16}}};
+  GradientSync sync(layers, 3);
+  sync.configure({Compression::powersgd}, 0.05, 2, 0);
+  const at::Tensor owed = at::randn({24, 16}), q = at::randn({16, 2});
+  sync.set_owed(0, owed);
+  sync.set_basis(0, q);
+  CHECK(at::equal(sync.owed(0), owed));
+  std::vector<at::Tensor> g{at::randn({24, 16})};
+  const at::Tensor given = g[0].clone();
+  REQUIRE(sync.sync(g, *local).ok());
+  // The compressor took both: its output is the rank-2 projection of (g + owed) onto the
+  // basis the given Q starts, and output + residual is g + owed.
+  at::Tensor p = (given + owed).mm(q);
+  for (std::int64_t i = 0; i < p.size(1); ++i) {
+    at::Tensor col = p.narrow(1, i, 1);
+    col.div_(col.norm().clamp_min(1e-8));
+    if (i + 1 < p.size(1)) {
+      at::Tensor rest = p.narrow(1, i + 1, p.size(1) - i - 1);
+      rest.sub_(col * (col.t().mm(rest)));
+    }
+  }
+  CHECK(at::allclose(g[0], p.mm((given + owed).t().mm(p).t()), 1e-4, 1e-4));
+  CHECK(at::allclose(g[0] + sync.owed(0), given + owed, 1e-5, 1e-5));
+  const at::Tensor kept = sync.basis(0).clone();
+  // A top-k ratio change keeps the basis (its shape n x rank is the same) ...
+  sync.configure({Compression::powersgd}, 0.2, 2, 0);
+  CHECK(at::equal(sync.basis(0), kept));
+  std::vector<at::Tensor> g2{at::randn({24, 16})};
+  REQUIRE(sync.sync(g2, *local).ok());
+  // ... a rank change cannot: the new compressor makes its own, n x 3.
+  sync.configure({Compression::powersgd}, 0.2, 3, 0);
+  std::vector<at::Tensor> g3{at::randn({24, 16})};
+  REQUIRE(sync.sync(g3, *local).ok());
+  CHECK(sync.basis(0).sizes() == at::IntArrayRef({16, 3}));
+  // A basis of the wrong shape is not taken.
+  GradientSync other(layers, 3);
+  other.configure({Compression::powersgd}, 0.05, 2, 0);
+  other.set_basis(0, at::randn({16, 5}));
+  std::vector<at::Tensor> g4{at::randn({24, 16})};
+  REQUIRE(other.sync(g4, *local).ok());
+  CHECK(other.basis(0).sizes() == at::IntArrayRef({16, 2}));
 }

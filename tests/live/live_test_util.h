@@ -64,6 +64,23 @@ inline std::vector<std::string> four_block_args() {
           "--collective-timeout", "20", "--rendezvous-timeout", "30"};
 }
 
+/// A per-layer --compression for four_blocks() under which every tensor keeps error feedback:
+/// the matrices alternately PowerSGD and top-k, the vectors top-k.
+inline std::string feedback_compression() {
+  std::string out;
+  bool powersgd = true;
+  for (const LayerShape& l : model_layers(four_blocks())) {
+    if (!out.empty()) out += ',';
+    if (l.shape.size() < 2) {
+      out += "topk";
+      continue;
+    }
+    out += powersgd ? "powersgd" : "topk";
+    powersgd = !powersgd;
+  }
+  return out;
+}
+
 /// Every rank exited by itself with code 0.
 inline void check_all_finished(const std::vector<RankExit>& exits, const std::string& logs) {
   for (const auto& e : exits) {

@@ -220,6 +220,40 @@ std::string switch_and_compare(int workers, const std::string& from, const std::
   return s.log;
 }
 
+// Switches a job whose every tensor keeps error feedback (feedback_compression()) from `from`
+// to `to` and compares what its compressors owe, summed over the replicas, just before the
+// switch and just after the move (--dump-feedback): equal but for float summation order.
+void switch_keeps_feedback(int workers, const std::string& from, const std::string& to,
+                           const std::string& name) {
+  const std::string dir = temp_dir(name);
+  const Switched s =
+      run_switch(workers, from, to, dir,
+                 {"--compression", parapilot::live::testing::feedback_compression(),
+                  "--topk-ratio", "0.05", "--dump-feedback", dir + "/feedback"},
+                 0);
+  const std::string at = std::to_string(s.switch_at);
+  const std::vector<float> before = read_floats(dir + "/feedback/feedback-before-" + at + ".bin");
+  const std::vector<float> after = read_floats(dir + "/feedback/feedback-after-" + at + ".bin");
+  REQUIRE(before.size() == 68032);
+  REQUIRE(after.size() == before.size());
+  double largest = 0, diff = 0;
+  std::size_t owed = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    largest = std::max(largest, std::abs(static_cast<double>(before[i])));
+    diff = std::max(diff, std::abs(static_cast<double>(after[i]) - static_cast<double>(before[i])));
+    if (before[i] != 0) ++owed;
+  }
+  MESSAGE(from << " -> " << to << ": " << pause_line(s.log));
+  MESSAGE(from << " -> " << to << ": " << owed << " of " << before.size()
+               << " elements owed before the switch, max |owed| " << largest
+               << ", after the move within " << diff);
+  // Top-k at 5% and rank-4 PowerSGD leave most of every tensor owed.
+  CHECK(owed > before.size() / 2);
+  CHECK(diff <= 1e-5 * largest);
+  CHECK_MESSAGE(s.log.find(" 0 bytes of error feedback") == std::string::npos, s.log);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 TEST_CASE("transfer plan: every element of every new shard has exactly one source") {
@@ -331,6 +365,13 @@ TEST_CASE(
 TEST_CASE("layout switch on 4 Gloo processes: dp=2,pp=2 -> pp=4 and tp=2,dp=2 -> dp=4") {
   switch_and_compare(4, "dp=2,pp=2", "dp=1,pp=4", "dp2pp2-pp4");
   switch_and_compare(4, "dp=2,tp=2", "dp=4", "dp2tp2-dp4");
+}
+
+TEST_CASE(
+    "layout switch of a compressed job: what the compressors owe, summed over the replicas, "
+    "is the same before and after (dp=4 -> dp=2,pp=2 and dp=2,tp=2 -> dp=4)") {
+  switch_keeps_feedback(4, "dp=4", "dp=2,pp=2", "feedback-dp4-dp2pp2");
+  switch_keeps_feedback(4, "dp=2,tp=2", "dp=4", "feedback-dp2tp2-dp4");
 }
 
 TEST_CASE("layout switch streamed ahead of the boundary equals moving the state at it, bit for bit") {
