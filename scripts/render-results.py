@@ -251,6 +251,11 @@ def deploy_live(d):
             source(*reports))
 
 
+def num(x):
+    """One decimal, or a dash where the round has no figure (no switch after the onset)."""
+    return "–" if x is None else "%.1f" % x
+
+
 def deploy_live_rows(f, name):
     rows = []
     for x in f["rounds"] + [dict(f["median"], round="median")]:
@@ -259,7 +264,7 @@ def deploy_live_rows(f, name):
         rows.append([name, x["round"], x.get("onset_step", ""),
                      "+%.2f s" % x["detection_delay_s"] if x.get("detection_delay_s") is not None else "–",
                      "+%.2f s" % x["commit_delay_s"] if x.get("commit_delay_s") is not None else "–",
-                     "%.1f / %.1f / **%.1f**" % (w["before"], w["during"], w["after"]),
+                     "%s / %s / **%s**" % (num(w["before"]), num(w["during"]), num(w["after"])),
                      "%.1f / %.1f" % (wo["before"], wo["after"]), "%.1f" % sp["ideal"],
                      pct(x.get("after_over_ideal")), pct(x.get("recovered_share_of_loss"))])
     return rows
