@@ -534,6 +534,19 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
     }
     return count;
   };
+  // Replica r under the current counts: one microbatch on its slowest rank, and the fill and
+  // drain its other ranks add once, (sum - max) / v.
+  auto replica_time = [&](int r, double& per_microbatch_s, double& fill_s) {
+    double max = 0, sum = 0;
+    for (int p = 0; p < pp; ++p) {
+      const RankCost& c = costs[r * pp + p];
+      const double t = c.fixed_s + c.per_block_s * counts[p];
+      max = std::max(max, t);
+      sum += t;
+    }
+    per_microbatch_s = max;
+    fill_s = (sum - max) / v;
+  };
   auto shares_from_partition = [&]() {
     thread_local std::vector<double> per_mb, fixed;
     per_mb.assign(dp, 0);
@@ -544,15 +557,7 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
         fixed[r] = fixed[r - 1];
         continue;
       }
-      double max = 0, sum = 0;
-      for (int p = 0; p < pp; ++p) {
-        const RankCost& c = costs[r * pp + p];
-        const double t = c.fixed_s + c.per_block_s * counts[p];
-        max = std::max(max, t);
-        sum += t;
-      }
-      per_mb[r] = max;
-      fixed[r] = (sum - max) / v;
+      replica_time(r, per_mb[r], fixed[r]);
     }
     allocate_microbatches(per_mb.data(), fixed.data(), dp, total, unit, micro.data());
   };
@@ -579,14 +584,9 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   double pipeline_s = 0;
   for (int r = 0; r < dp; ++r) {
     if (r > 0 && repeats[r] && micro[r] == micro[r - 1]) continue;
-    double max = 0, sum = 0;
-    for (int p = 0; p < pp; ++p) {
-      const RankCost& c = costs[r * pp + p];
-      const double t = c.fixed_s + c.per_block_s * counts[p];
-      max = std::max(max, t);
-      sum += t;
-    }
-    pipeline_s = std::max(pipeline_s, micro[r] * max + (sum - max) / v);
+    double per_microbatch_s, fill_s;
+    replica_time(r, per_microbatch_s, fill_s);
+    pipeline_s = std::max(pipeline_s, micro[r] * per_microbatch_s + fill_s);
   }
   const double upper_tokens_per_s =
       static_cast<double>(shape.global_batch) * model_.seq_len / pipeline_s;
