@@ -520,10 +520,12 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     group_medians(group_items, group_count, false, group_fill, values, group_spread,
                   has_spread);
+    // Never as wide as a slow rank's shift: a rank slow enough to be reported is believed.
+    const double widest = std::max(o.dead_band, 1.0 - o.slow_speed);
     for (int g = 0; g < group_count; ++g) {
       if (has_spread[g]) {
-        group_band[g] =
-            std::max(o.dead_band, o.dead_band_deviations * 1.4826 * group_spread[g]);
+        group_band[g] = std::clamp(o.dead_band_deviations * 1.4826 * group_spread[g],
+                                   o.dead_band, widest);
       }
     }
   }

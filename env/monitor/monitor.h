@@ -58,7 +58,8 @@ struct MonitorOptions {
   /// ...and speeds within this many robust deviations of the peer group's speeds around 1 (the
   /// measurement noise the group shows: 1.4826 x the lower median of |speed - 1| over its
   /// ranks), so that on a wide job noise does not make some healthy ranks look slow or fast.
-  /// 4, the deviations RobustEwma rejects an outlier at. 0: the fixed band only.
+  /// 4, the deviations RobustEwma rejects an outlier at. 0: the fixed band only. The band never
+  /// reaches 1 - slow_speed: a rank slow enough to be reported slow is always believed so.
   double dead_band_deviations = 4.0;
   /// Weight of a new compute sample in a rank's level (RobustEwma::Options::alpha).
   double compute_alpha = 0.3;

@@ -168,6 +168,23 @@ TEST_CASE("on a wide noisy job healthy ranks read nominal, and a slow one still 
   CHECK(worst_off_nominal <= 2);
 }
 
+TEST_CASE("a group too noisy to read small shifts still reads a 4x slower rank as slow") {
+  // 8 ranks whose levels differ by up to 40% (ranks sharing a few CPU cores): the group's
+  // spread (a lower median of |speed - 1| of 0.25) would widen the band past any slowdown,
+  // rank 3's 4x included; it stops short of the slow-rank threshold.
+  Monitor m(options(8));
+  const std::vector<double> transfer(8, 20.0);
+  const std::vector<double> spread = {1.0, 1.4, 0.8, 1.0, 1.25, 0.7, 1.3, 0.9};
+  for (uint64_t s = 0; s < 12; ++s) {
+    std::vector<double> compute(8);
+    for (int r = 0; r < 8; ++r) compute[r] = 100.0 * spread[r] * (r == 3 ? 4.0 : 1.0);
+    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+  }
+  const Beliefs b = m.beliefs();
+  CHECK(b.conditions.gpu_speed[3] == doctest::Approx(0.25));  // 100 (the median) / 400
+  CHECK(std::find(b.slow_ranks.begin(), b.slow_ranks.end(), 3) != b.slow_ranks.end());
+}
+
 TEST_CASE("without noise the fixed band alone applies: a 6% slower rank of two reads slow") {
   Monitor m(options(2));
   const std::vector<double> transfer(2, 20.0);
