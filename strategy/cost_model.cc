@@ -733,11 +733,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
             memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
         const double capacity = topo_.types[rt.type].memory_gib;
         const double ratio = total / capacity;
+        // The footprint and capacity of one GPU, the one with the least headroom: on GPUs
+        // of different memory sizes the largest footprint may sit on the largest GPU.
         if (ratio > worst_memory_ratio) {
           worst_memory_ratio = ratio;
+          out.memory_gib = total;
           out.memory_capacity_gib = capacity;
         }
-        out.memory_gib = std::max(out.memory_gib, total);
       }
     }
     const double pipeline = m * max + (sum - max) / v;

@@ -44,8 +44,10 @@ struct CostBreakdown {
   double bubble_s = 0;             // pipeline fill and drain (and waiting on slower stages)
   double dp_comm_s = 0;            // exposed data-parallel gradient reduction / ZeRO gathers
   double optimizer_s = 0;          // optimizer step
-  double memory_gib = 0;           // the largest per-GPU footprint
-  double memory_capacity_gib = 0;  // capacity of the GPU with the least headroom
+  // The GPU with the least headroom (the largest footprint / capacity): its footprint and its
+  // capacity (on one GPU type, the largest footprint).
+  double memory_gib = 0;
+  double memory_capacity_gib = 0;
   bool fits_in_memory = false;
   double model_flops = 0;  // per iteration (SC'21 convention, see docs/cost-model.md)
   double tflops_per_gpu = 0;

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "env/registry.h"
+#include "env/sim/distribution.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
@@ -54,20 +55,11 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
 }
 
 std::unique_ptr<Env> make_sim_env(const EnvId& id) {
-  reject_unknown(id, {"gpus", "horizon"});
   if (id.variant.empty()) {
-    throw InputError("env sim: name a scenario family (sim:straggler) or a scenario .toml");
+    throw InputError(
+        "env sim: name a scenario family (sim:straggler), a scenario .toml or the training "
+        "distribution (sim:random)");
   }
-  Scenario s;
-  if (id.variant.find(".toml") != std::string::npos) {
-    s = take(load_scenario(id.variant));
-    if (id.params.count("gpus")) {
-      throw InputError("env " + id.variant + ": gpus is set in the scenario file");
-    }
-  } else {
-    s = builtin_scenario(take(parse_family(id.variant)), int_param(id, "gpus", 64, 8, 1 << 16));
-  }
-  s.horizon = int_param(id, "horizon", s.horizon, 1, 1 << 20);
   std::string canonical = "sim:" + id.variant;
   if (!id.params.empty()) {
     canonical += "(";
@@ -78,6 +70,25 @@ std::unique_ptr<Env> make_sim_env(const EnvId& id) {
     }
     canonical += ")";
   }
+  if (id.variant == "random") {
+    reject_unknown(id, {"gpus_min", "gpus_max", "horizon"});
+    ScenarioRanges r;
+    r.gpus_min = int_param(id, "gpus_min", r.gpus_min, 8, 1 << 16);
+    r.gpus_max = int_param(id, "gpus_max", r.gpus_max, r.gpus_min, 1 << 16);
+    r.horizon = int_param(id, "horizon", r.horizon, 1, 1 << 20);
+    return make_distribution_env(r, canonical);
+  }
+  reject_unknown(id, {"gpus", "horizon"});
+  Scenario s;
+  if (id.variant.find(".toml") != std::string::npos) {
+    s = take(load_scenario(id.variant));
+    if (id.params.count("gpus")) {
+      throw InputError("env " + id.variant + ": gpus is set in the scenario file");
+    }
+  } else {
+    s = builtin_scenario(take(parse_family(id.variant)), int_param(id, "gpus", 64, 8, 1 << 16));
+  }
+  s.horizon = int_param(id, "horizon", s.horizon, 1, 1 << 20);
   return std::make_unique<SimEnv>(std::move(s), canonical);
 }
 

@@ -39,6 +39,7 @@ const std::string kConformanceIds[] = {
     "sim:failure(gpus=16,horizon=12)",
     "sim:phase(gpus=16,horizon=12)",
     "sim:mixed(gpus=16,horizon=12)",
+    "sim:random(gpus_max=64,horizon=12)",
 };
 
 std::vector<double> rollout(Env& env, uint64_t seed, uint64_t action_seed, int* steps = nullptr) {

@@ -234,6 +234,39 @@ TEST_CASE("memory matches a hand computation (GPT block, tp=2, pp=2, 1F1B, no re
   CHECK(mz.activations_gib * kGiB == doctest::Approx(full_act));
 }
 
+TEST_CASE("on GPUs of different memory sizes the breakdown's footprint and capacity are one "
+          "GPU's, the one with the least headroom") {
+  // Two stages, the first (the larger footprint: it holds pp microbatches' activations) on a
+  // 141 GB h200 node, the second on a 40 GB a100 node.
+  const ModelSpec m = *model_preset("llama3-8b");
+  const ClusterSpec c = *cluster_preset("1x8xa100-40g+1x8xh200");
+  const CostModel cost(m, c);
+  Strategy s = layout(1, 8, 2, 4, 64);
+  s.zero = 0;
+  for (int g = 8; g < 16; ++g) s.gpus.push_back(g);
+  for (int g = 0; g < 8; ++g) s.gpus.push_back(g);
+  Strategy a100_first = s;
+  a100_first.gpus.clear();
+  const double h200_stage = cost.evaluate(a100_first).memory_gib;  // that stage on the a100
+  const CostBreakdown b = cost.evaluate(s);
+  REQUIRE(h200_stage > 40);  // it would not fit on the a100 ...
+  CHECK(b.fits_in_memory);   // ... and fits on the h200
+  CHECK(b.memory_gib < h200_stage);
+  CHECK(b.memory_capacity_gib == 40);
+  CHECK(b.memory_gib <= b.memory_capacity_gib);
+  // Too large for the a100's stage: the message names that GPU's footprint and capacity.
+  s.microbatch_size = 8;
+  const CostBreakdown over = cost.evaluate(s);
+  CHECK_FALSE(over.fits_in_memory);
+  CHECK(over.memory_capacity_gib == 40);
+  CHECK(over.memory_gib > 40);
+  CHECK(over.memory_gib < cost.evaluate([&] {
+    Strategy t = s;
+    t.gpus.clear();
+    return t;
+  }()).memory_gib);
+}
+
 TEST_CASE("model FLOPs follow the SC'21 formula") {
   ModelSpec m = small_gpt();
   m.vocab = 51200;
