@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -41,12 +42,27 @@ struct TrainOptions {
 };
 
 // "straggler" -> "sim:straggler"; ids and .toml paths pass through; a folder stands for its
-// .toml files (scenarios) in name order; lists stay lists.
+// .toml files (scenarios) in name order; "ITEM*N" for N copies of ITEM (one parallel env
+// each: a weight in the mix); lists stay lists.
 std::string env_ids_of(const std::string& scenarios) {
   std::string out, item;
   int depth = 0;
-  auto flush = [&] {
+  std::function<void()> flush = [&] {
     if (item.empty()) return;
+    if (const size_t star = item.rfind('*'); star != std::string::npos && depth == 0) {
+      const std::string count = item.substr(star + 1);
+      const bool digits = !count.empty() && count.size() <= 4 &&
+                          std::all_of(count.begin(), count.end(), ::isdigit);
+      if (!digits || std::stoi(count) < 1) {
+        throw InputError("--scenario " + item + ": a copy count after '*' must be 1 to 9999");
+      }
+      const std::string one = item.substr(0, star);
+      for (int k = std::stoi(count); k > 0; --k) {
+        item = one;
+        flush();
+      }
+      return;
+    }
     std::error_code ec;
     if (std::filesystem::is_directory(item, ec)) {
       std::vector<std::string> files;
@@ -284,7 +300,8 @@ void add_train_command(CLI::App& app) {
   CLI::Option* scenario =
       cmd->add_option(
              "--scenario", o->scenario,
-             "Scenario family, env id or scenario TOML; a comma-separated list trains on several")
+             "Scenario family, env id, scenario TOML or folder of them; a comma-separated list trains "
+             "on several, one parallel env each; ITEM*N counts ITEM N times")
           ->capture_default_str();
   CLI::Option* steps =
       cmd->add_option("--steps", o->steps, "Env steps in total")->capture_default_str();

@@ -37,6 +37,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
+# The shipped policy's training run (docs/policy.md, "The shipped policy").
+TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*13", "--envs", "26",
+                 "--steps", "2000000", "--seed", "1", "--validation-episodes", "4",
+                 "--validate-every", "20"]
 SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "live", "live-switch"]
 
@@ -83,6 +87,7 @@ class Runner:
     def __init__(self, build, out):
         self.build = os.path.abspath(build)
         self.out = os.path.abspath(out)
+        self.training_run = None
         os.makedirs(self.out, exist_ok=True)
 
     def bin(self, *parts):
@@ -117,15 +122,22 @@ class Runner:
                      "--episodes", "10", "--seed", "1000", "--policies", POLICIES, "--json"],
                     capture_output=True, text=True)
             scenarios[f[:-len(".toml")]] = json.loads(r.stdout)
+        # Draws of the training distribution on seeds training never uses (eval's small seeds;
+        # training draws from seeds >= 2^40): 30 clusters, models and dynamics of their own.
+        r = run([self.bin("parapilot"), "eval", "--scenario", "random", "--episodes", "30",
+                 "--seed", "1000", "--policies", POLICIES, "--json"],
+                capture_output=True, text=True)
+        scenarios["sim:random"] = json.loads(r.stdout)
         finish(report, {"scenarios": scenarios}, self.path("holdout-eval.json"))
 
     def training(self):
-        args = ["--scenario", "experiments/scenarios/train", "--envs", "13", "--steps", "600000",
-                "--seed", "1"]
+        # The shipped policy's run (docs/policy.md). --training-run DIR keeps the run there
+        # (its best.ckpt is what checkpoints/ ships) instead of in a temporary folder.
+        args = TRAINING_ARGS
         report = envelope("parapilot train", args)
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "run")
-            run([self.bin("parapilot"), "train", *args, "--out", out])
+            out = self.training_run or os.path.join(tmp, "run")
+            run([self.bin("parapilot"), "train", *args, "--out", out, "--overwrite"])
             with open(os.path.join(out, "metrics.csv")) as f:
                 lines = [l.strip().split(",") for l in f if l.strip()]
         head, rows = lines[0], lines[1:]
@@ -215,12 +227,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "data"))
+    ap.add_argument("--training-run", default=None,
+                    help="training: keep the run in this folder (default: a temporary one)")
     ap.add_argument("sections", nargs="*", help="default: " + " ".join(SECTIONS))
     a = ap.parse_args()
     unknown = [s for s in a.sections if s not in SECTIONS]
     if unknown:
         ap.error("unknown section %s (known: %s)" % (", ".join(unknown), " ".join(SECTIONS)))
     runner = Runner(a.build, a.out)
+    runner.training_run = a.training_run and os.path.abspath(a.training_run)
     for s in a.sections or SECTIONS:
         start = time.time()
         getattr(runner, s.replace("-", "_"))()

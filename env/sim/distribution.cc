@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "env/sim/planning_view.h"
 #include "env/sim/sim_env.h"
 #include "strategy/error.h"
 
@@ -138,7 +139,9 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
 
 namespace {
 
-class DistributionEnv : public Env {
+// The running draw's env; its planning view forwards to the draw's (so that a policy made
+// before the first reset, as eval makes them, reads the episode it runs).
+class DistributionEnv : public Env, private PlanningView {
  public:
   DistributionEnv(const ScenarioRanges& ranges, std::string id)
       : ranges_(ranges), id_(std::move(id)) {}
@@ -161,21 +164,32 @@ class DistributionEnv : public Env {
       }
     }
   }
-  StepResult step(int action) override {
-    if (!inner_) throw InputError("env " + id_ + ": step before reset");
-    return inner_->step(action);
-  }
+  StepResult step(int action) override { return running().step(action); }
   std::optional<OracleResult> oracle() override {
     return inner_ ? inner_->oracle() : std::nullopt;
   }
-  const PlanningView* planning_view() const override {
-    return inner_ ? inner_->planning_view() : nullptr;
-  }
+  const PlanningView* planning_view() const override { return this; }
   std::vector<std::pair<int, std::string>> events() const override {
     return inner_ ? inner_->events() : std::vector<std::pair<int, std::string>>{};
   }
 
  private:
+  SimEnv& running() const {
+    if (!inner_) throw InputError("env " + id_ + ": used before its first reset");
+    return *inner_;
+  }
+  const PlanningView& view() const { return *running().planning_view(); }
+  // PlanningView: the running draw's.
+  const Scenario& scenario() const override { return view().scenario(); }
+  int interval() const override { return view().interval(); }
+  std::optional<int> intervals_left() const override { return view().intervals_left(); }
+  const Conditions& beliefs() const override { return view().beliefs(); }
+  const Strategy& current_layout() const override { return view().current_layout(); }
+  const std::vector<Candidate>& candidates() const override { return view().candidates(); }
+  double tokens_per_s(const Strategy& s, const Conditions& c) const override {
+    return view().tokens_per_s(s, c);
+  }
+
   ScenarioRanges ranges_;
   std::string id_;
   std::unique_ptr<SimEnv> inner_;
