@@ -94,6 +94,11 @@ TEST_CASE("bad input exits with code 2 and a message naming what is wrong") {
       {"simulate --conditions " + bad.path(), "no [conditions] table"},
       {"nosuchcommand", "nosuchcommand"},
       {"simulate --trace /nonexistent-dir/trace.json", "cannot write"},
+      {"train --scenario 'random*x' --out /nonexistent-dir/run", "a copy count after '*'"},
+      {"train --scenario 'sim:random(gpus=64)' --out /nonexistent-dir/run", "gpus"},
+      // random*3 and straggler are four scenarios, one parallel env each.
+      {"train --scenario 'random*3,straggler' --envs 3 --out /nonexistent-dir/run",
+       "--envs 3 is fewer than the 4 scenarios"},
   };
   for (const auto& c : cases) {
     const Run r = run(c.args);
