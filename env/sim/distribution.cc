@@ -118,9 +118,9 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
   ph.batch_ramp_fraction = d.uniform(0.1, 0.4);
   ph.compression = d.chance(0.3);
   ph.decay_at_fraction = d.uniform(0.3, 0.7);
-  // Restricted search spaces: data parallel only (the live workers' and most PyTorch jobs'),
-  // no compression.
-  // The family's space; models of 70B and more may take deeper pipelines.
+  // The search space: the families' (models above 30B may take deeper pipelines), restricted
+  // in some jobs to data parallel only (the live workers' and most PyTorch jobs'), with
+  // compression only where the gradients are modelled.
   if (s.model.total_params() > 30'000'000'000LL) s.space.pp = {1, 2, 4, 8};
   if (d.chance(0.15)) {
     s.space.tp = {1};
