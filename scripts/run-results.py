@@ -99,7 +99,19 @@ class Runner:
         """A benchmark with its own --json report."""
         run(cmd + ["--json", self.path(name)])
 
+    def shipped_policy_current(self):
+        """eval's `rl` reads the build tree's copy of the shipped policy, refreshed by a build."""
+        ours = os.path.join(ROOT, "checkpoints", "default-mixed.ckpt")
+        copy = self.bin("share", "parapilot", "default-mixed.ckpt")
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        if not os.path.exists(copy) or read(copy) != read(ours):
+            sys.exit("run-results: %s is missing or differs from %s: build first (cmake --build %s)"
+                     % (copy, ours, self.build))
+
     def policy(self):
+        self.shipped_policy_current()
         report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
                                              "--policies", POLICIES])
         families = {}
@@ -111,6 +123,7 @@ class Runner:
         finish(report, {"families": families}, self.path("policy-eval.json"))
 
     def holdout(self):
+        self.shipped_policy_current()
         folder = os.path.join(ROOT, "experiments", "scenarios", "holdout")
         files = sorted(f for f in os.listdir(folder) if f.endswith(".toml"))
         report = envelope("parapilot eval", ["--episodes", "10", "--seed", "1000",
