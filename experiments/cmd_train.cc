@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -45,24 +44,9 @@ struct TrainOptions {
 // .toml files (scenarios) in name order; "ITEM*N" for N copies of ITEM (one parallel env
 // each: a weight in the mix); lists stay lists.
 std::string env_ids_of(const std::string& scenarios) {
-  std::string out, item;
-  int depth = 0;
-  std::function<void()> flush = [&] {
-    if (item.empty()) return;
-    if (const size_t star = item.rfind('*'); star != std::string::npos && depth == 0) {
-      const std::string count = item.substr(star + 1);
-      const bool digits = !count.empty() && count.size() <= 4 &&
-                          std::all_of(count.begin(), count.end(), ::isdigit);
-      if (!digits || std::stoi(count) < 1) {
-        throw InputError("--scenario " + item + ": a copy count after '*' must be 1 to 9999");
-      }
-      const std::string one = item.substr(0, star);
-      for (int k = std::stoi(count); k > 0; --k) {
-        item = one;
-        flush();
-      }
-      return;
-    }
+  std::string out;
+  // One item, without a copy count.
+  auto add = [&](const std::string& item) {
     std::error_code ec;
     if (std::filesystem::is_directory(item, ec)) {
       std::vector<std::string> files;
@@ -73,25 +57,39 @@ std::string env_ids_of(const std::string& scenarios) {
       if (files.empty()) throw InputError("--scenario " + item + ": no scenario files in this folder");
       std::sort(files.begin(), files.end());
       for (const std::string& f : files) out += (out.empty() ? "" : ",") + f;
-      item.clear();
       return;
     }
     const bool plain = item.find(':') == std::string::npos &&
                        item.find(".toml") == std::string::npos &&
                        item.find('(') == std::string::npos;
     out += (out.empty() ? "" : ",") + (plain ? "sim:" + item : item);
-    item.clear();
   };
+  auto flush = [&](const std::string& item) {
+    if (item.empty()) return;
+    const size_t star = item.rfind('*');
+    if (star == std::string::npos) return add(item);
+    const std::string count = item.substr(star + 1);
+    const bool digits = !count.empty() && count.size() <= 4 &&
+                        std::all_of(count.begin(), count.end(), ::isdigit);
+    const int copies = digits ? std::stoi(count) : 0;
+    if (copies < 1) {
+      throw InputError("--scenario " + item + ": a copy count after '*' must be 1 to 9999");
+    }
+    for (int k = 0; k < copies; ++k) add(item.substr(0, star));
+  };
+  std::string item;
+  int depth = 0;
   for (char c : scenarios) {
     if (c == '(') ++depth;
     if (c == ')') --depth;
     if (c == ',' && depth == 0) {
-      flush();
+      flush(item);
+      item.clear();
     } else {
       item.push_back(c);
     }
   }
-  flush();
+  flush(item);
   return out;
 }
 
