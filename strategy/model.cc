@@ -86,6 +86,8 @@ std::vector<ModelSpec> presets() {
   // Hyper-parameters as published: GPT-3 (Brown et al. 2020, Table 2.1; 1.3B uses 16 heads of
   // 128 so that heads divide hidden), Llama 2 (Touvron et al. 2023), Llama 3 (Meta 2024).
   return {
+      gpt("gpt3-125m", 12, 768, 12),
+      gpt("gpt3-350m", 24, 1024, 16),
       gpt("gpt3-1.3b", 24, 2048, 16),
       gpt("gpt3-175b", 96, 12288, 96),
       llama("llama2-7b", 32, 4096, 32, 32, 11008, 4096, 32000),

@@ -34,6 +34,9 @@ class Draw {
 const std::vector<std::string> kGpus = {"v100", "a100-40g", "a100-80g", "h800", "h100", "h200"};
 const std::vector<std::string> kModels = {"gpt3-1.3b",  "llama2-7b",  "llama3-8b",
                                           "llama2-70b", "llama3-70b", "gpt3-175b"};
+// What small jobs (one node) train half the time: models whose switches cost little more than
+// the pause, as the live workers' and most single-node PyTorch jobs' do.
+const std::vector<std::string> kSmallModels = {"gpt3-125m", "gpt3-350m"};
 
 // Whether the model's weights, gradients and Adam state (16 bytes per parameter) take at most
 // half the cluster's memory: a rough fit, so that redraws are rare; the planner decides.
@@ -53,7 +56,8 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
   // mixed cluster, as in the hetero family); or one small node.
   std::string cluster;
   int gpus = 8;
-  if (d.chance(ranges.single_node_prob)) {
+  const bool small_job = d.chance(ranges.single_node_prob);
+  if (small_job) {
     gpus = d.pick(std::vector<int>{2, 4, 8});
     cluster = "1x" + std::to_string(gpus) + "x" + d.pick(kGpus);
   } else {
@@ -87,6 +91,7 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
   for (const std::string& name : kModels) {
     if (plausible(*model_preset(name), s.cluster)) models.push_back(name);
   }
+  if (small_job && d.chance(0.5)) models = kSmallModels;
   s.model = *model_preset(models.empty() ? kModels.front() : d.pick(models));
 
   // Dynamics (docs/scenarios.md cites each range). Fail-slows: Greyhound saw compute
@@ -122,7 +127,7 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
   // in some jobs to data parallel only (the live workers' and most PyTorch jobs'), with
   // compression only where the gradients are modelled.
   if (s.model.total_params() > 30'000'000'000LL) s.space.pp = {1, 2, 4, 8};
-  if (d.chance(0.15)) {
+  if (d.chance(small_job ? 0.5 : 0.15)) {
     s.space.tp = {1};
     s.space.pp = {1};
   }

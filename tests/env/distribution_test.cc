@@ -72,6 +72,9 @@ TEST_CASE("distribution: draws span sizes, GPU generations and mixes, models, sp
   CHECK(largest >= 512);
   CHECK(gpus.size() == 6);
   CHECK(models.size() >= 5);
+  // Small jobs train small models too (switches that cost little more than the pause).
+  CHECK(models.count("gpt3-125m") == 1);
+  CHECK(models.count("gpt3-350m") == 1);
   // Each kind is drawn often, and none always.
   for (int count : {mixed, single, dp_only, compressed, no_stragglers, congested, failing,
                     long_context, ramps}) {
