@@ -31,6 +31,16 @@ void serialize(Archive& ar, PpoConfig& c) {
      cereal::make_nvp("minibatches", c.minibatches), cereal::make_nvp("hidden", c.hidden),
      cereal::make_nvp("reward_offset", c.reward_offset),
      cereal::make_nvp("validation_episodes", c.validation_episodes));
+  // Added after the first shipped checkpoints: a config without it trained with none.
+  if constexpr (Archive::is_loading::value) {
+    try {
+      ar(cereal::make_nvp("switch_penalty", c.switch_penalty));
+    } catch (const cereal::Exception&) {  // absent: the name search fails before reading
+      c.switch_penalty = 0.0;
+    }
+  } else {
+    ar(cereal::make_nvp("switch_penalty", c.switch_penalty));
+  }
 }
 
 namespace {
@@ -274,7 +284,8 @@ UpdateReport PpoTrainer::update() {
     const std::vector<env::StepResult> results = s.envs->step(act);
     for (int i = 0; i < E; ++i) {
       reward_sum += results[i].reward;
-      rewards[t * E + i] = static_cast<float>(results[i].reward - c.reward_offset);
+      const double penalty = results[i].info.migration_started ? c.switch_penalty : 0.0;
+      rewards[t * E + i] = static_cast<float>(results[i].reward - c.reward_offset - penalty);
       obs[i] = results[i].observation;
     }
   }

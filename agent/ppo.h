@@ -53,6 +53,10 @@ struct PpoConfig {
   // makes it the per-interval loss against the best layout, keeping value targets small.
   // Episodes have a fixed length, so the offset does not change the optimal policy.
   double reward_offset = 1.0;
+  // Subtracted from the learner's reward of each interval in which a switch starts: a
+  // regulariser against switching between layouts of equal worth (thrashing), not a cost the
+  // env models (validation and eval score throughput alone). 0: none.
+  double switch_penalty = 0.0;
   int validation_episodes = 8;  // per env id; greedy policy, scored against the oracle
 };
 

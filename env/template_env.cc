@@ -27,6 +27,7 @@ StepResult BanditEnv::step(int action) {
   r.info.interval = t_;
   r.info.tokens = r.reward;
   r.info.best_tokens = mean(best_);
+  r.info.migration_started = arm >= 1;  // as in the simulator, actions 1.. start a switch
   ++t_;
   r.truncated = t_ >= horizon_;
   r.observation.state[0] = 1.0f;

@@ -38,6 +38,7 @@ struct TrainOptions {
   int hidden = 64;
   double learning_rate = 3e-4;
   double entropy_coef = 0.01;
+  double switch_penalty = 0.0;
 };
 
 // "straggler" -> "sim:straggler"; ids and .toml paths pass through; a folder stands for its
@@ -217,6 +218,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
     config.hidden = o.hidden;
     config.learning_rate = o.learning_rate;
     config.entropy_coef = o.entropy_coef;
+    config.switch_penalty = o.switch_penalty;
     trainer = take(agent::PpoTrainer::start(config));  // validates config and env ids
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -329,6 +331,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lr", o->learning_rate, "Initial learning rate (decays linearly to 10%)")
       ->capture_default_str();
   cmd->add_option("--entropy", o->entropy_coef, "Entropy bonus coefficient")->capture_default_str();
+  cmd->add_option("--switch-penalty", o->switch_penalty,
+                  "Reward subtracted per switch started, against thrashing (training only)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->callback([o, steps, scenario] { run_train(*o, steps->count() > 0, scenario->count() > 0); });
 }
 

@@ -137,6 +137,42 @@ TEST_CASE("ppo: a trained policy loads from its checkpoint and acts as the train
   CHECK(ok(ag::config_of(ok(cp::read_checkpoint(path)))).seed == 42);
 }
 
+TEST_CASE("ppo: a switch penalty above the best arm's advantage makes staying the optimum") {
+  // Arms 1.. start a switch: arm 3 pays 1.0, staying (arm 0) 0.2. Less 1.0 per switch, staying
+  // is best; the penalty is the learner's alone, and it is kept in the checkpoint's config.
+  ag::PpoConfig c = bandit_config();
+  c.switch_penalty = 1.0;
+  const auto started = ok(ag::PpoTrainer::start(c));
+  ag::PpoTrainer& trainer = *started;
+  while (!trainer.done()) trainer.update();
+  auto policy = trainer.greedy_policy();
+  parapilot::env::Observation o;
+  o.state[0] = 1.0f;
+  o.mask.fill(1);
+  CHECK(policy->act(o) == 0);
+  const std::string path = temp_path("penalised.ckpt");
+  REQUIRE(cp::write_checkpoint(path, trainer.checkpoint({})).ok());
+  CHECK(ok(ag::config_of(ok(cp::read_checkpoint(path)))).switch_penalty == 1.0);
+}
+
+TEST_CASE("ppo: a checkpoint trained before switch penalties reads as trained without one") {
+  const auto started = ok(ag::PpoTrainer::start(bandit_config()));
+  cp::Checkpoint checkpoint = started->checkpoint({});
+  // The config as written before the field existed: the same JSON without its last member.
+  std::string& config = checkpoint.config;
+  const size_t field = config.find("\"switch_penalty\"");
+  REQUIRE(field != std::string::npos);
+  const size_t comma = config.rfind(',', field);
+  const size_t end = config.find_first_of("\n}", field);
+  REQUIRE(comma != std::string::npos);
+  config.erase(comma, end - comma);
+  REQUIRE(config.find("switch_penalty") == std::string::npos);
+  const ag::PpoConfig c = ok(ag::config_of(checkpoint));
+  CHECK(c.switch_penalty == 0.0);
+  CHECK(c.seed == 42);
+  CHECK(c.validation_episodes == 2);
+}
+
 TEST_CASE("ppo: bad configs and env ids are input errors") {
   ag::PpoConfig c = bandit_config();
   c.envs = 0;
