@@ -38,8 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 # The shipped policy's training run (docs/policy.md, "The shipped policy").
-TRAINING_ARGS = ["--scenario", "experiments/scenarios/train", "--envs", "13", "--steps", "600000",
-                 "--seed", "1"]
+TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4", "--envs", "17", "--steps",
+                 "1500000", "--seed", "1", "--validation-episodes", "6", "--validate-every", "20",
+                 "--switch-penalty", "0.003"]
 SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "live", "live-switch"]
 
