@@ -88,10 +88,13 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
     for (NodeGroup& g : s.cluster.groups) g.inter_node_Gbps = 25;
   }
   std::vector<std::string> models;
-  for (const std::string& name : kModels) {
-    if (plausible(*model_preset(name), s.cluster)) models.push_back(name);
+  if (small_job && d.chance(0.5)) {
+    models = kSmallModels;
+  } else {
+    for (const std::string& name : kModels) {
+      if (plausible(*model_preset(name), s.cluster)) models.push_back(name);
+    }
   }
-  if (small_job && d.chance(0.5)) models = kSmallModels;
   s.model = *model_preset(models.empty() ? kModels.front() : d.pick(models));
 
   // Dynamics (docs/scenarios.md cites each range). Fail-slows: Greyhound saw compute
