@@ -4,6 +4,10 @@
 // families at 64 and 1024 GPUs). --json FILE: also write the figures as JSON
 // (benchmarks/report.h): "envs", one row per env id with the steps/s on one thread and
 // vectorised.
+//
+// bench_env --steps N [env id...]: a fixed amount of work instead, N steps on one thread from
+// the same seeds and actions, and a checksum of everything the steps returned (observations,
+// rewards, tokens): a change that only makes the env faster leaves every checksum as it was.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +57,38 @@ double single(const std::string& id, double seconds) {
   return static_cast<double>(steps) / elapsed;
 }
 
+// N steps from seed 0 with the actions of single(): the wall time and an FNV-1a checksum of
+// the bytes of every observation, reward and step info.
+std::pair<double, uint64_t> fixed_work(const std::string& id, long n) {
+  auto env = env_of(id);
+  std::mt19937_64 rng(1);
+  uint64_t seed = 0, hash = 1469598103934665603ULL;
+  auto mix = [&](const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ULL;
+  };
+  auto mix_observation = [&](const Observation& o) {
+    mix(o.state.data(), sizeof o.state);
+    mix(o.candidates.data(), sizeof o.candidates);
+    mix(o.mask.data(), sizeof o.mask);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  mix_observation(env->reset(seed++));
+  for (long i = 0; i < n; ++i) {
+    const StepResult r = env->step(action_for(rng));
+    mix_observation(r.observation);
+    const double figures[] = {r.reward, r.info.tokens, r.info.best_tokens};
+    mix(figures, sizeof figures);
+    const int flags = r.info.migration_started | r.info.migration_committed << 1 |
+                      r.info.restarted << 2 | r.truncated << 3 | r.terminated << 4;
+    mix(&flags, sizeof flags);
+    if (r.truncated || r.terminated) mix_observation(env->reset(seed++));
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {elapsed, hash};
+}
+
 double vectorised(const std::string& id, int envs, int threads, double seconds) {
   std::vector<std::unique_ptr<Env>> list;
   for (int i = 0; i < envs; ++i) list.push_back(env_of(id));
@@ -82,11 +118,39 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
           "usage: bench_env [--json FILE] [SECONDS [ENV_ID...]]\n"
+          "       bench_env [--json FILE] --steps N [ENV_ID...]\n"
           "  env steps per second, one thread and 8 envs on 2 threads, SECONDS each (3);\n"
           "  default envs: the six sim families at 64 and 1024 GPUs\n"
+          "  --steps N: N steps on one thread from fixed seeds and actions, timed, with a\n"
+          "    checksum of what they returned (default envs: sim:mixed at 64 and 1024 GPUs)\n"
           "  --json FILE: also write the figures as JSON\n");
       return 0;
     }
+  }
+  if (argc > 2 && std::strcmp(argv[1], "--steps") == 0) {
+    char* end = nullptr;
+    const long n = std::strtol(argv[2], &end, 10);
+    if (end == argv[2] || *end != '\0' || n < 1) {
+      std::fprintf(stderr, "bench_env: --steps \"%s\" is not a positive count (--help)\n",
+                   argv[2]);
+      return 2;
+    }
+    std::vector<std::string> ids;
+    for (int i = 3; i < argc; ++i) ids.emplace_back(argv[i]);
+    if (ids.empty()) ids = {"sim:mixed(gpus=64)", "sim:mixed(gpus=1024)"};
+    std::printf("%-34s %8s %12s %16s\n", "env", "steps", "steps/s", "checksum");
+    fig["fixed_work"] = nlohmann::json::array();
+    for (const std::string& id : ids) {
+      const auto [elapsed, hash] = fixed_work(id, n);
+      std::printf("%-34s %8ld %12.0f %016llx\n", id.c_str(), n, static_cast<double>(n) / elapsed,
+                  static_cast<unsigned long long>(hash));
+      std::fflush(stdout);
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+      fig["fixed_work"].push_back(
+          {{"env", id}, {"steps", n}, {"steps_per_s", static_cast<double>(n) / elapsed}, {"checksum", hex}});
+    }
+    return report.write(json_path) ? 0 : 1;
   }
   char* end = nullptr;
   const double seconds = argc > 1 ? std::strtod(argv[1], &end) : 3.0;
