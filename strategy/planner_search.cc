@@ -372,63 +372,14 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
   }
 }
 
-Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
-  const Placement& pl = detailed(shape.placement);
+bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, int unit) {
   const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const int layers = model_.layers;
-  Outcome no_fit;
-  no_fit.kind = Outcome::Kind::kNoFit;
-
-  Strategy s = kernels_;
-  s.dp = dp;
-  s.tp = tp;
-  s.cp = shape.cp;
-  s.pp = pp;
-  s.sp = shape.sp;
-  s.microbatch_size = mb;
-  s.global_batch = shape.global_batch;
-  s.schedule = shape.schedule;
-  s.virtual_stages = v;
-  s.recompute = shape.recompute;
-  s.zero = shape.zero;
-  s.gpus = pl.gpus;
-  const int total = shape.global_batch / mb;
-  const int unit = shape.schedule == Schedule::kInterleaved ? pp : 1;
-  const bool even = total % (dp * unit) == 0;
-  if (!even) {
-    // Provisional shares, largest first (the memory bound below uses the largest): the units
-    // as evenly as they go.
-    const int units = total / unit;
-    const int rest = units % dp;
-    s.dp_shares.assign(dp, units / dp * unit * mb);
-    for (int r = 0; r < rest; ++r) s.dp_shares[r] += unit * mb;
-  }
-
-  // Memory: per-GPU footprint is affine in the blocks a rank holds; find each rank's limit.
+  const std::vector<int>& max_blocks = pipeline_.max_blocks;
   thread_local std::vector<RankCost> costs;
-  thread_local std::vector<int> counts;
   costs.assign(static_cast<size_t>(dp) * pp, RankCost{});
+  std::vector<int>& counts = pipeline_.counts;
   counts.assign(pp, 0);
-  thread_local std::vector<int> max_blocks;
-  max_blocks.assign(pp, layers);
-  {
-    s.stage_layers.assign(static_cast<size_t>(pp) * v, 1);
-    thread_local std::vector<double> m1, m2;
-    m1.assign(pp, 0);
-    m2.assign(pp, 0);
-    for (int p = 0; p < pp; ++p) m1[p] = cost_.memory(s, 0, p).total_gib();
-    s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
-    for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
-    for (int p = 0; p < pp; ++p) {
-      const double capacity = pl.capacity_gib[p];
-      const double per_block = (m2[p] - m1[p]) / v;
-      const double base = m1[p] - per_block * v;
-      const double room = per_block > 0 ? (capacity - base) / per_block : layers;
-      max_blocks[p] = room >= layers ? layers : static_cast<int>(std::floor(room + 1e-9));
-      if (max_blocks[p] < v) return no_fit;
-    }
-  }
-
   // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
   const double p2p_bytes =
       static_cast<double>(mb) * model_.seq_len / shape.cp * model_.hidden * 2.0 / tp;
@@ -505,7 +456,8 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
       repeats[r] = same;
     }
   }
-  thread_local std::vector<int> micro, before;
+  std::vector<int>& micro = pipeline_.micro;
+  thread_local std::vector<int> before;
   thread_local std::vector<RankCost> rows;
   micro.assign(dp, total / dp);
   auto build_rows = [&]() {
@@ -567,7 +519,7 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   for (int round = 0; round < 2; ++round) {
     const int row_count = build_rows();
     if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
-      return no_fit;
+      return false;
     }
     // The shares depend only on the counts: the same counts as the previous round give the
     // same shares again.
@@ -588,6 +540,77 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
     replica_time(r, per_microbatch_s, fill_s);
     pipeline_s = std::max(pipeline_s, micro[r] * per_microbatch_s + fill_s);
   }
+  pipeline_.pipeline_s = pipeline_s;
+  return true;
+}
+
+Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
+  const Placement& pl = detailed(shape.placement);
+  const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
+  const int layers = model_.layers;
+  Outcome no_fit;
+  no_fit.kind = Outcome::Kind::kNoFit;
+
+  Strategy s = kernels_;
+  s.dp = dp;
+  s.tp = tp;
+  s.cp = shape.cp;
+  s.pp = pp;
+  s.sp = shape.sp;
+  s.microbatch_size = mb;
+  s.global_batch = shape.global_batch;
+  s.schedule = shape.schedule;
+  s.virtual_stages = v;
+  s.recompute = shape.recompute;
+  s.zero = shape.zero;
+  s.gpus = pl.gpus;
+  const int total = shape.global_batch / mb;
+  const int unit = shape.schedule == Schedule::kInterleaved ? pp : 1;
+  const bool even = total % (dp * unit) == 0;
+  if (!even) {
+    // Provisional shares, largest first (the memory bound below uses the largest): the units
+    // as evenly as they go.
+    const int units = total / unit;
+    const int rest = units % dp;
+    s.dp_shares.assign(dp, units / dp * unit * mb);
+    for (int r = 0; r < rest; ++r) s.dp_shares[r] += unit * mb;
+  }
+
+  // Memory: per-GPU footprint is affine in the blocks a rank holds; find each rank's limit.
+  thread_local std::vector<int> max_blocks;
+  max_blocks.assign(pp, layers);
+  {
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 1);
+    thread_local std::vector<double> m1, m2;
+    m1.assign(pp, 0);
+    m2.assign(pp, 0);
+    for (int p = 0; p < pp; ++p) m1[p] = cost_.memory(s, 0, p).total_gib();
+    s.stage_layers.assign(static_cast<size_t>(pp) * v, 2);
+    for (int p = 0; p < pp; ++p) m2[p] = cost_.memory(s, 0, p).total_gib();
+    for (int p = 0; p < pp; ++p) {
+      const double capacity = pl.capacity_gib[p];
+      const double per_block = (m2[p] - m1[p]) / v;
+      const double base = m1[p] - per_block * v;
+      const double room = per_block > 0 ? (capacity - base) / per_block : layers;
+      max_blocks[p] = room >= layers ? layers : static_cast<int>(std::floor(room + 1e-9));
+      if (max_blocks[p] < v) return no_fit;
+    }
+  }
+
+  // ZeRO stages change the memory (the block limits) and the DP terms, not the pipeline: a
+  // shape's ZeRO variants, bounded alike and so evaluated one after another, share their
+  // boundaries and shares when their block limits agree.
+  const PipelineKey key{shape.placement, tp, shape.cp, shape.sp, shape.schedule, v,
+                        shape.recompute, mb, shape.global_batch};
+  if (!(pipeline_.key == key && pipeline_.max_blocks == max_blocks)) {
+    pipeline_.key = key;
+    pipeline_.max_blocks = max_blocks;
+    pipeline_.fits = split_pipeline(shape, pl, total, unit);
+  }
+  if (!pipeline_.fits) return no_fit;
+  const std::vector<int>& counts = pipeline_.counts;
+  const std::vector<int>& micro = pipeline_.micro;
+  const double pipeline_s = pipeline_.pipeline_s;
   const double upper_tokens_per_s =
       static_cast<double>(shape.global_batch) * model_.seq_len / pipeline_s;
   if (upper_tokens_per_s * (1 + 1e-9) < floor_tokens_per_s) {

@@ -229,6 +229,10 @@ class Search {
   // Boundaries and shares of `shape`, then its cost; kBelow, not costed, when its pipeline
   // time alone bounds its throughput below `floor_tokens_per_s`.
   Outcome evaluate_shape(const Shape& shape, double floor_tokens_per_s);
+  // The stage boundaries and elastic shares of `shape` on placement `pl` within
+  // pipeline_.max_blocks (total microbatches in multiples of unit), into pipeline_; false when
+  // no boundaries fit the block limits.
+  bool split_pipeline(const Shape& shape, const Placement& pl, int total, int unit);
   static SearchScratch& thread_scratch() {
     thread_local SearchScratch scratch;
     return scratch;
@@ -259,6 +263,18 @@ class Search {
   std::vector<std::pair<Strategy, Candidate>> compressed_;  // (uncompressed layout, result)
   long evaluated_ = 0;
   long pruned_ = 0;
+
+  // What a shape's pipeline depends on: everything but its ZeRO stage (and the block limits).
+  using PipelineKey = std::tuple<int, int, int, bool, Schedule, int, Recompute, int, int>;
+  // The last split_pipeline() and what it was for.
+  struct SplitPipeline {
+    PipelineKey key{-1, 0, 0, false, Schedule::k1F1B, 0, Recompute::kNone, 0, 0};
+    std::vector<int> max_blocks;
+    bool fits = false;
+    std::vector<int> counts;  // blocks per pipeline rank
+    std::vector<int> micro;   // microbatches per replica
+    double pipeline_s = 0;    // the slowest replica's pipeline time
+  } pipeline_;
 };
 
 }  // namespace planner_internal
