@@ -172,6 +172,7 @@ CostModel::BlockTimes CostModel::block_times(int type, const Strategy& s) const 
 // Scratch and results of one evaluation.
 struct CostModel::Work {
   CostBreakdown result;
+  const OffNominal* where = nullptr;   // of the conditions evaluated under
   PipelineTimings* timings = nullptr;  // filled when non-null
   bool exhaustive = false;             // time every replica, sharing nothing between them
 };
@@ -494,10 +495,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   int class_node[kMaxNodeClasses];
   std::fill(class_node, class_node + kMaxNodeClasses, -1);
   for (int n = 0; n < topo_.num_nodes(); ++n) {
-    const double intra = c.intra(n), inter = c.inter(n);
     const int k = node_class_[n];
-    if (intra != 1.0 || inter != 1.0 || k >= kMaxNodeClasses || work.exhaustive) {
-      node_links[n] = links_of(n, intra, inter);
+    if (k >= kMaxNodeClasses || work.exhaustive) {
+      node_links[n] = links_of(n, c.intra(n), c.inter(n));
       continue;
     }
     if (class_node[k] < 0) {
@@ -505,6 +505,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       class_links[k] = links_of(n, 1.0, 1.0);
     }
     node_links[n] = class_links[k];
+  }
+  for (int n : work.where->nodes) {
+    if (n < topo_.num_nodes()) node_links[n] = links_of(n, c.intra(n), c.inter(n));
   }
   // One p2p message between two GPUs: NVLink inside a node, else the slower network end.
   auto link_s = [&](int gpu_a, int gpu_b) {
@@ -630,9 +633,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
   // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
   const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
-  bool nominal_nodes = true;
-  for (int n = 0; n < topo_.num_nodes() && nominal_nodes; ++n)
-    nominal_nodes = c.inter(n) == 1.0 && c.intra(n) == 1.0;
+  const bool nominal_nodes = work.where->nodes.empty();
   const bool by_class = !symmetric && layout_info;
   thread_local std::vector<char> unclean;
   if (by_class) {
@@ -641,27 +642,11 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       const int r = layout_info->replica_of_gpu[g];
       if (r >= 0) unclean[r] = 1;
     };
-    const int speeds = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_speed.size()));
-    // Four at a time: most speeds are nominal.
-    const double* speed = c.gpu_speed.data();
-    int first = 0;
-    for (; first + 4 <= speeds; first += 4) {
-      if ((speed[first] != 1.0) | (speed[first + 1] != 1.0) | (speed[first + 2] != 1.0) |
-          (speed[first + 3] != 1.0)) {
-        for (int k = first; k < first + 4; ++k) {
-          if (speed[k] != 1.0) mark(k);
-        }
-      }
+    for (int g : work.where->gpus) {
+      if (g < topo_.num_gpus()) mark(g);
     }
-    for (int k = first; k < speeds; ++k) {
-      if (speed[k] != 1.0) mark(k);
-    }
-    const int failures = std::min(topo_.num_gpus(), static_cast<int>(c.gpu_failed.size()));
-    for (int g = 0; g < failures; ++g) {
-      if (c.gpu_failed[g]) mark(g);
-    }
-    for (int n = 0; n < topo_.num_nodes() && !nominal_nodes; ++n) {
-      if (c.inter(n) == 1.0 && c.intra(n) == 1.0) continue;
+    for (int n : work.where->nodes) {
+      if (n >= topo_.num_nodes()) continue;
       const ClusterTopology::Node& node = topo_.nodes[n];
       for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) mark(g);
     }
@@ -986,14 +971,50 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   }
 }
 
+void find_off_nominal(const Conditions& c, OffNominal& out) {
+  out.gpus.clear();
+  out.nodes.clear();
+  const size_t gpus = std::max(c.gpu_speed.size(), c.gpu_failed.size());
+  for (size_t g = 0; g < gpus; ++g) {
+    const int i = static_cast<int>(g);
+    if ((g < c.gpu_speed.size() && c.gpu_speed[g] != 1.0) || c.failed(i)) out.gpus.push_back(i);
+  }
+  const size_t nodes = std::max(c.node_inter_bw.size(), c.node_intra_bw.size());
+  for (size_t n = 0; n < nodes; ++n) {
+    const int i = static_cast<int>(n);
+    if ((n < c.node_inter_bw.size() && c.node_inter_bw[n] != 1.0) ||
+        (n < c.node_intra_bw.size() && c.node_intra_bw[n] != 1.0)) {
+      out.nodes.push_back(i);
+    }
+  }
+}
+
+namespace {
+
+// The off-nominal GPUs and nodes of `c`, found into a per-thread buffer.
+const OffNominal& off_nominal_of(const Conditions& c) {
+  thread_local OffNominal where;
+  find_off_nominal(c, where);
+  return where;
+}
+
+}  // namespace
+
 CostBreakdown CostModel::evaluate(const Strategy& s, const Conditions& c) const {
+  return evaluate(s, c, off_nominal_of(c));
+}
+
+CostBreakdown CostModel::evaluate(const Strategy& s, const Conditions& c,
+                                  const OffNominal& where) const {
   Work work;
+  work.where = &where;
   run(s, c, work);
   return std::move(work.result);
 }
 
 CostBreakdown CostModel::evaluate_exhaustive(const Strategy& s, const Conditions& c) const {
   Work work;
+  work.where = &off_nominal_of(c);
   work.exhaustive = true;
   run(s, c, work);
   return std::move(work.result);
@@ -1002,6 +1023,7 @@ CostBreakdown CostModel::evaluate_exhaustive(const Strategy& s, const Conditions
 PipelineTimings CostModel::pipeline_timings(const Strategy& s, const Conditions& c) const {
   PipelineTimings timings;
   Work work;
+  work.where = &off_nominal_of(c);
   work.timings = &timings;
   run(s, c, work);
   return timings;

@@ -28,6 +28,16 @@ struct Conditions {
   bool failed(int gpu) const { return !gpu_failed.empty() && gpu_failed[gpu]; }
 };
 
+// Where conditions are not nominal: what evaluate() scans every GPU and node for, listed once
+// so that many evaluations under the same conditions (a planner search costs hundreds of
+// layouts) skip the scan.
+struct OffNominal {
+  std::vector<int> gpus;   // slowed or failed, ascending
+  std::vector<int> nodes;  // with a bandwidth factor other than 1, ascending
+};
+// Fills `out` from `c` (reusing its memory).
+void find_off_nominal(const Conditions& c, OffNominal& out);
+
 // One iteration, split so that the parts add up to iteration_time_s: the critical replica's
 // bottleneck pipeline rank runs its microbatches (compute, recompute, tensor-parallel
 // collectives, pipeline p2p), the pipeline fill/drain adds the bubble, then the exposed part
@@ -90,6 +100,8 @@ class CostModel {
   // evaluate() does not re-validate it. A layout touching a failed GPU is returned with
   // feasible = false and an infinite iteration time.
   CostBreakdown evaluate(const Strategy& s, const Conditions& c = {}) const;
+  // The same, with `where` found from `c` by find_off_nominal (not checked).
+  CostBreakdown evaluate(const Strategy& s, const Conditions& c, const OffNominal& where) const;
 
   // The same prediction as evaluate(), obtained by timing every replica and pipeline rank one
   // by one instead of once per class of identical replicas (nominal conditions on one GPU type

@@ -105,7 +105,7 @@ void Search::choose_compression(Candidate& cand) {
     if (k == 0) continue;
     Strategy s = with_first(k);
     ++evaluated_;
-    const CostBreakdown b = cost_.evaluate(s, c_);
+    const CostBreakdown b = cost_.evaluate(s, c_, off_nominal_);
     // Lossy only when it pays by more than 0.5%.
     if (b.feasible && b.fits_in_memory &&
         b.iteration_time_s < best.cost.iteration_time_s - 0.005 * base) {

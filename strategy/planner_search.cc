@@ -635,7 +635,7 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   ++evaluated_;
   Outcome out;
   out.kind = Outcome::Kind::kEvaluated;
-  out.cost = cost_.evaluate(s, c_);
+  out.cost = cost_.evaluate(s, c_, off_nominal_);
   out.strategy = std::move(s);
   return out;
 }
@@ -699,7 +699,7 @@ PlanResult Search::run() {
 
   PlanResult result;
   if (req_.current) {
-    Candidate cur{*req_.current, cost_.evaluate(*req_.current, c_), 0, 0};
+    Candidate cur{*req_.current, cost_.evaluate(*req_.current, c_, off_nominal_), 0, 0};
     ++evaluated_;
     result.current = cur;
   }

@@ -197,6 +197,7 @@ class Search {
         scratch_(thread_scratch()),
         shapes_(scratch_.shapes) {
     shapes_.clear();
+    find_off_nominal(c_, off_nominal_);
     // How the job runs its kernels is not the planner's choice: the current layout's, if any.
     if (request.current) {
       kernels_.attention = request.current->attention;
@@ -248,6 +249,7 @@ class Search {
   const ClusterTopology& topo_;
   const PlanRequest& req_;
   const Conditions& c_;
+  OffNominal off_nominal_;  // of c_: every layout the search costs is costed under c_
   const SearchSpace& space_;
 
   Strategy kernels_;  // attention, fp8 and overlap settings every searched layout takes
