@@ -206,6 +206,7 @@ struct CostModel::Layout {
   int dp = 0, tp = 0, pp = 0, cp = 0;
   PlacementOrder placement = PlacementOrder::kTpPpDp;
   std::vector<int> gpus;  // the explicit placement, if any
+  unsigned long long gpus_hash = 0;  // gpus_hash(gpus): most entries differ in it
   // Per replica: the first replica with the same link pattern, rank by rank (the node class
   // of the rank's first GPU, whether its pipeline neighbours sit on the same node or else
   // their node classes, and whether its context-parallel ring leaves the node or else the
@@ -237,13 +238,29 @@ unsigned long long CostModel::cp_ring_class(const Strategy& s, int r, int p) con
   return spans ? 1 + static_cast<unsigned long long>(node_class_[slowest]) : 0;
 }
 
+namespace {
+
+// A cheap fingerprint of an explicit placement's GPU list (0 for none): entries that differ
+// in it need no full comparison.
+unsigned long long gpus_hash(const std::vector<int>& gpus) {
+  if (gpus.empty()) return 0;
+  const auto at = [&](size_t i) { return static_cast<unsigned long long>(gpus[i]) & 0xFFFFF; };
+  return (static_cast<unsigned long long>(gpus.size()) << 60) ^ at(0) << 40 ^
+         at(gpus.size() / 3) << 20 ^ at(2 * gpus.size() / 3) ^ at(gpus.size() - 1) << 10;
+}
+
+}  // namespace
+
 const CostModel::Layout& CostModel::layout(const Strategy& s) const {
-  constexpr int kEntries = 32;
+  // A planner search costs layouts of a few dozen placements in turn: enough entries for all.
+  constexpr int kEntries = 64;
   thread_local Layout cache[kEntries];
   thread_local int next_entry = 0;
+  const unsigned long long hash = gpus_hash(s.gpus);
   for (const Layout& entry : cache) {
-    if (entry.model_id == id_ && entry.dp == s.dp && entry.tp == s.tp && entry.pp == s.pp &&
-        entry.cp == s.cp && entry.placement == s.placement && entry.gpus == s.gpus)
+    if (entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
+        entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
+        entry.placement == s.placement && entry.gpus == s.gpus)
       return entry;
   }
   Layout& l = cache[next_entry];
@@ -255,6 +272,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.cp = s.cp;
   l.placement = s.placement;
   l.gpus = s.gpus;
+  l.gpus_hash = hash;
 
   const int pp = s.pp;
   l.replica_of_gpu.assign(topo_.num_gpus(), -1);
@@ -280,6 +298,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   constexpr int kMaxClasses = 16;
   int firsts[kMaxClasses];
   int class_count = 0;
+  int last_class = -1;  // the index in firsts of the previous replica's class; -1: it stood alone
   l.replica_class.resize(s.dp);
   for (int r = 0; r < s.dp; ++r) {
     const int* nodes = &rank_node[static_cast<size_t>(r) * pp];
@@ -294,14 +313,21 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
                        static_cast<unsigned long long>(prev == node ? 0 : 1 + node_class_[prev]);
       if (words == 2) key[p * words + 1] = cp_ring_class(s, r, p);
     }
-    l.replica_class[r] = r;
-    for (int k = 0; k < class_count; ++k) {
-      if (std::equal(key, key + pp * words, &keys[static_cast<size_t>(firsts[k]) * pp * words])) {
-        l.replica_class[r] = firsts[k];
-        break;
-      }
+    // The firsts' keys differ, so at most one matches: the previous replica's class is tried
+    // first (like replicas come in runs).
+    auto matches = [&](int k) {
+      return std::equal(key, key + pp * words, &keys[static_cast<size_t>(firsts[k]) * pp * words]);
+    };
+    int found = last_class >= 0 && matches(last_class) ? last_class : -1;
+    for (int k = 0; k < class_count && found < 0; ++k) {
+      if (k != last_class && matches(k)) found = k;
     }
-    if (l.replica_class[r] == r && class_count < kMaxClasses) firsts[class_count++] = r;
+    l.replica_class[r] = found >= 0 ? firsts[found] : r;
+    if (found < 0 && class_count < kMaxClasses) {
+      found = class_count;
+      firsts[class_count++] = r;
+    }
+    last_class = found;
   }
 
   l.dp_groups.assign(s.pp, {});
