@@ -142,7 +142,7 @@ void group_medians(const std::vector<std::pair<int, double>>& items, int groups,
     if (size == 0) continue;
     double* first = values.data() + fill[g];
     double* kth = first + (upper ? size / 2 : (size - 1) / 2);
-    std::nth_element(first, kth, first + size);
+    select_nth(first, kth, first + size);
     out[g] = *kth;
     has[g] = 1;
   }
@@ -179,7 +179,8 @@ struct Monitor::State {
   std::vector<int> group_index;
   int group_count = 1;
   // Buffers close() and refresh_beliefs() reuse.
-  std::vector<double> arrivals, waits, walls, values, group_reference, node_level, node_rates;
+  std::vector<double> arrivals, waits, walls, values, group_reference, node_level, node_rates,
+      raw_speeds;
   std::vector<std::pair<int, double>> group_items;
   std::vector<int> group_fill;
   std::vector<uint8_t> has_reference, has_spread;
@@ -502,21 +503,25 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   group_medians(group_items, group_count, false, group_fill, values, group_reference,
                 has_reference);
   const std::vector<double>& reference = group_reference;
+  // Each rank's speed before the band; 0 for a rank not measured (a measured one is >= 0.01).
+  raw_speeds.assign(n, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const RankStats& st = ranks[r];
+    const int g = group_index[r];
+    if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples && has_reference[g] &&
+        st.compute.value() > 0) {
+      raw_speeds[r] = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
+    }
+  }
   // The band around 1 per group: the fixed dead band, widened to the group's own noise (the
   // lower median of |speed - 1|: most ranks are healthy, and the reference rank reads 0).
-  auto measured = [&](int r) {
-    const RankStats& st = ranks[r];
-    return st.liveness != Liveness::lost && st.compute.count() >= o.min_samples &&
-           has_reference[group_index[r]] && st.compute.value() > 0;
-  };
-  auto raw_speed = [&](int r) {
-    return std::clamp(reference[group_index[r]] / ranks[r].compute.value(), 0.01, 1.5);
-  };
   group_band.assign(group_count, o.dead_band);
   if (o.dead_band_deviations > 0) {
     group_items.clear();
     for (int r = 0; r < n; ++r) {
-      if (measured(r)) group_items.emplace_back(group_index[r], std::abs(raw_speed(r) - 1.0));
+      if (raw_speeds[r] > 0) {
+        group_items.emplace_back(group_index[r], std::abs(raw_speeds[r] - 1.0));
+      }
     }
     group_medians(group_items, group_count, false, group_fill, values, group_spread,
                   has_spread);
@@ -533,8 +538,8 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
     const int g = group_index[r];
-    if (measured(r)) {
-      st.speed = raw_speed(r);
+    if (raw_speeds[r] > 0) {
+      st.speed = raw_speeds[r];
       if (std::abs(st.speed - 1.0) < group_band[g]) st.speed = 1.0;
     }
     b.conditions.gpu_speed[r] = st.speed;

@@ -12,13 +12,56 @@
 
 namespace parapilot::monitor {
 
+namespace detail {
+
+// Moves the values of [first, last) that satisfy `pred` to the front, without branching on
+// them; returns the end of those.
+template <class Pred>
+double* partition_branch_free(double* first, double* last, Pred pred) {
+  double* end = first;
+  for (double* p = first; p != last; ++p) {
+    const double v = *p;
+    *p = *end;
+    *end = v;
+    end += pred(v);
+  }
+  return end;
+}
+
+}  // namespace detail
+
+/// std::nth_element(first, kth, last) for values that are not NaN: reorders [first, last) so
+/// that *kth is the value sorting would put there, none before it larger and none after it
+/// smaller (of equal values, such as 0 and -0, any may end there, as with std::nth_element).
+/// The partitions do not branch on the values: on unordered measurements every comparison is a
+/// coin toss, and mispredicted branches would cost more than the comparisons.
+inline void select_nth(double* first, double* kth, double* last) {
+  constexpr std::ptrdiff_t kFew = 16;  // no more values: std::nth_element
+  constexpr int kMaxRounds = 64;       // pivots this bad: std::nth_element, O(n log n) at worst
+  for (int round = 0; last - first > kFew && round < kMaxRounds; ++round) {
+    const double a = *first, b = first[(last - first) / 2], c = last[-1];
+    const double pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of 3
+    // [first, less) < pivot, [less, equal) == pivot (never empty), [equal, last) > pivot.
+    double* less = detail::partition_branch_free(first, last, [=](double v) { return v < pivot; });
+    if (kth < less) {
+      last = less;
+      continue;
+    }
+    double* equal =
+        detail::partition_branch_free(less, last, [=](double v) { return !(pivot < v); });
+    if (kth < equal) return;
+    first = equal;
+  }
+  std::nth_element(first, kth, last);
+}
+
 /// Median of [first, last) (the mean of the two middle values for an even count), reordering
-/// the range; 0 for an empty one.
+/// the range; 0 for an empty one. Precondition: no NaN.
 inline double median_in_place(double* first, double* last) {
   if (first == last) return 0.0;
   const std::ptrdiff_t size = last - first;
   double* mid = first + size / 2;
-  std::nth_element(first, mid, last);
+  select_nth(first, mid, last);
   const double upper = *mid;
   if (size % 2 == 1) return upper;
   const double lower = *std::max_element(first, mid);
@@ -46,8 +89,8 @@ class RobustEwma {
     double alpha = 0.3;       ///< weight of a new inlier sample.
     double reject_k = 4.0;    ///< outlier threshold in robust deviations.
     double rel_floor = 0.05;  ///< deviation floor relative to the level (noise-free inputs).
-    int confirm = 3;          ///< consecutive same-side outliers that make a level shift.
-    int window = 9;           ///< recent inliers kept for the MAD (at most 16).
+    int confirm = 3;          ///< same-side outliers in a row that shift the level (1 to 16).
+    int window = 9;           ///< recent inliers kept for the MAD (1 to 16).
   };
 
   RobustEwma() = default;
@@ -69,22 +112,24 @@ class RobustEwma {
     const double spread = near ? floor : std::max(1.4826 * window_mad(), floor);
     if (!near && std::abs(dev) > o_.reject_k * spread && spread > 0) {
       const int side = dev > 0 ? 1 : -1;
-      if (side != outlier_side_) pending_.clear();
+      if (side != outlier_side_) pending_size_ = 0;
       outlier_side_ = side;
-      pending_.push_back(x);
+      pending_[pending_size_++] = x;
       ++rejected_;
-      if (static_cast<int>(pending_.size()) >= o_.confirm) {
-        level_ = median(pending_);
+      if (pending_size_ >= std::clamp(o_.confirm, 1, kMaxPending)) {
+        // The median reorders a copy: the window takes the outliers in arrival order.
+        std::array<double, kMaxPending> sorted = pending_;
+        level_ = median_in_place(sorted.data(), sorted.data() + pending_size_);
         size_ = head_ = 0;
-        for (double p : pending_) push(p);
-        pending_.clear();
+        for (int i = 0; i < pending_size_; ++i) push(pending_[i]);
+        pending_size_ = 0;
         outlier_side_ = 0;
         ++shifts_;
         return true;
       }
       return false;
     }
-    pending_.clear();
+    pending_size_ = 0;
     outlier_side_ = 0;
     level_ = (1 - o_.alpha) * level_ + o_.alpha * x;
     push(x);
@@ -102,10 +147,18 @@ class RobustEwma {
   long count() const { return count_; }  ///< samples accepted (inliers and shifts' first).
   long rejected() const { return rejected_; }
   long shifts() const { return shifts_; }
-  void reset() { *this = RobustEwma(o_); }
+  /// Forgets every sample; the options stay.
+  void reset() {
+    // The buffers are only read below size_ and pending_size_: their contents may stay.
+    level_ = 0;
+    count_ = rejected_ = shifts_ = 0;
+    outlier_side_ = 0;
+    size_ = head_ = pending_size_ = 0;
+  }
 
  private:
   static constexpr int kMaxWindow = 16;
+  static constexpr int kMaxPending = 16;
   int capacity() const { return std::clamp(o_.window, 1, kMaxWindow); }
   // Appends to the window of recent inliers, dropping the oldest beyond its capacity.
   void push(double x) {
@@ -134,10 +187,11 @@ class RobustEwma {
   long rejected_ = 0;
   long shifts_ = 0;
   int outlier_side_ = 0;
-  std::vector<double> pending_;
   std::array<double, kMaxWindow> window_{};  // a ring of size_ recent inliers from head_
   int size_ = 0;
   int head_ = 0;
+  int pending_size_ = 0;
+  std::array<double, kMaxPending> pending_{};  // the first pending_size_: outliers in a row
 };
 
 }  // namespace parapilot::monitor

@@ -15,6 +15,7 @@ StepTelemetry::StepTelemetry(const CostModel& cost, const Strategy& layout) {
   // Bytes of gradients one GPU reduces: bf16, its tensor- and pipeline-parallel shard.
   const double grad_bytes = static_cast<double>(cost.model().total_params()) * 2.0 / (tp * pp);
   gpu_samples_.assign(gpus, 0.0);
+  ranks_.reserve(static_cast<size_t>(std::max(0, layout.dp) * pp * tp));
   for (int d = 0; d < layout.dp; ++d) {
     const double share = d < static_cast<int>(shares.size()) ? shares[d] : 0.0;
     const double microbatches = share / std::max(1, layout.microbatch_size);
@@ -64,7 +65,7 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
   for (const Rank& r : ranks_) {
     if (truth.failed(r.gpu) || (alive && !(*alive)[r.gpu])) continue;
     const double speed = std::max(truth.speed(r.gpu), 1e-6);
-    monitor::StepSample x;
+    monitor::StepSample& x = out.emplace_back();
     x.rank = r.gpu;
     x.step = step;
     x.start_ns = start_ns;
@@ -80,7 +81,6 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
     x.inter_ms = t;  // the transfer alone until the last arrival is known
     last_arrival = std::max(last_arrival, x.compute_ms);
     longest_transfer = std::max(longest_transfer, t);
-    out.push_back(std::move(x));
   }
   const double step_ms = last_arrival + longest_transfer;
   const uint64_t end_ns = start_ns + static_cast<uint64_t>(step_ms * 1e6);

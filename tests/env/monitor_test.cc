@@ -68,6 +68,51 @@ TEST_CASE("median, MAD and the robust EWMA ignore a blip and follow a sustained 
   CHECK(e.shifts() == 1);
 }
 
+TEST_CASE("select_nth puts the value sorting would at kth, with the range partitioned around it") {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> noise(100, 5);
+  for (int n : {1, 2, 16, 17, 100, 1001}) {
+    for (bool ties : {false, true}) {
+      std::vector<double> v(n);
+      // With ties, few distinct values: whole partitions equal the pivot.
+      for (double& x : v) x = ties ? std::round(noise(rng) / 5) : noise(rng);
+      std::vector<double> sorted = v;
+      std::sort(sorted.begin(), sorted.end());
+      for (int k : {0, n / 3, (n - 1) / 2, n / 2, n - 1}) {
+        std::vector<double> w = v;
+        select_nth(w.data(), w.data() + k, w.data() + n);
+        CHECK(w[k] == sorted[k]);
+        CHECK(std::all_of(w.begin(), w.begin() + k, [&](double x) { return x <= w[k]; }));
+        CHECK(std::all_of(w.begin() + k, w.end(), [&](double x) { return x >= w[k]; }));
+        std::sort(w.begin(), w.end());
+        CHECK(w == sorted);  // a permutation
+      }
+      std::vector<double> w = v;
+      const double expected =
+          n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+      CHECK(median_in_place(w.data(), w.data() + n) == expected);
+    }
+  }
+}
+
+TEST_CASE("a level shift needs `confirm` outliers in a row; reset forgets every sample") {
+  RobustEwma::Options o;
+  o.confirm = 5;
+  RobustEwma e(o);
+  for (int i = 0; i < 10; ++i) e.add(10.0 + 0.01 * (i % 3));
+  for (int i = 0; i < 4; ++i) CHECK_FALSE(e.add(30));
+  CHECK(e.add(30));  // the fifth
+  CHECK(e.value() == 30);
+  CHECK(e.shifts() == 1);
+  e.reset();
+  CHECK(e.count() == 0);
+  CHECK(e.rejected() == 0);
+  CHECK(e.shifts() == 0);
+  CHECK(e.spread() == 0);
+  CHECK(e.add(7));
+  CHECK(e.value() == 7);
+}
+
 TEST_CASE("a rank's compute level carries the standard error its samples' spread gives") {
   MonitorOptions o = options(4);
   o.compute_standard_errors = true;
