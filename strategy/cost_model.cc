@@ -215,7 +215,7 @@ struct CostModel::Layout {
   // class of its slowest network end). Replicas of one class time alike under nominal
   // conditions.
   std::vector<int> replica_class;
-  std::vector<int> replica_of_gpu;  // per cluster GPU: the replica using it, or -1
+  std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
   // Per (pipeline rank p, replica r, context rank c), at (p * dp + r) * cp + c: the node of
   // the context rank's first GPU (a pipeline rank's gradient-reduction group is contiguous).
   std::vector<int> rank_nodes;
@@ -298,11 +298,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     gpus = ordered.data();
   }
 
-  l.replica_of_gpu.assign(topo_.num_gpus(), -1);
-  int* const replica_of_gpu = l.replica_of_gpu.data();
-  for (int r = 0; r < dp; ++r) {
-    const int* const replica = gpus + static_cast<size_t>(r) * replica_gpus;
-    for (int k = 0; k < replica_gpus; ++k) replica_of_gpu[replica[k]] = r;
+  l.rank_of_gpu.assign(topo_.num_gpus(), -1);
+  int* const rank_of_gpu = l.rank_of_gpu.data();
+  for (int rank = 0; rank < dp * pp; ++rank) {
+    const int* const stage = gpus + static_cast<size_t>(rank) * stage_gpus;
+    for (int k = 0; k < stage_gpus; ++k) rank_of_gpu[stage[k]] = rank;
   }
   // The node of each context rank's first GPU, and the sum of the peaks of the GPUs used
   // (added rank by rank in rank order, as run() adds them without a layout).
@@ -529,6 +529,48 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
   const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
 
+  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
+  // conditions and uniform shares. Then replica 0 stands for all of them.
+  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
+  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
+                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
+
+  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
+  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
+  // like an earlier clean replica with the same share and the same layout class (same node
+  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
+  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
+  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
+  // The ranks holding a slowed or failed GPU are marked too: the others run at speed 1.
+  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
+  const bool nominal_nodes = work.where->nodes.empty();
+  const bool by_class = !symmetric && layout_info;
+  thread_local std::vector<char> unclean;      // per replica
+  thread_local std::vector<char> slowed_rank;  // per rank (r, p), at r * pp + p
+  if (by_class) {
+    unclean.assign(s.dp, 0);
+    slowed_rank.assign(static_cast<size_t>(s.dp) * pp, 0);
+    for (int g : work.where->gpus) {
+      const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
+      if (rank < 0) continue;
+      slowed_rank[rank] = 1;
+      unclean[rank / pp] = 1;
+    }
+    for (int n : work.where->nodes) {
+      if (n >= topo_.num_nodes()) continue;
+      const ClusterTopology::Node& node = topo_.nodes[n];
+      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
+        const int rank = layout_info->rank_of_gpu[g];
+        if (rank >= 0) unclean[rank / pp] = 1;
+      }
+    }
+  }
+  // The node of the first GPU of context rank k of (replica r, pipeline rank p).
+  auto rank_node = [&](int r, int p, int k) {
+    return layout_info ? layout_info->rank_nodes[(static_cast<size_t>(p) * s.dp + r) * s.cp + k]
+                       : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+  };
+
   // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
   // network transfer (its seconds per byte), and one tensor-parallel collective.
   struct NodeLinks {
@@ -570,10 +612,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   for (int n : work.where->nodes) {
     if (n < topo_.num_nodes()) node_links[n] = links_of(n, c.intra(n), c.inter(n));
   }
-  // One p2p message between two GPUs: NVLink inside a node, else the slower network end.
-  auto link_s = [&](int gpu_a, int gpu_b) {
-    const int na = topo_.node_of_gpu[gpu_a];
-    const int nb = topo_.node_of_gpu[gpu_b];
+  // One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
+  // network end.
+  auto link_s = [&](int na, int nb) {
     if (na == nb) return node_links[na].intra_p2p_s;
     return topo_.inter_latency_s +
            p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
@@ -584,11 +625,11 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // runs under the attention of the block that arrived before it; what the attention cannot
   // hide is exposed. Inside a node the ring runs over NVLink, else at its slowest network end.
   auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
-    const int first = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, 0)];
+    const int first = rank_node(r, p, 0);
     bool spans = false;
     double inter_s_per_byte = node_links[first].inter_s_per_byte;
     for (int k = 1; k < s.cp; ++k) {
-      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      const int node = rank_node(r, p, k);
       spans = spans || node != first;
       inter_s_per_byte = std::max(inter_s_per_byte, node_links[node].inter_s_per_byte);
     }
@@ -618,12 +659,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   auto rank_time = [&](int r, int p) {
     RankTime rt{};
-    const int gpu0 = s.gpu_of_rank(r, p, 0);
-    rt.type = topo_.type_of_gpu[gpu0];
+    const int node0 = rank_node(r, p, 0);
+    rt.type = topo_.nodes[node0].type;
     double slow = 1.0;
-    if (!c.gpu_speed.empty() || !c.gpu_failed.empty()) {
+    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) &&
+        (!by_class || slowed_rank[static_cast<size_t>(r) * pp + p])) {
       // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
       // or listed one by one under an explicit placement.
+      const int gpu0 = s.gpu_of_rank(r, p, 0);
       const bool contiguous = s.gpus.empty();
       double speed = kInf;
       for (int k = 0; k < s.cp; ++k) {
@@ -640,9 +683,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
     // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
     // slowest node's collectives set the pace.
-    double tp_collective_s = node_links[topo_.node_of_gpu[gpu0]].tp_collective_s;
+    double tp_collective_s = node_links[node0].tp_collective_s;
     for (int k = 1; k < s.cp; ++k) {
-      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      const int node = rank_node(r, p, k);
       tp_collective_s = std::max(tp_collective_s, node_links[node].tp_collective_s);
     }
     const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
@@ -651,8 +694,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     if (pp > 1) {
       // Activations go to the next chunk, input gradients back to the previous one: every
       // chunk but the last sends forward, every chunk but the first sends backward.
-      const double to_next = link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0));
-      const double to_prev = link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0));
+      const double to_next = link_s(node0, rank_node(r, (p + 1) % pp, 0));
+      const double to_prev = link_s(node0, rank_node(r, (p + pp - 1) % pp, 0));
       rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
     }
     rt.fwd = layers * bt.fwd;
@@ -675,43 +718,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   };
 
   // Pass over replicas: pipeline time of each, memory of each rank, the critical replica.
-  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
   const int uniform_share = s.global_batch / s.dp;
   double worst_pipeline = -1;
   int critical = 0;
   double optimizer = 0;
   double worst_memory_ratio = -1;
-  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
-  // conditions and uniform shares. Then replica 0 stands for all of them.
-  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
-                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
   const int replicas_to_time = symmetric ? 1 : s.dp;
 
-  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
-  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
-  // like an earlier clean replica with the same share and the same layout class (same node
-  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
-  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
-  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
-  const bool nominal_nodes = work.where->nodes.empty();
-  const bool by_class = !symmetric && layout_info;
-  thread_local std::vector<char> unclean;
-  if (by_class) {
-    unclean.assign(s.dp, 0);
-    auto mark = [&](int g) {
-      const int r = layout_info->replica_of_gpu[g];
-      if (r >= 0) unclean[r] = 1;
-    };
-    for (int g : work.where->gpus) {
-      if (g < topo_.num_gpus()) mark(g);
-    }
-    for (int n : work.where->nodes) {
-      if (n >= topo_.num_nodes()) continue;
-      const ClusterTopology::Node& node = topo_.nodes[n];
-      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) mark(g);
-    }
-  }
   struct ReplicaClass {
     int layout_class;
     int share;
@@ -1025,8 +1038,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
         tl.backward_s[chunk] = (rt.bwd + collectives - tp_fwd) * share;
         if (chunk + 1 < chunk_count)
-          tl.p2p_s[chunk] =
-              link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0));
+          tl.p2p_s[chunk] = link_s(rank_node(critical, p, 0), rank_node(critical, (p + 1) % pp, 0));
       }
     }
   }
