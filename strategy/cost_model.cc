@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "strategy/cost_formulas.h"
 
@@ -21,6 +22,7 @@ constexpr double kAdamBytesPerParam = 30.0;  // fp32 master, m, v read+write; gr
 constexpr double kFp8CastBytesPerParam = 4.0;  // read bf16 weight, write FP8 copy and transpose
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr size_t kMaxTypes = 8;  // GPU types in one cluster
 
 }  // namespace
 
@@ -213,7 +215,10 @@ struct CostModel::Layout {
   // class of its slowest network end). Replicas of one class time alike under nominal
   // conditions.
   std::vector<int> replica_class;
-  std::vector<int> replica_of_gpu;  // per cluster GPU: the replica using it, or -1
+  std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
+  // Per (pipeline rank p, replica r, context rank c), at (p * dp + r) * cp + c: the node of
+  // the context rank's first GPU (a pipeline rank's gradient-reduction group is contiguous).
+  std::vector<int> rank_nodes;
   // Per pipeline rank: how its gradient-reduction group (dp x cp members) spreads over nodes.
   struct DpGroup {
     int nodes_spanned = 0;
@@ -226,12 +231,12 @@ struct CostModel::Layout {
   double peak_flops = 0;  // sum of the peaks of the GPUs used
 };
 
-unsigned long long CostModel::cp_ring_class(const Strategy& s, int r, int p) const {
-  const int first = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, 0)];
+unsigned long long CostModel::cp_ring_class(const int* nodes, int cp) const {
+  const int first = nodes[0];
   int slowest = first;
   bool spans = false;
-  for (int c = 1; c < s.cp; ++c) {
-    const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
+  for (int c = 1; c < cp; ++c) {
+    const int node = nodes[c];
     spans = spans || node != first;
     if (topo_.nodes[node].inter_GBps < topo_.nodes[slowest].inter_GBps) slowest = node;
   }
@@ -274,49 +279,96 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.gpus = s.gpus;
   l.gpus_hash = hash;
 
-  const int pp = s.pp;
-  l.replica_of_gpu.assign(topo_.num_gpus(), -1);
-  const int stage_gpus = s.tp * s.cp;
-  for (int r = 0; r < s.dp; ++r) {
+  // Loop bounds in locals: the stores below cannot then alias them.
+  const int dp = s.dp, pp = s.pp, tp = s.tp, cp = s.cp;
+  const int stage_gpus = tp * cp;
+  const int replica_gpus = pp * stage_gpus;
+  // The GPU of every rank in rank order, ((r * pp + p) * cp + c) * tp + t: the explicit list,
+  // else the placement order's (stage (r, p) holds the stage_gpus GPUs from first_rank on).
+  const int* gpus = s.gpus.data();
+  if (s.gpus.empty()) {
+    thread_local std::vector<int> ordered;
+    ordered.resize(static_cast<size_t>(dp) * replica_gpus);
+    for (int r = 0; r < dp; ++r) {
+      for (int p = 0; p < pp; ++p) {
+        int* const stage = ordered.data() + (static_cast<size_t>(r) * pp + p) * stage_gpus;
+        std::iota(stage, stage + stage_gpus, s.first_rank(r, p));
+      }
+    }
+    gpus = ordered.data();
+  }
+
+  l.rank_of_gpu.assign(topo_.num_gpus(), -1);
+  int* const rank_of_gpu = l.rank_of_gpu.data();
+  for (int rank = 0; rank < dp * pp; ++rank) {
+    const int* const stage = gpus + static_cast<size_t>(rank) * stage_gpus;
+    for (int k = 0; k < stage_gpus; ++k) rank_of_gpu[stage[k]] = rank;
+  }
+  // The node of each context rank's first GPU, and the sum of the peaks of the GPUs used
+  // (added rank by rank in rank order, as run() adds them without a layout).
+  const int* const node_of_gpu = topo_.node_of_gpu.data();
+  const int* const type_of_gpu = topo_.type_of_gpu.data();
+  const bool mixed_types = topo_.types.size() > 1;
+  assert(topo_.types.size() <= kMaxTypes);
+  double group_peak[kMaxTypes];  // a tensor-parallel group on GPUs of type i
+  for (size_t i = 0; i < topo_.types.size(); ++i)
+    group_peak[i] = tp * topo_.types[i].peak_tflops * 1e12;
+  double peak_flops = mixed_types ? 0.0 : s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
+  l.rank_nodes.resize(static_cast<size_t>(dp) * pp * cp);
+  int* const rank_nodes = l.rank_nodes.data();
+  for (int r = 0; r < dp; ++r) {
     for (int p = 0; p < pp; ++p) {
-      const int first = s.first_rank(r, p);
-      for (int k = 0; k < stage_gpus; ++k) l.replica_of_gpu[s.gpu_at(first + k)] = r;
+      const int* const stage = gpus + (static_cast<size_t>(r) * pp + p) * stage_gpus;
+      int* const nodes = rank_nodes + (static_cast<size_t>(p) * dp + r) * cp;
+      for (int c = 0; c < cp; ++c) {
+        const int gpu = stage[c * tp];
+        nodes[c] = node_of_gpu[gpu];
+        if (mixed_types) peak_flops += group_peak[type_of_gpu[gpu]];
+      }
     }
   }
-  // Node of each rank's first GPU, rank (r, p) at r * pp + p.
-  thread_local std::vector<int> rank_node;
-  rank_node.resize(static_cast<size_t>(s.dp) * pp);
-  for (int r = 0; r < s.dp; ++r) {
-    for (int p = 0; p < pp; ++p) rank_node[r * pp + p] = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0)];
-  }
-  // Link pattern of each rank; replicas are compared with the first replica of each class
-  // found so far (few: a replica beyond kMaxClasses classes stands alone).
-  // With context parallelism each rank has a second word: its ring's link class.
-  const int words = s.cp > 1 ? 2 : 1;
+  l.peak_flops = peak_flops;
+
+  // Link pattern of each rank, replica r's ranks at keys[r * key_words], filled stage by stage
+  // (rank_nodes holds a stage's replicas together). With context parallelism each rank has a
+  // second word: its ring's link class.
+  const int words = cp > 1 ? 2 : 1;
+  const int key_words = pp * words;
   thread_local std::vector<unsigned long long> keys;
-  keys.resize(static_cast<size_t>(s.dp) * pp * words);
+  keys.resize(static_cast<size_t>(dp) * key_words);
+  const int* const node_class = node_class_.data();
+  const size_t stage_stride = static_cast<size_t>(dp) * cp;  // from stage p to p + 1 in rank_nodes
+  for (int p = 0; p < pp; ++p) {
+    const int* const here = rank_nodes + p * stage_stride;
+    const int* const next = rank_nodes + (p + 1 < pp ? p + 1 : 0) * stage_stride;
+    const int* const prev = rank_nodes + (p > 0 ? p - 1 : pp - 1) * stage_stride;
+    unsigned long long* key = &keys[static_cast<size_t>(p) * words];
+    for (size_t i = 0; i < stage_stride; i += cp, key += key_words) {
+      const int node = here[i];
+      key[0] = static_cast<unsigned long long>(node_class[node]) << 42 |
+               static_cast<unsigned long long>(next[i] == node ? 0 : 1 + node_class[next[i]])
+                   << 21 |
+               static_cast<unsigned long long>(prev[i] == node ? 0 : 1 + node_class[prev[i]]);
+      if (words == 2) key[1] = cp_ring_class(here + i, cp);
+    }
+  }
+  // Replicas are compared with the first replica of each class found so far (few: a replica
+  // beyond kMaxClasses classes stands alone).
   constexpr int kMaxClasses = 16;
   int firsts[kMaxClasses];
   int class_count = 0;
   int last_class = -1;  // the index in firsts of the previous replica's class; -1: it stood alone
-  l.replica_class.resize(s.dp);
-  for (int r = 0; r < s.dp; ++r) {
-    const int* nodes = &rank_node[static_cast<size_t>(r) * pp];
-    unsigned long long* key = &keys[static_cast<size_t>(r) * pp * words];
-    for (int p = 0; p < pp; ++p) {
-      const int node = nodes[p];
-      const int next = nodes[(p + 1) % pp];
-      const int prev = nodes[(p + pp - 1) % pp];
-      key[p * words] = static_cast<unsigned long long>(node_class_[node]) << 42 |
-                       static_cast<unsigned long long>(next == node ? 0 : 1 + node_class_[next])
-                           << 21 |
-                       static_cast<unsigned long long>(prev == node ? 0 : 1 + node_class_[prev]);
-      if (words == 2) key[p * words + 1] = cp_ring_class(s, r, p);
-    }
+  l.replica_class.resize(dp);
+  for (int r = 0; r < dp; ++r) {
+    const unsigned long long* const key = &keys[static_cast<size_t>(r) * key_words];
     // The firsts' keys differ, so at most one matches: the previous replica's class is tried
-    // first (like replicas come in runs).
+    // first (like replicas come in runs). Keys are a few words: a plain loop beats memcmp.
     auto matches = [&](int k) {
-      return std::equal(key, key + pp * words, &keys[static_cast<size_t>(firsts[k]) * pp * words]);
+      const unsigned long long* const other = &keys[static_cast<size_t>(firsts[k]) * key_words];
+      for (int i = 0; i < key_words; ++i) {
+        if (key[i] != other[i]) return false;
+      }
+      return true;
     };
     int found = last_class >= 0 && matches(last_class) ? last_class : -1;
     for (int k = 0; k < class_count && found < 0; ++k) {
@@ -330,28 +382,25 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     last_class = found;
   }
 
-  l.dp_groups.assign(s.pp, {});
+  l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
   thread_local std::vector<int> per_node;
   per_node.assign(topo_.nodes.size(), 0);
-  for (int p = 0; p < s.pp; ++p) {
+  for (int p = 0; p < pp; ++p) {
     Layout::DpGroup& group = l.dp_groups[p];
     group.first_node = static_cast<int>(l.spanned_nodes.size());
-    group.min_members = s.dp * s.cp;
+    group.min_members = dp * cp;
     group.inter_GBps = group.intra_GBps = kInf;
-    // Member (r, c) of the group: the first GPU of context rank c of stage p of replica r.
-    auto member_node = [&](int r, int c) {
-      return c == 0 ? rank_node[r * pp + p] : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, c)];
-    };
-    for (int r = 0; r < s.dp; ++r) {
-      for (int c = 0; c < s.cp; ++c) {
-        const int node = member_node(r, c);
-        if (per_node[node]++ == 0) {
-          ++group.nodes_spanned;
-          l.spanned_nodes.push_back(node);
-          group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
-          group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
-        }
+    // Members (r, c) of the group in that order: the first GPU of context rank c of stage p
+    // of replica r.
+    const int* const members = rank_nodes + p * stage_stride;
+    for (size_t i = 0; i < stage_stride; ++i) {
+      const int node = members[i];
+      if (per_node[node]++ == 0) {
+        ++group.nodes_spanned;
+        l.spanned_nodes.push_back(node);
+        group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
+        group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
       }
     }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
@@ -359,19 +408,6 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
       int& count = per_node[l.spanned_nodes[i]];
       group.min_members = std::min(group.min_members, count);
       count = 0;
-    }
-  }
-
-  l.peak_flops = s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
-  if (topo_.types.size() > 1) {
-    l.peak_flops = 0;
-    for (int r = 0; r < s.dp; ++r) {
-      for (int p = 0; p < s.pp; ++p) {
-        for (int c = 0; c < s.cp; ++c) {
-          l.peak_flops +=
-              s.tp * topo_.types[topo_.type_of_gpu[s.gpu_of_rank(r, p, 0, c)]].peak_tflops * 1e12;
-        }
-      }
     }
   }
   return l;
@@ -482,7 +518,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
                            s.num_chunks()};
 
   // Block timings per GPU type present (few types; computed once per evaluation).
-  constexpr int kMaxTypes = 8;
   assert(topo_.types.size() <= kMaxTypes);
   BlockTimes blocks[kMaxTypes];
   for (size_t i = 0; i < topo_.types.size(); ++i) blocks[i] = block_times(static_cast<int>(i), s);
@@ -493,6 +528,48 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   const int tp_collectives =
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
   const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
+
+  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
+  // conditions and uniform shares. Then replica 0 stands for all of them.
+  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
+  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
+                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
+
+  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
+  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
+  // like an earlier clean replica with the same share and the same layout class (same node
+  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
+  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
+  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
+  // The ranks holding a slowed or failed GPU are marked too: the others run at speed 1.
+  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
+  const bool nominal_nodes = work.where->nodes.empty();
+  const bool by_class = !symmetric && layout_info;
+  thread_local std::vector<char> unclean;      // per replica
+  thread_local std::vector<char> slowed_rank;  // per rank (r, p), at r * pp + p
+  if (by_class) {
+    unclean.assign(s.dp, 0);
+    slowed_rank.assign(static_cast<size_t>(s.dp) * pp, 0);
+    for (int g : work.where->gpus) {
+      const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
+      if (rank < 0) continue;
+      slowed_rank[rank] = 1;
+      unclean[rank / pp] = 1;
+    }
+    for (int n : work.where->nodes) {
+      if (n >= topo_.num_nodes()) continue;
+      const ClusterTopology::Node& node = topo_.nodes[n];
+      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
+        const int rank = layout_info->rank_of_gpu[g];
+        if (rank >= 0) unclean[rank / pp] = 1;
+      }
+    }
+  }
+  // The node of the first GPU of context rank k of (replica r, pipeline rank p).
+  auto rank_node = [&](int r, int p, int k) {
+    return layout_info ? layout_info->rank_nodes[(static_cast<size_t>(p) * s.dp + r) * s.cp + k]
+                       : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+  };
 
   // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
   // network transfer (its seconds per byte), and one tensor-parallel collective.
@@ -535,10 +612,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   for (int n : work.where->nodes) {
     if (n < topo_.num_nodes()) node_links[n] = links_of(n, c.intra(n), c.inter(n));
   }
-  // One p2p message between two GPUs: NVLink inside a node, else the slower network end.
-  auto link_s = [&](int gpu_a, int gpu_b) {
-    const int na = topo_.node_of_gpu[gpu_a];
-    const int nb = topo_.node_of_gpu[gpu_b];
+  // One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
+  // network end.
+  auto link_s = [&](int na, int nb) {
     if (na == nb) return node_links[na].intra_p2p_s;
     return topo_.inter_latency_s +
            p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
@@ -549,11 +625,11 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // runs under the attention of the block that arrived before it; what the attention cannot
   // hide is exposed. Inside a node the ring runs over NVLink, else at its slowest network end.
   auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
-    const int first = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, 0)];
+    const int first = rank_node(r, p, 0);
     bool spans = false;
     double inter_s_per_byte = node_links[first].inter_s_per_byte;
     for (int k = 1; k < s.cp; ++k) {
-      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      const int node = rank_node(r, p, k);
       spans = spans || node != first;
       inter_s_per_byte = std::max(inter_s_per_byte, node_links[node].inter_s_per_byte);
     }
@@ -583,12 +659,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   auto rank_time = [&](int r, int p) {
     RankTime rt{};
-    const int gpu0 = s.gpu_of_rank(r, p, 0);
-    rt.type = topo_.type_of_gpu[gpu0];
+    const int node0 = rank_node(r, p, 0);
+    rt.type = topo_.nodes[node0].type;
     double slow = 1.0;
-    if (!c.gpu_speed.empty() || !c.gpu_failed.empty()) {
+    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) &&
+        (!by_class || slowed_rank[static_cast<size_t>(r) * pp + p])) {
       // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
       // or listed one by one under an explicit placement.
+      const int gpu0 = s.gpu_of_rank(r, p, 0);
       const bool contiguous = s.gpus.empty();
       double speed = kInf;
       for (int k = 0; k < s.cp; ++k) {
@@ -605,19 +683,19 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
     // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
     // slowest node's collectives set the pace.
-    double tp_collective_s = node_links[topo_.node_of_gpu[gpu0]].tp_collective_s;
+    double tp_collective_s = node_links[node0].tp_collective_s;
     for (int k = 1; k < s.cp; ++k) {
-      const int node = topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+      const int node = rank_node(r, p, k);
       tp_collective_s = std::max(tp_collective_s, node_links[node].tp_collective_s);
     }
-    const double one_collective = exposed_tp_collective_s(
-        tp_collective_s, s.tp, s.tp_comm_overlap, 0.5 * bt.linear_gemms_fwd * slow);
+    const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
+                                                          0.5 * bt.linear_gemms_fwd * slow);
     const int layers = rank_layers[p];
     if (pp > 1) {
       // Activations go to the next chunk, input gradients back to the previous one: every
       // chunk but the last sends forward, every chunk but the first sends backward.
-      const double to_next = link_s(gpu0, s.gpu_of_rank(r, (p + 1) % pp, 0));
-      const double to_prev = link_s(gpu0, s.gpu_of_rank(r, (p + pp - 1) % pp, 0));
+      const double to_next = link_s(node0, rank_node(r, (p + 1) % pp, 0));
+      const double to_prev = link_s(node0, rank_node(r, (p + pp - 1) % pp, 0));
       rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
     }
     rt.fwd = layers * bt.fwd;
@@ -640,43 +718,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   };
 
   // Pass over replicas: pipeline time of each, memory of each rank, the critical replica.
-  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
   const int uniform_share = s.global_batch / s.dp;
   double worst_pipeline = -1;
   int critical = 0;
   double optimizer = 0;
   double worst_memory_ratio = -1;
-  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
-  // conditions and uniform shares. Then replica 0 stands for all of them.
-  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
-                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
   const int replicas_to_time = symmetric ? 1 : s.dp;
 
-  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
-  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
-  // like an earlier clean replica with the same share and the same layout class (same node
-  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
-  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
-  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
-  const bool nominal_nodes = work.where->nodes.empty();
-  const bool by_class = !symmetric && layout_info;
-  thread_local std::vector<char> unclean;
-  if (by_class) {
-    unclean.assign(s.dp, 0);
-    auto mark = [&](int g) {
-      const int r = layout_info->replica_of_gpu[g];
-      if (r >= 0) unclean[r] = 1;
-    };
-    for (int g : work.where->gpus) {
-      if (g < topo_.num_gpus()) mark(g);
-    }
-    for (int n : work.where->nodes) {
-      if (n >= topo_.num_nodes()) continue;
-      const ClusterTopology::Node& node = topo_.nodes[n];
-      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) mark(g);
-    }
-  }
   struct ReplicaClass {
     int layout_class;
     int share;
@@ -990,8 +1038,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
         tl.backward_s[chunk] = (rt.bwd + collectives - tp_fwd) * share;
         if (chunk + 1 < chunk_count)
-          tl.p2p_s[chunk] =
-              link_s(s.gpu_of_rank(critical, p, 0), s.gpu_of_rank(critical, (p + 1) % pp, 0));
+          tl.p2p_s[chunk] = link_s(rank_node(critical, p, 0), rank_node(critical, (p + 1) % pp, 0));
       }
     }
   }

@@ -132,9 +132,9 @@ class CostModel {
   // reference returned stays valid until the calling thread's next call).
   const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
-  // 0 when the context-parallel ring of (replica r, stage p) stays in one node, else 1 + the
-  // node class of its slowest network end.
-  unsigned long long cp_ring_class(const Strategy& s, int r, int p) const;
+  // 0 when a context-parallel ring whose cp ranks start on `nodes` stays in one node, else
+  // 1 + the node class of its slowest network end.
+  unsigned long long cp_ring_class(const int* nodes, int cp) const;
   void run(const Strategy& s, const Conditions& c, Work& work) const;
 
   ModelSpec model_;
