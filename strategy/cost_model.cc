@@ -215,6 +215,7 @@ struct CostModel::Layout {
   // class of its slowest network end). Replicas of one class time alike under nominal
   // conditions.
   std::vector<int> replica_class;
+  bool one_class = false;  // every replica is of replica 0's class
   std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
   // Per (pipeline rank p, replica r, context rank c), at (p * dp + r) * cp + c: the node of
   // the context rank's first GPU (a pipeline rank's gradient-reduction group is contiguous).
@@ -233,14 +234,19 @@ struct CostModel::Layout {
 
 unsigned long long CostModel::cp_ring_class(const int* nodes, int cp) const {
   const int first = nodes[0];
-  int slowest = first;
+  int slowest_network = first, slowest_nvlink = first;
   bool spans = false;
   for (int c = 1; c < cp; ++c) {
     const int node = nodes[c];
     spans = spans || node != first;
-    if (topo_.nodes[node].inter_GBps < topo_.nodes[slowest].inter_GBps) slowest = node;
+    if (topo_.nodes[node].inter_GBps < topo_.nodes[slowest_network].inter_GBps)
+      slowest_network = node;
+    if (topo_.nodes[node].intra_GBps < topo_.nodes[slowest_nvlink].intra_GBps)
+      slowest_nvlink = node;
   }
-  return spans ? 1 + static_cast<unsigned long long>(node_class_[slowest]) : 0;
+  if (!spans) return 0;
+  return (1 + static_cast<unsigned long long>(node_class_[slowest_network])) << 21 |
+         (1 + static_cast<unsigned long long>(node_class_[slowest_nvlink]));
 }
 
 namespace {
@@ -381,6 +387,8 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     }
     last_class = found;
   }
+  l.one_class = std::all_of(l.replica_class.begin(), l.replica_class.end(),
+                            [](int k) { return k == 0; });
 
   l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
@@ -529,11 +537,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
   const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
 
-  // Replicas are interchangeable when nothing distinguishes them: one GPU type, nominal
-  // conditions and uniform shares. Then replica 0 stands for all of them.
+  // Replicas are interchangeable when nothing distinguishes them: one layout class (every
+  // replica's ranks on the same node classes with the same neighbours), nominal conditions and
+  // uniform shares. Then replica 0 stands for all of them. The reference path times them all.
+  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
   const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
-  const bool symmetric = topo_.types.size() == 1 && c.gpu_speed.empty() && c.gpu_failed.empty() &&
-                         c.node_inter_bw.empty() && c.node_intra_bw.empty() && !explicit_shares;
+  const bool symmetric = layout_info && layout_info->one_class && c.gpu_speed.empty() &&
+                         c.gpu_failed.empty() && c.node_inter_bw.empty() &&
+                         c.node_intra_bw.empty() && !explicit_shares;
 
   // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
   // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
@@ -542,7 +553,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
   // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
   // The ranks holding a slowed or failed GPU are marked too: the others run at speed 1.
-  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
   const bool nominal_nodes = work.where->nodes.empty();
   const bool by_class = !symmetric && layout_info;
   thread_local std::vector<char> unclean;      // per replica

@@ -104,9 +104,8 @@ class CostModel {
   CostBreakdown evaluate(const Strategy& s, const Conditions& c, const OffNominal& where) const;
 
   // The same prediction as evaluate(), obtained by timing every replica and pipeline rank one
-  // by one instead of once per class of identical replicas (nominal conditions on one GPU type
-  // with uniform shares still time replica 0 only, as evaluate() does). Slower; the reference
-  // the tests hold evaluate() to.
+  // by one instead of once per class of identical replicas. Slower; the reference the tests
+  // hold evaluate() to.
   CostBreakdown evaluate_exhaustive(const Strategy& s, const Conditions& c = {}) const;
 
   // Memory of the GPUs of one pipeline rank in one replica.
@@ -132,8 +131,9 @@ class CostModel {
   // reference returned stays valid until the calling thread's next call).
   const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
-  // 0 when a context-parallel ring whose cp ranks start on `nodes` stays in one node, else
-  // 1 + the node class of its slowest network end.
+  // 0 when a context-parallel ring whose cp ranks start on `nodes` stays in one node, else the
+  // node classes of its slowest network end (its transfers) and of its slowest NVLink (the
+  // pace of its ranks' tensor-parallel collectives), each plus 1.
   unsigned long long cp_ring_class(const int* nodes, int cp) const;
   void run(const Strategy& s, const Conditions& c, Work& work) const;
 

@@ -325,6 +325,42 @@ TEST_CASE("balanced stages: every layer placed once, remainder in the middle, as
   }
 }
 
+TEST_CASE("replicas whose context rings cross nodes of different NVLink speeds time apart") {
+  // Two replicas, each a stage of two tensor-parallel groups on two nodes (cp = 2): both
+  // rings leave node class A, whose network is the slowest they touch, but replica 1's other
+  // end has slow NVLink. Its tensor-parallel collectives run at that NVLink, so it must not
+  // be timed as replica 0's copy.
+  const GpuType h100 = *gpu_type("h100");
+  ClusterSpec cluster;
+  cluster.name = "rings";
+  const double nvlink = h100.nvlink_GBps_bidir / 2;
+  cluster.groups.push_back({2, 2, h100, nvlink, 100});  // A: the slowest network
+  cluster.groups.push_back({1, 2, h100, nvlink, 400});  // C: fast network, usual NVLink
+  cluster.groups.push_back({1, 2, h100, nvlink / 1000, 400});  // B: fast network, slow NVLink
+  ModelSpec m = small_gpt();
+  m.layers = 8;
+  const CostModel cost(m, cluster);
+  Strategy s;
+  s.tp = 2;
+  s.cp = 2;
+  s.dp = 2;
+  s.microbatch_size = 1;
+  s.global_batch = 4;
+  s.gpus = {0, 1, 4, 5, 2, 3, 6, 7};  // replica 0 on A and C, replica 1 on A and B
+  REQUIRE_FALSE(find_problem(s, m, cluster));
+  const CostBreakdown fast = cost.evaluate(s, Conditions{});
+  const CostBreakdown ref = cost.evaluate_exhaustive(s, Conditions{});
+  CHECK(fast.iteration_time_s == ref.iteration_time_s);
+  CHECK(fast.tp_comm_s == ref.tp_comm_s);
+  Strategy one = s;
+  one.dp = 1;
+  one.global_batch = 2;
+  one.gpus = {0, 1, 4, 5};
+  REQUIRE_FALSE(find_problem(one, m, cluster));
+  // The slow NVLink makes a difference: replica 1 is the critical one.
+  CHECK(cost.evaluate(one).tp_comm_s < ref.tp_comm_s);
+}
+
 TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts and conditions") {
   // evaluate() times one replica per class of identical replicas; evaluate_exhaustive() times
   // every replica and rank. They must agree bit for bit.
