@@ -471,10 +471,12 @@ bool add_run(std::vector<Run>& runs, int begin, int count, double per_microbatch
 // worked out once per run. The allocation does not depend on the relaxation's bottleneck (see
 // allocate_direct): every replica's first block, then the blocks that come first in the order
 // (time, then highest replica first). A run's members have the same blocks, and its higher
-// members come first among them; a run after another holds only higher replicas. Handles the
-// case where the missing blocks are each replica's next one, writing the microbatch counts
-// (blocks times unit) to out; returns false (out unwritten) otherwise, and the caller goes on
-// to allocate_direct.
+// members come first among them; a run after another holds only higher replicas. The blocks
+// up to the relaxation's bottleneck are a prefix of that order, and a replica's blocks come in
+// it one after another, so the rest are taken smallest first from the runs' next blocks.
+// Writes the microbatch counts (blocks times unit) to out; returns false (out unwritten) for
+// cases it leaves to allocate_direct (a run's steps too small to tell two blocks apart, or
+// counts past the blocks).
 bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, int* out) {
   double inverse_sum = 0, weighted_fixed = 0;
   for (const Run& run : runs) {
@@ -523,33 +525,36 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
     kept += static_cast<long>(run.n) * run.count;
   }
   if (kept > blocks) return false;
+  // The missing blocks, smallest first, from a heap of the runs keyed by their members' next
+  // block (smallest time on top, the later run first on a tie), each run's highest members
+  // first. A run whose members all take their next block moves up a block and goes back on
+  // the heap.
   long missing = blocks - kept;
   if (missing > 0) {
-    // The missing next blocks, smallest first: runs by next time, the later run first on a
-    // tie, and inside a run its highest members first.
-    thread_local std::vector<int> order;
-    order.resize(runs.size());
-    for (size_t k = 0; k < runs.size(); ++k) order[k] = static_cast<int>(k);
-    std::sort(order.begin(), order.end(), [&runs](int x, int y) {
-      return runs[x].next_s < runs[y].next_s || (runs[x].next_s == runs[y].next_s && x > y);
-    });
-    double last_s = 0;
-    int last_replica = 0;
-    for (int k : order) {
-      if (missing == 0) break;
-      Run& run = runs[k];
+    thread_local std::vector<int> heap;
+    heap.resize(runs.size());
+    for (size_t k = 0; k < runs.size(); ++k) heap[k] = static_cast<int>(k);
+    const auto later = [&runs](int x, int y) {
+      return runs[x].next_s > runs[y].next_s || (runs[x].next_s == runs[y].next_s && x < y);
+    };
+    std::make_heap(heap.begin(), heap.end(), later);
+    while (missing > 0) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      Run& run = runs[heap.back()];
       if (!(run.next_s < kInf)) return false;
-      run.take = static_cast<int>(std::min<long>(missing, run.count));
-      missing -= run.take;
-      last_s = run.next_s;
-      last_replica = run.begin + run.count - run.take;
-    }
-    // Valid when no replica's block after its next one comes before the last block taken.
-    for (const Run& run : runs) {
-      if (run.n + 2 > blocks) continue;
-      const double after_s = run.fixed + run.per * (run.n + 2);
-      const int highest = run.begin + run.count - 1;
-      if (!(last_s < after_s || (last_s == after_s && last_replica > highest))) return false;
+      // A member's block after its next one that ties with the next (a step too small to
+      // show) would come before the lower members' next blocks: the caller handles that.
+      if (missing > 1 && run.n + 2 <= blocks && !(run.next_s < run.fixed + run.per * (run.n + 2)))
+        return false;
+      const long take = std::min<long>(missing, run.count);
+      missing -= take;
+      if (take < run.count) {
+        run.take = static_cast<int>(take);
+        break;
+      }
+      ++run.n;
+      run.next_s = run.n < blocks ? run.fixed + run.per * (run.n + 1) : kInf;
+      std::push_heap(heap.begin(), heap.end(), later);
     }
   }
   for (const Run& run : runs) {
@@ -615,7 +620,9 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     std::fill_n(out, replicas, unit);
     return;
   }
-  // Adjacent runs with equal times are one run to allocate_runs, as in the overload above.
+  // Adjacent runs with equal times are one run to allocate_runs. Unlike the overload above,
+  // this takes the runs path however many runs there are: with the planner's runs (a few
+  // replicas each at the least) it costs less than allocate_direct.
   thread_local std::vector<Run> joined;
   joined.clear();
   bool by_runs = true;
@@ -626,8 +633,7 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
         fixed_s[k] == fixed_s[k - 1]) {
       joined.back().count += count;
     } else {
-      by_runs = 4 * (joined.size() + 1) <= static_cast<size_t>(replicas) &&
-                add_run(joined, run_begin[k], count, per_microbatch_s[k], fixed_s[k], unit);
+      by_runs = add_run(joined, run_begin[k], count, per_microbatch_s[k], fixed_s[k], unit);
     }
   }
   if (by_runs && allocate_runs(joined, replicas, total / unit, unit, out)) return;
