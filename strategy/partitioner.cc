@@ -445,34 +445,39 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
   return true;
 }
 
+// A run of consecutive replicas with equal costs: `count` replicas from `begin`, each with
+// blocks of `per` seconds (a unit of microbatches) after `fixed` seconds.
+struct Run {
+  int begin, count;
+  double per, fixed, inverse;  // inverse = 1 / per
+  int n;          // blocks every member holds up to the relaxation's bottleneck
+  double next_s;  // the time of a member's next block
+  int take;       // members (the highest ones) that also take their next block
+};
+
+// Appends a run of `count` replicas from `begin` with per-microbatch time per_microbatch_s and
+// fixed time fixed_s. False for costs allocate_runs does not handle (the checks of
+// allocate_direct).
+bool add_run(std::vector<Run>& runs, int begin, int count, double per_microbatch_s,
+             double fixed_s, int unit) {
+  const double a = per_microbatch_s * unit;
+  if (!(std::isnormal(a) && a > 0 && std::isfinite(fixed_s) && fixed_s >= 0)) return false;
+  runs.push_back(Run{begin, count, a, fixed_s, 1.0 / a, 0, 0, 0});
+  return true;
+}
+
 // The same allocation for replicas that come in runs of equal costs (consecutive replicas
-// with the same per-microbatch and fixed times), worked out once per run. The allocation does
-// not depend on the relaxation's bottleneck (see allocate_direct): every replica's first block,
-// then the blocks that come first in the order (time, then highest replica first). A run's
-// members have the same blocks, and its higher members come first among them; a run after
-// another holds only higher replicas. Handles the case where the missing blocks are each
-// replica's next one; returns false (out possibly written) otherwise or for odd costs, and the
-// caller goes on to allocate_direct.
-bool allocate_runs(const double* per_microbatch_s, const double* fixed_s, int replicas,
-                   int blocks, int unit, int* out) {
-  struct Run {
-    int begin, count;
-    double per, fixed, inverse;
-    int n;
-    double next_s;
-  };
-  thread_local std::vector<Run> runs;
-  runs.clear();
-  for (int r = 0; r < replicas; ++r) {
-    const double f = fixed_s ? fixed_s[r] : 0.0;
-    if (r > 0 && per_microbatch_s[r] == per_microbatch_s[r - 1] && f == runs.back().fixed) {
-      ++runs.back().count;
-      continue;
-    }
-    const double a = per_microbatch_s[r] * unit;
-    if (!(std::isnormal(a) && a > 0 && std::isfinite(f) && f >= 0)) return false;
-    runs.push_back(Run{r, 1, a, f, 1.0 / a, 0, 0});
-  }
+// with the same per-microbatch and fixed times, listed in `runs` as add_run made them),
+// worked out once per run. The allocation does not depend on the relaxation's bottleneck (see
+// allocate_direct): every replica's first block, then the blocks that come first in the order
+// (time, then highest replica first). A run's members have the same blocks, and its higher
+// members come first among them; a run after another holds only higher replicas. The blocks
+// up to the relaxation's bottleneck are a prefix of that order, and a replica's blocks come in
+// it one after another, so the rest are taken smallest first from the runs' next blocks.
+// Writes the microbatch counts (blocks times unit) to out; returns false (out unwritten) for
+// cases it leaves to allocate_direct (a run's steps too small to tell two blocks apart, or
+// counts past the blocks).
+bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, int* out) {
   double inverse_sum = 0, weighted_fixed = 0;
   for (const Run& run : runs) {
     inverse_sum += run.count * run.inverse;
@@ -516,64 +521,54 @@ bool allocate_runs(const double* per_microbatch_s, const double* fixed_s, int re
     }
     run.n = std::max(n, 1);
     run.next_s = run.n < blocks ? f + a * (run.n + 1) : kInf;
+    run.take = 0;
     kept += static_cast<long>(run.n) * run.count;
   }
   if (kept > blocks) return false;
+  // The missing blocks, smallest first, from a heap of the runs keyed by their members' next
+  // block (smallest time on top, the later run first on a tie), each run's highest members
+  // first. A run whose members all take their next block moves up a block and goes back on
+  // the heap.
   long missing = blocks - kept;
-  for (const Run& run : runs) {
-    for (int i = 0; i < run.count; ++i) out[run.begin + i] = run.n;
+  if (missing > 0) {
+    thread_local std::vector<int> heap;
+    heap.resize(runs.size());
+    for (size_t k = 0; k < runs.size(); ++k) heap[k] = static_cast<int>(k);
+    const auto later = [&runs](int x, int y) {
+      return runs[x].next_s > runs[y].next_s || (runs[x].next_s == runs[y].next_s && x < y);
+    };
+    std::make_heap(heap.begin(), heap.end(), later);
+    while (missing > 0) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      Run& run = runs[heap.back()];
+      if (!(run.next_s < kInf)) return false;
+      // A member's block after its next one that ties with the next (a step too small to
+      // show) would come before the lower members' next blocks: the caller handles that.
+      if (missing > 1 && run.n + 2 <= blocks && !(run.next_s < run.fixed + run.per * (run.n + 2)))
+        return false;
+      const long take = std::min<long>(missing, run.count);
+      missing -= take;
+      if (take < run.count) {
+        run.take = static_cast<int>(take);
+        break;
+      }
+      ++run.n;
+      run.next_s = run.n < blocks ? run.fixed + run.per * (run.n + 1) : kInf;
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   }
-  if (missing == 0) return true;
-
-  // The missing next blocks, smallest first: runs by next time, the later run first on a tie,
-  // and inside a run its highest members first.
-  thread_local std::vector<int> order;
-  order.resize(runs.size());
-  for (size_t k = 0; k < runs.size(); ++k) order[k] = static_cast<int>(k);
-  std::sort(order.begin(), order.end(), [](int x, int y) {
-    return runs[x].next_s < runs[y].next_s || (runs[x].next_s == runs[y].next_s && x > y);
-  });
-  double last_s = 0;
-  int last_replica = 0;
-  for (int k : order) {
-    if (missing == 0) break;
-    const Run& run = runs[k];
-    if (!(run.next_s < kInf)) return false;
-    const int take = static_cast<int>(std::min<long>(missing, run.count));
-    for (int i = run.count - take; i < run.count; ++i) ++out[run.begin + i];
-    missing -= take;
-    last_s = run.next_s;
-    last_replica = run.begin + run.count - take;
-  }
-  // Valid when no replica's block after its next one comes before the last block taken.
   for (const Run& run : runs) {
-    if (run.n + 2 > blocks) continue;
-    const double after_s = run.fixed + run.per * (run.n + 2);
-    const int highest = run.begin + run.count - 1;
-    if (!(last_s < after_s || (last_s == after_s && last_replica > highest))) return false;
+    const int rest = run.count - run.take;
+    std::fill_n(out + run.begin, rest, run.n * unit);
+    std::fill_n(out + run.begin + rest, run.take, (run.n + 1) * unit);
   }
   return true;
 }
 
-}  // namespace
-
-void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
-                           int total, int unit, int* out) {
-  assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
-  if (total == replicas * unit) {  // one unit each: the only allocation
-    for (int r = 0; r < replicas; ++r) out[r] = unit;
-    return;
-  }
-  // Replicas in long runs of equal costs (like replicas of a placement): once per run.
-  int runs = 1;
-  for (int r = 1; r < replicas; ++r) {
-    const bool same = per_microbatch_s[r] == per_microbatch_s[r - 1] &&
-                      (!fixed_s || fixed_s[r] == fixed_s[r - 1]);
-    runs += same ? 0 : 1;
-  }
-  const bool by_runs = 4 * runs <= replicas &&
-                       allocate_runs(per_microbatch_s, fixed_s, replicas, total / unit, unit, out);
-  if (!by_runs && !allocate_direct(per_microbatch_s, fixed_s, replicas, total / unit, unit, out)) {
+// Replica by replica: allocate_direct, or partition_blocks with one row where it declines.
+void allocate_each(const double* per_microbatch_s, const double* fixed_s, int replicas, int total,
+                   int unit, int* out) {
+  if (!allocate_direct(per_microbatch_s, fixed_s, replicas, total / unit, unit, out)) {
     thread_local std::vector<RankCost> costs;
     costs.resize(replicas);
     for (int r = 0; r < replicas; ++r) {
@@ -587,6 +582,69 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     (void)ok;
   }
   for (int r = 0; r < replicas; ++r) out[r] *= unit;
+}
+
+}  // namespace
+
+void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
+                           int total, int unit, int* out) {
+  assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
+  if (total == replicas * unit) {  // one unit each: the only allocation
+    std::fill_n(out, replicas, unit);
+    return;
+  }
+  // Replicas in long runs of equal costs (like replicas of a placement, at most one run per
+  // four replicas): once per run.
+  thread_local std::vector<Run> runs;
+  runs.clear();
+  bool by_runs = true;
+  for (int r = 0; r < replicas && by_runs; ++r) {
+    const double f = fixed_s ? fixed_s[r] : 0.0;
+    if (r > 0 && per_microbatch_s[r] == per_microbatch_s[r - 1] && f == runs.back().fixed) {
+      ++runs.back().count;
+    } else {
+      by_runs = 4 * (runs.size() + 1) <= static_cast<size_t>(replicas) &&
+                add_run(runs, r, 1, per_microbatch_s[r], f, unit);
+    }
+  }
+  if (by_runs && allocate_runs(runs, replicas, total / unit, unit, out)) return;
+  allocate_each(per_microbatch_s, fixed_s, replicas, total, unit, out);
+}
+
+void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s,
+                           const int* run_begin, int runs, int total, int unit, int* out) {
+  const int replicas = run_begin[runs];
+  assert(runs >= 1 && run_begin[0] == 0);
+  assert(unit >= 1 && total % unit == 0 && total >= replicas * unit);
+  if (total == replicas * unit) {
+    std::fill_n(out, replicas, unit);
+    return;
+  }
+  // Adjacent runs with equal times are one run to allocate_runs. Unlike the overload above,
+  // this takes the runs path however many runs there are: with the planner's runs (a few
+  // replicas each at the least) it costs less than allocate_direct.
+  thread_local std::vector<Run> joined;
+  joined.clear();
+  bool by_runs = true;
+  for (int k = 0; k < runs && by_runs; ++k) {
+    const int count = run_begin[k + 1] - run_begin[k];
+    assert(count >= 1);
+    if (k > 0 && per_microbatch_s[k] == per_microbatch_s[k - 1] &&
+        fixed_s[k] == fixed_s[k - 1]) {
+      joined.back().count += count;
+    } else {
+      by_runs = add_run(joined, run_begin[k], count, per_microbatch_s[k], fixed_s[k], unit);
+    }
+  }
+  if (by_runs && allocate_runs(joined, replicas, total / unit, unit, out)) return;
+  thread_local std::vector<double> per, fixed;
+  per.resize(replicas);
+  fixed.resize(replicas);
+  for (int k = 0; k < runs; ++k) {
+    std::fill(per.begin() + run_begin[k], per.begin() + run_begin[k + 1], per_microbatch_s[k]);
+    std::fill(fixed.begin() + run_begin[k], fixed.begin() + run_begin[k + 1], fixed_s[k]);
+  }
+  allocate_each(per.data(), fixed.data(), replicas, total, unit, out);
 }
 
 }  // namespace parapilot

@@ -58,4 +58,12 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
 void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s, int replicas,
                            int total, int unit, int* out);
 
+// The same allocation for replicas given as runs of equal costs: run k is replicas
+// run_begin[k] .. run_begin[k + 1] - 1 (run_begin[0] == 0, each run at least one replica,
+// replicas = run_begin[runs]), each with per_microbatch_s[k] and fixed_s[k]. out[r] is exactly
+// what the overload above gives for the times repeated replica by replica; with few runs the
+// work is per run, apart from writing out.
+void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s,
+                           const int* run_begin, int runs, int total, int unit, int* out);
+
 }  // namespace parapilot

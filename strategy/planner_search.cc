@@ -376,8 +376,6 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const int layers = model_.layers;
   const std::vector<int>& max_blocks = pipeline_.max_blocks;
-  thread_local std::vector<RankCost> costs;
-  costs.assign(static_cast<size_t>(dp) * pp, RankCost{});
   std::vector<int>& counts = pipeline_.counts;
   counts.assign(pp, 0);
   // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
@@ -395,24 +393,27 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
     link_tp_s[n] = tp_comm_per_block_s(pl.link_node[n], tp, shape.cp, mb, shape.recompute);
   }
   const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
-  // Alike replicas cost alike: replica 0's costs stand for every replica.
+  // Replicas come in runs whose costs are equal rank by rank: run k is replicas
+  // run_begin[k] .. run_begin[k + 1] - 1 and its costs are costs[k * pp .. (k + 1) * pp).
+  // A replica like the previous one (Placement::same_as_previous; every replica when they are
+  // all alike) costs the same term by term, so only the first of a placement's run is costed;
+  // a run whose costs equal the previous run's joins it. Within a run, replicas with the same
+  // microbatch count have the same row, which partition_blocks would drop as dominated, and
+  // their shares come out alike.
+  thread_local std::vector<RankCost> costs;
+  thread_local std::vector<int> run_begin;
+  costs.clear();
+  run_begin.clear();
   const int distinct = pl.replicas_alike ? 1 : dp;
-  // Replicas whose costs equal the previous replica's, rank by rank (runs of like replicas
-  // on like links): with the same microbatch count their rows are the same row again, which
-  // partition_blocks would drop as dominated, and their shares come out alike.
-  thread_local std::vector<uint8_t> repeats;
-  repeats.assign(dp, 0);
   for (int r = 0; r < distinct; ++r) {
-    if (pl.same_as_previous[r]) {
-      std::copy(costs.begin() + (r - 1) * pp, costs.begin() + r * pp, costs.begin() + r * pp);
-      repeats[r] = 1;
-      continue;
-    }
+    if (pl.same_as_previous[r]) continue;
+    const size_t at = costs.size();
+    costs.resize(at + pp);
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
       const BlockCosts& bc = *type_costs[pl.type[slot]];
-      RankCost& rc = costs[slot];
+      RankCost& rc = costs[at + p];
       rc.per_block_s = bc.block_s * slow + link_tp_s[pl.slot_link[slot]] +
                        cp_ring_per_block_s(groups[pl.group[slot]], bc, shape.cp, slow,
                                            shape.recompute);
@@ -427,95 +428,77 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
       rc.fixed_s = fixed;
       rc.max_blocks = max_blocks[p];
     }
+    bool same = at > 0;
+    for (int p = 0; p < pp && same; ++p) {
+      const RankCost& a = costs[at + p];
+      const RankCost& b = costs[at - pp + p];
+      same = a.fixed_s == b.fixed_s && a.per_block_s == b.per_block_s &&
+             a.max_blocks == b.max_blocks;
+    }
+    if (same) {
+      costs.resize(at);
+    } else {
+      run_begin.push_back(r);
+    }
   }
+  const int runs = static_cast<int>(run_begin.size());
+  run_begin.push_back(dp);
 
-  // One row per replica, weighted by its microbatch count; a single row when every replica is
+  // Stretches of consecutive replicas of one run (`run`) that hold the same microbatch count
+  // (`micro`), in replica order.
+  struct Stretch {
+    int run, micro;
+  };
+  thread_local std::vector<Stretch> stretches;
+  std::vector<int>& micro = pipeline_.micro;
+  micro.assign(dp, total / dp);
+  stretches.clear();
+  for (int k = 0; k < runs; ++k) stretches.push_back({k, total / dp});
+  auto find_stretches = [&]() {
+    stretches.clear();
+    for (int k = 0; k < runs; ++k) {
+      for (int r = run_begin[k]; r < run_begin[k + 1]; ++r) {
+        if (r == run_begin[k] || micro[r] != micro[r - 1]) stretches.push_back({k, micro[r]});
+      }
+    }
+  };
+  // One row per stretch, weighted by its microbatch count; a single row when every replica is
   // identical. partition_blocks drops rows that can never be the slowest, so rows that differ
   // (e.g. by measured speed noise) cost little.
-  for (int r = distinct; r < dp; ++r)
-    std::copy(costs.begin(), costs.begin() + pp, costs.begin() + r * pp);
-  bool replicas_alike = true;
-  for (int r = 1; r < dp && replicas_alike && !pl.replicas_alike; ++r) {
-    for (int p = 0; p < pp && replicas_alike; ++p) {
-      replicas_alike = costs[r * pp + p].fixed_s == costs[p].fixed_s &&
-                       costs[r * pp + p].per_block_s == costs[p].per_block_s;
-    }
-  }
-  if (replicas_alike) {
-    std::fill(repeats.begin() + 1, repeats.end(), 1);
-  } else {
-    for (int r = 1; r < dp; ++r) {
-      if (repeats[r]) continue;
-      bool same = true;
-      for (int p = 0; p < pp && same; ++p) {
-        const RankCost& a = costs[r * pp + p];
-        const RankCost& b = costs[(r - 1) * pp + p];
-        same = a.fixed_s == b.fixed_s && a.per_block_s == b.per_block_s &&
-               a.max_blocks == b.max_blocks;
-      }
-      repeats[r] = same;
-    }
-  }
-  std::vector<int>& micro = pipeline_.micro;
-  thread_local std::vector<int> before;
   thread_local std::vector<RankCost> rows;
-  micro.assign(dp, total / dp);
   auto build_rows = [&]() {
-    bool one = replicas_alike;
-    for (int r = 1; r < dp && one; ++r) one = micro[r] == micro[0];
-    if (one) {
-      rows.assign(costs.begin(), costs.begin() + pp);
-      for (RankCost& w : rows) {
-        w.fixed_s *= micro[0];
-        w.per_block_s *= micro[0];
-      }
-      return 1;
-    }
-    // Some rows differ, so at least two remain: partition_blocks sees the same envelope.
     rows.clear();
-    int count = 0;
-    for (int r = 0; r < dp; ++r) {
-      if (repeats[r] && micro[r] == micro[r - 1]) continue;
+    for (const Stretch& s : stretches) {
       for (int p = 0; p < pp; ++p) {
-        RankCost w = costs[r * pp + p];
-        w.fixed_s *= micro[r];
-        w.per_block_s *= micro[r];
+        RankCost w = costs[s.run * pp + p];
+        w.fixed_s *= s.micro;
+        w.per_block_s *= s.micro;
         rows.push_back(w);
       }
-      ++count;
     }
-    return count;
+    return static_cast<int>(stretches.size());
   };
-  // Replica r under the current counts: one microbatch on its slowest rank, and the fill and
-  // drain its other ranks add once, (sum - max) / v.
-  auto replica_time = [&](int r, double& per_microbatch_s, double& fill_s) {
-    double max = 0, sum = 0;
-    for (int p = 0; p < pp; ++p) {
-      const RankCost& c = costs[r * pp + p];
-      const double t = c.fixed_s + c.per_block_s * counts[p];
-      max = std::max(max, t);
-      sum += t;
-    }
-    per_microbatch_s = max;
-    fill_s = (sum - max) / v;
-  };
-  auto shares_from_partition = [&]() {
-    thread_local std::vector<double> per_mb, fixed;
-    per_mb.assign(dp, 0);
-    fixed.assign(dp, 0);
-    for (int r = 0; r < dp; ++r) {
-      if (repeats[r]) {
-        per_mb[r] = per_mb[r - 1];
-        fixed[r] = fixed[r - 1];
-        continue;
+  // Each run's replicas under the current counts: one microbatch on its slowest rank, and the
+  // fill and drain its other ranks add once, (sum - max) / v.
+  thread_local std::vector<double> per_mb, fill;
+  per_mb.resize(runs);
+  fill.resize(runs);
+  auto run_times = [&]() {
+    for (int k = 0; k < runs; ++k) {
+      double max = 0, sum = 0;
+      for (int p = 0; p < pp; ++p) {
+        const RankCost& c = costs[k * pp + p];
+        const double t = c.fixed_s + c.per_block_s * counts[p];
+        max = std::max(max, t);
+        sum += t;
       }
-      replica_time(r, per_mb[r], fixed[r]);
+      per_mb[k] = max;
+      fill[k] = (sum - max) / v;
     }
-    allocate_microbatches(per_mb.data(), fixed.data(), dp, total, unit, micro.data());
   };
 
   double bottleneck = 0;
-  thread_local std::vector<int> counts_before;
+  thread_local std::vector<int> counts_before, before;
   for (int round = 0; round < 2; ++round) {
     const int row_count = build_rows();
     if (!partition_blocks(rows.data(), row_count, pp, layers, v, counts.data(), &bottleneck)) {
@@ -526,19 +509,20 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
     if (round > 0 && counts == counts_before) break;
     counts_before = counts;
     before = micro;
-    shares_from_partition();
+    run_times();
+    allocate_microbatches(per_mb.data(), fill.data(), run_begin.data(), runs, total, unit,
+                          micro.data());
+    find_stretches();
     if (micro == before) break;
   }
 
   // The pipeline time the cost model will find (the same rank costs, counts and shares): the
   // DP reduction and optimizer step only add to it. A layout it already puts below the floor
-  // is not costed (a relative margin covers the two computations' rounding).
+  // is not costed (a relative margin covers the two computations' rounding). The run times
+  // are those of the final counts: the last shares were worked out from them.
   double pipeline_s = 0;
-  for (int r = 0; r < dp; ++r) {
-    if (r > 0 && repeats[r] && micro[r] == micro[r - 1]) continue;
-    double per_microbatch_s, fill_s;
-    replica_time(r, per_microbatch_s, fill_s);
-    pipeline_s = std::max(pipeline_s, micro[r] * per_microbatch_s + fill_s);
+  for (const Stretch& s : stretches) {
+    pipeline_s = std::max(pipeline_s, s.micro * per_mb[s.run] + fill[s.run]);
   }
   pipeline_.pipeline_s = pipeline_s;
   return true;

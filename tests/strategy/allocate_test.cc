@@ -370,6 +370,76 @@ TEST_CASE("partitioner: allocate_microbatches on exact ties and degenerate input
   CHECK(got == want);
 }
 
+TEST_CASE("partitioner: allocate_microbatches by runs equals it replica by replica") {
+  // The overload taking runs against the bisection (replica by replica). Runs as the planner
+  // passes them: long runs of like replicas, runs of one or two replicas, neighbouring runs
+  // with equal times (joined), times from a small set (exact ties across runs), zero and tiny
+  // times (the bisection fallback), steps too small to change a time (1e-17 after 1 s: a
+  // replica's blocks tie), and totals from one unit each to many.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.2, 3.0);
+  const double pers[] = {0.5, 1.0, 1.5, 2.0, 3.0};
+  const double fixeds[] = {0.0, 0.5, 1.0};
+  const double flat_pers[] = {1e-17, 2e-17, 0.5};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int kind = trial % 5;
+    const int runs = 1 + static_cast<int>(rng() % (kind == 3 ? 200 : 24));
+    std::vector<double> run_per(runs), run_fixed(runs);
+    std::vector<int> run_begin(runs + 1, 0);
+    for (int k = 0; k < runs; ++k) {
+      if (k > 0 && rng() % 4 == 0) {  // the same times as the run before
+        run_per[k] = run_per[k - 1];
+        run_fixed[k] = run_fixed[k - 1];
+      } else if (kind == 0) {
+        run_per[k] = u(rng);
+        run_fixed[k] = rng() % 2 ? u(rng) : 0.0;
+      } else if (kind == 1 || kind == 3) {
+        run_per[k] = pers[rng() % 5];
+        run_fixed[k] = fixeds[rng() % 3];
+      } else if (kind == 2) {  // degenerate times now and then
+        const unsigned pick = rng() % 8;
+        run_per[k] = pick == 0 ? 0.0 : pick == 1 ? 1e-320 : u(rng);
+        run_fixed[k] = u(rng);
+      } else {  // flat steps
+        run_per[k] = flat_pers[rng() % 3];
+        run_fixed[k] = rng() % 4 == 0 ? 0.0 : 1.0;
+      }
+      const int length = kind == 3 ? 1 + static_cast<int>(rng() % 2)
+                                   : 1 + static_cast<int>(rng() % (rng() % 2 ? 3 : 80));
+      run_begin[k + 1] = run_begin[k] + length;
+    }
+    const int replicas = run_begin[runs];
+    const int unit = 1 + static_cast<int>(rng() % 3);
+    const int total =
+        unit * (replicas + (rng() % 5 == 0 ? 0 : static_cast<int>(rng() % (3 * replicas + 1))));
+    std::vector<double> per(replicas), fixed(replicas);
+    for (int k = 0; k < runs; ++k) {
+      for (int r = run_begin[k]; r < run_begin[k + 1]; ++r) {
+        per[r] = run_per[k];
+        fixed[r] = run_fixed[k];
+      }
+    }
+    std::vector<int> got(replicas), want(replicas);
+    parapilot::allocate_microbatches(run_per.data(), run_fixed.data(), run_begin.data(), runs,
+                                     total, unit, got.data());
+    // The bisection steps at most one block past its estimate of a replica's capacity, so on
+    // flat steps the overload taking replicas one by one is the reference.
+    if (kind == 4) {
+      parapilot::allocate_microbatches(per.data(), fixed.data(), replicas, total, unit,
+                                       want.data());
+    } else {
+      reference::allocate_microbatches(per.data(), fixed.data(), replicas, total, unit,
+                                       want.data());
+    }
+    CAPTURE(trial);
+    CAPTURE(runs);
+    CAPTURE(replicas);
+    CAPTURE(total);
+    CAPTURE(unit);
+    REQUIRE(got == want);
+  }
+}
+
 TEST_CASE("partitioner: partition_blocks equals the previous implementation, bit for bit") {
   // Many replica rows as the planner passes them (duplicates, stragglers, noise, anti-correlated
   // rows that all stay on the envelope), memory caps and zero fixed times; one row with up to
