@@ -212,8 +212,8 @@ struct CostModel::Layout {
   // Per replica: the first replica with the same link pattern, rank by rank (the node class
   // of the rank's first GPU, whether its pipeline neighbours sit on the same node or else
   // their node classes, and whether its context-parallel ring leaves the node or else the
-  // class of its slowest network end). Replicas of one class time alike under nominal
-  // conditions.
+  // classes of its slowest network end and slowest NVLink: cp_ring_class). Replicas of one
+  // class time alike under nominal conditions.
   std::vector<int> replica_class;
   bool one_class = false;  // every replica is of replica 0's class
   std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
@@ -542,9 +542,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // uniform shares. Then replica 0 stands for all of them. The reference path times them all.
   const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
   const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
-  const bool symmetric = layout_info && layout_info->one_class && c.gpu_speed.empty() &&
-                         c.gpu_failed.empty() && c.node_inter_bw.empty() &&
-                         c.node_intra_bw.empty() && !explicit_shares;
+  const bool symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
+                         work.where->nodes.empty() && !explicit_shares;
 
   // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
   // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly

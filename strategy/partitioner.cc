@@ -593,8 +593,7 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     std::fill_n(out, replicas, unit);
     return;
   }
-  // Replicas in long runs of equal costs (like replicas of a placement, at most one run per
-  // four replicas): once per run.
+  // Replicas in runs of equal costs (like replicas of a placement): once per run.
   thread_local std::vector<Run> runs;
   runs.clear();
   bool by_runs = true;
@@ -603,8 +602,7 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     if (r > 0 && per_microbatch_s[r] == per_microbatch_s[r - 1] && f == runs.back().fixed) {
       ++runs.back().count;
     } else {
-      by_runs = 4 * (runs.size() + 1) <= static_cast<size_t>(replicas) &&
-                add_run(runs, r, 1, per_microbatch_s[r], f, unit);
+      by_runs = add_run(runs, r, 1, per_microbatch_s[r], f, unit);
     }
   }
   if (by_runs && allocate_runs(runs, replicas, total / unit, unit, out)) return;
@@ -620,9 +618,7 @@ void allocate_microbatches(const double* per_microbatch_s, const double* fixed_s
     std::fill_n(out, replicas, unit);
     return;
   }
-  // Adjacent runs with equal times are one run to allocate_runs. Unlike the overload above,
-  // this takes the runs path however many runs there are: with the planner's runs (a few
-  // replicas each at the least) it costs less than allocate_direct.
+  // Adjacent runs with equal times are one run to allocate_runs.
   thread_local std::vector<Run> joined;
   joined.clear();
   bool by_runs = true;
