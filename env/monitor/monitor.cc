@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "env/monitor/robust_stats.h"
 
@@ -29,6 +30,11 @@ namespace {
 
 // Why a reported time is unusable (nan, infinite, negative, absurd); nullptr when it is fine.
 const char* bad_number(double v, const MonitorOptions& o) {
+  // The common case first, in three comparisons: a NaN fails them all, so a value passing them
+  // is none of the cases below (the last for an infinite max_compute_ms).
+  if (v >= 0 && v <= o.max_compute_ms && v < std::numeric_limits<double>::infinity()) {
+    return nullptr;
+  }
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return "infinite";
   if (v < 0) return "negative";

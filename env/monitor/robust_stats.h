@@ -28,6 +28,31 @@ double* partition_branch_free(double* first, double* last, Pred pred) {
   return end;
 }
 
+// Moves *p left into the sorted [first, p), keeping [first, p] sorted.
+inline void insert_sorted(double* first, double* p) {
+  const double v = *p;
+  for (; p != first && v < p[-1]; --p) *p = p[-1];
+  *p = v;
+}
+
+// select_nth for a few values (first <= kth < last): sorts [first, kth] by insertion, then
+// swaps each later value below *kth in and sinks it to its place, so that [first, kth] always
+// holds the smallest values seen, sorted. O(n^2) comparisons at worst: for the small windows
+// and node groups this handles, fewer instructions than std::nth_element's partitioning.
+inline void select_few(double* first, double* kth, double* last) {
+  for (double* p = first + 1; p <= kth; ++p) insert_sorted(first, p);
+  for (double* p = kth + 1; p < last; ++p) {
+    if (!(*p < *kth)) continue;
+    std::swap(*p, *kth);
+    insert_sorted(first, kth);
+  }
+}
+
+// The median of a, b and c (none NaN).
+inline double median3(double a, double b, double c) {
+  return std::max(std::min(a, b), std::min(std::max(a, b), c));
+}
+
 }  // namespace detail
 
 /// std::nth_element(first, kth, last) for values that are not NaN: reorders [first, last) so
@@ -36,23 +61,33 @@ double* partition_branch_free(double* first, double* last, Pred pred) {
 /// The partitions do not branch on the values: on unordered measurements every comparison is a
 /// coin toss, and mispredicted branches would cost more than the comparisons.
 inline void select_nth(double* first, double* kth, double* last) {
-  constexpr std::ptrdiff_t kFew = 16;  // no more values: std::nth_element
+  constexpr std::ptrdiff_t kFew = 16;  // no more values: detail::select_few
   constexpr int kMaxRounds = 64;       // pivots this bad: std::nth_element, O(n log n) at worst
+  if (kth >= last) return;
   for (int round = 0; last - first > kFew && round < kMaxRounds; ++round) {
-    const double a = *first, b = first[(last - first) / 2], c = last[-1];
-    const double pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));  // median of 3
-    // [first, less) < pivot, [less, equal) == pivot (never empty), [equal, last) > pivot.
+    const double pivot = detail::median3(*first, first[(last - first) / 2], last[-1]);
+    // [first, less) < pivot <= [less, last).
     double* less = detail::partition_branch_free(first, last, [=](double v) { return v < pivot; });
     if (kth < less) {
       last = less;
       continue;
     }
+    if (less != first) {
+      first = less;
+      continue;
+    }
+    // Nothing was below the pivot, the smallest value: split off the values equal to it,
+    // [first, equal) (never empty), so that the range shrinks.
     double* equal =
-        detail::partition_branch_free(less, last, [=](double v) { return !(pivot < v); });
+        detail::partition_branch_free(first, last, [=](double v) { return !(pivot < v); });
     if (kth < equal) return;
     first = equal;
   }
-  std::nth_element(first, kth, last);
+  if (last - first <= kFew) {
+    detail::select_few(first, kth, last);
+  } else {
+    std::nth_element(first, kth, last);
+  }
 }
 
 /// Median of [first, last) (the mean of the two middle values for an even count), reordering
@@ -87,8 +122,8 @@ class RobustEwma {
  public:
   struct Options {
     double alpha = 0.3;       ///< weight of a new inlier sample.
-    double reject_k = 4.0;    ///< outlier threshold in robust deviations.
-    double rel_floor = 0.05;  ///< deviation floor relative to the level (noise-free inputs).
+    double reject_k = 4.0;    ///< outlier threshold in robust deviations (> 0).
+    double rel_floor = 0.05;  ///< deviation floor relative to the level (>= 0; noise-free inputs).
     int confirm = 3;          ///< same-side outliers in a row that shift the level (1 to 16).
     int window = 9;           ///< recent inliers kept for the MAD (1 to 16).
   };
@@ -109,8 +144,7 @@ class RobustEwma {
     const double floor = o_.rel_floor * std::abs(level_);
     // Within reject_k floors of the level a sample is an inlier whatever the MAD: skip it.
     const bool near = std::abs(dev) <= o_.reject_k * floor;
-    const double spread = near ? floor : std::max(1.4826 * window_mad(), floor);
-    if (!near && std::abs(dev) > o_.reject_k * spread && spread > 0) {
+    if (!near && beyond_spread(std::abs(dev), floor)) {
       const int side = dev > 0 ? 1 : -1;
       if (side != outlier_side_) pending_size_ = 0;
       outlier_side_ = side;
@@ -171,14 +205,30 @@ class RobustEwma {
       if (++head_ == cap) head_ = 0;
     }
   }
+  // Whether a sample `abs_dev` > reject_k * floor off the level is an outlier: abs_dev >
+  // reject_k * spread for spread = max(1.4826 x the window's MAD, floor), and spread > 0.
+  bool beyond_spread(double abs_dev, double floor) const {
+    // As reject_k > 0 and rounding is monotone, reject_k * max(a, floor) = max(reject_k * a,
+    // reject_k * floor), and abs_dev exceeds the second: the test is abs_dev > reject_k *
+    // (1.4826 * mad). That holds for a deviation d whenever it holds for a larger one, so for
+    // an odd window, whose MAD is its middle deviation, it holds for the MAD iff it holds for
+    // more than half of the deviations: a count instead of a selection. With floor > 0 the
+    // spread is > 0.
+    if (size_ % 2 == 1 && floor > 0) {
+      int below = 0;
+      for (int i = 0; i < size_; ++i) {
+        below += abs_dev > o_.reject_k * (1.4826 * std::abs(window_[i] - level_));
+      }
+      return below > size_ / 2;
+    }
+    const double spread = std::max(1.4826 * window_mad(), floor);
+    return abs_dev > o_.reject_k * spread && spread > 0;
+  }
   // MAD of the window around the level, without allocating.
   double window_mad() const {
     std::array<double, kMaxWindow> d;  // only the first size_ are used
     for (int i = 0; i < size_; ++i) d[i] = std::abs(window_[i] - level_);
-    const auto mid = d.begin() + size_ / 2;
-    std::nth_element(d.begin(), mid, d.begin() + size_);
-    if (size_ % 2 == 1) return *mid;
-    return 0.5 * (*mid + *std::max_element(d.begin(), mid));
+    return median_in_place(d.data(), d.data() + size_);
   }
 
   Options o_;

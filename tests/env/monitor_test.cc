@@ -71,11 +71,19 @@ TEST_CASE("median, MAD and the robust EWMA ignore a blip and follow a sustained 
 TEST_CASE("select_nth puts the value sorting would at kth, with the range partitioned around it") {
   std::mt19937_64 rng(5);
   std::normal_distribution<double> noise(100, 5);
-  for (int n : {1, 2, 16, 17, 100, 1001}) {
-    for (bool ties : {false, true}) {
+  for (int n : {1, 2, 3, 8, 9, 16, 17, 18, 100, 1001}) {
+    for (int shape = 0; shape < 6; ++shape) {
       std::vector<double> v(n);
-      // With ties, few distinct values: whole partitions equal the pivot.
-      for (double& x : v) x = ties ? std::round(noise(rng) / 5) : noise(rng);
+      // With ties, few distinct values: whole partitions equal the pivot. Sorted, reversed,
+      // organ-pipe and constant ranges are the adversarial orders for median-of-3 pivots.
+      for (double& x : v) x = shape == 1 ? std::round(noise(rng) / 5) : noise(rng);
+      if (shape == 2) std::sort(v.begin(), v.end());
+      if (shape == 3) std::sort(v.rbegin(), v.rend());
+      if (shape == 4) {
+        std::sort(v.begin(), v.end());
+        std::reverse(v.begin() + n / 2, v.end());
+      }
+      if (shape == 5) std::fill(v.begin(), v.end(), 7.0);
       std::vector<double> sorted = v;
       std::sort(sorted.begin(), sorted.end());
       for (int k : {0, n / 3, (n - 1) / 2, n / 2, n - 1}) {
@@ -91,6 +99,88 @@ TEST_CASE("select_nth puts the value sorting would at kth, with the range partit
       const double expected =
           n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
       CHECK(median_in_place(w.data(), w.data() + n) == expected);
+    }
+  }
+}
+
+namespace {
+
+// RobustEwma::add as its contract states it, selecting the window's MAD for every sample off
+// the level by more than reject_k floors: what the counting shortcut must reproduce.
+class ReferenceEwma {
+ public:
+  explicit ReferenceEwma(RobustEwma::Options o) : o_(o) {}
+  bool add(double x) {
+    if (count_ == 0) {
+      level_ = x;
+      ++count_;
+      push(x);
+      return true;
+    }
+    const double dev = x - level_;
+    const double floor = o_.rel_floor * std::abs(level_);
+    std::vector<double> d;
+    for (double w : window_) d.push_back(std::abs(w - level_));
+    const double spread = std::max(1.4826 * median(d), floor);
+    if (std::abs(dev) > o_.reject_k * spread && spread > 0) {
+      const int side = dev > 0 ? 1 : -1;
+      if (side != side_) pending_.clear();
+      side_ = side;
+      pending_.push_back(x);
+      if (static_cast<int>(pending_.size()) >= o_.confirm) {
+        level_ = median(pending_);
+        window_.clear();
+        for (double p : pending_) push(p);
+        pending_.clear();
+        side_ = 0;
+        return true;
+      }
+      return false;
+    }
+    pending_.clear();
+    side_ = 0;
+    level_ = (1 - o_.alpha) * level_ + o_.alpha * x;
+    push(x);
+    ++count_;
+    return true;
+  }
+  double value() const { return level_; }
+
+ private:
+  void push(double x) {
+    window_.push_back(x);
+    if (static_cast<int>(window_.size()) > o_.window) window_.erase(window_.begin());
+  }
+  RobustEwma::Options o_;
+  double level_ = 0;
+  long count_ = 0;
+  int side_ = 0;
+  std::vector<double> window_, pending_;
+};
+
+}  // namespace
+
+TEST_CASE("the robust EWMA decides outliers exactly as selecting the window's MAD does") {
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal(0, 1);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 400; ++trial) {
+    RobustEwma::Options o;
+    o.window = 1 + trial % 16;  // odd and even windows
+    o.confirm = 1 + trial % 5;
+    o.alpha = 0.1 + 0.8 * u(rng);
+    o.reject_k = trial % 7 == 0 ? 1.0 : 4.0;
+    o.rel_floor = trial % 5 == 0 ? 0.0 : 0.05;  // without a floor the spread may be 0
+    RobustEwma fast(o);
+    ReferenceEwma reference(o);
+    double level = trial % 3 == 0 ? 0.0 : 100 * u(rng);
+    for (int i = 0; i < 300; ++i) {
+      if (u(rng) < 0.02) level *= 0.5 + 2 * u(rng);  // level shifts
+      double x = level + normal(rng) * (trial % 4 == 0 ? 0.0 : 0.03 * level + 0.1);
+      if (u(rng) < 0.05) x *= 3;                       // blips
+      if (trial % 6 == 0) x = std::round(x);           // ties: deviations at the threshold
+      REQUIRE(fast.add(x) == reference.add(x));
+      REQUIRE(fast.value() == reference.value());
     }
   }
 }
@@ -282,6 +372,8 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   CHECK(with([](auto& t) { t.compute_ms = std::numeric_limits<double>::infinity(); }) ==
         "infinite");
   CHECK(with([](auto& t) { t.compute_ms = -5; }) == "negative");
+  CHECK(with([](auto& t) { t.compute_ms = -std::numeric_limits<double>::infinity(); }) ==
+        "infinite");
   CHECK(with([](auto& t) { t.step_end_ns = t.step_start_ns - 1; }) == "negative");
   CHECK(with([](auto& t) { t.compute_ms = 5e8; }) == "absurd");
   CHECK(with([](auto& t) { t.compute_ms = 1e4; }) == "absurd");  // longer than its own step
@@ -293,12 +385,22 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   CHECK(m.ingest(bad).ok());
   CHECK(m.ingest(bad).message() == "duplicate");
   const MonitorCounters c = m.counters();
-  CHECK(c.rejected == 12);
+  CHECK(c.rejected == 13);
   CHECK(c.rejected_by_reason.at("absurd") == 2);
   CHECK(c.rejected_by_reason.at("nan") == 2);
   CHECK(c.rejected_by_reason.at("negative") == 3);
   CHECK(m.beliefs().slow_ranks.empty());
   CHECK(m.beliefs().conditions.gpu_speed[2] == doctest::Approx(1.0));
+
+  // Without an upper bound an infinite time is still refused, and -0 is not negative.
+  MonitorOptions unbounded = options(8);
+  unbounded.max_compute_ms = std::numeric_limits<double>::infinity();
+  Monitor u(unbounded);
+  auto t = bad;
+  t.compute_ms = std::numeric_limits<double>::infinity();
+  CHECK(u.ingest(t).message() == "infinite");
+  t.compute_ms = -0.0;
+  CHECK(u.ingest(t).ok());
 }
 
 TEST_CASE("a sample that arrives after its step closed is used for its rank, not rejected") {
