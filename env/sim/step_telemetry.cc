@@ -59,7 +59,7 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
                                double noise, std::mt19937_64& rng,
                                std::vector<monitor::StepSample>& out,
                                const std::vector<uint8_t>* alive) const {
-  std::normal_distribution<double> jitter(0.0, noise);
+  NormalDraws jitter(noise);
   const size_t first = out.size();
   double last_arrival = 0, longest_transfer = 0;
   for (const Rank& r : ranks_) {

@@ -17,7 +17,9 @@
 // Immutable after construction; generate() is const and thread-compatible (the caller's rng).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -25,6 +27,43 @@
 #include "strategy/cost_model.h"
 
 namespace parapilot::env {
+
+/// std::normal_distribution<double>(0, sigma) drawn from a std::mt19937_64 as libstdc++ draws
+/// it, value for value and engine call for engine call (Marsaglia's polar method: uniform pairs
+/// in the unit disc, the second value of each pair kept for the next draw), written out so that
+/// it inlines into the per-sample loop. The telemetry's noise must stay the same sequence; the
+/// env tests compare it with std::normal_distribution over many draws.
+class NormalDraws {
+ public:
+  explicit NormalDraws(double sigma) : sigma_(sigma) {}
+  double operator()(std::mt19937_64& rng) {
+    double z;
+    if (saved_available_) {
+      saved_available_ = false;
+      z = saved_;
+    } else {
+      double x, y, r2;
+      do {
+        x = 2.0 * canonical(rng) - 1.0;
+        y = 2.0 * canonical(rng) - 1.0;
+        r2 = x * x + y * y;
+      } while (r2 > 1.0 || r2 == 0.0);
+      const double mult = std::sqrt(-2 * std::log(r2) / r2);
+      saved_ = x * mult;
+      saved_available_ = true;
+      z = y * mult;
+    }
+    return z * sigma_ + 0.0;  // stddev, then the mean (0), as the distribution evaluates it
+  }
+
+ private:
+  static double canonical(std::mt19937_64& rng) {
+    return std::generate_canonical<double, std::numeric_limits<double>::digits>(rng);
+  }
+  double sigma_;
+  double saved_ = 0;
+  bool saved_available_ = false;
+};
 
 class StepTelemetry {
  public:

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "env/env.h"
 #include "env/observation.h"
 #include "env/sim/sim_env.h"
+#include "env/sim/step_telemetry.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "policy/baselines.h"
@@ -358,6 +360,25 @@ TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GP
   CHECK(a.stragglers.front().rank == 5);
   CHECK(a.cause == "worker");
   CHECK(a.slowdown > 1.5);
+}
+
+TEST_CASE("simulator noise: NormalDraws draws what std::normal_distribution draws") {
+  // Value for value and engine state for engine state, across sigmas (0 included), odd
+  // numbers of draws (a saved value left over) and fresh draws on a used engine.
+  for (uint64_t seed : {1ull, 7ull, 12345ull}) {
+    std::mt19937_64 a(seed), b(seed);
+    for (double sigma : {0.05, 1.0, 0.0, 3e-7, 250.0}) {
+      for (int n : {1, 2, 3, 1001, 20000}) {
+        std::normal_distribution<double> expected(0.0, sigma);
+        NormalDraws drawn(sigma);
+        for (int i = 0; i < n; ++i) {
+          const double x = expected(a), y = drawn(b);
+          REQUIRE(std::memcmp(&x, &y, sizeof x) == 0);
+        }
+        REQUIRE(a == b);
+      }
+    }
+  }
 }
 
 TEST_CASE("simulator beliefs come from the monitor fed with the steps' telemetry") {
