@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "env/monitor/robust_stats.h"
 
@@ -30,9 +31,10 @@ namespace {
 
 // Why a reported time is unusable (nan, infinite, negative, absurd); nullptr when it is fine.
 const char* bad_number(double v, const MonitorOptions& o) {
-  // The common case first, in three comparisons: a NaN fails them all, so a value passing them
-  // is none of the cases below (the last for an infinite max_compute_ms).
-  if (v >= 0 && v <= o.max_compute_ms && v < std::numeric_limits<double>::infinity()) {
+  // The common case first, in two comparisons: a NaN fails both, and the bound is finite (an
+  // infinite max_compute_ms still refuses infinite values), so a value passing them is none of
+  // the cases below.
+  if (v >= 0 && v <= std::min(o.max_compute_ms, std::numeric_limits<double>::max())) {
     return nullptr;
   }
   if (std::isnan(v)) return "nan";
@@ -173,10 +175,12 @@ struct Monitor::State {
   MonitorCounters counters;
   std::vector<MonitorEvent> events;
   // The last closed step's median wait in the collectives, for slow-rank events: worked out
-  // from `waits` (that step's waits) when an event needs it.
+  // from `waits` (that step's waits) when the first event needs it, then kept for the others.
   double median_wait_ms() {
-    return median_in_place(waits.data(), waits.data() + waits.size());
+    if (!median_wait) median_wait = median_in_place(waits.data(), waits.data() + waits.size());
+    return *median_wait;
   }
+  std::optional<double> median_wait;  // of `waits`; empty until asked for
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
   int live_count = 0;  // ranks whose liveness is live
@@ -453,6 +457,7 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   values.assign(arrivals.begin(), arrivals.end());
   const double mid = median_in_place(values.data(), values.data() + values.size());
   waits.clear();
+  median_wait.reset();
   walls.clear();
   std::map<uint32_t, std::vector<double>> layer_norms;
   for (size_t i = 0; i < agg.samples.size(); ++i) {
@@ -510,25 +515,22 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
                 has_reference);
   const std::vector<double>& reference = group_reference;
   // Each rank's speed before the band; 0 for a rank not measured (a measured one is >= 0.01).
+  // The band around 1 per group: the fixed dead band, widened to the group's own noise (the
+  // lower median of |speed - 1| over its measured ranks, collected here: most ranks are
+  // healthy, and the reference rank reads 0).
   raw_speeds.assign(n, 0.0);
+  group_items.clear();
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
     const int g = group_index[r];
     if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples && has_reference[g] &&
         st.compute.value() > 0) {
       raw_speeds[r] = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
+      group_items.emplace_back(g, std::abs(raw_speeds[r] - 1.0));
     }
   }
-  // The band around 1 per group: the fixed dead band, widened to the group's own noise (the
-  // lower median of |speed - 1|: most ranks are healthy, and the reference rank reads 0).
   group_band.assign(group_count, o.dead_band);
   if (o.dead_band_deviations > 0) {
-    group_items.clear();
-    for (int r = 0; r < n; ++r) {
-      if (raw_speeds[r] > 0) {
-        group_items.emplace_back(group_index[r], std::abs(raw_speeds[r] - 1.0));
-      }
-    }
     group_medians(group_items, group_count, false, group_fill, values, group_spread,
                   has_spread);
     // Never as wide as a slow rank's shift: a rank slow enough to be reported is believed.
@@ -541,6 +543,9 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
   }
   Beliefs& b = beliefs;
+  b.conditions.gpu_failed.clear();
+  b.slow_ranks.clear();
+  int live = 0;
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
     const int g = group_index[r];
@@ -582,6 +587,12 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
                     st.compute.value(), has_reference[g] ? reference[g] : 0.0);
       events.push_back({MonitorEvent::Kind::rank_recovered, r, -1, st.speed, step, now, text});
     }
+    if (lost) {
+      if (b.conditions.gpu_failed.empty()) b.conditions.gpu_failed.assign(n, false);
+      b.conditions.gpu_failed[r] = true;
+    }
+    live += st.liveness == Liveness::live;
+    if (st.slow) b.slow_ranks.push_back(r);
   }
   // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
   // (the group of its first rank: nodes of another GPU type have other NICs).
@@ -628,18 +639,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
                         "network transfer back to the median peer node's"});
     }
   }
-  b.conditions.gpu_failed.clear();
-  b.slow_ranks.clear();
   b.congested_nodes.clear();
-  int live = 0;
-  for (int r = 0; r < n; ++r) {
-    if (ranks[r].liveness == Liveness::lost) {
-      if (b.conditions.gpu_failed.empty()) b.conditions.gpu_failed.assign(n, false);
-      b.conditions.gpu_failed[r] = true;
-    }
-    live += ranks[r].liveness == Liveness::live;
-    if (ranks[r].slow) b.slow_ranks.push_back(r);
-  }
   for (int node = 0; node < nodes; ++node) {
     if (node_congested[node]) b.congested_nodes.push_back(node);
   }
