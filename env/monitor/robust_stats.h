@@ -129,7 +129,10 @@ class RobustEwma {
   };
 
   RobustEwma() = default;
-  explicit RobustEwma(Options options) : o_(options) {}
+  explicit RobustEwma(Options options)
+      : o_(options),
+        capacity_(std::clamp(options.window, 1, kMaxWindow)),
+        confirm_(std::clamp(options.confirm, 1, kMaxPending)) {}
 
   /// Adds a sample; returns false when it was rejected as an outlier (it may still complete a
   /// level shift, in which case the level moves and true is returned).
@@ -150,7 +153,7 @@ class RobustEwma {
       outlier_side_ = side;
       pending_[pending_size_++] = x;
       ++rejected_;
-      if (pending_size_ >= std::clamp(o_.confirm, 1, kMaxPending)) {
+      if (pending_size_ >= confirm_) {
         // The median reorders a copy: the window takes the outliers in arrival order.
         std::array<double, kMaxPending> sorted = pending_;
         level_ = median_in_place(sorted.data(), sorted.data() + pending_size_);
@@ -193,10 +196,9 @@ class RobustEwma {
  private:
   static constexpr int kMaxWindow = 16;
   static constexpr int kMaxPending = 16;
-  int capacity() const { return std::clamp(o_.window, 1, kMaxWindow); }
   // Appends to the window of recent inliers, dropping the oldest beyond its capacity.
   void push(double x) {
-    const int cap = capacity();
+    const int cap = capacity_;
     if (size_ < cap) {
       const int at = head_ + size_++;  // < 2 * cap
       window_[at < cap ? at : at - cap] = x;
@@ -232,6 +234,9 @@ class RobustEwma {
   }
 
   Options o_;
+  // o_.window and o_.confirm clamped to their ranges, worked out once (add() is per sample).
+  int capacity_ = Options{}.window;
+  int confirm_ = Options{}.confirm;
   double level_ = 0;
   long count_ = 0;
   long rejected_ = 0;
