@@ -53,7 +53,10 @@ CostModel::CostModel(ModelSpec model, ClusterSpec cluster)
     const Key key{node.type, node.intra_GBps, node.inter_GBps};
     const auto it = std::find(keys.begin(), keys.end(), key);
     node_class_.push_back(static_cast<int>(it - keys.begin()));
-    if (it == keys.end()) keys.push_back(key);
+    if (it == keys.end()) {
+      keys.push_back(key);
+      class_first_node_.push_back(static_cast<int>(node_class_.size()) - 1);
+    }
   }
 }
 
@@ -588,8 +591,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     double inter_s_per_byte;
     double tp_collective_s;
   };
-  thread_local std::vector<NodeLinks> node_links;
-  node_links.resize(topo_.nodes.size());
   auto links_of = [&](int n, double intra_factor, double inter_factor) {
     NodeLinks links;
     const double intra_Bps =
@@ -601,32 +602,35 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     links.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
     return links;
   };
-  // Nodes at nominal bandwidth share their class's links (computed once per class).
-  constexpr int kMaxNodeClasses = 16;
-  NodeLinks class_links[kMaxNodeClasses];
-  int class_node[kMaxNodeClasses];
-  std::fill(class_node, class_node + kMaxNodeClasses, -1);
-  for (int n = 0; n < topo_.num_nodes(); ++n) {
-    const int k = node_class_[n];
-    if (k >= kMaxNodeClasses || work.exhaustive) {
-      node_links[n] = links_of(n, c.intra(n), c.inter(n));
-      continue;
+  // Node n's links are node_links[link_slot[n]]. Nodes at nominal bandwidth share their
+  // class's entry (computed once per class: links_of depends on the node only through its
+  // class's bandwidths), each off-nominal node has its own; the reference path gives every
+  // node its own.
+  thread_local std::vector<NodeLinks> node_links;
+  thread_local std::vector<int> link_slot;
+  node_links.clear();
+  if (work.exhaustive) {
+    link_slot.resize(topo_.nodes.size());
+    for (int n = 0; n < topo_.num_nodes(); ++n) {
+      link_slot[n] = n;
+      node_links.push_back(links_of(n, c.intra(n), c.inter(n)));
     }
-    if (class_node[k] < 0) {
-      class_node[k] = n;
-      class_links[k] = links_of(n, 1.0, 1.0);
+  } else {
+    for (int n : class_first_node_) node_links.push_back(links_of(n, 1.0, 1.0));
+    link_slot.assign(node_class_.begin(), node_class_.end());
+    for (int n : work.where->nodes) {
+      if (n >= topo_.num_nodes()) continue;
+      link_slot[n] = static_cast<int>(node_links.size());
+      node_links.push_back(links_of(n, c.intra(n), c.inter(n)));
     }
-    node_links[n] = class_links[k];
   }
-  for (int n : work.where->nodes) {
-    if (n < topo_.num_nodes()) node_links[n] = links_of(n, c.intra(n), c.inter(n));
-  }
+  auto links = [&](int n) -> const NodeLinks& { return node_links[link_slot[n]]; };
   // One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
   // network end.
   auto link_s = [&](int na, int nb) {
-    if (na == nb) return node_links[na].intra_p2p_s;
+    if (na == nb) return links(na).intra_p2p_s;
     return topo_.inter_latency_s +
-           p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
+           p2p_bytes * std::max(links(na).inter_s_per_byte, links(nb).inter_s_per_byte);
   };
 
   // Ring attention: per block, every context rank passes the keys and values it holds cp - 1
@@ -636,15 +640,15 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
     const int first = rank_node(r, p, 0);
     bool spans = false;
-    double inter_s_per_byte = node_links[first].inter_s_per_byte;
+    double inter_s_per_byte = links(first).inter_s_per_byte;
     for (int k = 1; k < s.cp; ++k) {
       const int node = rank_node(r, p, k);
       spans = spans || node != first;
-      inter_s_per_byte = std::max(inter_s_per_byte, node_links[node].inter_s_per_byte);
+      inter_s_per_byte = std::max(inter_s_per_byte, links(node).inter_s_per_byte);
     }
     auto step_s = [&](double bytes) {
       return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
-                   : topo_.intra_latency_s + bytes * node_links[first].intra_s_per_byte;
+                   : topo_.intra_latency_s + bytes * links(first).intra_s_per_byte;
     };
     return exposed_cp_ring_s(s.cp, step_s(bt.kv_block_bytes), step_s(2.0 * bt.kv_block_bytes),
                              bt.attention_fwd, bt.attention_bwd, slow,
@@ -692,10 +696,10 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
     // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
     // slowest node's collectives set the pace.
-    double tp_collective_s = node_links[node0].tp_collective_s;
+    double tp_collective_s = links(node0).tp_collective_s;
     for (int k = 1; k < s.cp; ++k) {
       const int node = rank_node(r, p, k);
-      tp_collective_s = std::max(tp_collective_s, node_links[node].tp_collective_s);
+      tp_collective_s = std::max(tp_collective_s, links(node).tp_collective_s);
     }
     const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
                                                           0.5 * bt.linear_gemms_fwd * slow);

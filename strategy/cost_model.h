@@ -142,6 +142,7 @@ class CostModel {
   ClusterTopology topo_;
   // Per node: an id shared by the nodes of one GPU type and the same link bandwidths.
   std::vector<int> node_class_;
+  std::vector<int> class_first_node_;  // per node class: its first node
   unsigned long long id_;  // names this model's topology in the per-thread layout cache
 };
 
