@@ -219,6 +219,8 @@ struct CostModel::Layout {
   // class time alike under nominal conditions.
   std::vector<int> replica_class;
   bool one_class = false;  // every replica is of replica 0's class
+  // The first replica of each run of consecutive replicas of one class, then dp.
+  std::vector<int> class_runs;
   std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
   // Per (pipeline rank p, replica r, context rank c), at (p * dp + r) * cp + c: the node of
   // the context rank's first GPU (a pipeline rank's gradient-reduction group is contiguous).
@@ -392,6 +394,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   }
   l.one_class = std::all_of(l.replica_class.begin(), l.replica_class.end(),
                             [](int k) { return k == 0; });
+  l.class_runs.clear();
+  for (int r = 0; r < dp; ++r) {
+    if (r == 0 || l.replica_class[r] != l.replica_class[r - 1]) l.class_runs.push_back(r);
+  }
+  l.class_runs.push_back(dp);
 
   l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
@@ -553,29 +560,32 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   // like an earlier clean replica with the same share and the same layout class (same node
   // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
   // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
-  // The ranks holding a slowed or failed GPU are marked too: the others run at speed 1.
+  // sparse, so listing the unclean replicas costs little; the layout's classes are cached.
+  // The ranks holding a slowed or failed GPU are listed too: the others run at speed 1.
   const bool nominal_nodes = work.where->nodes.empty();
   const bool by_class = !symmetric && layout_info;
-  thread_local std::vector<char> unclean;      // per replica
-  thread_local std::vector<char> slowed_rank;  // per rank (r, p), at r * pp + p
+  thread_local std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
+  thread_local std::vector<int> unclean;  // replicas, ascending, each once
   if (by_class) {
-    unclean.assign(s.dp, 0);
-    slowed_rank.assign(static_cast<size_t>(s.dp) * pp, 0);
+    slowed.clear();
+    unclean.clear();
     for (int g : work.where->gpus) {
       const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
-      if (rank < 0) continue;
-      slowed_rank[rank] = 1;
-      unclean[rank / pp] = 1;
+      if (rank >= 0) slowed.push_back(rank);
     }
+    std::sort(slowed.begin(), slowed.end());
+    slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
+    for (int rank : slowed) unclean.push_back(rank / pp);
     for (int n : work.where->nodes) {
       if (n >= topo_.num_nodes()) continue;
       const ClusterTopology::Node& node = topo_.nodes[n];
       for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
         const int rank = layout_info->rank_of_gpu[g];
-        if (rank >= 0) unclean[rank / pp] = 1;
+        if (rank >= 0) unclean.push_back(rank / pp);
       }
     }
+    std::sort(unclean.begin(), unclean.end());
+    unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
   }
   // The node of the first GPU of context rank k of (replica r, pipeline rank p).
   auto rank_node = [&](int r, int p, int k) {
@@ -670,13 +680,13 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   for (int chunk = 0; chunk < s.num_chunks(); ++chunk)
     rank_layers[chunk % pp] += chunks.count(chunk);
 
-  auto rank_time = [&](int r, int p) {
+  // `read_speeds` false: no GPU of the rank is slowed or failed (it runs at speed 1).
+  auto rank_time = [&](int r, int p, bool read_speeds) {
     RankTime rt{};
     const int node0 = rank_node(r, p, 0);
     rt.type = topo_.nodes[node0].type;
     double slow = 1.0;
-    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) &&
-        (!by_class || slowed_rank[static_cast<size_t>(r) * pp + p])) {
+    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) && read_speeds) {
       // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
       // or listed one by one under an explicit placement.
       const int gpu0 = s.gpu_of_rank(r, p, 0);
@@ -730,47 +740,85 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     return rt;
   };
 
-  // Pass over replicas: pipeline time of each, memory of each rank, the critical replica.
+  // The replicas to time, in replica order: all of them on the reference path, replica 0 for
+  // interchangeable ones, else each unclean replica and the first clean one of each layout
+  // class and share. Like replicas come in runs (the layout's runs of one class, split where
+  // the share changes), so the walk goes stretch by stretch, not replica by replica.
   const int uniform_share = s.global_batch / s.dp;
+  thread_local std::vector<int> visits;
+  visits.clear();
+  if (symmetric) {
+    visits.push_back(0);
+  } else if (!by_class) {
+    for (int r = 0; r < s.dp; ++r) visits.push_back(r);
+  } else {
+    // (layout class, share) of the clean replicas timed so far (a pair beyond kMaxClasses is
+    // not remembered and its next stretch is timed again).
+    struct ReplicaClass {
+      int layout_class;
+      int share;
+    };
+    constexpr int kMaxClasses = 16;
+    ReplicaClass classes[kMaxClasses];
+    int class_count = 0;
+    const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
+    const std::vector<int>& runs = layout_info->class_runs;
+    size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
+    for (size_t k = 0; k + 1 < runs.size(); ++k) {
+      const int run_end = runs[k + 1];
+      const int layout_class = layout_info->replica_class[runs[k]];
+      for (int begin = runs[k], end; begin < run_end; begin = end) {
+        // A stretch [begin, end) of one layout class and one share.
+        const int share = shares ? shares[begin] : uniform_share;
+        end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
+                                                     [&](int x) { return x != share; }) -
+                                        shares)
+                     : run_end;
+        bool clean_met = false;
+        for (int r = begin; r < end;) {
+          if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
+            visits.push_back(r);
+            ++next_unclean;
+            ++r;
+            continue;
+          }
+          if (!clean_met) {
+            // The stretch's first clean replica stands for its other clean ones.
+            clean_met = true;
+            const ReplicaClass mine{layout_class, share};
+            bool seen = false;
+            for (int i = 0; i < class_count && !seen; ++i)
+              seen = classes[i].layout_class == mine.layout_class && classes[i].share == share;
+            if (!seen) {
+              visits.push_back(r);
+              if (class_count < kMaxClasses) classes[class_count++] = mine;
+            }
+          }
+          // Clean replicas up to the next unclean one are skipped.
+          r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
+        }
+      }
+    }
+  }
+
+  // Pass over the replicas to time: pipeline time of each, memory of each rank, the critical
+  // replica (the first of the slowest) and its rank times.
   double worst_pipeline = -1;
   int critical = 0;
   double optimizer = 0;
   double worst_memory_ratio = -1;
-  const int replicas_to_time = symmetric ? 1 : s.dp;
-
-  struct ReplicaClass {
-    int layout_class;
-    int share;
-  };
-  constexpr int kMaxClasses = 16;
-  ReplicaClass classes[kMaxClasses];
-  int class_count = 0;
-  int last_seen = 0;  // the class the last skipped replica had
+  thread_local std::vector<RankTime> times, critical_times;  // per pipeline rank
+  times.resize(pp);
+  critical_times.resize(pp);
 
   constexpr int kMaxMemoryShares = 8;
   int memory_shares[kMaxMemoryShares];
   int memory_shares_count = 0;
   thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
 
-  for (int r = 0; r < replicas_to_time; ++r) {
+  size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
+  for (const int r : visits) {
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
-    const bool clean = by_class && !unclean[r];
-    if (clean) {
-      const ReplicaClass mine{layout_info->replica_class[r], share};
-      // Runs of replicas share a class: the last one seen is tried first.
-      auto is = [&](int k) {
-        return classes[k].layout_class == mine.layout_class && classes[k].share == mine.share;
-      };
-      bool seen = last_seen < class_count && is(last_seen);
-      for (int k = 0; k < class_count && !seen; ++k) {
-        if (is(k)) {
-          seen = true;
-          last_seen = k;
-        }
-      }
-      if (seen) continue;
-      if (class_count < kMaxClasses) classes[class_count++] = mine;
-    }
     const int m = share / s.microbatch_size;
     // Memory depends on the replica only through its share: once per distinct share.
     int memory_slot = -1;
@@ -788,7 +836,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     }
     double sum = 0, max = 0;
     for (int p = 0; p < pp; ++p) {
-      const RankTime rt = rank_time(r, p);
+      // Without classes every rank reads its GPUs' speeds.
+      bool read_speeds = !by_class;
+      if (by_class) {
+        const int rank = r * pp + p;
+        while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
+        read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
+      }
+      const RankTime rt = times[p] = rank_time(r, p, read_speeds);
       if (rt.failed) {
         out.feasible = false;
         out.reason =
@@ -818,6 +873,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     if (pipeline > worst_pipeline) {
       worst_pipeline = pipeline;
       critical = r;
+      times.swap(critical_times);
     }
   }
 
@@ -846,7 +902,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   thread_local std::vector<int> per_node;
   if (!layout_info) per_node.assign(topo_.nodes.size(), 0);
   for (int p = 0; p < pp; ++p) {
-    const RankTime rt = rank_time(critical, p);
+    const RankTime& rt = critical_times[p];
     if (rt.total() > bottleneck.total()) bottleneck = rt;
 
     // Parameters and gradient traffic of this rank.
@@ -1038,7 +1094,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     tl.backward_s.assign(chunk_count, 0);
     tl.p2p_s.assign(chunk_count, 0);
     for (int p = 0; p < pp; ++p) {
-      const RankTime rt = rank_time(critical, p);
+      const RankTime& rt = critical_times[p];
       int layers = 0;
       for (int k = 0; k < v; ++k) layers += chunks.count(k * pp + p);
       for (int k = 0; k < v; ++k) {
