@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -528,6 +530,65 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
   return m;
 }
 
+namespace {
+
+// Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
+// collectives, exposed ring-attention transfers and p2p on the slowest GPU of its
+// tensor-parallel and context-parallel groups.
+struct RankTime {
+  double fwd, bwd, recompute, tp, cp, p2p, slow;
+  int type;
+  bool failed;
+  double total() const { return fwd + bwd + tp + cp + p2p; }
+};
+
+// What run()'s timing pass finds: the replicas it timed, the critical one (the first of the
+// slowest) with its pipeline time and rank times, or the first rank found on a failed GPU.
+struct Timing {
+  std::vector<int> visits;  // the replicas timed, ascending
+  double worst_pipeline = -1;
+  int critical = 0;
+  std::vector<RankTime> critical_times;  // per pipeline rank
+  int failed_visit = -1;                 // index in visits of the replica on a failed GPU
+  int failed_stage = 0;
+};
+
+// The strategy fields the timing pass does not read: they shape only the data-parallel
+// reduction, the optimizer step and memory. A kept timing's strategy takes them from the
+// strategy looked up before the comparison, so that every other field (any added later too)
+// takes part in it.
+void copy_untimed_fields(const Strategy& from, Strategy& to) {
+  to.zero = from.zero;
+  to.overlap_grad_reduce = from.overlap_grad_reduce;
+  to.overlap_param_gather = from.overlap_param_gather;
+  to.compression = from.compression;
+  to.compression_overrides = from.compression_overrides;
+}
+
+// Everything evaluate() reads of conditions `c` whose off-nominal GPUs and nodes are `where`
+// (every other entry is nominal): the vectors' sizes and the listed entries, as bit patterns
+// so that equal signatures mean identical conditions.
+void conditions_signature(const Conditions& c, const OffNominal& where,
+                          std::vector<uint64_t>& out) {
+  auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  out.assign({c.gpu_speed.size(), c.gpu_failed.size(), c.node_inter_bw.size(),
+              c.node_intra_bw.size(), where.gpus.size(), where.nodes.size()});
+  for (const int g : where.gpus) {
+    const size_t i = static_cast<size_t>(g);
+    out.push_back(i);
+    out.push_back(i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0);
+    out.push_back(i < c.gpu_failed.size() && c.gpu_failed[i]);
+  }
+  for (const int n : where.nodes) {
+    const size_t i = static_cast<size_t>(n);
+    out.push_back(i);
+    out.push_back(i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0);
+    out.push_back(i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0);
+  }
+}
+
+}  // namespace
+
 void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   CostBreakdown& out = work.result;
   const int pp = s.pp;
@@ -555,38 +616,46 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   const bool symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
                          work.where->nodes.empty() && !explicit_shares;
 
-  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
-  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
-  // like an earlier clean replica with the same share and the same layout class (same node
-  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
-  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so listing the unclean replicas costs little; the layout's classes are cached.
-  // The ranks holding a slowed or failed GPU are listed too: the others run at speed 1.
-  const bool nominal_nodes = work.where->nodes.empty();
-  const bool by_class = !symmetric && layout_info;
-  thread_local std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
-  thread_local std::vector<int> unclean;  // replicas, ascending, each once
-  if (by_class) {
-    slowed.clear();
-    unclean.clear();
-    for (int g : work.where->gpus) {
-      const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
-      if (rank >= 0) slowed.push_back(rank);
-    }
-    std::sort(slowed.begin(), slowed.end());
-    slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
-    for (int rank : slowed) unclean.push_back(rank / pp);
-    for (int n : work.where->nodes) {
-      if (n >= topo_.num_nodes()) continue;
-      const ClusterTopology::Node& node = topo_.nodes[n];
-      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
-        const int rank = layout_info->rank_of_gpu[g];
-        if (rank >= 0) unclean.push_back(rank / pp);
+  // The timing pass below reads the strategy's layout, batch split and per-rank work, and the
+  // conditions, but none of the untimed fields: the planner evaluates one strategy several
+  // times over with only those changed (ZeRO stages, gradient compression), so the last few
+  // timings are kept per thread, keyed on the model, the strategy and the conditions' signature.
+  // The reference path times afresh.
+  struct KeptTiming {
+    unsigned long long model_id = 0;
+    Strategy strategy;
+    std::vector<uint64_t> conditions;
+    Timing timing;
+  };
+  constexpr int kKeptTimings = 4;
+  thread_local KeptTiming kept[kKeptTimings];
+  thread_local int next_kept = 0;
+  thread_local std::vector<uint64_t> signature;
+  thread_local Timing fresh;
+  Timing* timing = &fresh;
+  bool timed = false;
+  KeptTiming* filling = nullptr;  // the entry the timing pass fills, keyed once it is complete
+  if (!work.exhaustive) {
+    conditions_signature(c, *work.where, signature);
+    for (KeptTiming& entry : kept) {
+      if (entry.model_id != id_ || entry.conditions != signature) continue;
+      copy_untimed_fields(s, entry.strategy);
+      if (entry.strategy == s) {
+        timing = &entry.timing;
+        timed = true;
+        break;
       }
     }
-    std::sort(unclean.begin(), unclean.end());
-    unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
+    if (!timed) {
+      filling = &kept[next_kept];
+      next_kept = (next_kept + 1) % kKeptTimings;
+      filling->model_id = 0;  // no model's until filled
+      filling->strategy = s;
+      filling->conditions = signature;
+      timing = &filling->timing;
+    }
   }
+
   // The node of the first GPU of context rank k of (replica r, pipeline rank p).
   auto rank_node = [&](int r, int p, int k) {
     return layout_info ? layout_info->rank_nodes[(static_cast<size_t>(p) * s.dp + r) * s.cp + k]
@@ -665,15 +734,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
                              s.recompute == Recompute::kFull);
   };
 
-  // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
-  // collectives, exposed ring-attention transfers and p2p on the slowest GPU of its
-  // tensor-parallel and context-parallel groups.
-  struct RankTime {
-    double fwd, bwd, recompute, tp, cp, p2p, slow;
-    int type;
-    bool failed;
-    double total() const { return fwd + bwd + tp + cp + p2p; }
-  };
   // Transformer blocks held by each pipeline rank (all its chunks).
   thread_local std::vector<int> rank_layers;
   rank_layers.assign(pp, 0);
@@ -740,86 +800,160 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     return rt;
   };
 
-  // The replicas to time, in replica order: all of them on the reference path, replica 0 for
-  // interchangeable ones, else each unclean replica and the first clean one of each layout
-  // class and share. Like replicas come in runs (the layout's runs of one class, split where
-  // the share changes), so the walk goes stretch by stretch, not replica by replica.
+  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
+  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
+  // like an earlier clean replica with the same share and the same layout class (same node
+  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
+  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
+  // sparse, so listing the unclean replicas costs little; the layout's classes are cached.
+  // The ranks holding a slowed or failed GPU are listed too: the others run at speed 1.
+  const bool nominal_nodes = work.where->nodes.empty();
+  const bool by_class = !symmetric && layout_info;
   const int uniform_share = s.global_batch / s.dp;
-  thread_local std::vector<int> visits;
-  visits.clear();
-  if (symmetric) {
-    visits.push_back(0);
-  } else if (!by_class) {
-    for (int r = 0; r < s.dp; ++r) visits.push_back(r);
-  } else {
-    // (layout class, share) of the clean replicas timed so far (a pair beyond kMaxClasses is
-    // not remembered and its next stretch is timed again).
-    struct ReplicaClass {
-      int layout_class;
-      int share;
-    };
-    constexpr int kMaxClasses = 16;
-    ReplicaClass classes[kMaxClasses];
-    int class_count = 0;
-    const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
-    const std::vector<int>& runs = layout_info->class_runs;
-    size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
-    for (size_t k = 0; k + 1 < runs.size(); ++k) {
-      const int run_end = runs[k + 1];
-      const int layout_class = layout_info->replica_class[runs[k]];
-      for (int begin = runs[k], end; begin < run_end; begin = end) {
-        // A stretch [begin, end) of one layout class and one share.
-        const int share = shares ? shares[begin] : uniform_share;
-        end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
-                                                     [&](int x) { return x != share; }) -
-                                        shares)
-                     : run_end;
-        bool clean_met = false;
-        for (int r = begin; r < end;) {
-          if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
-            visits.push_back(r);
-            ++next_unclean;
-            ++r;
-            continue;
-          }
-          if (!clean_met) {
-            // The stretch's first clean replica stands for its other clean ones.
-            clean_met = true;
-            const ReplicaClass mine{layout_class, share};
-            bool seen = false;
-            for (int i = 0; i < class_count && !seen; ++i)
-              seen = classes[i].layout_class == mine.layout_class && classes[i].share == share;
-            if (!seen) {
+  if (!timed) {
+    thread_local std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
+    thread_local std::vector<int> unclean;  // replicas, ascending, each once
+    if (by_class) {
+      slowed.clear();
+      unclean.clear();
+      for (int g : work.where->gpus) {
+        const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
+        if (rank >= 0) slowed.push_back(rank);
+      }
+      std::sort(slowed.begin(), slowed.end());
+      slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
+      for (int rank : slowed) unclean.push_back(rank / pp);
+      for (int n : work.where->nodes) {
+        if (n >= topo_.num_nodes()) continue;
+        const ClusterTopology::Node& node = topo_.nodes[n];
+        for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
+          const int rank = layout_info->rank_of_gpu[g];
+          if (rank >= 0) unclean.push_back(rank / pp);
+        }
+      }
+      std::sort(unclean.begin(), unclean.end());
+      unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
+    }
+    // The replicas to time, in replica order: all of them on the reference path, replica 0 for
+    // interchangeable ones, else each unclean replica and the first clean one of each layout
+    // class and share. Like replicas come in runs (the layout's runs of one class, split where
+    // the share changes), so the walk goes stretch by stretch, not replica by replica.
+    std::vector<int>& visits = timing->visits;
+    visits.clear();
+    if (symmetric) {
+      visits.push_back(0);
+    } else if (!by_class) {
+      for (int r = 0; r < s.dp; ++r) visits.push_back(r);
+    } else {
+      // (layout class, share) of the clean replicas timed so far (a pair beyond kMaxClasses is
+      // not remembered and its next stretch is timed again).
+      struct ReplicaClass {
+        int layout_class;
+        int share;
+      };
+      constexpr int kMaxClasses = 16;
+      ReplicaClass classes[kMaxClasses];
+      int class_count = 0;
+      const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
+      const std::vector<int>& runs = layout_info->class_runs;
+      size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
+      for (size_t k = 0; k + 1 < runs.size(); ++k) {
+        const int run_end = runs[k + 1];
+        const int layout_class = layout_info->replica_class[runs[k]];
+        for (int begin = runs[k], end; begin < run_end; begin = end) {
+          // A stretch [begin, end) of one layout class and one share.
+          const int share = shares ? shares[begin] : uniform_share;
+          end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
+                                                       [&](int x) { return x != share; }) -
+                                          shares)
+                       : run_end;
+          bool clean_met = false;
+          for (int r = begin; r < end;) {
+            if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
               visits.push_back(r);
-              if (class_count < kMaxClasses) classes[class_count++] = mine;
+              ++next_unclean;
+              ++r;
+              continue;
             }
+            if (!clean_met) {
+              // The stretch's first clean replica stands for its other clean ones.
+              clean_met = true;
+              const ReplicaClass mine{layout_class, share};
+              bool seen = false;
+              for (int i = 0; i < class_count && !seen; ++i)
+                seen = classes[i].layout_class == mine.layout_class && classes[i].share == share;
+              if (!seen) {
+                visits.push_back(r);
+                if (class_count < kMaxClasses) classes[class_count++] = mine;
+              }
+            }
+            // Clean replicas up to the next unclean one are skipped.
+            r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
           }
-          // Clean replicas up to the next unclean one are skipped.
-          r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
         }
       }
     }
+
+
+    // Pass over the replicas to time: the pipeline time of each, the critical replica and its
+    // rank times, or the first rank on a failed GPU.
+    thread_local std::vector<RankTime> times;  // per pipeline rank
+    times.resize(pp);
+    timing->critical_times.resize(pp);
+    timing->worst_pipeline = -1;
+    timing->critical = 0;
+    timing->failed_visit = -1;
+    size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
+    for (size_t i = 0; i < visits.size() && timing->failed_visit < 0; ++i) {
+      const int r = visits[i];
+      const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+      const int m = share / s.microbatch_size;
+      double sum = 0, max = 0;
+      for (int p = 0; p < pp; ++p) {
+        // Without classes every rank reads its GPUs' speeds.
+        bool read_speeds = !by_class;
+        if (by_class) {
+          const int rank = r * pp + p;
+          while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
+          read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
+        }
+        RankTime& rt = times[p];
+        rt = rank_time(r, p, read_speeds);
+        if (rt.failed) {
+          timing->failed_visit = static_cast<int>(i);
+          timing->failed_stage = p;
+          break;
+        }
+        sum += rt.total();
+        max = std::max(max, rt.total());
+      }
+      if (timing->failed_visit >= 0) break;
+      const double pipeline = m * max + (sum - max) / v;
+      if (pipeline > timing->worst_pipeline) {
+        timing->worst_pipeline = pipeline;
+        timing->critical = r;
+        times.swap(timing->critical_times);
+      }
+    }
+    if (filling) filling->model_id = id_;
   }
 
-  // Pass over the replicas to time: pipeline time of each, memory of each rank, the critical
-  // replica (the first of the slowest) and its rank times.
-  double worst_pipeline = -1;
-  int critical = 0;
-  double optimizer = 0;
+  // Memory of each rank of the replicas timed, up to a failed one's first failed rank: the
+  // GPU with the least headroom.
   double worst_memory_ratio = -1;
-  thread_local std::vector<RankTime> times, critical_times;  // per pipeline rank
-  times.resize(pp);
-  critical_times.resize(pp);
-
   constexpr int kMaxMemoryShares = 8;
   int memory_shares[kMaxMemoryShares];
   int memory_shares_count = 0;
   thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
-
-  size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
-  for (const int r : visits) {
+  const std::vector<int>& visits = timing->visits;
+  const size_t visits_read =
+      timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
+  for (size_t i = 0; i < visits_read; ++i) {
+    const int r = visits[i];
+    // Memory differs between replicas only through microbatch counts and GPU types; the
+    // uniform case needs replica 0 only.
+    if (!(r == 0 || explicit_shares || topo_.types.size() > 1)) continue;
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
-    const int m = share / s.microbatch_size;
     // Memory depends on the replica only through its share: once per distinct share.
     int memory_slot = -1;
     if (!work.exhaustive) {
@@ -834,48 +968,32 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
           memory_totals[memory_slot * pp + p] = memory(s, r, p).total_gib();
       }
     }
-    double sum = 0, max = 0;
-    for (int p = 0; p < pp; ++p) {
-      // Without classes every rank reads its GPUs' speeds.
-      bool read_speeds = !by_class;
-      if (by_class) {
-        const int rank = r * pp + p;
-        while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
-        read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
+    const int ranks = static_cast<int>(i) == timing->failed_visit ? timing->failed_stage : pp;
+    for (int p = 0; p < ranks; ++p) {
+      const double total =
+          memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
+      const double capacity = topo_.types[topo_.nodes[rank_node(r, p, 0)].type].memory_gib;
+      const double ratio = total / capacity;
+      // The footprint and capacity of one GPU, the one with the least headroom: on GPUs of
+      // different memory sizes the largest footprint may sit on the largest GPU.
+      if (ratio > worst_memory_ratio) {
+        worst_memory_ratio = ratio;
+        out.memory_gib = total;
+        out.memory_capacity_gib = capacity;
       }
-      const RankTime rt = times[p] = rank_time(r, p, read_speeds);
-      if (rt.failed) {
-        out.feasible = false;
-        out.reason =
-            "uses failed GPU(s) in replica " + std::to_string(r) + ", stage " + std::to_string(p);
-        out.iteration_time_s = kInf;
-        return;
-      }
-      sum += rt.total();
-      max = std::max(max, rt.total());
-      // Memory differs between replicas only through microbatch counts and GPU types; the
-      // uniform case needs replica 0 only.
-      if (r == 0 || explicit_shares || topo_.types.size() > 1) {
-        const double total =
-            memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
-        const double capacity = topo_.types[rt.type].memory_gib;
-        const double ratio = total / capacity;
-        // The footprint and capacity of one GPU, the one with the least headroom: on GPUs
-        // of different memory sizes the largest footprint may sit on the largest GPU.
-        if (ratio > worst_memory_ratio) {
-          worst_memory_ratio = ratio;
-          out.memory_gib = total;
-          out.memory_capacity_gib = capacity;
-        }
-      }
-    }
-    const double pipeline = m * max + (sum - max) / v;
-    if (pipeline > worst_pipeline) {
-      worst_pipeline = pipeline;
-      critical = r;
-      times.swap(critical_times);
     }
   }
+  if (timing->failed_visit >= 0) {
+    out.feasible = false;
+    out.reason = "uses failed GPU(s) in replica " + std::to_string(visits[timing->failed_visit]) +
+                 ", stage " + std::to_string(timing->failed_stage);
+    out.iteration_time_s = kInf;
+    return;
+  }
+  const double worst_pipeline = timing->worst_pipeline;
+  const int critical = timing->critical;
+  const std::vector<RankTime>& critical_times = timing->critical_times;
+  double optimizer = 0;
 
   // The critical replica's bottleneck rank gives the breakdown.
   const int critical_share = explicit_shares ? (*explicit_shares)[critical] : uniform_share;
