@@ -311,11 +311,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     gpus = ordered.data();
   }
 
+  // The rank of each GPU (the stages' GPUs come rank after rank).
   l.rank_of_gpu.assign(topo_.num_gpus(), -1);
   int* const rank_of_gpu = l.rank_of_gpu.data();
-  for (int rank = 0; rank < dp * pp; ++rank) {
-    const int* const stage = gpus + static_cast<size_t>(rank) * stage_gpus;
-    for (int k = 0; k < stage_gpus; ++k) rank_of_gpu[stage[k]] = rank;
+  for (int rank = 0, i = 0; rank < dp * pp; ++rank) {
+    for (const int end = i + stage_gpus; i < end; ++i) rank_of_gpu[gpus[i]] = rank;
   }
   // The node of each context rank's first GPU, and the sum of the peaks of the GPUs used
   // (added rank by rank in rank order, as run() adds them without a layout).
@@ -329,16 +329,15 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   double peak_flops = mixed_types ? 0.0 : s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
   l.rank_nodes.resize(static_cast<size_t>(dp) * pp * cp);
   int* const rank_nodes = l.rank_nodes.data();
-  for (int r = 0; r < dp; ++r) {
-    for (int p = 0; p < pp; ++p) {
-      const int* const stage = gpus + (static_cast<size_t>(r) * pp + p) * stage_gpus;
-      int* const nodes = rank_nodes + (static_cast<size_t>(p) * dp + r) * cp;
-      for (int c = 0; c < cp; ++c) {
-        const int gpu = stage[c * tp];
-        nodes[c] = node_of_gpu[gpu];
-        if (mixed_types) peak_flops += group_peak[type_of_gpu[gpu]];
-      }
+  for (int p = 0; p < pp; ++p) {
+    int* nodes = rank_nodes + static_cast<size_t>(p) * dp * cp;
+    for (int r = 0; r < dp; ++r) {
+      const int* const first = gpus + (static_cast<size_t>(r) * pp + p) * stage_gpus;
+      for (int c = 0; c < cp; ++c) *nodes++ = node_of_gpu[first[c * tp]];
     }
+  }
+  if (mixed_types) {
+    for (int i = 0; i < dp * pp * cp; ++i) peak_flops += group_peak[type_of_gpu[gpus[i * tp]]];
   }
   l.peak_flops = peak_flops;
 
