@@ -432,7 +432,24 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   return l;
 }
 
+// The memory of one pipeline rank's GPUs but for the activations its replica's microbatches
+// keep in flight: what memory() computes once per rank for every share.
+struct CostModel::RankMemory {
+  MemoryBreakdown fixed;  // all but activations_gib
+  int pp_rank = 0, layers = 0;
+  double per_block = 0;       // stored activations of one block and microbatch
+  double recomputed = 0;      // full recompute: the block being recomputed, else 0
+  double embedding_sbh = 0;   // first rank: the embedding output's s * b * h (0 elsewhere)
+  double embedding_div = 1;   // and its divisor (t with sequence parallelism)
+  double logits = 0;          // last rank: logits and fp32 softmax (0 elsewhere)
+};
+
 MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) const {
+  const int share = s.dp_shares.empty() ? s.global_batch / s.dp : s.dp_shares[replica];
+  return memory(s, rank_memory(s, pp_rank), share / s.microbatch_size);
+}
+
+CostModel::RankMemory CostModel::rank_memory(const Strategy& s, int pp_rank) const {
   const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
                            s.num_chunks()};
   const int v = s.virtual_stages;
@@ -452,7 +469,10 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       params += static_cast<double>(model_.vocab) * model_.hidden / t;
   }
 
-  MemoryBreakdown m;
+  RankMemory out;
+  out.pp_rank = pp_rank;
+  out.layers = layers;
+  MemoryBreakdown& m = out.fixed;
   // ZeRO shards over the gradient-reduction group: the dp replicas times the cp ranks that
   // hold the same parameters (Megatron's distributed optimizer shards over dp x cp).
   const double dp = static_cast<double>(s.dp) * s.cp;
@@ -497,9 +517,23 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       break;
   }
 
+  out.per_block = per_block;
+  // The block being recomputed holds its full activations during its backward.
+  if (s.recompute == Recompute::kFull) out.recomputed = rep + split / t + scores / t;
+  if (first) {
+    out.embedding_sbh = sbh;
+    out.embedding_div = s.sp ? t : 1.0;
+  }
+  if (last) out.logits = 6.0 * seq * b * model_.vocab / t;  // logits + fp32 softmax
+  return out;
+}
+
+MemoryBreakdown CostModel::memory(const Strategy& s, const RankMemory& rank,
+                                  int microbatches) const {
   // Microbatches in flight on this pipeline rank (the schedule decides).
-  const int share = s.dp_shares.empty() ? s.global_batch / s.dp : s.dp_shares[replica];
-  const int microbatches = share / s.microbatch_size;
+  const int v = s.virtual_stages;
+  const int pp_rank = rank.pp_rank;
+  const int layers = rank.layers;
   const double layers_per_chunk = static_cast<double>(layers) / v;
   double stored_layer_passes = 0;
   switch (s.schedule) {
@@ -515,16 +549,16 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       break;
     }
   }
-  double activations = stored_layer_passes * per_block;
-  if (s.recompute == Recompute::kFull) {
-    // The block being recomputed holds its full activations during its backward.
-    activations += rep + split / t + scores / t;
-  }
+  double activations = stored_layer_passes * rank.per_block;
+  if (s.recompute == Recompute::kFull) activations += rank.recomputed;
   const double in_flight =
       std::min(static_cast<double>(microbatches),
                static_cast<double>(s.schedule == Schedule::kGPipe ? microbatches : s.pp - pp_rank));
-  if (first) activations += in_flight * 3.0 * sbh / (s.sp ? t : 1.0);  // embedding out + mask
-  if (last) activations += 6.0 * seq * b * model_.vocab / t;           // logits + fp32 softmax
+  if (pp_rank == 0) {  // embedding out + mask
+    activations += in_flight * 3.0 * rank.embedding_sbh / rank.embedding_div;
+  }
+  if (pp_rank == s.pp - 1) activations += rank.logits;
+  MemoryBreakdown m = rank.fixed;
   m.activations_gib = activations / kGiB;
   return m;
 }
@@ -944,6 +978,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   int memory_shares[kMaxMemoryShares];
   int memory_shares_count = 0;
   thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
+  thread_local std::vector<RankMemory> rank_memories;  // per pipeline rank
+  rank_memories.clear();
+  for (int p = 0; p < pp; ++p) rank_memories.push_back(rank_memory(s, p));
   const std::vector<int>& visits = timing->visits;
   const size_t visits_read =
       timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
@@ -963,14 +1000,18 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         memory_slot = memory_shares_count++;
         memory_shares[memory_slot] = share;
         memory_totals.resize(static_cast<size_t>(memory_shares_count) * pp);
-        for (int p = 0; p < pp; ++p)
-          memory_totals[memory_slot * pp + p] = memory(s, r, p).total_gib();
+        for (int p = 0; p < pp; ++p) {
+          memory_totals[memory_slot * pp + p] =
+              memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
+        }
       }
     }
     const int ranks = static_cast<int>(i) == timing->failed_visit ? timing->failed_stage : pp;
     for (int p = 0; p < ranks; ++p) {
       const double total =
-          memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
+          memory_slot >= 0
+              ? memory_totals[memory_slot * pp + p]
+              : memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
       const double capacity = topo_.types[topo_.nodes[rank_node(r, p, 0)].type].memory_gib;
       const double ratio = total / capacity;
       // The footprint and capacity of one GPU, the one with the least headroom: on GPUs of

@@ -131,6 +131,11 @@ class CostModel {
   // reference returned stays valid until the calling thread's next call).
   const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
+  struct RankMemory;
+  // memory() split in two: what does not depend on the replica's share, then the rest for a
+  // replica with `microbatches` microbatches.
+  RankMemory rank_memory(const Strategy& s, int pp_rank) const;
+  MemoryBreakdown memory(const Strategy& s, const RankMemory& rank, int microbatches) const;
   // 0 when a context-parallel ring whose cp ranks start on `nodes` stays in one node, else the
   // node classes of its slowest network end (its transfers) and of its slowest NVLink (the
   // pace of its ranks' tensor-parallel collectives), each plus 1.
