@@ -236,6 +236,9 @@ struct CostModel::Layout {
   };
   std::vector<DpGroup> dp_groups;
   std::vector<int> spanned_nodes;
+  // Per (pipeline rank p, node class k), at p * node classes + k: the nodes of class k its
+  // gradient-reduction group spans.
+  std::vector<int> spanned_classes;
   double peak_flops = 0;  // sum of the peaks of the GPUs used
 };
 
@@ -403,6 +406,8 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
 
   l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
+  const size_t node_classes = class_first_node_.size();
+  l.spanned_classes.assign(pp * node_classes, 0);
   thread_local std::vector<int> per_node;
   per_node.assign(topo_.nodes.size(), 0);
   for (int p = 0; p < pp; ++p) {
@@ -418,6 +423,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
       if (per_node[node]++ == 0) {
         ++group.nodes_spanned;
         l.spanned_nodes.push_back(node);
+        ++l.spanned_classes[p * node_classes + node_class[node]];
         group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
         group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
       }
@@ -1059,6 +1065,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   thread_local std::vector<int> per_node;
   if (!layout_info) per_node.assign(topo_.nodes.size(), 0);
+  thread_local std::vector<int> class_left;  // per node class: nominal nodes a group spans
   for (int p = 0; p < pp; ++p) {
     const RankTime& rt = critical_times[p];
     if (rt.total() > bottleneck.total()) bottleneck = rt;
@@ -1130,11 +1137,33 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         inter_bw = group.inter_GBps;
         intra_bw = group.intra_GBps;
         if (!nominal_nodes) {
+          // The slowest links over the spanned nodes: each off-nominal one's own, and its
+          // class's for every class with a spanned node at nominal bandwidth (a minimum, so
+          // the order it is taken in does not matter). The group spans a node when a context
+          // rank of stage p starts on it.
           inter_bw = intra_bw = kInf;
-          for (int i = group.first_node; i < group.end_node; ++i) {
-            const int node = layout_info->spanned_nodes[i];
-            inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
-            intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+          const size_t node_classes = class_first_node_.size();
+          const int* const spanned = layout_info->spanned_classes.data() + p * node_classes;
+          class_left.assign(spanned, spanned + node_classes);
+          for (int n : work.where->nodes) {
+            if (n >= topo_.num_nodes()) continue;
+            const ClusterTopology::Node& node = topo_.nodes[n];
+            bool spans = false;
+            for (int g = node.first_gpu; g < node.first_gpu + node.gpus && !spans; ++g) {
+              const int rank = layout_info->rank_of_gpu[g];
+              if (rank < 0 || rank % pp != p) continue;
+              for (int k = 0; k < s.cp && !spans; ++k) spans = rank_node(rank / pp, p, k) == n;
+            }
+            if (!spans) continue;
+            --class_left[node_class_[n]];
+            inter_bw = std::min(inter_bw, node.inter_GBps * c.inter(n));
+            intra_bw = std::min(intra_bw, node.intra_GBps * c.intra(n));
+          }
+          for (size_t k = 0; k < node_classes; ++k) {
+            if (class_left[k] == 0) continue;
+            const ClusterTopology::Node& node = topo_.nodes[class_first_node_[k]];
+            inter_bw = std::min(inter_bw, node.inter_GBps);
+            intra_bw = std::min(intra_bw, node.intra_GBps);
           }
         }
       } else {
