@@ -990,12 +990,29 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   const std::vector<int>& visits = timing->visits;
   const size_t visits_read =
       timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
+  // Replicas of one layout class hold the same GPU types rank by rank (the class fixes their
+  // nodes' classes): of those with one share, only the first can raise the worst ratio.
+  struct Checked {
+    int layout_class;
+    int share;
+  };
+  constexpr int kMaxChecked = 16;
+  Checked checked[kMaxChecked];
+  int checked_count = 0;
   for (size_t i = 0; i < visits_read; ++i) {
     const int r = visits[i];
     // Memory differs between replicas only through microbatch counts and GPU types; the
     // uniform case needs replica 0 only.
     if (!(r == 0 || explicit_shares || topo_.types.size() > 1)) continue;
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+    if (layout_info) {
+      const Checked mine{layout_info->replica_class[r], share};
+      bool seen = false;
+      for (int k = 0; k < checked_count && !seen; ++k)
+        seen = checked[k].layout_class == mine.layout_class && checked[k].share == share;
+      if (seen) continue;
+      if (checked_count < kMaxChecked) checked[checked_count++] = mine;
+    }
     // Memory depends on the replica only through its share: once per distinct share.
     int memory_slot = -1;
     if (!work.exhaustive) {
