@@ -317,8 +317,13 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   // The rank of each GPU (the stages' GPUs come rank after rank).
   l.rank_of_gpu.assign(topo_.num_gpus(), -1);
   int* const rank_of_gpu = l.rank_of_gpu.data();
-  for (int rank = 0, i = 0; rank < dp * pp; ++rank) {
-    for (const int end = i + stage_gpus; i < end; ++i) rank_of_gpu[gpus[i]] = rank;
+  const int used = dp * pp * stage_gpus;
+  for (int i = 0, rank = 0, left = stage_gpus; i < used; ++i) {
+    rank_of_gpu[gpus[i]] = rank;
+    if (--left == 0) {
+      left = stage_gpus;
+      ++rank;
+    }
   }
   // The node of each context rank's first GPU, and the sum of the peaks of the GPUs used
   // (added rank by rank in rank order, as run() adds them without a layout).
