@@ -701,9 +701,12 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   }
 
   // The node of the first GPU of context rank k of (replica r, pipeline rank p).
-  auto rank_node = [&](int r, int p, int k) {
-    return layout_info ? layout_info->rank_nodes[(static_cast<size_t>(p) * s.dp + r) * s.cp + k]
-                       : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+  // (The lambda holds the layout's table and dp and cp by value: read through references they
+  // are reloaded at every call.)
+  auto rank_node = [&, rank_nodes = layout_info ? layout_info->rank_nodes.data() : nullptr,
+                    dp = s.dp, cp = s.cp](int r, int p, int k) {
+    return rank_nodes ? rank_nodes[(static_cast<size_t>(p) * dp + r) * cp + k]
+                      : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
   };
 
   // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
