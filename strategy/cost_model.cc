@@ -379,12 +379,14 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   int class_count = 0;
   int last_class = -1;  // the index in firsts of the previous replica's class; -1: it stood alone
   l.replica_class.resize(dp);
+  int* const replica_class = l.replica_class.data();
+  const unsigned long long* const all_keys = keys.data();
   for (int r = 0; r < dp; ++r) {
-    const unsigned long long* const key = &keys[static_cast<size_t>(r) * key_words];
+    const unsigned long long* const key = all_keys + static_cast<size_t>(r) * key_words;
     // The firsts' keys differ, so at most one matches: the previous replica's class is tried
     // first (like replicas come in runs). Keys are a few words: a plain loop beats memcmp.
     auto matches = [&](int k) {
-      const unsigned long long* const other = &keys[static_cast<size_t>(firsts[k]) * key_words];
+      const unsigned long long* const other = all_keys + static_cast<size_t>(firsts[k]) * key_words;
       for (int i = 0; i < key_words; ++i) {
         if (key[i] != other[i]) return false;
       }
@@ -394,27 +396,29 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     for (int k = 0; k < class_count && found < 0; ++k) {
       if (k != last_class && matches(k)) found = k;
     }
-    l.replica_class[r] = found >= 0 ? firsts[found] : r;
+    replica_class[r] = found >= 0 ? firsts[found] : r;
     if (found < 0 && class_count < kMaxClasses) {
       found = class_count;
       firsts[class_count++] = r;
     }
     last_class = found;
   }
-  l.one_class = std::all_of(l.replica_class.begin(), l.replica_class.end(),
-                            [](int k) { return k == 0; });
   l.class_runs.clear();
   for (int r = 0; r < dp; ++r) {
-    if (r == 0 || l.replica_class[r] != l.replica_class[r - 1]) l.class_runs.push_back(r);
+    if (r == 0 || replica_class[r] != replica_class[r - 1]) l.class_runs.push_back(r);
   }
+  l.one_class = l.class_runs.size() == 1;  // one run, of replica 0's class
   l.class_runs.push_back(dp);
 
   l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
   const size_t node_classes = class_first_node_.size();
   l.spanned_classes.assign(pp * node_classes, 0);
-  thread_local std::vector<int> per_node;
-  per_node.assign(topo_.nodes.size(), 0);
+  thread_local std::vector<int> per_node_store;
+  per_node_store.assign(topo_.nodes.size(), 0);
+  int* const per_node = per_node_store.data();
+  int* const spanned_classes = l.spanned_classes.data();
+  const ClusterTopology::Node* const topo_nodes = topo_.nodes.data();
   for (int p = 0; p < pp; ++p) {
     Layout::DpGroup& group = l.dp_groups[p];
     group.first_node = static_cast<int>(l.spanned_nodes.size());
@@ -428,9 +432,9 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
       if (per_node[node]++ == 0) {
         ++group.nodes_spanned;
         l.spanned_nodes.push_back(node);
-        ++l.spanned_classes[p * node_classes + node_class[node]];
-        group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
-        group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
+        ++spanned_classes[p * node_classes + node_class[node]];
+        group.inter_GBps = std::min(group.inter_GBps, topo_nodes[node].inter_GBps);
+        group.intra_GBps = std::min(group.intra_GBps, topo_nodes[node].intra_GBps);
       }
     }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
