@@ -666,16 +666,17 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   // The timing pass below reads the strategy's layout, batch split and per-rank work, and the
   // conditions, but none of the untimed fields: the planner evaluates one strategy several
-  // times over with only those changed (ZeRO stages, gradient compression), so the last few
-  // timings are kept per thread, keyed on the model, the strategy and the conditions' signature.
-  // The reference path times afresh.
+  // times over in a row with only those changed (ZeRO stages, gradient compression), so the
+  // last two timings are kept per thread, keyed on the model, the strategy and the conditions'
+  // signature (more entries cost more in lookups than they find). The reference path times
+  // afresh.
   struct KeptTiming {
     unsigned long long model_id = 0;
     Strategy strategy;
     std::vector<uint64_t> conditions;
     Timing timing;
   };
-  constexpr int kKeptTimings = 4;
+  constexpr int kKeptTimings = 2;
   thread_local KeptTiming kept[kKeptTimings];
   thread_local int next_kept = 0;
   thread_local std::vector<uint64_t> signature;
