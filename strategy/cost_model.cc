@@ -452,11 +452,11 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
 struct CostModel::RankMemory {
   MemoryBreakdown fixed;  // all but activations_gib
   int pp_rank = 0, layers = 0;
-  double per_block = 0;       // stored activations of one block and microbatch
-  double recomputed = 0;      // full recompute: the block being recomputed, else 0
-  double embedding_sbh = 0;   // first rank: the embedding output's s * b * h (0 elsewhere)
-  double embedding_div = 1;   // and its divisor (t with sequence parallelism)
-  double logits = 0;          // last rank: logits and fp32 softmax (0 elsewhere)
+  double per_block = 0;      // stored activations of one block and microbatch
+  double recomputed = 0;     // full recompute: the block being recomputed, else 0
+  double embedding_sbh = 0;  // first rank: the embedding output's s * b * h (0 elsewhere)
+  double embedding_div = 1;  // and its divisor (t with sequence parallelism)
+  double logits = 0;         // last rank: logits and fp32 softmax (0 elsewhere)
 };
 
 MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) const {
@@ -945,7 +945,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         }
       }
     }
-
 
     // Pass over the replicas to time: the pipeline time of each, the critical replica and its
     // rank times, or the first rank on a failed GPU.
