@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -53,7 +55,10 @@ CostModel::CostModel(ModelSpec model, ClusterSpec cluster)
     const Key key{node.type, node.intra_GBps, node.inter_GBps};
     const auto it = std::find(keys.begin(), keys.end(), key);
     node_class_.push_back(static_cast<int>(it - keys.begin()));
-    if (it == keys.end()) keys.push_back(key);
+    if (it == keys.end()) {
+      keys.push_back(key);
+      class_first_node_.push_back(static_cast<int>(node_class_.size()) - 1);
+    }
   }
 }
 
@@ -216,6 +221,8 @@ struct CostModel::Layout {
   // class time alike under nominal conditions.
   std::vector<int> replica_class;
   bool one_class = false;  // every replica is of replica 0's class
+  // The first replica of each run of consecutive replicas of one class, then dp.
+  std::vector<int> class_runs;
   std::vector<int> rank_of_gpu;  // per cluster GPU: the rank (r, p) using it, r * pp + p, or -1
   // Per (pipeline rank p, replica r, context rank c), at (p * dp + r) * cp + c: the node of
   // the context rank's first GPU (a pipeline rank's gradient-reduction group is contiguous).
@@ -229,6 +236,9 @@ struct CostModel::Layout {
   };
   std::vector<DpGroup> dp_groups;
   std::vector<int> spanned_nodes;
+  // Per (pipeline rank p, node class k), at p * node classes + k: the nodes of class k its
+  // gradient-reduction group spans.
+  std::vector<int> spanned_classes;
   double peak_flops = 0;  // sum of the peaks of the GPUs used
 };
 
@@ -304,11 +314,16 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     gpus = ordered.data();
   }
 
+  // The rank of each GPU (the stages' GPUs come rank after rank).
   l.rank_of_gpu.assign(topo_.num_gpus(), -1);
   int* const rank_of_gpu = l.rank_of_gpu.data();
-  for (int rank = 0; rank < dp * pp; ++rank) {
-    const int* const stage = gpus + static_cast<size_t>(rank) * stage_gpus;
-    for (int k = 0; k < stage_gpus; ++k) rank_of_gpu[stage[k]] = rank;
+  const int used = dp * pp * stage_gpus;
+  for (int i = 0, rank = 0, left = stage_gpus; i < used; ++i) {
+    rank_of_gpu[gpus[i]] = rank;
+    if (--left == 0) {
+      left = stage_gpus;
+      ++rank;
+    }
   }
   // The node of each context rank's first GPU, and the sum of the peaks of the GPUs used
   // (added rank by rank in rank order, as run() adds them without a layout).
@@ -322,16 +337,15 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   double peak_flops = mixed_types ? 0.0 : s.num_gpus() * topo_.types[0].peak_tflops * 1e12;
   l.rank_nodes.resize(static_cast<size_t>(dp) * pp * cp);
   int* const rank_nodes = l.rank_nodes.data();
-  for (int r = 0; r < dp; ++r) {
-    for (int p = 0; p < pp; ++p) {
-      const int* const stage = gpus + (static_cast<size_t>(r) * pp + p) * stage_gpus;
-      int* const nodes = rank_nodes + (static_cast<size_t>(p) * dp + r) * cp;
-      for (int c = 0; c < cp; ++c) {
-        const int gpu = stage[c * tp];
-        nodes[c] = node_of_gpu[gpu];
-        if (mixed_types) peak_flops += group_peak[type_of_gpu[gpu]];
-      }
+  for (int p = 0; p < pp; ++p) {
+    int* nodes = rank_nodes + static_cast<size_t>(p) * dp * cp;
+    for (int r = 0; r < dp; ++r) {
+      const int* const first = gpus + (static_cast<size_t>(r) * pp + p) * stage_gpus;
+      for (int c = 0; c < cp; ++c) *nodes++ = node_of_gpu[first[c * tp]];
     }
+  }
+  if (mixed_types) {
+    for (int i = 0; i < dp * pp * cp; ++i) peak_flops += group_peak[type_of_gpu[gpus[i * tp]]];
   }
   l.peak_flops = peak_flops;
 
@@ -365,12 +379,14 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   int class_count = 0;
   int last_class = -1;  // the index in firsts of the previous replica's class; -1: it stood alone
   l.replica_class.resize(dp);
+  int* const replica_class = l.replica_class.data();
+  const unsigned long long* const all_keys = keys.data();
   for (int r = 0; r < dp; ++r) {
-    const unsigned long long* const key = &keys[static_cast<size_t>(r) * key_words];
+    const unsigned long long* const key = all_keys + static_cast<size_t>(r) * key_words;
     // The firsts' keys differ, so at most one matches: the previous replica's class is tried
     // first (like replicas come in runs). Keys are a few words: a plain loop beats memcmp.
     auto matches = [&](int k) {
-      const unsigned long long* const other = &keys[static_cast<size_t>(firsts[k]) * key_words];
+      const unsigned long long* const other = all_keys + static_cast<size_t>(firsts[k]) * key_words;
       for (int i = 0; i < key_words; ++i) {
         if (key[i] != other[i]) return false;
       }
@@ -380,20 +396,29 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     for (int k = 0; k < class_count && found < 0; ++k) {
       if (k != last_class && matches(k)) found = k;
     }
-    l.replica_class[r] = found >= 0 ? firsts[found] : r;
+    replica_class[r] = found >= 0 ? firsts[found] : r;
     if (found < 0 && class_count < kMaxClasses) {
       found = class_count;
       firsts[class_count++] = r;
     }
     last_class = found;
   }
-  l.one_class = std::all_of(l.replica_class.begin(), l.replica_class.end(),
-                            [](int k) { return k == 0; });
+  l.class_runs.clear();
+  for (int r = 0; r < dp; ++r) {
+    if (r == 0 || replica_class[r] != replica_class[r - 1]) l.class_runs.push_back(r);
+  }
+  l.one_class = l.class_runs.size() == 1;  // one run, of replica 0's class
+  l.class_runs.push_back(dp);
 
   l.dp_groups.assign(pp, {});
   l.spanned_nodes.clear();
-  thread_local std::vector<int> per_node;
-  per_node.assign(topo_.nodes.size(), 0);
+  const size_t node_classes = class_first_node_.size();
+  l.spanned_classes.assign(pp * node_classes, 0);
+  thread_local std::vector<int> per_node_store;
+  per_node_store.assign(topo_.nodes.size(), 0);
+  int* const per_node = per_node_store.data();
+  int* const spanned_classes = l.spanned_classes.data();
+  const ClusterTopology::Node* const topo_nodes = topo_.nodes.data();
   for (int p = 0; p < pp; ++p) {
     Layout::DpGroup& group = l.dp_groups[p];
     group.first_node = static_cast<int>(l.spanned_nodes.size());
@@ -407,8 +432,9 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
       if (per_node[node]++ == 0) {
         ++group.nodes_spanned;
         l.spanned_nodes.push_back(node);
-        group.inter_GBps = std::min(group.inter_GBps, topo_.nodes[node].inter_GBps);
-        group.intra_GBps = std::min(group.intra_GBps, topo_.nodes[node].intra_GBps);
+        ++spanned_classes[p * node_classes + node_class[node]];
+        group.inter_GBps = std::min(group.inter_GBps, topo_nodes[node].inter_GBps);
+        group.intra_GBps = std::min(group.intra_GBps, topo_nodes[node].intra_GBps);
       }
     }
     group.end_node = static_cast<int>(l.spanned_nodes.size());
@@ -421,7 +447,24 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   return l;
 }
 
+// The memory of one pipeline rank's GPUs but for the activations its replica's microbatches
+// keep in flight: what memory() computes once per rank for every share.
+struct CostModel::RankMemory {
+  MemoryBreakdown fixed;  // all but activations_gib
+  int pp_rank = 0, layers = 0;
+  double per_block = 0;      // stored activations of one block and microbatch
+  double recomputed = 0;     // full recompute: the block being recomputed, else 0
+  double embedding_sbh = 0;  // first rank: the embedding output's s * b * h (0 elsewhere)
+  double embedding_div = 1;  // and its divisor (t with sequence parallelism)
+  double logits = 0;         // last rank: logits and fp32 softmax (0 elsewhere)
+};
+
 MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) const {
+  const int share = s.dp_shares.empty() ? s.global_batch / s.dp : s.dp_shares[replica];
+  return memory(s, rank_memory(s, pp_rank), share / s.microbatch_size);
+}
+
+CostModel::RankMemory CostModel::rank_memory(const Strategy& s, int pp_rank) const {
   const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
                            s.num_chunks()};
   const int v = s.virtual_stages;
@@ -441,7 +484,10 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       params += static_cast<double>(model_.vocab) * model_.hidden / t;
   }
 
-  MemoryBreakdown m;
+  RankMemory out;
+  out.pp_rank = pp_rank;
+  out.layers = layers;
+  MemoryBreakdown& m = out.fixed;
   // ZeRO shards over the gradient-reduction group: the dp replicas times the cp ranks that
   // hold the same parameters (Megatron's distributed optimizer shards over dp x cp).
   const double dp = static_cast<double>(s.dp) * s.cp;
@@ -486,9 +532,23 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       break;
   }
 
+  out.per_block = per_block;
+  // The block being recomputed holds its full activations during its backward.
+  if (s.recompute == Recompute::kFull) out.recomputed = rep + split / t + scores / t;
+  if (first) {
+    out.embedding_sbh = sbh;
+    out.embedding_div = s.sp ? t : 1.0;
+  }
+  if (last) out.logits = 6.0 * seq * b * model_.vocab / t;  // logits + fp32 softmax
+  return out;
+}
+
+MemoryBreakdown CostModel::memory(const Strategy& s, const RankMemory& rank,
+                                  int microbatches) const {
   // Microbatches in flight on this pipeline rank (the schedule decides).
-  const int share = s.dp_shares.empty() ? s.global_batch / s.dp : s.dp_shares[replica];
-  const int microbatches = share / s.microbatch_size;
+  const int v = s.virtual_stages;
+  const int pp_rank = rank.pp_rank;
+  const int layers = rank.layers;
   const double layers_per_chunk = static_cast<double>(layers) / v;
   double stored_layer_passes = 0;
   switch (s.schedule) {
@@ -504,19 +564,78 @@ MemoryBreakdown CostModel::memory(const Strategy& s, int replica, int pp_rank) c
       break;
     }
   }
-  double activations = stored_layer_passes * per_block;
-  if (s.recompute == Recompute::kFull) {
-    // The block being recomputed holds its full activations during its backward.
-    activations += rep + split / t + scores / t;
-  }
+  double activations = stored_layer_passes * rank.per_block;
+  if (s.recompute == Recompute::kFull) activations += rank.recomputed;
   const double in_flight =
       std::min(static_cast<double>(microbatches),
                static_cast<double>(s.schedule == Schedule::kGPipe ? microbatches : s.pp - pp_rank));
-  if (first) activations += in_flight * 3.0 * sbh / (s.sp ? t : 1.0);  // embedding out + mask
-  if (last) activations += 6.0 * seq * b * model_.vocab / t;           // logits + fp32 softmax
+  if (pp_rank == 0) {  // embedding out + mask
+    activations += in_flight * 3.0 * rank.embedding_sbh / rank.embedding_div;
+  }
+  if (pp_rank == s.pp - 1) activations += rank.logits;
+  MemoryBreakdown m = rank.fixed;
   m.activations_gib = activations / kGiB;
   return m;
 }
+
+namespace {
+
+// Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
+// collectives, exposed ring-attention transfers and p2p on the slowest GPU of its
+// tensor-parallel and context-parallel groups.
+struct RankTime {
+  double fwd, bwd, recompute, tp, cp, p2p, slow;
+  int type;
+  bool failed;
+  double total() const { return fwd + bwd + tp + cp + p2p; }
+};
+
+// What run()'s timing pass finds: the replicas it timed, the critical one (the first of the
+// slowest) with its pipeline time and rank times, or the first rank found on a failed GPU.
+struct Timing {
+  std::vector<int> visits;  // the replicas timed, ascending
+  double worst_pipeline = -1;
+  int critical = 0;
+  std::vector<RankTime> critical_times;  // per pipeline rank
+  int failed_visit = -1;                 // index in visits of the replica on a failed GPU
+  int failed_stage = 0;
+};
+
+// The strategy fields the timing pass does not read: they shape only the data-parallel
+// reduction, the optimizer step and memory. A kept timing's strategy takes them from the
+// strategy looked up before the comparison, so that every other field (any added later too)
+// takes part in it.
+void copy_untimed_fields(const Strategy& from, Strategy& to) {
+  to.zero = from.zero;
+  to.overlap_grad_reduce = from.overlap_grad_reduce;
+  to.overlap_param_gather = from.overlap_param_gather;
+  to.compression = from.compression;
+  to.compression_overrides = from.compression_overrides;
+}
+
+// Everything evaluate() reads of conditions `c` whose off-nominal GPUs and nodes are `where`
+// (every other entry is nominal): the vectors' sizes and the listed entries, as bit patterns
+// so that equal signatures mean identical conditions.
+void conditions_signature(const Conditions& c, const OffNominal& where,
+                          std::vector<uint64_t>& out) {
+  auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  out.assign({c.gpu_speed.size(), c.gpu_failed.size(), c.node_inter_bw.size(),
+              c.node_intra_bw.size(), where.gpus.size(), where.nodes.size()});
+  for (const int g : where.gpus) {
+    const size_t i = static_cast<size_t>(g);
+    out.push_back(i);
+    out.push_back(i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0);
+    out.push_back(i < c.gpu_failed.size() && c.gpu_failed[i]);
+  }
+  for (const int n : where.nodes) {
+    const size_t i = static_cast<size_t>(n);
+    out.push_back(i);
+    out.push_back(i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0);
+    out.push_back(i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0);
+  }
+}
+
+}  // namespace
 
 void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   CostBreakdown& out = work.result;
@@ -545,39 +664,54 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   const bool symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
                          work.where->nodes.empty() && !explicit_shares;
 
-  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
-  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
-  // like an earlier clean replica with the same share and the same layout class (same node
-  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
-  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so marking the unclean replicas costs little; the layout's classes are cached.
-  // The ranks holding a slowed or failed GPU are marked too: the others run at speed 1.
-  const bool nominal_nodes = work.where->nodes.empty();
-  const bool by_class = !symmetric && layout_info;
-  thread_local std::vector<char> unclean;      // per replica
-  thread_local std::vector<char> slowed_rank;  // per rank (r, p), at r * pp + p
-  if (by_class) {
-    unclean.assign(s.dp, 0);
-    slowed_rank.assign(static_cast<size_t>(s.dp) * pp, 0);
-    for (int g : work.where->gpus) {
-      const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
-      if (rank < 0) continue;
-      slowed_rank[rank] = 1;
-      unclean[rank / pp] = 1;
-    }
-    for (int n : work.where->nodes) {
-      if (n >= topo_.num_nodes()) continue;
-      const ClusterTopology::Node& node = topo_.nodes[n];
-      for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
-        const int rank = layout_info->rank_of_gpu[g];
-        if (rank >= 0) unclean[rank / pp] = 1;
+  // The timing pass below reads the strategy's layout, batch split and per-rank work, and the
+  // conditions, but none of the untimed fields: the planner evaluates one strategy several
+  // times over in a row with only those changed (ZeRO stages, gradient compression), so the
+  // last two timings are kept per thread, keyed on the model, the strategy and the conditions'
+  // signature (more entries cost more in lookups than they find). The reference path times
+  // afresh.
+  struct KeptTiming {
+    unsigned long long model_id = 0;
+    Strategy strategy;
+    std::vector<uint64_t> conditions;
+    Timing timing;
+  };
+  constexpr int kKeptTimings = 2;
+  thread_local KeptTiming kept[kKeptTimings];
+  thread_local int next_kept = 0;
+  thread_local std::vector<uint64_t> signature;
+  thread_local Timing fresh;
+  Timing* timing = &fresh;
+  bool timed = false;
+  KeptTiming* filling = nullptr;  // the entry the timing pass fills, keyed once it is complete
+  if (!work.exhaustive) {
+    conditions_signature(c, *work.where, signature);
+    for (KeptTiming& entry : kept) {
+      if (entry.model_id != id_ || entry.conditions != signature) continue;
+      copy_untimed_fields(s, entry.strategy);
+      if (entry.strategy == s) {
+        timing = &entry.timing;
+        timed = true;
+        break;
       }
     }
+    if (!timed) {
+      filling = &kept[next_kept];
+      next_kept = (next_kept + 1) % kKeptTimings;
+      filling->model_id = 0;  // no model's until filled
+      filling->strategy = s;
+      filling->conditions = signature;
+      timing = &filling->timing;
+    }
   }
+
   // The node of the first GPU of context rank k of (replica r, pipeline rank p).
-  auto rank_node = [&](int r, int p, int k) {
-    return layout_info ? layout_info->rank_nodes[(static_cast<size_t>(p) * s.dp + r) * s.cp + k]
-                       : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+  // (The lambda holds the layout's table and dp and cp by value: read through references they
+  // are reloaded at every call.)
+  auto rank_node = [&, rank_nodes = layout_info ? layout_info->rank_nodes.data() : nullptr,
+                    dp = s.dp, cp = s.cp](int r, int p, int k) {
+    return rank_nodes ? rank_nodes[(static_cast<size_t>(p) * dp + r) * cp + k]
+                      : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
   };
 
   // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
@@ -588,8 +722,6 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     double inter_s_per_byte;
     double tp_collective_s;
   };
-  thread_local std::vector<NodeLinks> node_links;
-  node_links.resize(topo_.nodes.size());
   auto links_of = [&](int n, double intra_factor, double inter_factor) {
     NodeLinks links;
     const double intra_Bps =
@@ -601,32 +733,35 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     links.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
     return links;
   };
-  // Nodes at nominal bandwidth share their class's links (computed once per class).
-  constexpr int kMaxNodeClasses = 16;
-  NodeLinks class_links[kMaxNodeClasses];
-  int class_node[kMaxNodeClasses];
-  std::fill(class_node, class_node + kMaxNodeClasses, -1);
-  for (int n = 0; n < topo_.num_nodes(); ++n) {
-    const int k = node_class_[n];
-    if (k >= kMaxNodeClasses || work.exhaustive) {
-      node_links[n] = links_of(n, c.intra(n), c.inter(n));
-      continue;
+  // Node n's links are node_links[link_slot[n]]. Nodes at nominal bandwidth share their
+  // class's entry (computed once per class: links_of depends on the node only through its
+  // class's bandwidths), each off-nominal node has its own; the reference path gives every
+  // node its own.
+  thread_local std::vector<NodeLinks> node_links;
+  thread_local std::vector<int> link_slot;
+  node_links.clear();
+  if (work.exhaustive) {
+    link_slot.resize(topo_.nodes.size());
+    for (int n = 0; n < topo_.num_nodes(); ++n) {
+      link_slot[n] = n;
+      node_links.push_back(links_of(n, c.intra(n), c.inter(n)));
     }
-    if (class_node[k] < 0) {
-      class_node[k] = n;
-      class_links[k] = links_of(n, 1.0, 1.0);
+  } else {
+    for (int n : class_first_node_) node_links.push_back(links_of(n, 1.0, 1.0));
+    link_slot.assign(node_class_.begin(), node_class_.end());
+    for (int n : work.where->nodes) {
+      if (n >= topo_.num_nodes()) continue;
+      link_slot[n] = static_cast<int>(node_links.size());
+      node_links.push_back(links_of(n, c.intra(n), c.inter(n)));
     }
-    node_links[n] = class_links[k];
   }
-  for (int n : work.where->nodes) {
-    if (n < topo_.num_nodes()) node_links[n] = links_of(n, c.intra(n), c.inter(n));
-  }
+  auto links = [&](int n) -> const NodeLinks& { return node_links[link_slot[n]]; };
   // One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
   // network end.
   auto link_s = [&](int na, int nb) {
-    if (na == nb) return node_links[na].intra_p2p_s;
+    if (na == nb) return links(na).intra_p2p_s;
     return topo_.inter_latency_s +
-           p2p_bytes * std::max(node_links[na].inter_s_per_byte, node_links[nb].inter_s_per_byte);
+           p2p_bytes * std::max(links(na).inter_s_per_byte, links(nb).inter_s_per_byte);
   };
 
   // Ring attention: per block, every context rank passes the keys and values it holds cp - 1
@@ -636,43 +771,34 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
     const int first = rank_node(r, p, 0);
     bool spans = false;
-    double inter_s_per_byte = node_links[first].inter_s_per_byte;
+    double inter_s_per_byte = links(first).inter_s_per_byte;
     for (int k = 1; k < s.cp; ++k) {
       const int node = rank_node(r, p, k);
       spans = spans || node != first;
-      inter_s_per_byte = std::max(inter_s_per_byte, node_links[node].inter_s_per_byte);
+      inter_s_per_byte = std::max(inter_s_per_byte, links(node).inter_s_per_byte);
     }
     auto step_s = [&](double bytes) {
       return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
-                   : topo_.intra_latency_s + bytes * node_links[first].intra_s_per_byte;
+                   : topo_.intra_latency_s + bytes * links(first).intra_s_per_byte;
     };
     return exposed_cp_ring_s(s.cp, step_s(bt.kv_block_bytes), step_s(2.0 * bt.kv_block_bytes),
                              bt.attention_fwd, bt.attention_bwd, slow,
                              s.recompute == Recompute::kFull);
   };
 
-  // Per (replica, pipeline rank): one microbatch's forward, backward (with recompute), TP
-  // collectives, exposed ring-attention transfers and p2p on the slowest GPU of its
-  // tensor-parallel and context-parallel groups.
-  struct RankTime {
-    double fwd, bwd, recompute, tp, cp, p2p, slow;
-    int type;
-    bool failed;
-    double total() const { return fwd + bwd + tp + cp + p2p; }
-  };
   // Transformer blocks held by each pipeline rank (all its chunks).
   thread_local std::vector<int> rank_layers;
   rank_layers.assign(pp, 0);
   for (int chunk = 0; chunk < s.num_chunks(); ++chunk)
     rank_layers[chunk % pp] += chunks.count(chunk);
 
-  auto rank_time = [&](int r, int p) {
+  // `read_speeds` false: no GPU of the rank is slowed or failed (it runs at speed 1).
+  auto rank_time = [&](int r, int p, bool read_speeds) {
     RankTime rt{};
     const int node0 = rank_node(r, p, 0);
     rt.type = topo_.nodes[node0].type;
     double slow = 1.0;
-    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) &&
-        (!by_class || slowed_rank[static_cast<size_t>(r) * pp + p])) {
+    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) && read_speeds) {
       // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
       // or listed one by one under an explicit placement.
       const int gpu0 = s.gpu_of_rank(r, p, 0);
@@ -692,10 +818,10 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
     // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
     // slowest node's collectives set the pace.
-    double tp_collective_s = node_links[node0].tp_collective_s;
+    double tp_collective_s = links(node0).tp_collective_s;
     for (int k = 1; k < s.cp; ++k) {
       const int node = rank_node(r, p, k);
-      tp_collective_s = std::max(tp_collective_s, node_links[node].tp_collective_s);
+      tp_collective_s = std::max(tp_collective_s, links(node).tp_collective_s);
     }
     const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
                                                           0.5 * bt.linear_gemms_fwd * slow);
@@ -726,48 +852,179 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     return rt;
   };
 
-  // Pass over replicas: pipeline time of each, memory of each rank, the critical replica.
+  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
+  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
+  // like an earlier clean replica with the same share and the same layout class (same node
+  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
+  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
+  // sparse, so listing the unclean replicas costs little; the layout's classes are cached.
+  // The ranks holding a slowed or failed GPU are listed too: the others run at speed 1.
+  const bool nominal_nodes = work.where->nodes.empty();
+  const bool by_class = !symmetric && layout_info;
   const int uniform_share = s.global_batch / s.dp;
-  double worst_pipeline = -1;
-  int critical = 0;
-  double optimizer = 0;
+  if (!timed) {
+    thread_local std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
+    thread_local std::vector<int> unclean;  // replicas, ascending, each once
+    if (by_class) {
+      slowed.clear();
+      unclean.clear();
+      for (int g : work.where->gpus) {
+        const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
+        if (rank >= 0) slowed.push_back(rank);
+      }
+      std::sort(slowed.begin(), slowed.end());
+      slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
+      for (int rank : slowed) unclean.push_back(rank / pp);
+      for (int n : work.where->nodes) {
+        if (n >= topo_.num_nodes()) continue;
+        const ClusterTopology::Node& node = topo_.nodes[n];
+        for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
+          const int rank = layout_info->rank_of_gpu[g];
+          if (rank >= 0) unclean.push_back(rank / pp);
+        }
+      }
+      std::sort(unclean.begin(), unclean.end());
+      unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
+    }
+    // The replicas to time, in replica order: all of them on the reference path, replica 0 for
+    // interchangeable ones, else each unclean replica and the first clean one of each layout
+    // class and share. Like replicas come in runs (the layout's runs of one class, split where
+    // the share changes), so the walk goes stretch by stretch, not replica by replica.
+    std::vector<int>& visits = timing->visits;
+    visits.clear();
+    if (symmetric) {
+      visits.push_back(0);
+    } else if (!by_class) {
+      for (int r = 0; r < s.dp; ++r) visits.push_back(r);
+    } else {
+      // (layout class, share) of the clean replicas timed so far (a pair beyond kMaxClasses is
+      // not remembered and its next stretch is timed again).
+      struct ReplicaClass {
+        int layout_class;
+        int share;
+      };
+      constexpr int kMaxClasses = 16;
+      ReplicaClass classes[kMaxClasses];
+      int class_count = 0;
+      const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
+      const std::vector<int>& runs = layout_info->class_runs;
+      size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
+      for (size_t k = 0; k + 1 < runs.size(); ++k) {
+        const int run_end = runs[k + 1];
+        const int layout_class = layout_info->replica_class[runs[k]];
+        for (int begin = runs[k], end; begin < run_end; begin = end) {
+          // A stretch [begin, end) of one layout class and one share.
+          const int share = shares ? shares[begin] : uniform_share;
+          end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
+                                                       [&](int x) { return x != share; }) -
+                                          shares)
+                       : run_end;
+          bool clean_met = false;
+          for (int r = begin; r < end;) {
+            if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
+              visits.push_back(r);
+              ++next_unclean;
+              ++r;
+              continue;
+            }
+            if (!clean_met) {
+              // The stretch's first clean replica stands for its other clean ones.
+              clean_met = true;
+              const ReplicaClass mine{layout_class, share};
+              bool seen = false;
+              for (int i = 0; i < class_count && !seen; ++i)
+                seen = classes[i].layout_class == mine.layout_class && classes[i].share == share;
+              if (!seen) {
+                visits.push_back(r);
+                if (class_count < kMaxClasses) classes[class_count++] = mine;
+              }
+            }
+            // Clean replicas up to the next unclean one are skipped.
+            r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
+          }
+        }
+      }
+    }
+
+    // Pass over the replicas to time: the pipeline time of each, the critical replica and its
+    // rank times, or the first rank on a failed GPU.
+    thread_local std::vector<RankTime> times;  // per pipeline rank
+    times.resize(pp);
+    timing->critical_times.resize(pp);
+    timing->worst_pipeline = -1;
+    timing->critical = 0;
+    timing->failed_visit = -1;
+    size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
+    for (size_t i = 0; i < visits.size() && timing->failed_visit < 0; ++i) {
+      const int r = visits[i];
+      const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+      const int m = share / s.microbatch_size;
+      double sum = 0, max = 0;
+      for (int p = 0; p < pp; ++p) {
+        // Without classes every rank reads its GPUs' speeds.
+        bool read_speeds = !by_class;
+        if (by_class) {
+          const int rank = r * pp + p;
+          while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
+          read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
+        }
+        RankTime& rt = times[p];
+        rt = rank_time(r, p, read_speeds);
+        if (rt.failed) {
+          timing->failed_visit = static_cast<int>(i);
+          timing->failed_stage = p;
+          break;
+        }
+        sum += rt.total();
+        max = std::max(max, rt.total());
+      }
+      if (timing->failed_visit >= 0) break;
+      const double pipeline = m * max + (sum - max) / v;
+      if (pipeline > timing->worst_pipeline) {
+        timing->worst_pipeline = pipeline;
+        timing->critical = r;
+        times.swap(timing->critical_times);
+      }
+    }
+    if (filling) filling->model_id = id_;
+  }
+
+  // Memory of each rank of the replicas timed, up to a failed one's first failed rank: the
+  // GPU with the least headroom.
   double worst_memory_ratio = -1;
-  const int replicas_to_time = symmetric ? 1 : s.dp;
-
-  struct ReplicaClass {
-    int layout_class;
-    int share;
-  };
-  constexpr int kMaxClasses = 16;
-  ReplicaClass classes[kMaxClasses];
-  int class_count = 0;
-  int last_seen = 0;  // the class the last skipped replica had
-
   constexpr int kMaxMemoryShares = 8;
   int memory_shares[kMaxMemoryShares];
   int memory_shares_count = 0;
   thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
-
-  for (int r = 0; r < replicas_to_time; ++r) {
+  thread_local std::vector<RankMemory> rank_memories;  // per pipeline rank
+  rank_memories.clear();
+  for (int p = 0; p < pp; ++p) rank_memories.push_back(rank_memory(s, p));
+  const std::vector<int>& visits = timing->visits;
+  const size_t visits_read =
+      timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
+  // Replicas of one layout class hold the same GPU types rank by rank (the class fixes their
+  // nodes' classes): of those with one share, only the first can raise the worst ratio.
+  struct Checked {
+    int layout_class;
+    int share;
+  };
+  constexpr int kMaxChecked = 16;
+  Checked checked[kMaxChecked];
+  int checked_count = 0;
+  for (size_t i = 0; i < visits_read; ++i) {
+    const int r = visits[i];
+    // Memory differs between replicas only through microbatch counts and GPU types; the
+    // uniform case needs replica 0 only.
+    if (!(r == 0 || explicit_shares || topo_.types.size() > 1)) continue;
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
-    const bool clean = by_class && !unclean[r];
-    if (clean) {
-      const ReplicaClass mine{layout_info->replica_class[r], share};
-      // Runs of replicas share a class: the last one seen is tried first.
-      auto is = [&](int k) {
-        return classes[k].layout_class == mine.layout_class && classes[k].share == mine.share;
-      };
-      bool seen = last_seen < class_count && is(last_seen);
-      for (int k = 0; k < class_count && !seen; ++k) {
-        if (is(k)) {
-          seen = true;
-          last_seen = k;
-        }
-      }
+    if (layout_info) {
+      const Checked mine{layout_info->replica_class[r], share};
+      bool seen = false;
+      for (int k = 0; k < checked_count && !seen; ++k)
+        seen = checked[k].layout_class == mine.layout_class && checked[k].share == share;
       if (seen) continue;
-      if (class_count < kMaxClasses) classes[class_count++] = mine;
+      if (checked_count < kMaxChecked) checked[checked_count++] = mine;
     }
-    const int m = share / s.microbatch_size;
     // Memory depends on the replica only through its share: once per distinct share.
     int memory_slot = -1;
     if (!work.exhaustive) {
@@ -778,44 +1035,40 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         memory_slot = memory_shares_count++;
         memory_shares[memory_slot] = share;
         memory_totals.resize(static_cast<size_t>(memory_shares_count) * pp);
-        for (int p = 0; p < pp; ++p)
-          memory_totals[memory_slot * pp + p] = memory(s, r, p).total_gib();
-      }
-    }
-    double sum = 0, max = 0;
-    for (int p = 0; p < pp; ++p) {
-      const RankTime rt = rank_time(r, p);
-      if (rt.failed) {
-        out.feasible = false;
-        out.reason =
-            "uses failed GPU(s) in replica " + std::to_string(r) + ", stage " + std::to_string(p);
-        out.iteration_time_s = kInf;
-        return;
-      }
-      sum += rt.total();
-      max = std::max(max, rt.total());
-      // Memory differs between replicas only through microbatch counts and GPU types; the
-      // uniform case needs replica 0 only.
-      if (r == 0 || explicit_shares || topo_.types.size() > 1) {
-        const double total =
-            memory_slot >= 0 ? memory_totals[memory_slot * pp + p] : memory(s, r, p).total_gib();
-        const double capacity = topo_.types[rt.type].memory_gib;
-        const double ratio = total / capacity;
-        // The footprint and capacity of one GPU, the one with the least headroom: on GPUs
-        // of different memory sizes the largest footprint may sit on the largest GPU.
-        if (ratio > worst_memory_ratio) {
-          worst_memory_ratio = ratio;
-          out.memory_gib = total;
-          out.memory_capacity_gib = capacity;
+        for (int p = 0; p < pp; ++p) {
+          memory_totals[memory_slot * pp + p] =
+              memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
         }
       }
     }
-    const double pipeline = m * max + (sum - max) / v;
-    if (pipeline > worst_pipeline) {
-      worst_pipeline = pipeline;
-      critical = r;
+    const int ranks = static_cast<int>(i) == timing->failed_visit ? timing->failed_stage : pp;
+    for (int p = 0; p < ranks; ++p) {
+      const double total =
+          memory_slot >= 0
+              ? memory_totals[memory_slot * pp + p]
+              : memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
+      const double capacity = topo_.types[topo_.nodes[rank_node(r, p, 0)].type].memory_gib;
+      const double ratio = total / capacity;
+      // The footprint and capacity of one GPU, the one with the least headroom: on GPUs of
+      // different memory sizes the largest footprint may sit on the largest GPU.
+      if (ratio > worst_memory_ratio) {
+        worst_memory_ratio = ratio;
+        out.memory_gib = total;
+        out.memory_capacity_gib = capacity;
+      }
     }
   }
+  if (timing->failed_visit >= 0) {
+    out.feasible = false;
+    out.reason = "uses failed GPU(s) in replica " + std::to_string(visits[timing->failed_visit]) +
+                 ", stage " + std::to_string(timing->failed_stage);
+    out.iteration_time_s = kInf;
+    return;
+  }
+  const double worst_pipeline = timing->worst_pipeline;
+  const int critical = timing->critical;
+  const std::vector<RankTime>& critical_times = timing->critical_times;
+  double optimizer = 0;
 
   // The critical replica's bottleneck rank gives the breakdown.
   const int critical_share = explicit_shares ? (*explicit_shares)[critical] : uniform_share;
@@ -841,8 +1094,9 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 
   thread_local std::vector<int> per_node;
   if (!layout_info) per_node.assign(topo_.nodes.size(), 0);
+  thread_local std::vector<int> class_left;  // per node class: nominal nodes a group spans
   for (int p = 0; p < pp; ++p) {
-    const RankTime rt = rank_time(critical, p);
+    const RankTime& rt = critical_times[p];
     if (rt.total() > bottleneck.total()) bottleneck = rt;
 
     // Parameters and gradient traffic of this rank.
@@ -912,11 +1166,33 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         inter_bw = group.inter_GBps;
         intra_bw = group.intra_GBps;
         if (!nominal_nodes) {
+          // The slowest links over the spanned nodes: each off-nominal one's own, and its
+          // class's for every class with a spanned node at nominal bandwidth (a minimum, so
+          // the order it is taken in does not matter). The group spans a node when a context
+          // rank of stage p starts on it.
           inter_bw = intra_bw = kInf;
-          for (int i = group.first_node; i < group.end_node; ++i) {
-            const int node = layout_info->spanned_nodes[i];
-            inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
-            intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+          const size_t node_classes = class_first_node_.size();
+          const int* const spanned = layout_info->spanned_classes.data() + p * node_classes;
+          class_left.assign(spanned, spanned + node_classes);
+          for (int n : work.where->nodes) {
+            if (n >= topo_.num_nodes()) continue;
+            const ClusterTopology::Node& node = topo_.nodes[n];
+            bool spans = false;
+            for (int g = node.first_gpu; g < node.first_gpu + node.gpus && !spans; ++g) {
+              const int rank = layout_info->rank_of_gpu[g];
+              if (rank < 0 || rank % pp != p) continue;
+              for (int k = 0; k < s.cp && !spans; ++k) spans = rank_node(rank / pp, p, k) == n;
+            }
+            if (!spans) continue;
+            --class_left[node_class_[n]];
+            inter_bw = std::min(inter_bw, node.inter_GBps * c.inter(n));
+            intra_bw = std::min(intra_bw, node.intra_GBps * c.intra(n));
+          }
+          for (size_t k = 0; k < node_classes; ++k) {
+            if (class_left[k] == 0) continue;
+            const ClusterTopology::Node& node = topo_.nodes[class_first_node_[k]];
+            inter_bw = std::min(inter_bw, node.inter_GBps);
+            intra_bw = std::min(intra_bw, node.intra_GBps);
           }
         }
       } else {
@@ -1034,7 +1310,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     tl.backward_s.assign(chunk_count, 0);
     tl.p2p_s.assign(chunk_count, 0);
     for (int p = 0; p < pp; ++p) {
-      const RankTime rt = rank_time(critical, p);
+      const RankTime& rt = critical_times[p];
       int layers = 0;
       for (int k = 0; k < v; ++k) layers += chunks.count(k * pp + p);
       for (int k = 0; k < v; ++k) {

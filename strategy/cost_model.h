@@ -131,6 +131,11 @@ class CostModel {
   // reference returned stays valid until the calling thread's next call).
   const Layout& layout(const Strategy& s) const;
   BlockTimes block_times(int type, const Strategy& s) const;
+  struct RankMemory;
+  // memory() split in two: what does not depend on the replica's share, then the rest for a
+  // replica with `microbatches` microbatches.
+  RankMemory rank_memory(const Strategy& s, int pp_rank) const;
+  MemoryBreakdown memory(const Strategy& s, const RankMemory& rank, int microbatches) const;
   // 0 when a context-parallel ring whose cp ranks start on `nodes` stays in one node, else the
   // node classes of its slowest network end (its transfers) and of its slowest NVLink (the
   // pace of its ranks' tensor-parallel collectives), each plus 1.
@@ -142,6 +147,7 @@ class CostModel {
   ClusterTopology topo_;
   // Per node: an id shared by the nodes of one GPU type and the same link bandwidths.
   std::vector<int> node_class_;
+  std::vector<int> class_first_node_;  // per node class: its first node
   unsigned long long id_;  // names this model's topology in the per-thread layout cache
 };
 

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "strategy/cost_model.h"
 #include "strategy/spec_io.h"
@@ -374,10 +375,41 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
   int compared = 0, infeasible = 0, conditioned = 0, context_parallel = 0, fp8 = 0;
+  int variants = 0, moved = 0;
+  const Compression kinds[] = {{},
+                               {Compression::Kind::kFP16, 0, 0},
+                               {Compression::Kind::kTopK, 0.01, 0},
+                               {Compression::Kind::kPowerSGD, 0, 4}};
   for (const char* name : clusters) {
     const ClusterSpec cluster = *cluster_preset(name);
     const CostModel cost(m, cluster);
     const int gpus = cluster.num_gpus();
+    // Every field of the breakdown, bit for bit; true when the layout is feasible.
+    auto same_as_reference = [&](const Strategy& s, const Conditions& c, int shape) {
+      const CostBreakdown fast = cost.evaluate(s, c);
+      const CostBreakdown ref = cost.evaluate_exhaustive(s, c);
+      INFO(name, " shape ", shape, "\n", strategy_to_toml(s));
+      REQUIRE(fast.feasible == ref.feasible);
+      CHECK(fast.reason == ref.reason);
+      CHECK(fast.iteration_time_s == ref.iteration_time_s);
+      if (!ref.feasible) return false;
+      CHECK(fast.compute_s == ref.compute_s);
+      CHECK(fast.recompute_s == ref.recompute_s);
+      CHECK(fast.tp_comm_s == ref.tp_comm_s);
+      CHECK(fast.cp_comm_s == ref.cp_comm_s);
+      CHECK(fast.pp_comm_s == ref.pp_comm_s);
+      CHECK(fast.bubble_s == ref.bubble_s);
+      CHECK(fast.dp_comm_s == ref.dp_comm_s);
+      CHECK(fast.optimizer_s == ref.optimizer_s);
+      CHECK(fast.memory_gib == ref.memory_gib);
+      CHECK(fast.memory_capacity_gib == ref.memory_capacity_gib);
+      CHECK(fast.fits_in_memory == ref.fits_in_memory);
+      CHECK(fast.model_flops == ref.model_flops);
+      CHECK(fast.tflops_per_gpu == ref.tflops_per_gpu);
+      CHECK(fast.mfu == ref.mfu);
+      CHECK(fast.tokens_per_s == ref.tokens_per_s);
+      return true;
+    };
     for (int attempt = 0; attempt < 4000; ++attempt) {
       Strategy s;
       s.tp = 1 << pick(4);
@@ -417,10 +449,6 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
         for (int& share : s.dp_shares) total += share = unit * (1 + pick(3));
         s.global_batch = total;
       }
-      const Compression kinds[] = {{},
-                                   {Compression::Kind::kFP16, 0, 0},
-                                   {Compression::Kind::kTopK, 0.01, 0},
-                                   {Compression::Kind::kPowerSGD, 0, 4}};
       s.compression = kinds[pick(4)];
       if (chance(0.2)) s.compression_overrides.push_back({0, 3, kinds[pick(4)]});
       if (chance(0.15)) {
@@ -443,8 +471,11 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       if (shape == 2 || shape == 4) {
         c.node_inter_bw.assign(cluster.num_nodes(), 1.0);
         c.node_intra_bw.assign(cluster.num_nodes(), 1.0);
-        for (int k = pick(3); k > 0; --k) c.node_inter_bw[pick(cluster.num_nodes())] = 0.25;
-        if (chance(0.5)) c.node_intra_bw[pick(cluster.num_nodes())] = 0.5;
+        // Mostly slower links, sometimes faster ones (a node that then no longer sets its
+        // group's pace).
+        for (int k = pick(3); k > 0; --k)
+          c.node_inter_bw[pick(cluster.num_nodes())] = chance(0.7) ? 0.25 : 4.0;
+        if (chance(0.5)) c.node_intra_bw[pick(cluster.num_nodes())] = chance(0.7) ? 0.5 : 2.0;
       }
       if (shape == 3 || (shape == 4 && chance(0.3))) {
         c.gpu_failed.assign(gpus, false);
@@ -452,32 +483,44 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
       }
       conditioned += shape != 0;
 
-      const CostBreakdown fast = cost.evaluate(s, c);
-      const CostBreakdown ref = cost.evaluate_exhaustive(s, c);
-      INFO(name, " shape ", shape, "\n", strategy_to_toml(s));
-      REQUIRE(fast.feasible == ref.feasible);
-      CHECK(fast.reason == ref.reason);
-      CHECK(fast.iteration_time_s == ref.iteration_time_s);
-      infeasible += !ref.feasible;
+      const bool feasible = same_as_reference(s, c, shape);
+      infeasible += !feasible;
       context_parallel += s.cp > 1;
       fp8 += s.fp8;
       ++compared;
-      if (!ref.feasible) continue;
-      CHECK(fast.compute_s == ref.compute_s);
-      CHECK(fast.recompute_s == ref.recompute_s);
-      CHECK(fast.tp_comm_s == ref.tp_comm_s);
-      CHECK(fast.cp_comm_s == ref.cp_comm_s);
-      CHECK(fast.pp_comm_s == ref.pp_comm_s);
-      CHECK(fast.bubble_s == ref.bubble_s);
-      CHECK(fast.dp_comm_s == ref.dp_comm_s);
-      CHECK(fast.optimizer_s == ref.optimizer_s);
-      CHECK(fast.memory_gib == ref.memory_gib);
-      CHECK(fast.memory_capacity_gib == ref.memory_capacity_gib);
-      CHECK(fast.fits_in_memory == ref.fits_in_memory);
-      CHECK(fast.model_flops == ref.model_flops);
-      CHECK(fast.tflops_per_gpu == ref.tflops_per_gpu);
-      CHECK(fast.mfu == ref.mfu);
-      CHECK(fast.tokens_per_s == ref.tokens_per_s);
+
+      // evaluate() keeps the timings of the last strategies and conditions, for the planner's
+      // variants of one layout that differ only in ZeRO stage, overlap flags or compression:
+      // such a variant, evaluated next, must come out as the reference has it...
+      Strategy variant = s;
+      variant.zero = pick(4);
+      variant.overlap_grad_reduce = chance(0.5);
+      variant.overlap_param_gather = chance(0.5);
+      variant.compression = kinds[pick(4)];
+      variant.compression_overrides.clear();
+      if (chance(0.5)) variant.compression_overrides.push_back({1, 2, kinds[pick(4)]});
+      // Sometimes a field the timing does read changes too: no kept timing may serve it.
+      if (chance(0.2)) variant.tp_comm_overlap = !variant.tp_comm_overlap;
+      if (chance(0.2)) variant.recompute = static_cast<Recompute>(pick(3));
+      if (!find_problem(variant, m, cluster)) {
+        same_as_reference(variant, c, shape);
+        ++variants;
+      }
+      // ... and conditions that differ only in the value of an entry already off nominal must
+      // not be served the kept timing.
+      Conditions changed = c;
+      bool differs = false;
+      for (std::vector<double>* factors : {&changed.gpu_speed, &changed.node_inter_bw}) {
+        for (double& x : *factors) {
+          if (x == 1.0) continue;
+          x *= 0.5;
+          differs = true;
+        }
+      }
+      if (differs) {
+        same_as_reference(s, changed, shape);
+        ++moved;
+      }
     }
   }
   CHECK(compared > 1000);
@@ -485,4 +528,6 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
   CHECK(conditioned > 500);
   CHECK(context_parallel > 200);
   CHECK(fp8 > 30);
+  CHECK(variants > 1000);
+  CHECK(moved > 300);
 }
