@@ -73,6 +73,7 @@ void Search::make_groups(int tp, int cp) {
         building = Group{};
         building.first = static_cast<int>(flat_gpus.size());
         building.node = n;
+        building.first_node = n;
         building.type = node.type;
         building.slow = 0;
         slowest_link = kInf;
@@ -283,16 +284,12 @@ const Placement& Search::detailed(int placement_index) {
     }
     links_ready_ = true;
   }
-  // The node of each slot's group's first GPU.
-  thread_local std::vector<int> slot_node;
-  slot_node.resize(used);
-  for (int slot = 0; slot < used; ++slot) {
-    slot_node[slot] = topo_.node_of_gpu[flat_gpus[groups[pl.group[slot]].first]];
-  }
-  // The link between the first GPUs of two slots' groups: latency and seconds per byte.
+  // The link between the first GPUs of two slots' groups: latency and seconds per byte. It is
+  // symmetric: across nodes, slower_end picks the same node either way round, or on a tie two
+  // nodes of equal bandwidth, whose figures are equal.
   auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
-    const int na = slot_node[slot];
-    const int nb = slot_node[other];
+    const int na = groups[pl.group[slot]].first_node;
+    const int nb = groups[pl.group[other]].first_node;
     if (na == nb) {
       latency_s = intra_latency_s[na];
       s_per_byte = intra_s_per_byte[na];
@@ -302,34 +299,41 @@ const Placement& Search::detailed(int placement_index) {
       s_per_byte = inter_s_per_byte[slower];
     }
   };
-  for (int slot = 0; slot < used; ++slot) {
-    const int r = slot / pp, p = slot % pp;
-    link(slot, r * pp + (p + 1) % pp, pl.next_latency_s[slot], pl.next_s_per_byte[slot]);
-    link(slot, r * pp + (p + pp - 1) % pp, pl.prev_latency_s[slot], pl.prev_s_per_byte[slot]);
-  }
-  // Rank ((r * pp + p) * cp + c) * tp + t is the group's GPU c * tp + t.
-  pl.gpus.resize(static_cast<size_t>(used) * unit);
-  bool identity = used * unit == topo_.num_gpus();
+  // Each slot's link to its successor in the (cyclic) pipeline; by symmetry, the link of a slot
+  // to its predecessor is its predecessor's link to its successor.
   for (int r = 0; r < dp; ++r) {
+    const int row = r * pp;
     for (int p = 0; p < pp; ++p) {
-      const Group& g = groups[pl.group[r * pp + p]];
-      for (int t = 0; t < unit; ++t) {
-        const int rank = (r * pp + p) * unit + t;
-        pl.gpus[rank] = flat_gpus[g.first + t];
-        identity = identity && pl.gpus[rank] == rank;
-      }
+      const int next = p + 1 < pp ? p + 1 : 0;
+      link(row + p, row + next, pl.next_latency_s[row + p], pl.next_s_per_byte[row + p]);
+    }
+    for (int p = 0; p < pp; ++p) {
+      const int prev = p > 0 ? p - 1 : pp - 1;
+      pl.prev_latency_s[row + p] = pl.next_latency_s[row + prev];
+      pl.prev_s_per_byte[row + p] = pl.next_s_per_byte[row + prev];
     }
   }
+  // Rank ((r * pp + p) * cp + c) * tp + t is the group's GPU c * tp + t: each slot's group's
+  // GPUs, slot after slot. The default order when that is every GPU, in order.
+  pl.gpus.resize(static_cast<size_t>(used) * unit);
+  for (int slot = 0; slot < used; ++slot) {
+    // Element by element: a group holds few GPUs, too few to pay for a call to memcpy.
+    const int* from = flat_gpus.data() + groups[pl.group[slot]].first;
+    int* to = pl.gpus.data() + static_cast<size_t>(slot) * unit;
+    for (int t = 0; t < unit; ++t) to[t] = from[t];
+  }
+  bool identity = used * unit == topo_.num_gpus();
+  for (int rank = 0; rank < used * unit && identity; ++rank) identity = pl.gpus[rank] == rank;
   if (identity) pl.gpus.clear();
+  // A replica's predecessor links are its successor links rotated by one rank, so two replicas
+  // whose successor links match rank by rank match in both.
   pl.replicas_alike = true;
   for (int slot = pp; slot < used && pl.replicas_alike; ++slot) {
     const int first = slot % pp;
     pl.replicas_alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
                         pl.slot_link[slot] == pl.slot_link[first] &&
                         pl.next_latency_s[slot] == pl.next_latency_s[first] &&
-                        pl.next_s_per_byte[slot] == pl.next_s_per_byte[first] &&
-                        pl.prev_latency_s[slot] == pl.prev_latency_s[first] &&
-                        pl.prev_s_per_byte[slot] == pl.prev_s_per_byte[first];
+                        pl.next_s_per_byte[slot] == pl.next_s_per_byte[first];
   }
   pl.same_as_previous.assign(dp, 0);
   for (int r = 1; r < dp; ++r) {
@@ -337,16 +341,16 @@ const Placement& Search::detailed(int placement_index) {
     for (int p = 0; p < pp && same; ++p) {
       const int a = r * pp + p, b = a - pp;
       same = pl.next_latency_s[a] == pl.next_latency_s[b] &&
-             pl.next_s_per_byte[a] == pl.next_s_per_byte[b] &&
-             pl.prev_latency_s[a] == pl.prev_latency_s[b] &&
-             pl.prev_s_per_byte[a] == pl.prev_s_per_byte[b];
+             pl.next_s_per_byte[a] == pl.next_s_per_byte[b];
     }
     pl.same_as_previous[r] = same;
   }
   pl.capacity_gib.assign(pp, kInf);
-  for (int slot = 0; slot < used; ++slot) {
-    double& capacity = pl.capacity_gib[slot % pp];
-    capacity = std::min(capacity, topo_.types[pl.type[slot]].memory_gib);
+  for (int r = 0; r < dp; ++r) {
+    for (int p = 0; p < pp; ++p) {
+      double& capacity = pl.capacity_gib[p];
+      capacity = std::min(capacity, topo_.types[pl.type[r * pp + p]].memory_gib);
+    }
   }
   pl.detailed = true;
   return pl;
