@@ -120,15 +120,57 @@ void Search::make_groups(int tp, int cp) {
   bool same = keys.size() == groups.size() && order.size() == groups.size();
   for (size_t i = 0; i < groups.size() && same; ++i) same = keys[i] == groups[i].speed_proxy;
   if (same) return;
-  keys.clear();  // until the order below is complete
-  const size_t n = groups.size();
-  order.resize(n);
-  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return groups[a].speed_proxy > groups[b].speed_proxy * (1 + 1e-12);
-  });
-  keys.resize(n);
+  keys.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) keys[i] = groups[i].speed_proxy;
+  speed_order(keys, order);
+}
+
+void speed_order(const std::vector<double>& speed, std::vector<int>& order) {
+  const size_t n = speed.size();
+  order.resize(n);
+  // Groups come in stretches of equal speed (a node type at nominal speed): the stretches,
+  // (speed, first index, length), in index order.
+  struct Stretch {
+    double speed;
+    int first, length;
+  };
+  thread_local std::vector<Stretch> stretches;
+  stretches.clear();
+  bool by_value = true;
+  for (size_t i = 0; i < n; ++i) {
+    by_value = by_value && speed[i] >= 0;  // neither negative nor NaN
+    if (i > 0 && speed[i] == speed[i - 1]) {
+      ++stretches.back().length;
+    } else {
+      stretches.push_back({speed[i], static_cast<int>(i), 1});
+    }
+  }
+  auto faster = [](double a, double b) { return a > b * (1 + 1e-12); };
+  if (by_value) {
+    std::stable_sort(stretches.begin(), stretches.end(),
+                     [](const Stretch& a, const Stretch& b) { return a.speed > b.speed; });
+    // On speeds >= 0, `faster` is irreflexive, and when every two neighbouring distinct speeds
+    // (in descending order) are `faster` than one another, so is every faster speed than every
+    // slower one (x * (1 + 1e-12) is monotonic in x): `faster` is then exactly `>`, and the
+    // stable sort by it is the speeds descending, ties by index, which is the stretches
+    // descending (stable) read out in turn.
+    for (size_t k = 1; k < stretches.size() && by_value; ++k) {
+      const double a = stretches[k - 1].speed, b = stretches[k].speed;
+      by_value = a == b || faster(a, b);
+    }
+  }
+  if (by_value) {
+    size_t at = 0;
+    for (const Stretch& s : stretches) {
+      for (int i = 0; i < s.length; ++i) order[at++] = s.first + i;
+    }
+    return;
+  }
+  // Speeds within the tolerance of one another: the comparison is not an order, and what the
+  // sort makes of it depends on the sort itself.
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return faster(speed[a], speed[b]); });
 }
 
 // The next placement of this search, its per-slot vectors sized for dp * pp slots.

@@ -137,6 +137,11 @@ struct SearchScratch {
   std::vector<Shape> shapes;  // the running search's
 };
 
+// Indices 0 .. speed.size() - 1 of groups with those speeds, fastest first: exactly the order
+// std::stable_sort gives them when a goes before b if speed[a] > speed[b] * (1 + 1e-12) (speeds
+// within that tolerance count as equal). Into order, resized.
+void speed_order(const std::vector<double>& speed, std::vector<int>& order);
+
 // Shapes that differ only in microbatch and global batch: a microbatch that does not fit rules
 // out every larger one.
 using FitKey = std::tuple<int, int, bool, Schedule, int, Recompute, int>;
