@@ -41,11 +41,20 @@ void Search::make_groups(int tp, int cp) {
   groups.clear();
   flat_gpus.clear();
   std::vector<int>& usable = scratch_.usable;
+  std::vector<int>& usable_first = scratch_.usable_first;
   std::vector<double>& inverse_speed = scratch_.inverse_speed;
-  if (!speeds_ready_) {
+  if (!gpus_ready_) {  // what every (tp, cp) shares
     inverse_speed.resize(topo_.num_gpus());
     for (int gpu = 0; gpu < topo_.num_gpus(); ++gpu) inverse_speed[gpu] = 1.0 / c_.speed(gpu);
-    speeds_ready_ = true;
+    usable.clear();
+    usable_first.assign(1, 0);
+    for (const auto& node : topo_.nodes) {
+      for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
+        if (!c_.failed(gpu)) usable.push_back(gpu);
+      }
+      usable_first.push_back(static_cast<int>(usable.size()));
+    }
+    gpus_ready_ = true;
   }
   // A stage wider than a node takes whole slices of `slice` GPUs (a multiple of tp, so every
   // tensor-parallel group stays in one node) from `span` nodes of one GPU type, in node order:
@@ -60,11 +69,7 @@ void Search::make_groups(int tp, int cp) {
   double slowest_link = kInf;
   for (int n = 0; n < topo_.num_nodes(); ++n) {
     const auto& node = topo_.nodes[n];
-    usable.clear();
-    for (int gpu = node.first_gpu; gpu < node.first_gpu + node.gpus; ++gpu) {
-      if (!c_.failed(gpu)) usable.push_back(gpu);
-    }
-    for (size_t i = 0; i + slice <= usable.size(); i += slice) {
+    for (int i = usable_first[n]; i + slice <= usable_first[n + 1]; i += slice) {
       if (members > 0 && node.type != building.type) {  // a group has one GPU type: start again
         flat_gpus.resize(building.first);
         members = 0;

@@ -131,7 +131,10 @@ struct SearchScratch {
   // the network when the node's end is the slower one.
   std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
   std::vector<double> inverse_speed;  // per GPU, this search's 1 / speed
-  std::vector<int> usable, chosen, replicas;
+  // This search's usable GPUs, node after node: node n's are usable[usable_first[n] ..
+  // usable_first[n + 1]).
+  std::vector<int> usable, usable_first;
+  std::vector<int> chosen, replicas;
   std::vector<std::vector<int>> by_type;
   std::vector<double> type_block_s, link_speed;
   std::vector<Shape> shapes;  // the running search's
@@ -263,7 +266,8 @@ class Search {
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
-  bool speeds_ready_ = false;   // scratch_.inverse_speed holds this search's conditions
+  // scratch_.inverse_speed, usable and usable_first hold this search's conditions
+  bool gpus_ready_ = false;
   std::vector<Shape>& shapes_;  // scratch_.shapes
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often
