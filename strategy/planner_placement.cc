@@ -46,6 +46,11 @@ void Search::make_groups(int tp, int cp) {
   if (!gpus_ready_) {  // what every (tp, cp) shares
     inverse_speed.resize(topo_.num_gpus());
     for (int gpu = 0; gpu < topo_.num_gpus(); ++gpu) inverse_speed[gpu] = 1.0 / c_.speed(gpu);
+    std::vector<double>& node_link_speed = scratch_.node_link_speed;
+    node_link_speed.resize(topo_.nodes.size());
+    for (int n = 0; n < topo_.num_nodes(); ++n) {
+      node_link_speed[n] = topo_.nodes[n].intra_GBps * c_.intra(n);
+    }
     usable.clear();
     usable_first.assign(1, 0);
     for (const auto& node : topo_.nodes) {
@@ -203,43 +208,60 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
   const std::vector<int>& order = scratch_.speed_order[tp * cp];
   const std::vector<Group>& groups = scratch_.groups[tp * cp];
 
-  // Per-slot type, slowness and NVLink speed class of a placement whose groups are set.
+  // Per-slot type, slowness and NVLink speed class of a placement whose groups are set, and
+  // its runs of like replicas, in one pass.
   auto finish = [&](Placement& pl) {
     std::vector<double>& link_speed = scratch_.link_speed;
     link_speed.clear();
-    int last_node = -1, last_link = 0;
-    for (int slot = 0; slot < used; ++slot) {
-      const Group& g = groups[pl.group[slot]];
-      pl.type[slot] = g.type;
-      pl.slow[slot] = g.slow;
-      if (g.type < 8) pl.types_used |= 1u << g.type;
-      const int node = g.node;
-      if (node != last_node) {  // the same node has the same speed, hence the same class
-        const double speed = topo_.nodes[node].intra_GBps * c_.intra(node);
-        size_t i = 0;
-        while (i < link_speed.size() && link_speed[i] != speed) ++i;
-        if (i == link_speed.size()) {
-          link_speed.push_back(speed);
-          pl.link_node.push_back(node);
-        }
-        last_node = node;
-        last_link = static_cast<int>(i);
-      }
-      pl.slot_link[slot] = last_link;
-    }
+    // Each node's class in this placement, looked up once: valid where its stamp is this
+    // placement's. A class is the index of its speed among the placement's distinct speeds, in
+    // the order the slots first show them.
+    std::vector<int>& node_link = scratch_.node_link;
+    std::vector<unsigned long>& node_link_stamp = scratch_.node_link_stamp;
+    node_link.resize(topo_.nodes.size());
+    node_link_stamp.resize(topo_.nodes.size(), 0);
+    const unsigned long stamp = ++scratch_.link_stamp;
+    unsigned types_used = 0;
     pl.like_replica.resize(pl.dp);
+    // Raw pointers: stores through the vectors' elements would otherwise make the compiler
+    // reload every vector's data pointer slot by slot.
+    const Group* group_of = groups.data();
+    const int* group = pl.group.data();
+    int* type = pl.type.data();
+    double* slow = pl.slow.data();
+    int* slot_link = pl.slot_link.data();
+    int* link_of_node = node_link.data();
+    unsigned long* link_stamp = node_link_stamp.data();
     for (int r = 0; r < pl.dp; ++r) {
-      bool same = r > 0;
-      for (int p = 0; p < pp && same; ++p) {
-        const int a = r * pp + p, b = a - pp;
-        const Group& ga = groups[pl.group[a]];
-        const Group& gb = groups[pl.group[b]];
-        same = pl.type[a] == pl.type[b] && pl.slow[a] == pl.slow[b] &&
-               pl.slot_link[a] == pl.slot_link[b] && ga.ring_latency_s == gb.ring_latency_s &&
-               ga.ring_s_per_byte == gb.ring_s_per_byte;
+      bool same = r > 0;  // so far, slot for slot like replica r - 1
+      for (int slot = r * pp; slot < (r + 1) * pp; ++slot) {
+        const Group& g = group_of[group[slot]];
+        type[slot] = g.type;
+        slow[slot] = g.slow;
+        if (g.type < 8) types_used |= 1u << g.type;
+        const int node = g.node;
+        if (link_stamp[node] != stamp) {
+          const double speed = scratch_.node_link_speed[node];
+          size_t i = 0;
+          while (i < link_speed.size() && link_speed[i] != speed) ++i;
+          if (i == link_speed.size()) {
+            link_speed.push_back(speed);
+            pl.link_node.push_back(node);
+          }
+          link_of_node[node] = static_cast<int>(i);
+          link_stamp[node] = stamp;
+        }
+        slot_link[slot] = link_of_node[node];
+        if (same) {
+          const int b = slot - pp;
+          const Group& gb = group_of[group[b]];
+          same = g.type == type[b] && g.slow == slow[b] && slot_link[slot] == slot_link[b] &&
+                 g.ring_latency_s == gb.ring_latency_s && g.ring_s_per_byte == gb.ring_s_per_byte;
+        }
       }
       pl.like_replica[r] = same ? pl.like_replica[r - 1] : r;
     }
+    pl.types_used |= types_used;
   };
 
   // Packed: replicas of similar speed (slow groups together; elastic shares absorb the rest).

@@ -137,6 +137,12 @@ struct SearchScratch {
   std::vector<int> chosen, replicas;
   std::vector<std::vector<int>> by_type;
   std::vector<double> type_block_s, link_speed;
+  // Per node: this search's NVLink speed (intra_GBps x its factor), and its class in the
+  // placement being finished, valid where node_link_stamp equals link_stamp.
+  std::vector<double> node_link_speed;
+  std::vector<int> node_link;
+  std::vector<unsigned long> node_link_stamp;
+  unsigned long link_stamp = 0;
   std::vector<Shape> shapes;  // the running search's
 };
 
@@ -266,7 +272,8 @@ class Search {
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
-  // scratch_.inverse_speed, usable and usable_first hold this search's conditions
+  // scratch_.inverse_speed, usable, usable_first and node_link_speed hold this search's
+  // conditions
   bool gpus_ready_ = false;
   std::vector<Shape>& shapes_;  // scratch_.shapes
   std::vector<Track> tracks_;
