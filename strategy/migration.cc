@@ -7,21 +7,15 @@
 namespace parapilot {
 namespace planner_internal {
 
-void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
+namespace {
+
+// Calls visit(gpu, holding) for every holding of layout s, in (replica, stage, context rank,
+// tp rank, virtual stage) order, the order in which a GPU's holdings are listed.
+template <class Visit>
+void visit_holdings(const Strategy& s, const ModelSpec& model, Visit&& visit) {
   const std::vector<int> chunks = s.layers_per_chunk(model.layers);
   std::vector<int> first(chunks.size());
   for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
-  // Count per GPU, then fill in (replica, stage, tp rank, virtual stage) order, the order in
-  // which a GPU's holdings are listed.
-  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
-  for (int r = 0; r < s.dp; ++r)
-    for (int p = 0; p < s.pp; ++p)
-      for (int c = 0; c < s.cp; ++c)
-        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
-  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
-  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
-  thread_local std::vector<int> cursor;
-  cursor.assign(out.first.begin(), out.first.end() - 1);
   // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
   // optimizer state over the dp x cp ranks that hold it.
   const int owners = s.dp * s.cp;
@@ -43,12 +37,30 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdi
             int a = first[c], b = first[c] + chunks[c] - 1;
             if (c == 0) a = -1;
             if (c == s.num_chunks() - 1) b = model.layers;
-            out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+            visit(gpu, Holding{a, b, lo, hi, olo, ohi});
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
+  // Count per GPU, then fill in listing order.
+  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
+  for (int r = 0; r < s.dp; ++r)
+    for (int p = 0; p < s.pp; ++p)
+      for (int c = 0; c < s.cp; ++c)
+        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
+  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
+  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
+  thread_local std::vector<int> cursor;
+  cursor.assign(out.first.begin(), out.first.end() - 1);
+  visit_holdings(s, model, [&](int gpu, const Holding& h) {
+    out.items[static_cast<size_t>(cursor[gpu]++)] = h;
+  });
 }
 
 namespace {
@@ -62,8 +74,6 @@ double overlap(double a0, double a1, double b0, double b1) {
 Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
                          const Conditions& c, const ModelSpec& model, const ClusterTopology& topo) {
   const int gpus = topo.num_gpus();
-  thread_local Holdings after;
-  holdings_of(to, model, gpus, after);
   const double weight_bytes = kWeightBytesPerParam;
   const double grad_bytes = grad_bytes_per_param(model);
   const double optimizer_bytes = kOptimizerBytesPerParam;
@@ -93,17 +103,20 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
                                    : opt_hi(h) - opt_lo(h);
     return params * (width * (weight_bytes + grad_bytes) + opt_width * optimizer_bytes);
   };
+  // What each GPU must receive: what it holds after, less what it already holds, summed in
+  // the order its holdings after are listed (as holdings_of(to) would list them), as they come.
+  thread_local std::vector<double> needs;
+  needs.assign(static_cast<size_t>(gpus), 0.0);
+  visit_holdings(to, model, [&](int g, const Holding& h) {
+    double& need = needs[static_cast<size_t>(g)];
+    need += bytes_of(h, nullptr);
+    for (int j = before.first[g]; j < before.first[g + 1]; ++j)
+      need -= bytes_of(h, &before.items[static_cast<size_t>(j)]);
+  });
   Migration m;
   double slowest = 0;
   for (int g = 0; g < gpus; ++g) {
-    double need = 0;
-    for (int i = after.first[g]; i < after.first[g + 1]; ++i) {
-      const Holding& h = after.items[static_cast<size_t>(i)];
-      need += bytes_of(h, nullptr);
-      for (int j = before.first[g]; j < before.first[g + 1]; ++j)
-        need -= bytes_of(h, &before.items[static_cast<size_t>(j)]);
-    }
-    need = std::max(0.0, need);
+    const double need = std::max(0.0, needs[static_cast<size_t>(g)]);
     if (need <= 0) continue;
     m.total_bytes += need;
     m.max_bytes = std::max(m.max_bytes, need);
