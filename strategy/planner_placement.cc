@@ -396,23 +396,23 @@ const Placement& Search::detailed(int placement_index) {
   if (identity) pl.gpus.clear();
   // A replica's predecessor links are its successor links rotated by one rank, so two replicas
   // whose successor links match rank by rank match in both.
-  pl.replicas_alike = true;
-  for (int slot = pp; slot < used && pl.replicas_alike; ++slot) {
+  bool alike = true;
+  for (int slot = pp; slot < used && alike; ++slot) {
     const int first = slot % pp;
-    pl.replicas_alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
-                        pl.slot_link[slot] == pl.slot_link[first] &&
-                        pl.next_latency_s[slot] == pl.next_latency_s[first] &&
-                        pl.next_s_per_byte[slot] == pl.next_s_per_byte[first];
+    alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
+            pl.slot_link[slot] == pl.slot_link[first] &&
+            pl.next_latency_s[slot] == pl.next_latency_s[first] &&
+            pl.next_s_per_byte[slot] == pl.next_s_per_byte[first];
   }
-  pl.same_as_previous.assign(dp, 0);
-  for (int r = 1; r < dp; ++r) {
+  pl.cost_leaders.assign(1, 0);
+  for (int r = 1; r < dp && !alike; ++r) {
     bool same = pl.like_replica[r] == pl.like_replica[r - 1];
     for (int p = 0; p < pp && same; ++p) {
       const int a = r * pp + p, b = a - pp;
       same = pl.next_latency_s[a] == pl.next_latency_s[b] &&
              pl.next_s_per_byte[a] == pl.next_s_per_byte[b];
     }
-    pl.same_as_previous[r] = same;
+    if (!same) pl.cost_leaders.push_back(r);
   }
   pl.capacity_gib.assign(pp, kInf);
   for (int r = 0; r < dp; ++r) {

@@ -395,18 +395,16 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
   // Replicas come in runs whose costs are equal rank by rank: run k is replicas
   // run_begin[k] .. run_begin[k + 1] - 1 and its costs are costs[k * pp .. (k + 1) * pp).
-  // A replica like the previous one (Placement::same_as_previous; every replica when they are
-  // all alike) costs the same term by term, so only the first of a placement's run is costed;
-  // a run whose costs equal the previous run's joins it. Within a run, replicas with the same
+  // A replica costs the same term by term as the previous one unless it is one of the
+  // placement's cost leaders, so only those are costed; a run whose costs equal the previous
+  // run's joins it. Within a run, replicas with the same
   // microbatch count have the same row, which partition_blocks would drop as dominated, and
   // their shares come out alike.
   thread_local std::vector<RankCost> costs;
   thread_local std::vector<int> run_begin;
   costs.clear();
   run_begin.clear();
-  const int distinct = pl.replicas_alike ? 1 : dp;
-  for (int r = 0; r < distinct; ++r) {
-    if (pl.same_as_previous[r]) continue;
+  for (const int r : pl.cost_leaders) {
     const size_t at = costs.size();
     costs.resize(at + pp);
     for (int p = 0; p < pp; ++p) {
@@ -609,8 +607,8 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   std::vector<int> chosen = chunk_layers(per_rank, v);
   s.stage_layers.clear();
   if (chosen != s.layers_per_chunk(layers)) s.stage_layers = std::move(chosen);
-  bool uniform = true;
-  for (int r = 1; r < dp; ++r) uniform = uniform && micro[r] == micro[0];
+  const bool uniform =
+      std::all_of(micro.begin(), micro.end(), [&](int m) { return m == micro[0]; });
   if (!uniform) {
     s.dp_shares.resize(dp);
     for (int r = 0; r < dp; ++r) s.dp_shares[r] = micro[r] * mb;

@@ -79,13 +79,12 @@ struct Placement {
   // interleaving): latency and seconds per byte.
   std::vector<double> next_latency_s, next_s_per_byte, prev_latency_s, prev_s_per_byte;
   std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
-  // Whether every replica's slots match replica 0's (type, slowness, links): then every
-  // replica times alike, whatever the shape.
-  bool replicas_alike = false;
-  // Per replica: 1 when it is like the previous replica (same like_replica) and its pipeline
-  // links match that replica's slot for slot: then it costs the same, term by term, whatever
-  // the shape.
-  std::vector<uint8_t> same_as_previous;
+  // The replicas whose costs differ, whatever the shape, from the previous replica's, in
+  // order: replica 0 alone when every replica's slots match replica 0's (type, slowness,
+  // links); otherwise replica 0 and each replica that is not like the previous one (same
+  // like_replica) with the same pipeline links slot for slot. A replica left out costs the
+  // same as the one before it, term by term.
+  std::vector<int> cost_leaders;
   std::vector<double> capacity_gib;  // per pipeline rank: the least memory among its GPUs
 };
 
