@@ -455,8 +455,12 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   auto find_stretches = [&]() {
     stretches.clear();
     for (int k = 0; k < runs; ++k) {
-      for (int r = run_begin[k]; r < run_begin[k + 1]; ++r) {
-        if (r == run_begin[k] || micro[r] != micro[r - 1]) stretches.push_back({k, micro[r]});
+      const int* r = micro.data() + run_begin[k];
+      const int* const end = micro.data() + run_begin[k + 1];
+      while (r < end) {  // a stretch from r
+        const int m = *r;
+        stretches.push_back({k, m});
+        r = std::find_if(r + 1, end, [m](int x) { return x != m; });
       }
     }
   };
