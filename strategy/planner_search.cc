@@ -184,13 +184,23 @@ void Search::add_shapes(int placement_index) {
   thread_local std::vector<std::pair<int, int>> batches;
   // Bounds of one v, per (recompute, pair): the same for every ZeRO stage.
   thread_local std::vector<double> bounds;
-  // Per (recompute, microbatch) of one sp: each replica's sum of 1 / beta and fastest beta,
-  // which every schedule and v share.
+  // The placement's runs of like replicas (Placement::like_replica): run i is replicas
+  // like_begin[i] .. like_begin[i + 1] - 1, which time alike: their terms below are worked out
+  // once per run, and sums over replicas add a run's term once per member, in replica order.
+  thread_local std::vector<int> like_begin;
+  like_begin.clear();
+  for (int r = 0; r < dp; ++r) {
+    if (pl.like_replica[r] == r) like_begin.push_back(r);
+  }
+  const int like_runs = static_cast<int>(like_begin.size());
+  like_begin.push_back(dp);
+  // Per (recompute, microbatch) of one sp: each run's sum of 1 / beta and fastest beta, and
+  // the sum over replicas of the former, which every schedule and v share.
   struct Rates {
     Recompute rc;
     int mb;
     double sum_rate;
-    size_t at;  // rate_store[at + 2r] = replica r's rate, rate_store[at + 2r + 1] its beta_min
+    size_t at;  // rate_store[at + 2i] = run i's rate, rate_store[at + 2i + 1] its beta_min
   };
   thread_local std::vector<Rates> rates;
   thread_local std::vector<double> rate_store;
@@ -211,16 +221,10 @@ void Search::add_shapes(int placement_index) {
       link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
     }
     const size_t at = rate_store.size();
-    rate_store.resize(at + 2 * static_cast<size_t>(dp));
+    rate_store.resize(at + 2 * static_cast<size_t>(like_runs));
     double sum_rate = 0;
-    for (int r = 0; r < dp; ++r) {
-      const int like = pl.like_replica[r];
-      if (like != r) {
-        rate_store[at + 2 * r] = rate_store[at + 2 * like];
-        rate_store[at + 2 * r + 1] = rate_store[at + 2 * like + 1];
-        sum_rate += rate_store[at + 2 * r];
-        continue;
-      }
+    for (int i = 0; i < like_runs; ++i) {
+      const int r = like_begin[i];
       double rate = 0, beta_min = kInf;
       for (int p = 0; p < pp; ++p) {
         const int slot = r * pp + p;
@@ -230,9 +234,9 @@ void Search::add_shapes(int placement_index) {
         rate += 1.0 / beta;
         beta_min = std::min(beta_min, beta);
       }
-      rate_store[at + 2 * r] = rate;
-      rate_store[at + 2 * r + 1] = beta_min;
-      sum_rate += rate;
+      rate_store[at + 2 * i] = rate;
+      rate_store[at + 2 * i + 1] = beta_min;
+      for (int member = r; member < like_begin[i + 1]; ++member) sum_rate += rate;
     }
     rates.push_back(Rates{rc, mb, sum_rate, at});
     return rates.back();
@@ -300,12 +304,13 @@ void Search::add_shapes(int placement_index) {
                   sum_rate = e.sum_rate;
                   weighted = 0;
                   slowest_unit_s = 0;
-                  for (int r = 0; r < dp; ++r) {
-                    weighted += layers * rate_beta[2 * r + 1] / v * rate_beta[2 * r];
+                  for (int i = 0; i < like_runs; ++i) {
+                    const double term = layers * rate_beta[2 * i + 1] / v * rate_beta[2 * i];
+                    for (int r = like_begin[i]; r < like_begin[i + 1]; ++r) weighted += term;
                     // Every replica runs at least one unit of microbatches.
                     slowest_unit_s = std::max(slowest_unit_s,
-                                              layers * (unit - 1.0 / v) / rate_beta[2 * r] +
-                                                  layers * rate_beta[2 * r + 1] / v);
+                                              layers * (unit - 1.0 / v) / rate_beta[2 * i] +
+                                                  layers * rate_beta[2 * i + 1] / v);
                   }
                   have_rates = true;
                   last_mb = mb;
