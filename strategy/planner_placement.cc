@@ -304,19 +304,24 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
   {
     Placement& pl = new_placement(tp, cp, pp, dp);
     std::copy(chosen.begin(), chosen.begin() + used, pl.group.begin());
-    for (int r = 0; r < dp; ++r) {
+    for (int r = 0; r < dp && pp > 1; ++r) {
       // Node order inside a replica.
       std::sort(pl.group.begin() + r * pp, pl.group.begin() + (r + 1) * pp);
     }
     finish(pl);
   }
-  // Spread: every replica gets the same mix, stage p from the p-th speed tier.
-  bool uniform = true;
-  for (int i = 1; i < used && uniform; ++i) {
-    uniform = uniform &&
-              std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) < 1e-9;
-  }
-  if (!uniform && dp > 1 && pp > 1 && space_.mixed_types_in_pipeline) {
+  // Spread: every replica gets the same mix, stage p from the p-th speed tier (unless the
+  // groups' speeds are uniform).
+  auto uniform = [&]() {
+    for (int i = 1; i < used; ++i) {
+      if (!(std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) <
+            1e-9)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (dp > 1 && pp > 1 && space_.mixed_types_in_pipeline && !uniform()) {
     Placement& pl = new_placement(tp, cp, pp, dp);
     for (int r = 0; r < dp; ++r) {
       for (int p = 0; p < pp; ++p) pl.group[r * pp + p] = chosen[p * dp + r];
