@@ -43,10 +43,10 @@ void Search::make_groups(int tp, int cp) {
   std::vector<int>& usable = scratch_.usable;
   std::vector<int>& usable_first = scratch_.usable_first;
   std::vector<double>& inverse_speed = scratch_.inverse_speed;
+  std::vector<double>& node_link_speed = scratch_.node_link_speed;
   if (!gpus_ready_) {  // what every (tp, cp) shares
     inverse_speed.resize(topo_.num_gpus());
     for (int gpu = 0; gpu < topo_.num_gpus(); ++gpu) inverse_speed[gpu] = 1.0 / c_.speed(gpu);
-    std::vector<double>& node_link_speed = scratch_.node_link_speed;
     node_link_speed.resize(topo_.nodes.size());
     for (int n = 0; n < topo_.num_nodes(); ++n) {
       node_link_speed[n] = topo_.nodes[n].intra_GBps * c_.intra(n);
@@ -69,19 +69,28 @@ void Search::make_groups(int tp, int cp) {
   const int slice = unit <= max_node ? unit : max_node;
   const int span = unit / slice;
   assert(unit % slice == 0 && slice % tp == 0);  // the caller's precondition
+  // The groups' GPUs are written to flat_gpus[0, filled): at most every usable GPU.
+  flat_gpus.resize(usable.size());
+  int filled = 0;
   int members = 0;  // slices of the group being built
   Group building;
   double slowest_link = kInf;
   for (int n = 0; n < topo_.num_nodes(); ++n) {
     const auto& node = topo_.nodes[n];
+    // The node's NVLink speed, and its seconds per byte for a ring step: over NVLink for a
+    // stage inside the node, else over the network.
+    const double link = node_link_speed[n];
+    const double ring_s_per_byte =
+        span == 1 ? 1.0 / (node.intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(n))
+                  : 1.0 / (node.inter_GBps * c_.inter(n) * 1e9 * topo_.inter_efficiency);
     for (int i = usable_first[n]; i + slice <= usable_first[n + 1]; i += slice) {
       if (members > 0 && node.type != building.type) {  // a group has one GPU type: start again
-        flat_gpus.resize(building.first);
+        filled = building.first;
         members = 0;
       }
       if (members == 0) {
         building = Group{};
-        building.first = static_cast<int>(flat_gpus.size());
+        building.first = filled;
         building.node = n;
         building.first_node = n;
         building.type = node.type;
@@ -89,24 +98,20 @@ void Search::make_groups(int tp, int cp) {
         slowest_link = kInf;
       }
       // Its tensor-parallel collectives run at its slowest node's NVLink.
-      const double link = node.intra_GBps * c_.intra(n);
       if (link < slowest_link) {
         slowest_link = link;
         building.node = n;
       }
       for (int t = 0; t < slice; ++t) {
-        flat_gpus.push_back(usable[i + t]);
+        flat_gpus[filled++] = usable[i + t];
         building.slow = std::max(building.slow, inverse_speed[usable[i + t]]);
       }
       if (span == 1) {
         building.ring_latency_s = topo_.intra_latency_s;
-        building.ring_s_per_byte =
-            1.0 / (node.intra_GBps * 1e9 * topo_.intra_efficiency * c_.intra(n));
+        building.ring_s_per_byte = ring_s_per_byte;
       } else {
         building.ring_latency_s = topo_.inter_latency_s;
-        building.ring_s_per_byte =
-            std::max(building.ring_s_per_byte,
-                     1.0 / (node.inter_GBps * c_.inter(n) * 1e9 * topo_.inter_efficiency));
+        building.ring_s_per_byte = std::max(building.ring_s_per_byte, ring_s_per_byte);
       }
       if (++members == span) {
         groups.push_back(building);
@@ -114,7 +119,7 @@ void Search::make_groups(int tp, int cp) {
       }
     }
   }
-  flat_gpus.resize(members > 0 ? building.first : flat_gpus.size());
+  flat_gpus.resize(members > 0 ? building.first : filled);
   // One block time per GPU type (negative: not looked up yet).
   std::vector<double>& type_block_s = scratch_.type_block_s;
   type_block_s.assign(topo_.types.size(), -1.0);
