@@ -259,9 +259,11 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
         slot_link[slot] = link_of_node[node];
         if (same) {
           const int b = slot - pp;
-          const Group& gb = group_of[group[b]];
-          same = g.type == type[b] && g.slow == slow[b] && slot_link[slot] == slot_link[b] &&
-                 g.ring_latency_s == gb.ring_latency_s && g.ring_s_per_byte == gb.ring_s_per_byte;
+          same = g.type == type[b] && g.slow == slow[b] && slot_link[slot] == slot_link[b];
+          if (same && cp > 1) {
+            const Group& gb = group_of[group[b]];
+            same = g.ring_latency_s == gb.ring_latency_s && g.ring_s_per_byte == gb.ring_s_per_byte;
+          }
         }
       }
       pl.like_replica[r] = same ? pl.like_replica[r - 1] : r;

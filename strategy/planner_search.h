@@ -69,7 +69,8 @@ struct Placement {
   std::vector<double> slow;
   unsigned types_used = 0;  // bit k: some slot has GPU type k (k < 8)
   // Per replica: the first replica of its run of replicas whose slots match slot for slot in
-  // type, slowness, NVLink class and ring links (their bounds are equal: computed once).
+  // type, slowness, NVLink class and, with cp > 1, ring links (without context parallelism
+  // there is no ring to time): their bounds are equal, computed once.
   std::vector<int> like_replica;
   // Distinct NVLink speeds among the slots (tp collectives differ only by those).
   std::vector<int> slot_link, link_node;
