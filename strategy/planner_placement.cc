@@ -321,10 +321,8 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
   // groups' speeds are uniform).
   auto uniform = [&]() {
     for (int i = 1; i < used; ++i) {
-      if (!(std::abs(groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy - 1.0) <
-            1e-9)) {
-        return false;
-      }
+      const double ratio = groups[chosen[i]].speed_proxy / groups[chosen[0]].speed_proxy;
+      if (!(std::abs(ratio - 1.0) < 1e-9)) return false;
     }
     return true;
   };

@@ -49,8 +49,8 @@ inline constexpr int kDefaultMaxVirtualStages = 8;
 // A stage's GPUs: tp x cp usable GPUs of one type (cp tensor-parallel groups side by side),
 // inside one node or filling whole nodes.
 struct Group {
-  int first = 0;  // index into the flat GPU list
-  int node = 0;   // its node whose NVLink is slowest (the pace of its tp collectives)
+  int first = 0;       // index into the flat GPU list
+  int node = 0;        // its node whose NVLink is slowest (the pace of its tp collectives)
   int first_node = 0;  // the node of its first GPU (its end of point-to-point links)
   int type = 0;
   double slow = 1;  // 1 / speed of its slowest member

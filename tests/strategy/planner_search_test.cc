@@ -26,9 +26,8 @@ namespace {
 std::vector<int> reference_speed_order(const std::vector<double>& speed) {
   std::vector<int> order(speed.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return speed[a] > speed[b] * (1 + 1e-12);
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return speed[a] > speed[b] * (1 + 1e-12); });
   return order;
 }
 
@@ -157,7 +156,8 @@ TEST_CASE("planner: speed_order equals the stable sort by speed with its toleran
     while (static_cast<int>(speed.size()) < n) {
       double x = base[std::uniform_int_distribution<size_t>(0, base.size() - 1)(rng)];
       const int twist = std::uniform_int_distribution<int>(0, 99)(rng);
-      if (kind == 1 && twist < 20) x *= 1 + 1e-13 * std::uniform_int_distribution<int>(-20, 20)(rng);
+      if (kind == 1 && twist < 20)
+        x *= 1 + 1e-13 * std::uniform_int_distribution<int>(-20, 20)(rng);
       if (kind == 2 && twist < 20) x *= 1 + 1e-12 * std::uniform_int_distribution<int>(-3, 3)(rng);
       if (kind == 3 && twist < 5) x = std::uniform_real_distribution<double>(0.1, 10.0)(rng);
       if (kind == 4 && twist < 3) x = 0;
