@@ -237,9 +237,13 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
     int* slot_link = pl.slot_link.data();
     int* link_of_node = node_link.data();
     unsigned long* link_stamp = node_link_stamp.data();
-    for (int r = 0; r < pl.dp; ++r) {
+    // Local copies, which those stores cannot touch either.
+    const int stages = pp, replicas = pl.dp;
+    const bool ring = cp > 1;
+    for (int r = 0; r < replicas; ++r) {
       bool same = r > 0;  // so far, slot for slot like replica r - 1
-      for (int slot = r * pp; slot < (r + 1) * pp; ++slot) {
+      const int end = (r + 1) * stages;
+      for (int slot = r * stages; slot < end; ++slot) {
         const Group& g = group_of[group[slot]];
         type[slot] = g.type;
         slow[slot] = g.slow;
@@ -258,9 +262,9 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
         }
         slot_link[slot] = link_of_node[node];
         if (same) {
-          const int b = slot - pp;
+          const int b = slot - stages;
           same = g.type == type[b] && g.slow == slow[b] && slot_link[slot] == slot_link[b];
-          if (same && cp > 1) {
+          if (same && ring) {
             const Group& gb = group_of[group[b]];
             same = g.ring_latency_s == gb.ring_latency_s && g.ring_s_per_byte == gb.ring_s_per_byte;
           }
