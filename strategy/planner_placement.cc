@@ -370,9 +370,12 @@ const Placement& Search::detailed(int placement_index) {
   // The link between the first GPUs of two slots' groups: latency and seconds per byte. It is
   // symmetric: across nodes, slower_end picks the same node either way round, or on a tie two
   // nodes of equal bandwidth, whose figures are equal.
+  // Raw pointers: see add_placements' finish.
+  const Group* group_of = groups.data();
+  const int* group = pl.group.data();
   auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
-    const int na = groups[pl.group[slot]].first_node;
-    const int nb = groups[pl.group[other]].first_node;
+    const int na = group_of[group[slot]].first_node;
+    const int nb = group_of[group[other]].first_node;
     if (na == nb) {
       latency_s = intra_latency_s[na];
       s_per_byte = intra_s_per_byte[na];
@@ -384,16 +387,20 @@ const Placement& Search::detailed(int placement_index) {
   };
   // Each slot's link to its successor in the (cyclic) pipeline; by symmetry, the link of a slot
   // to its predecessor is its predecessor's link to its successor.
+  double* next_latency_s = pl.next_latency_s.data();
+  double* next_s_per_byte = pl.next_s_per_byte.data();
+  double* prev_latency_s = pl.prev_latency_s.data();
+  double* prev_s_per_byte = pl.prev_s_per_byte.data();
   for (int r = 0; r < dp; ++r) {
     const int row = r * pp;
     for (int p = 0; p < pp; ++p) {
       const int next = p + 1 < pp ? p + 1 : 0;
-      link(row + p, row + next, pl.next_latency_s[row + p], pl.next_s_per_byte[row + p]);
+      link(row + p, row + next, next_latency_s[row + p], next_s_per_byte[row + p]);
     }
     for (int p = 0; p < pp; ++p) {
       const int prev = p > 0 ? p - 1 : pp - 1;
-      pl.prev_latency_s[row + p] = pl.next_latency_s[row + prev];
-      pl.prev_s_per_byte[row + p] = pl.next_s_per_byte[row + prev];
+      prev_latency_s[row + p] = next_latency_s[row + prev];
+      prev_s_per_byte[row + p] = next_s_per_byte[row + prev];
     }
   }
   // Rank ((r * pp + p) * cp + c) * tp + t is the group's GPU c * tp + t: each slot's group's
@@ -401,7 +408,7 @@ const Placement& Search::detailed(int placement_index) {
   pl.gpus.resize(static_cast<size_t>(used) * unit);
   for (int slot = 0; slot < used; ++slot) {
     // Element by element: a group holds few GPUs, too few to pay for a call to memcpy.
-    const int* from = flat_gpus.data() + groups[pl.group[slot]].first;
+    const int* from = flat_gpus.data() + group_of[group[slot]].first;
     int* to = pl.gpus.data() + static_cast<size_t>(slot) * unit;
     for (int t = 0; t < unit; ++t) to[t] = from[t];
   }
@@ -415,16 +422,15 @@ const Placement& Search::detailed(int placement_index) {
     const int first = slot % pp;
     alike = pl.type[slot] == pl.type[first] && pl.slow[slot] == pl.slow[first] &&
             pl.slot_link[slot] == pl.slot_link[first] &&
-            pl.next_latency_s[slot] == pl.next_latency_s[first] &&
-            pl.next_s_per_byte[slot] == pl.next_s_per_byte[first];
+            next_latency_s[slot] == next_latency_s[first] &&
+            next_s_per_byte[slot] == next_s_per_byte[first];
   }
   pl.cost_leaders.assign(1, 0);
   for (int r = 1; r < dp && !alike; ++r) {
     bool same = pl.like_replica[r] == pl.like_replica[r - 1];
     for (int p = 0; p < pp && same; ++p) {
       const int a = r * pp + p, b = a - pp;
-      same = pl.next_latency_s[a] == pl.next_latency_s[b] &&
-             pl.next_s_per_byte[a] == pl.next_s_per_byte[b];
+      same = next_latency_s[a] == next_latency_s[b] && next_s_per_byte[a] == next_s_per_byte[b];
     }
     if (!same) pl.cost_leaders.push_back(r);
   }
