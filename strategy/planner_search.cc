@@ -474,13 +474,15 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // (e.g. by measured speed noise) cost little.
   thread_local std::vector<RankCost> rows;
   auto build_rows = [&]() {
-    rows.clear();
+    rows.resize(stretches.size() * pp);
+    // Through raw pointers: stores through the vectors would reload their data pointers.
+    RankCost* row = rows.data();
+    const RankCost* cost = costs.data();
     for (const Stretch& s : stretches) {
-      for (int p = 0; p < pp; ++p) {
-        RankCost w = costs[s.run * pp + p];
-        w.fixed_s *= s.micro;
-        w.per_block_s *= s.micro;
-        rows.push_back(w);
+      for (int p = 0; p < pp; ++p, ++row) {
+        *row = cost[s.run * pp + p];
+        row->fixed_s *= s.micro;
+        row->per_block_s *= s.micro;
       }
     }
     return static_cast<int>(stretches.size());
