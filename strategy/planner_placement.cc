@@ -247,7 +247,6 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
         const Group& g = group_of[group[slot]];
         type[slot] = g.type;
         slow[slot] = g.slow;
-        if (g.type < 8) types_used |= 1u << g.type;
         const int node = g.node;
         if (link_stamp[node] != stamp) {
           const double speed = scratch_.node_link_speed[node];
@@ -271,6 +270,10 @@ void Search::add_placements(int tp, int cp, int pp, int dp) {
         }
       }
       pl.like_replica[r] = same ? pl.like_replica[r - 1] : r;
+      // A like replica has the previous one's types slot for slot.
+      for (int slot = r * stages; slot < end && !same; ++slot) {
+        if (type[slot] < 8) types_used |= 1u << type[slot];
+      }
     }
     pl.types_used |= types_used;
   };
