@@ -439,6 +439,7 @@ const Placement& Search::detailed(int placement_index) {
   }
   pl.capacity_gib.assign(pp, kInf);
   for (int r = 0; r < dp; ++r) {
+    if (pl.like_replica[r] != r) continue;  // the types of the replica it is like
     for (int p = 0; p < pp; ++p) {
       double& capacity = pl.capacity_gib[p];
       capacity = std::min(capacity, topo_.types[pl.type[r * pp + p]].memory_gib);
