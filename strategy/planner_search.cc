@@ -402,9 +402,8 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // run_begin[k] .. run_begin[k + 1] - 1 and its costs are costs[k * pp .. (k + 1) * pp).
   // A replica costs the same term by term as the previous one unless it is one of the
   // placement's cost leaders, so only those are costed; a run whose costs equal the previous
-  // run's joins it. Within a run, replicas with the same
-  // microbatch count have the same row, which partition_blocks would drop as dominated, and
-  // their shares come out alike.
+  // run's joins it. Within a run, replicas with the same microbatch count have the same row,
+  // which partition_blocks would drop as dominated, and their shares come out alike.
   thread_local std::vector<RankCost> costs;
   thread_local std::vector<int> run_begin;
   costs.clear();
