@@ -7,21 +7,15 @@
 namespace parapilot {
 namespace planner_internal {
 
-void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
+namespace {
+
+// Calls visit(gpu, holding) for every holding of layout s, in (replica, stage, context rank,
+// tp rank, virtual stage) order, the order in which a GPU's holdings are listed.
+template <class Visit>
+void visit_holdings(const Strategy& s, const ModelSpec& model, Visit&& visit) {
   const std::vector<int> chunks = s.layers_per_chunk(model.layers);
   std::vector<int> first(chunks.size());
   for (size_t c = 1; c < chunks.size(); ++c) first[c] = first[c - 1] + chunks[c - 1];
-  // Count per GPU, then fill in (replica, stage, tp rank, virtual stage) order, the order in
-  // which a GPU's holdings are listed.
-  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
-  for (int r = 0; r < s.dp; ++r)
-    for (int p = 0; p < s.pp; ++p)
-      for (int c = 0; c < s.cp; ++c)
-        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
-  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
-  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
-  thread_local std::vector<int> cursor;
-  cursor.assign(out.first.begin(), out.first.end() - 1);
   // Context ranks hold the same tensor-parallel slice as their replica; ZeRO shards the
   // optimizer state over the dp x cp ranks that hold it.
   const int owners = s.dp * s.cp;
@@ -43,12 +37,30 @@ void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdi
             int a = first[c], b = first[c] + chunks[c] - 1;
             if (c == 0) a = -1;
             if (c == s.num_chunks() - 1) b = model.layers;
-            out.items[static_cast<size_t>(cursor[gpu]++)] = Holding{a, b, lo, hi, olo, ohi};
+            visit(gpu, Holding{a, b, lo, hi, olo, ohi});
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out) {
+  // Count per GPU, then fill in listing order.
+  out.first.assign(static_cast<size_t>(gpu_count) + 1, 0);
+  for (int r = 0; r < s.dp; ++r)
+    for (int p = 0; p < s.pp; ++p)
+      for (int c = 0; c < s.cp; ++c)
+        for (int t = 0; t < s.tp; ++t) out.first[s.gpu_of_rank(r, p, t, c) + 1] += s.virtual_stages;
+  for (int g = 0; g < gpu_count; ++g) out.first[g + 1] += out.first[g];
+  out.items.resize(static_cast<size_t>(out.first[gpu_count]));
+  thread_local std::vector<int> cursor;
+  cursor.assign(out.first.begin(), out.first.end() - 1);
+  visit_holdings(s, model, [&](int gpu, const Holding& h) {
+    out.items[static_cast<size_t>(cursor[gpu]++)] = h;
+  });
 }
 
 namespace {
@@ -62,8 +74,6 @@ double overlap(double a0, double a1, double b0, double b1) {
 Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
                          const Conditions& c, const ModelSpec& model, const ClusterTopology& topo) {
   const int gpus = topo.num_gpus();
-  thread_local Holdings after;
-  holdings_of(to, model, gpus, after);
   const double weight_bytes = kWeightBytesPerParam;
   const double grad_bytes = grad_bytes_per_param(model);
   const double optimizer_bytes = kOptimizerBytesPerParam;
@@ -73,37 +83,45 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
   const double output_params = model.tied_embeddings
                                    ? static_cast<double>(model.vocab) * model.hidden
                                    : static_cast<double>(model.output_params());
-  // Bytes of a holding's layers [a, b] (weights and gradients of the tp slice, optimizer state
-  // of its ZeRO slice), optionally intersected with another holding.
-  auto bytes_of = [&](const Holding& h, const Holding* other) {
-    const int a = other ? std::max(h.first_layer, other->first_layer) : h.first_layer;
-    const int b = other ? std::min(h.last_layer, other->last_layer) : h.last_layer;
-    if (a > b) return 0.0;
+  // Bytes of layers [a, b] for a tp slice of the given width and an optimizer slice
+  // of the given width (weights and gradients of the former, optimizer state of the latter).
+  auto bytes_of = [&](int a, int b, double width, double opt_width) {
     double params = 0;
     if (a < 0) params += embedding_params;
     const int blocks = std::min(b, model.layers - 1) - std::max(a, 0) + 1;
     if (blocks > 0) params += blocks * block_params;
     // A tied output layer on the embedding's own GPU is the same tensor.
     if (b >= model.layers && !(a < 0 && model.tied_embeddings)) params += output_params;
-    const double width =
-        other ? overlap(h.tp_lo, h.tp_hi, other->tp_lo, other->tp_hi) : h.tp_hi - h.tp_lo;
-    auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };
-    auto opt_hi = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_hi; };
-    const double opt_width = other ? overlap(opt_lo(h), opt_hi(h), opt_lo(*other), opt_hi(*other))
-                                   : opt_hi(h) - opt_lo(h);
     return params * (width * (weight_bytes + grad_bytes) + opt_width * optimizer_bytes);
   };
+  // A holding's optimizer slice, within the layer's width.
+  auto opt_lo = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_lo; };
+  auto opt_hi = [](const Holding& x) { return x.tp_lo + (x.tp_hi - x.tp_lo) * x.opt_hi; };
+  // What each GPU must receive: what it holds after, less what it already holds, summed in
+  // the order its holdings after are listed (as holdings_of(to) would list them), as they come.
+  // An old holding that shares no layer with a new one takes nothing off (subtracting zero is
+  // skipped: it leaves the sum as it is).
+  thread_local std::vector<double> needs;
+  needs.assign(static_cast<size_t>(gpus), 0.0);
+  visit_holdings(to, model, [&](int g, const Holding& h) {
+    double& need = needs[static_cast<size_t>(g)];
+    const double lo = opt_lo(h), hi = opt_hi(h);
+    // A holding's own range may be empty only for a chunk of no layers between the first and
+    // the last (a legal layout has none), where bytes_of finds no parameters either.
+    need += bytes_of(h.first_layer, h.last_layer, h.tp_hi - h.tp_lo, hi - lo);
+    for (int j = before.first[g]; j < before.first[g + 1]; ++j) {
+      const Holding& o = before.items[static_cast<size_t>(j)];
+      const int a = std::max(h.first_layer, o.first_layer);
+      const int b = std::min(h.last_layer, o.last_layer);
+      if (a > b) continue;
+      need -= bytes_of(a, b, overlap(h.tp_lo, h.tp_hi, o.tp_lo, o.tp_hi),
+                       overlap(lo, hi, opt_lo(o), opt_hi(o)));
+    }
+  });
   Migration m;
   double slowest = 0;
   for (int g = 0; g < gpus; ++g) {
-    double need = 0;
-    for (int i = after.first[g]; i < after.first[g + 1]; ++i) {
-      const Holding& h = after.items[static_cast<size_t>(i)];
-      need += bytes_of(h, nullptr);
-      for (int j = before.first[g]; j < before.first[g + 1]; ++j)
-        need -= bytes_of(h, &before.items[static_cast<size_t>(j)]);
-    }
-    need = std::max(0.0, need);
+    const double need = std::max(0.0, needs[static_cast<size_t>(g)]);
     if (need <= 0) continue;
     m.total_bytes += need;
     m.max_bytes = std::max(m.max_bytes, need);

@@ -100,9 +100,14 @@ void Search::choose_compression(Candidate& cand) {
   const double base = cand.cost.iteration_time_s;
   if (cand.cost.dp_comm_s <= 1e-3 * base) return;  // nothing exposed to save
   Candidate best = cand;
+  // Compression only shortens the exposed DP reduction (as finish() relies on), so no variant
+  // runs faster than base - dp_comm: once that cannot beat the best so far by the margin
+  // below, a variant is not costed (a relative margin covers the rounding of the two).
+  const double fastest_s = (base - cand.cost.dp_comm_s) * (1 - 1e-9);
   const size_t n = choices.size();
   for (size_t k : {n / 4, n / 2, (3 * n) / 4, n}) {
     if (k == 0) continue;
+    if (fastest_s >= best.cost.iteration_time_s - 0.005 * base) break;
     Strategy s = with_first(k);
     ++evaluated_;
     const CostBreakdown b = cost_.evaluate(s, c_, off_nominal_);

@@ -184,13 +184,23 @@ void Search::add_shapes(int placement_index) {
   thread_local std::vector<std::pair<int, int>> batches;
   // Bounds of one v, per (recompute, pair): the same for every ZeRO stage.
   thread_local std::vector<double> bounds;
-  // Per (recompute, microbatch) of one sp: each replica's sum of 1 / beta and fastest beta,
-  // which every schedule and v share.
+  // The placement's runs of like replicas (Placement::like_replica): run i is replicas
+  // like_begin[i] .. like_begin[i + 1] - 1, which time alike: their terms below are worked out
+  // once per run, and sums over replicas add a run's term once per member, in replica order.
+  thread_local std::vector<int> like_begin;
+  like_begin.clear();
+  for (int r = 0; r < dp; ++r) {
+    if (pl.like_replica[r] == r) like_begin.push_back(r);
+  }
+  const int like_runs = static_cast<int>(like_begin.size());
+  like_begin.push_back(dp);
+  // Per (recompute, microbatch) of one sp: each run's sum of 1 / beta and fastest beta, and
+  // the sum over replicas of the former, which every schedule and v share.
   struct Rates {
     Recompute rc;
     int mb;
     double sum_rate;
-    size_t at;  // rate_store[at + 2r] = replica r's rate, rate_store[at + 2r + 1] its beta_min
+    size_t at;  // rate_store[at + 2i] = run i's rate, rate_store[at + 2i + 1] its beta_min
   };
   thread_local std::vector<Rates> rates;
   thread_local std::vector<double> rate_store;
@@ -211,16 +221,10 @@ void Search::add_shapes(int placement_index) {
       link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
     }
     const size_t at = rate_store.size();
-    rate_store.resize(at + 2 * static_cast<size_t>(dp));
+    rate_store.resize(at + 2 * static_cast<size_t>(like_runs));
     double sum_rate = 0;
-    for (int r = 0; r < dp; ++r) {
-      const int like = pl.like_replica[r];
-      if (like != r) {
-        rate_store[at + 2 * r] = rate_store[at + 2 * like];
-        rate_store[at + 2 * r + 1] = rate_store[at + 2 * like + 1];
-        sum_rate += rate_store[at + 2 * r];
-        continue;
-      }
+    for (int i = 0; i < like_runs; ++i) {
+      const int r = like_begin[i];
       double rate = 0, beta_min = kInf;
       for (int p = 0; p < pp; ++p) {
         const int slot = r * pp + p;
@@ -230,9 +234,9 @@ void Search::add_shapes(int placement_index) {
         rate += 1.0 / beta;
         beta_min = std::min(beta_min, beta);
       }
-      rate_store[at + 2 * r] = rate;
-      rate_store[at + 2 * r + 1] = beta_min;
-      sum_rate += rate;
+      rate_store[at + 2 * i] = rate;
+      rate_store[at + 2 * i + 1] = beta_min;
+      for (int member = r; member < like_begin[i + 1]; ++member) sum_rate += rate;
     }
     rates.push_back(Rates{rc, mb, sum_rate, at});
     return rates.back();
@@ -300,12 +304,13 @@ void Search::add_shapes(int placement_index) {
                   sum_rate = e.sum_rate;
                   weighted = 0;
                   slowest_unit_s = 0;
-                  for (int r = 0; r < dp; ++r) {
-                    weighted += layers * rate_beta[2 * r + 1] / v * rate_beta[2 * r];
+                  for (int i = 0; i < like_runs; ++i) {
+                    const double term = layers * rate_beta[2 * i + 1] / v * rate_beta[2 * i];
+                    for (int r = like_begin[i]; r < like_begin[i + 1]; ++r) weighted += term;
                     // Every replica runs at least one unit of microbatches.
                     slowest_unit_s = std::max(slowest_unit_s,
-                                              layers * (unit - 1.0 / v) / rate_beta[2 * r] +
-                                                  layers * rate_beta[2 * r + 1] / v);
+                                              layers * (unit - 1.0 / v) / rate_beta[2 * i] +
+                                                  layers * rate_beta[2 * i + 1] / v);
                   }
                   have_rates = true;
                   last_mb = mb;
@@ -395,18 +400,15 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   const std::vector<Group>& groups = scratch_.groups[tp * shape.cp];
   // Replicas come in runs whose costs are equal rank by rank: run k is replicas
   // run_begin[k] .. run_begin[k + 1] - 1 and its costs are costs[k * pp .. (k + 1) * pp).
-  // A replica like the previous one (Placement::same_as_previous; every replica when they are
-  // all alike) costs the same term by term, so only the first of a placement's run is costed;
-  // a run whose costs equal the previous run's joins it. Within a run, replicas with the same
-  // microbatch count have the same row, which partition_blocks would drop as dominated, and
-  // their shares come out alike.
+  // A replica costs the same term by term as the previous one unless it is one of the
+  // placement's cost leaders, so only those are costed; a run whose costs equal the previous
+  // run's joins it. Within a run, replicas with the same microbatch count have the same row,
+  // which partition_blocks would drop as dominated, and their shares come out alike.
   thread_local std::vector<RankCost> costs;
   thread_local std::vector<int> run_begin;
   costs.clear();
   run_begin.clear();
-  const int distinct = pl.replicas_alike ? 1 : dp;
-  for (int r = 0; r < distinct; ++r) {
-    if (pl.same_as_previous[r]) continue;
+  for (const int r : pl.cost_leaders) {
     const size_t at = costs.size();
     costs.resize(at + pp);
     for (int p = 0; p < pp; ++p) {
@@ -457,8 +459,12 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   auto find_stretches = [&]() {
     stretches.clear();
     for (int k = 0; k < runs; ++k) {
-      for (int r = run_begin[k]; r < run_begin[k + 1]; ++r) {
-        if (r == run_begin[k] || micro[r] != micro[r - 1]) stretches.push_back({k, micro[r]});
+      const int* r = micro.data() + run_begin[k];
+      const int* const end = micro.data() + run_begin[k + 1];
+      while (r < end) {  // a stretch from r
+        const int m = *r;
+        stretches.push_back({k, m});
+        r = std::find_if(r + 1, end, [m](int x) { return x != m; });
       }
     }
   };
@@ -467,13 +473,15 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // (e.g. by measured speed noise) cost little.
   thread_local std::vector<RankCost> rows;
   auto build_rows = [&]() {
-    rows.clear();
+    rows.resize(stretches.size() * pp);
+    // Through raw pointers: stores through the vectors would reload their data pointers.
+    RankCost* row = rows.data();
+    const RankCost* cost = costs.data();
     for (const Stretch& s : stretches) {
-      for (int p = 0; p < pp; ++p) {
-        RankCost w = costs[s.run * pp + p];
-        w.fixed_s *= s.micro;
-        w.per_block_s *= s.micro;
-        rows.push_back(w);
+      for (int p = 0; p < pp; ++p, ++row) {
+        *row = cost[s.run * pp + p];
+        row->fixed_s *= s.micro;
+        row->per_block_s *= s.micro;
       }
     }
     return static_cast<int>(stretches.size());
@@ -609,8 +617,8 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
   std::vector<int> chosen = chunk_layers(per_rank, v);
   s.stage_layers.clear();
   if (chosen != s.layers_per_chunk(layers)) s.stage_layers = std::move(chosen);
-  bool uniform = true;
-  for (int r = 1; r < dp; ++r) uniform = uniform && micro[r] == micro[0];
+  const bool uniform =
+      std::all_of(micro.begin(), micro.end(), [&](int m) { return m == micro[0]; });
   if (!uniform) {
     s.dp_shares.resize(dp);
     for (int r = 0; r < dp; ++r) s.dp_shares[r] = micro[r] * mb;

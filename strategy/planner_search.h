@@ -49,8 +49,9 @@ inline constexpr int kDefaultMaxVirtualStages = 8;
 // A stage's GPUs: tp x cp usable GPUs of one type (cp tensor-parallel groups side by side),
 // inside one node or filling whole nodes.
 struct Group {
-  int first = 0;  // index into the flat GPU list
-  int node = 0;   // its node whose NVLink is slowest (the pace of its tp collectives)
+  int first = 0;       // index into the flat GPU list
+  int node = 0;        // its node whose NVLink is slowest (the pace of its tp collectives)
+  int first_node = 0;  // the node of its first GPU (its end of point-to-point links)
   int type = 0;
   double slow = 1;  // 1 / speed of its slowest member
   double speed_proxy = 0;
@@ -68,7 +69,8 @@ struct Placement {
   std::vector<double> slow;
   unsigned types_used = 0;  // bit k: some slot has GPU type k (k < 8)
   // Per replica: the first replica of its run of replicas whose slots match slot for slot in
-  // type, slowness, NVLink class and ring links (their bounds are equal: computed once).
+  // type, slowness, NVLink class and, with cp > 1, ring links (without context parallelism
+  // there is no ring to time): their bounds are equal, computed once.
   std::vector<int> like_replica;
   // Distinct NVLink speeds among the slots (tp collectives differ only by those).
   std::vector<int> slot_link, link_node;
@@ -78,13 +80,12 @@ struct Placement {
   // interleaving): latency and seconds per byte.
   std::vector<double> next_latency_s, next_s_per_byte, prev_latency_s, prev_s_per_byte;
   std::vector<int> gpus;  // explicit GPU list for Strategy::gpus (empty = default order)
-  // Whether every replica's slots match replica 0's (type, slowness, links): then every
-  // replica times alike, whatever the shape.
-  bool replicas_alike = false;
-  // Per replica: 1 when it is like the previous replica (same like_replica) and its pipeline
-  // links match that replica's slot for slot: then it costs the same, term by term, whatever
-  // the shape.
-  std::vector<uint8_t> same_as_previous;
+  // The replicas whose costs differ, whatever the shape, from the previous replica's, in
+  // order: replica 0 alone when every replica's slots match replica 0's (type, slowness,
+  // links); otherwise replica 0 and each replica that is not like the previous one (same
+  // like_replica) with the same pipeline links slot for slot. A replica left out costs the
+  // same as the one before it, term by term.
+  std::vector<int> cost_leaders;
   std::vector<double> capacity_gib;  // per pipeline rank: the least memory among its GPUs
 };
 
@@ -130,11 +131,25 @@ struct SearchScratch {
   // the network when the node's end is the slower one.
   std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
   std::vector<double> inverse_speed;  // per GPU, this search's 1 / speed
-  std::vector<int> usable, chosen, replicas;
+  // This search's usable GPUs, node after node: node n's are usable[usable_first[n] ..
+  // usable_first[n + 1]).
+  std::vector<int> usable, usable_first;
+  std::vector<int> chosen, replicas;
   std::vector<std::vector<int>> by_type;
   std::vector<double> type_block_s, link_speed;
+  // Per node: this search's NVLink speed (intra_GBps x its factor), and its class in the
+  // placement being finished, valid where node_link_stamp equals link_stamp.
+  std::vector<double> node_link_speed;
+  std::vector<int> node_link;
+  std::vector<unsigned long> node_link_stamp;
+  unsigned long link_stamp = 0;
   std::vector<Shape> shapes;  // the running search's
 };
+
+// Indices 0 .. speed.size() - 1 of groups with those speeds, fastest first: exactly the order
+// std::stable_sort gives them when a goes before b if speed[a] > speed[b] * (1 + 1e-12) (speeds
+// within that tolerance count as equal). Into order, resized.
+void speed_order(const std::vector<double>& speed, std::vector<int>& order);
 
 // Shapes that differ only in microbatch and global batch: a microbatch that does not fit rules
 // out every larger one.
@@ -257,7 +272,9 @@ class Search {
   SearchScratch& scratch_;
   size_t placement_count_ = 0;  // placements of this search: scratch_.placements[0, count)
   bool links_ready_ = false;    // scratch_'s per-node links hold this search's conditions
-  bool speeds_ready_ = false;   // scratch_.inverse_speed holds this search's conditions
+  // scratch_.inverse_speed, usable, usable_first and node_link_speed hold this search's
+  // conditions
+  bool gpus_ready_ = false;
   std::vector<Shape>& shapes_;  // scratch_.shapes
   std::vector<Track> tracks_;
   // Compression chosen per candidate, shared by the tracks (a family's best layout is often
