@@ -166,6 +166,11 @@ struct Monitor::State {
   std::vector<bool> node_congested;
   std::map<uint64_t, StepAgg> pending;
   std::map<uint64_t, StepAgg>::node_type spare;  // a closed step's buffers, for a new step
+  // The pending aggregate the last accepted sample went to, and its step: the samples of a step
+  // mostly arrive in a row, and this spares them the map lookup. nullptr when none (the entry
+  // left `pending`); map entries stay put while they are in it.
+  StepAgg* last_agg = nullptr;
+  uint64_t last_agg_step = 0;
   bool any_closed = false;
   uint64_t last_closed = 0;
   uint64_t newest = 0;
@@ -401,8 +406,14 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
   }
   StepAgg* agg = nullptr;
   if (!reason) {
-    auto it = s.pending.find(sample.step);
-    agg = it != s.pending.end() ? &it->second : &s.new_step(sample.step);
+    if (s.last_agg && s.last_agg_step == sample.step) {
+      agg = s.last_agg;
+    } else {
+      auto it = s.pending.find(sample.step);
+      agg = it != s.pending.end() ? &it->second : &s.new_step(sample.step);
+      s.last_agg = agg;
+      s.last_agg_step = sample.step;
+    }
     if (agg->seen[sample.rank]) reason = "duplicate";
   }
   if (reason) {
@@ -432,6 +443,7 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
     const bool older_than_full = it->first < step && this_full;
     if (!(lagging || full || older_than_full)) break;
     s.close(it->first, it->second, arrival, closed);
+    if (&it->second == s.last_agg) s.last_agg = nullptr;
     // Keep one closed step's buffers for the next new step.
     if (s.spare.empty()) {
       s.spare = s.pending.extract(it);
