@@ -471,6 +471,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   waits.clear();
   median_wait.reset();
   walls.clear();
+  // Whether every wall time equals the first (ranks of a synchronous step often leave its last
+  // collective together): their median is then that value, without a selection. Wall times come
+  // from unsigned differences, so there is no -0 to tell from 0.
+  bool one_wall = true;
   std::map<uint32_t, std::vector<double>> layer_norms;
   for (size_t i = 0; i < agg.samples.size(); ++i) {
     const StepSample& x = agg.samples[i];
@@ -482,6 +486,7 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
     r.wall.add(wall_ms);
     walls.push_back(wall_ms);
+    one_wall &= wall_ms == walls.front();
     beliefs.rank_samples[x.rank] = std::max(0.0, x.samples);
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
     waits.push_back(wait);
@@ -497,7 +502,9 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     ++r.samples;
     for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
-  beliefs.last_step_ms = median_in_place(walls.data(), walls.data() + walls.size());
+  beliefs.last_step_ms = one_wall && !walls.empty()
+                             ? walls.front()
+                             : median_in_place(walls.data(), walls.data() + walls.size());
   beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
   for (auto& [layer, norms] : layer_norms) {
