@@ -345,23 +345,14 @@ void SimEnv::emit_telemetry(int t) {
     telemetry_layout_ = current_;
   }
   const TelemetryModel& m = scenario_.telemetry;
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<monitor::StepSample> all = std::move(spare_samples_);
   all.clear();
   for (int k = 0; k < m.steps_per_interval; ++k) {
-    const size_t first = all.size();
-    const double ms = telemetry_->generate(
-        truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_, m.noise, rng_, all);
-    clock_ns_ += static_cast<uint64_t>(ms * 1e6);
     // Each sample of the step goes missing with missing_prob.
-    size_t kept = first;
-    for (size_t i = first; i < all.size(); ++i) {
-      if (uniform(rng_) >= m.missing_prob) {
-        if (kept != i) all[kept] = std::move(all[i]);
-        ++kept;
-      }
-    }
-    all.resize(kept);
+    const double ms =
+        telemetry_->generate(truth, static_cast<uint64_t>(t) * m.steps_per_interval + k,
+                             clock_ns_, m.noise, rng_, all, nullptr, m.missing_prob);
+    clock_ns_ += static_cast<uint64_t>(ms * 1e6);
   }
   in_flight_.emplace_back(t, std::move(all));
 }

@@ -58,37 +58,56 @@ StepTelemetry::StepTelemetry(const CostModel& cost, const Strategy& layout) {
 double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t start_ns,
                                double noise, std::mt19937_64& rng,
                                std::vector<monitor::StepSample>& out,
-                               const std::vector<uint8_t>* alive) const {
+                               const std::vector<uint8_t>* alive,
+                               std::optional<double> missing_prob) const {
+  // The noisy times of each reporting rank first (all of the step's noise draws come before
+  // its missing-sample draws); the samples are built once the step's end is known, only for
+  // those kept, so that none is written twice or moved.
+  struct Measured {
+    const Rank* rank;
+    double compute_ms;
+    double fixed_ms;
+    double transfer_ms;  // the transfer alone, without the wait for the last arrival
+  };
+  std::vector<Measured> measured;
+  measured.reserve(ranks_.size());
   NormalDraws jitter(noise);
-  const size_t first = out.size();
   double last_arrival = 0, longest_transfer = 0;
   for (const Rank& r : ranks_) {
     if (truth.failed(r.gpu) || (alive && !(*alive)[r.gpu])) continue;
     const double speed = std::max(truth.speed(r.gpu), 1e-6);
-    monitor::StepSample& x = out.emplace_back();
-    x.rank = r.gpu;
-    x.step = step;
-    x.start_ns = start_ns;
-    x.compute_ms = r.compute_ms / speed * std::exp(jitter(rng));
-    x.fixed_ms = std::min(x.compute_ms, r.fixed_ms / speed);
-    x.samples = r.samples;
-    x.inter_bytes = r.inter_bytes;
+    Measured& m = measured.emplace_back();
+    m.rank = &r;
+    m.compute_ms = r.compute_ms / speed * std::exp(jitter(rng));
+    m.fixed_ms = std::min(m.compute_ms, r.fixed_ms / speed);
     double t = 0;
     if (r.inter_bytes > 0) {
       const double GBps = std::max(r.inter_GBps * truth.inter(r.node), 1e-9);
       t = r.inter_bytes / GBps / 1e6 * std::exp(jitter(rng));
     }
-    x.inter_ms = t;  // the transfer alone until the last arrival is known
-    last_arrival = std::max(last_arrival, x.compute_ms);
+    m.transfer_ms = t;
+    last_arrival = std::max(last_arrival, m.compute_ms);
     longest_transfer = std::max(longest_transfer, t);
   }
   const double step_ms = last_arrival + longest_transfer;
   const uint64_t end_ns = start_ns + static_cast<uint64_t>(step_ms * 1e6);
-  for (size_t i = first; i < out.size(); ++i) {
-    monitor::StepSample& x = out[i];
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const Measured& m : measured) {
+    if (missing_prob && !(uniform(rng) >= *missing_prob)) continue;
+    const Rank& r = *m.rank;
+    monitor::StepSample& x = out.emplace_back();
+    x.rank = r.gpu;
+    x.step = step;
+    x.start_ns = start_ns;
     x.end_ns = end_ns;
-    if (x.inter_bytes > 0) {
-      x.inter_ms = std::min(last_arrival - x.compute_ms + x.inter_ms, step_ms);
+    x.compute_ms = m.compute_ms;
+    x.fixed_ms = m.fixed_ms;
+    x.samples = r.samples;
+    x.inter_bytes = r.inter_bytes;
+    x.inter_ms = m.transfer_ms;
+    if (r.inter_bytes > 0) {
+      // The collective's time: the wait for the last arrival, then the transfer.
+      x.inter_ms = std::min(last_arrival - m.compute_ms + m.transfer_ms, step_ms);
       x.longest_collective_ms = x.inter_ms;
     }
   }

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -72,10 +73,14 @@ class StepTelemetry {
 
   /// One step's samples, one per GPU the layout uses, skipping GPUs that truly failed and those
   /// `alive` marks 0 (when given, one entry per GPU), appended to `out`. `noise` is the
-  /// lognormal sigma of each reported time. Returns the step's wall time in ms.
+  /// lognormal sigma of each reported time. With `missing_prob`, each of those samples then
+  /// goes missing with that chance: after the step's noise, one std::uniform_real_distribution
+  /// (0, 1) draw per sample in rank order, the sample kept when the draw is >= missing_prob
+  /// (the step's wall time still counts the missing ones). Returns the step's wall time in ms.
   double generate(const Conditions& truth, uint64_t step, uint64_t start_ns, double noise,
                   std::mt19937_64& rng, std::vector<monitor::StepSample>& out,
-                  const std::vector<uint8_t>* alive = nullptr) const;
+                  const std::vector<uint8_t>* alive = nullptr,
+                  std::optional<double> missing_prob = std::nullopt) const;
 
   /// Samples each GPU processes per step: its replica's share over the replica's GPUs (0 for
   /// GPUs the layout does not use), so that summing over GPUs counts each sample once.

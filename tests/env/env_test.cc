@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "env/trace/trace_analysis.h"
 #include "policy/baselines.h"
 #include "strategy/error.h"
+#include "strategy/spec_io.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::failure_of;
@@ -377,6 +379,65 @@ TEST_CASE("simulator noise: NormalDraws draws what std::normal_distribution draw
         }
         REQUIRE(a == b);
       }
+    }
+  }
+}
+
+TEST_CASE("simulator telemetry: missing samples drawn in generate() as the env drew them after it") {
+  // The reference: every sample generated, then one uniform draw per sample in order, the
+  // missing ones removed. generate() with missing_prob must append the same samples bit for bit
+  // and leave the engine in the same state.
+  const ModelSpec model = *model_preset("llama3-8b");
+  const ClusterSpec cluster = *cluster_preset("2x8xh100");  // two nodes: gradients cross them
+  const CostModel cost(model, cluster);
+  const Strategy layout = ok(load_strategy("dp=16,global_batch=64", model, cluster));
+  const StepTelemetry telemetry(cost, layout);
+  auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (double missing : {0.0, 0.05, 0.5, 0.99}) {
+    for (uint64_t seed : {3ull, 11ull, 2024ull}) {
+      std::mt19937_64 a(seed), b(seed);
+      Conditions truth;
+      truth.gpu_speed.assign(16, 1.0);
+      truth.gpu_speed[seed % 16] = 0.4;
+      truth.node_inter_bw = {1.0, 0.5};
+      if (seed == 11) {
+        truth.gpu_failed.assign(16, false);
+        truth.gpu_failed[7] = true;
+      }
+      std::vector<monitor::StepSample> expected, got;
+      for (uint64_t step = 0; step < 5; ++step) {
+        const size_t first = expected.size();
+        const double expected_ms = telemetry.generate(truth, step, 1000 * step, 0.05, a, expected);
+        std::uniform_real_distribution<double> uniform(0.0, 1.0);
+        size_t kept = first;
+        for (size_t i = first; i < expected.size(); ++i) {
+          if (uniform(a) >= missing) expected[kept++] = expected[i];
+        }
+        expected.resize(kept);
+        const double got_ms =
+            telemetry.generate(truth, step, 1000 * step, 0.05, b, got, nullptr, missing);
+        CHECK(same(got_ms, expected_ms));
+      }
+      REQUIRE(got.size() == expected.size());
+      if (missing < 0.9) {  // transfers reported: the wait-and-transfer path is compared too
+        CHECK(std::any_of(got.begin(), got.end(), [](const auto& x) { return x.inter_bytes > 0; }));
+      }
+      if (missing > 0.4) CHECK(got.size() < 5 * 15);  // some went missing
+      for (size_t i = 0; i < got.size(); ++i) {
+        const monitor::StepSample &x = got[i], &y = expected[i];
+        CHECK(x.rank == y.rank);
+        CHECK(x.step == y.step);
+        CHECK(x.start_ns == y.start_ns);
+        CHECK(x.end_ns == y.end_ns);
+        for (auto field : {&monitor::StepSample::compute_ms, &monitor::StepSample::samples,
+                           &monitor::StepSample::fixed_ms, &monitor::StepSample::wait_ms,
+                           &monitor::StepSample::inter_bytes, &monitor::StepSample::inter_ms,
+                           &monitor::StepSample::longest_collective_ms,
+                           &monitor::StepSample::queue_depth}) {
+          CHECK(same(x.*field, y.*field));
+        }
+      }
+      CHECK(a == b);
     }
   }
 }
