@@ -458,25 +458,34 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
                            std::vector<std::pair<uint64_t, Clock::time_point>>& out) {
   const int expected_count = std::max(expected(), static_cast<int>(agg.samples.size()));
   const int missing = expected_count - static_cast<int>(agg.samples.size());
+  // The step's per-sample series are written in place, sized once (no capacity check per
+  // sample); they are read below only up to `count`.
+  const size_t count = agg.samples.size();
+  arrivals.resize(count);
+  waits.resize(count);
+  walls.resize(count);
   // Arrival at the collective = step start + compute-only time, relative to the earliest start.
+  // Arrivals are >= +0 (accepted compute times are >= 0, and +0 + -0 is +0), so the largest
+  // starts from 0.
   uint64_t min_start = UINT64_MAX;
   for (const StepSample& x : agg.samples) min_start = std::min(min_start, x.start_ns);
-  arrivals.clear();
-  for (const StepSample& x : agg.samples) {
-    arrivals.push_back(static_cast<double>(x.start_ns - min_start) / 1e6 + x.compute_ms);
+  double last = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const StepSample& x = agg.samples[i];
+    arrivals[i] = static_cast<double>(x.start_ns - min_start) / 1e6 + x.compute_ms;
+    last = std::max(last, arrivals[i]);
   }
-  const double last = arrivals.empty() ? 0 : *std::max_element(arrivals.begin(), arrivals.end());
   values.assign(arrivals.begin(), arrivals.end());
   const double mid = median_in_place(values.data(), values.data() + values.size());
-  waits.clear();
   median_wait.reset();
-  walls.clear();
   // Whether every wall time equals the first (ranks of a synchronous step often leave its last
   // collective together): their median is then that value, without a selection. Wall times come
   // from unsigned differences, so there is no -0 to tell from 0.
   bool one_wall = true;
+  const double first_wall =
+      count > 0 ? static_cast<double>(agg.samples[0].end_ns - agg.samples[0].start_ns) / 1e6 : 0;
   std::map<uint32_t, std::vector<double>> layer_norms;
-  for (size_t i = 0; i < agg.samples.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     const StepSample& x = agg.samples[i];
     RankStats& r = ranks[x.rank];
     // Speed compares compute per sample when ranks report their samples (elastic shares give
@@ -485,11 +494,11 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     add_compute(r, x.compute_ms, x.samples, x.fixed_ms, counters.outliers);
     const double wall_ms = static_cast<double>(x.end_ns - x.start_ns) / 1e6;
     r.wall.add(wall_ms);
-    walls.push_back(wall_ms);
-    one_wall &= wall_ms == walls.front();
+    walls[i] = wall_ms;
+    one_wall &= wall_ms == first_wall;
     beliefs.rank_samples[x.rank] = std::max(0.0, x.samples);
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
-    waits.push_back(wait);
+    waits[i] = wait;
     r.last_wait_ms = wait;
     r.lateness_ms =
         r.samples == 0 ? arrivals[i] - mid : 0.7 * r.lateness_ms + 0.3 * (arrivals[i] - mid);
@@ -502,9 +511,8 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     ++r.samples;
     for (const auto& l : x.layers) layer_norms[l.layer].push_back(static_cast<double>(l.norm));
   }
-  beliefs.last_step_ms = one_wall && !walls.empty()
-                             ? walls.front()
-                             : median_in_place(walls.data(), walls.data() + walls.size());
+  beliefs.last_step_ms =
+      one_wall ? first_wall : median_in_place(walls.data(), walls.data() + walls.size());
   beliefs.compute_per_sample = per_sample;
   beliefs.layer_grad_norm.clear();
   for (auto& [layer, norms] : layer_norms) {
