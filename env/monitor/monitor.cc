@@ -130,19 +130,20 @@ void add_compute(RankStats& r, double compute_ms, double work, double fixed_ms,
   }
 }
 
-// Per group of `items` (dense group index, value): the k-th smallest value, k = (size - 1) / 2
-// (the lower median) or, with `upper`, size / 2; has[g] = 0 for a group without items. `fill`
-// and `values` are scratch.
-void group_medians(const std::vector<std::pair<int, double>>& items, int groups, bool upper,
+// Per group of the `count` items at `items` (dense group index, value): the k-th smallest
+// value, k = (size - 1) / 2 (the lower median) or, with `upper`, size / 2; has[g] = 0 for a
+// group without items. `fill` and `values` are scratch.
+void group_medians(const std::pair<int, double>* items, size_t count, int groups, bool upper,
                    std::vector<int>& fill, std::vector<double>& values, std::vector<double>& out,
                    std::vector<uint8_t>& has) {
+  const std::pair<int, double>* const end = items + count;
   // Counting sort by group: fill[g] ends as where group g starts, fill[groups] = the total.
   fill.assign(static_cast<size_t>(groups) + 1, 0);
-  for (const auto& item : items) ++fill[item.first];
+  for (const auto* item = items; item != end; ++item) ++fill[item->first];
   for (int g = 1; g < groups; ++g) fill[g] += fill[g - 1];
-  fill[groups] = static_cast<int>(items.size());
-  values.resize(items.size());
-  for (const auto& item : items) values[--fill[item.first]] = item.second;
+  fill[groups] = static_cast<int>(count);
+  values.resize(count);
+  for (const auto* item = items; item != end; ++item) values[--fill[item->first]] = item->second;
   out.assign(groups, 0.0);
   has.assign(groups, 0);
   for (int g = 0; g < groups; ++g) {
@@ -529,16 +530,20 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
 void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
   const int n = o.ranks;
   const Clock::time_point now = Clock::now();
+  // group_medians' items are written in place, at most one per rank (nodes <= ranks): `items`
+  // holds room for them all, `count` says how many the current list has.
+  group_items.resize(n);
+  std::pair<int, double>* const items = group_items.data();
+  size_t count = 0;
   // Speed: the peer group's reference compute level over this rank's.
-  group_items.clear();
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
     if (st.liveness == Liveness::lost || st.compute.count() < o.min_samples) continue;
-    group_items.emplace_back(group_index[r], st.compute.value());
+    items[count++] = {group_index[r], st.compute.value()};
   }
   // The reference is the lower median of the group's compute levels (the faster middle rank):
   // in a group of two a slow rank must not drag its own reference halfway to itself.
-  group_medians(group_items, group_count, false, group_fill, values, group_reference,
+  group_medians(items, count, group_count, false, group_fill, values, group_reference,
                 has_reference);
   const std::vector<double>& reference = group_reference;
   // Each rank's speed before the band; 0 for a rank not measured (a measured one is >= 0.01).
@@ -546,20 +551,19 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   // lower median of |speed - 1| over its measured ranks, collected here: most ranks are
   // healthy, and the reference rank reads 0).
   raw_speeds.assign(n, 0.0);
-  group_items.clear();
+  count = 0;
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
     const int g = group_index[r];
     if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples && has_reference[g] &&
         st.compute.value() > 0) {
       raw_speeds[r] = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
-      group_items.emplace_back(g, std::abs(raw_speeds[r] - 1.0));
+      items[count++] = {g, std::abs(raw_speeds[r] - 1.0)};
     }
   }
   group_band.assign(group_count, o.dead_band);
   if (o.dead_band_deviations > 0) {
-    group_medians(group_items, group_count, false, group_fill, values, group_spread,
-                  has_spread);
+    group_medians(items, count, group_count, false, group_fill, values, group_spread, has_spread);
     // Never as wide as a slow rank's shift: a rank slow enough to be reported is believed.
     const double widest = std::max(o.dead_band, 1.0 - o.slow_speed);
     for (int g = 0; g < group_count; ++g) {
@@ -624,7 +628,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
   // (the group of its first rank: nodes of another GPU type have other NICs).
   node_level.assign(nodes, 0.0);
-  group_items.clear();
+  count = 0;
   auto node_group = [&](int node) { return group_index[std::min(n - 1, node * o.gpus_per_node)]; };
   for (int node = 0; node < nodes; ++node) {
     node_rates.clear();
@@ -635,12 +639,12 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     }
     if (!node_rates.empty()) {
       node_level[node] = median_in_place(node_rates.data(), node_rates.data() + node_rates.size());
-      group_items.emplace_back(node_group(node), node_level[node]);
+      items[count++] = {node_group(node), node_level[node]};
     }
   }
   // The upper median (the faster middle node), as for speed: of two nodes, a congested one must
   // not drag its own reference halfway down.
-  group_medians(group_items, group_count, true, group_fill, values, group_reference,
+  group_medians(items, count, group_count, true, group_fill, values, group_reference,
                 has_reference);
   for (int node = 0; node < nodes; ++node) {
     const int g = node_group(node);
