@@ -132,7 +132,8 @@ class RobustEwma {
   explicit RobustEwma(Options options)
       : o_(options),
         capacity_(std::clamp(options.window, 1, kMaxWindow)),
-        confirm_(std::clamp(options.confirm, 1, kMaxPending)) {}
+        confirm_(std::clamp(options.confirm, 1, kMaxPending)),
+        keep_(1 - options.alpha) {}
 
   /// Adds a sample; returns false when it was rejected as an outlier (it may still complete a
   /// level shift, in which case the level moves and true is returned).
@@ -168,7 +169,7 @@ class RobustEwma {
     }
     pending_size_ = 0;
     outlier_side_ = 0;
-    level_ = (1 - o_.alpha) * level_ + o_.alpha * x;
+    level_ = keep_ * level_ + o_.alpha * x;
     push(x);
     ++count_;
     return true;
@@ -196,12 +197,13 @@ class RobustEwma {
  private:
   static constexpr int kMaxWindow = 16;
   static constexpr int kMaxPending = 16;
-  // Appends to the window of recent inliers, dropping the oldest beyond its capacity.
+  // Appends to the window of recent inliers, dropping the oldest beyond its capacity. The ring
+  // only turns once full (head_ leaves 0 only then, and both restart together), so a window
+  // not yet full starts at 0.
   void push(double x) {
     const int cap = capacity_;
     if (size_ < cap) {
-      const int at = head_ + size_++;  // < 2 * cap
-      window_[at < cap ? at : at - cap] = x;
+      window_[size_++] = x;
     } else {
       window_[head_] = x;
       if (++head_ == cap) head_ = 0;
@@ -237,6 +239,7 @@ class RobustEwma {
   // o_.window and o_.confirm clamped to their ranges, worked out once (add() is per sample).
   int capacity_ = Options{}.window;
   int confirm_ = Options{}.confirm;
+  double keep_ = 1 - Options{}.alpha;  // the level's weight in an update, 1 - o_.alpha
   double level_ = 0;
   long count_ = 0;
   long rejected_ = 0;
