@@ -350,8 +350,8 @@ void SimEnv::emit_telemetry(int t) {
   for (int k = 0; k < m.steps_per_interval; ++k) {
     // Each sample of the step goes missing with missing_prob.
     const double ms =
-        telemetry_->generate(truth, static_cast<uint64_t>(t) * m.steps_per_interval + k,
-                             clock_ns_, m.noise, rng_, all, nullptr, m.missing_prob);
+        telemetry_->generate(truth, static_cast<uint64_t>(t) * m.steps_per_interval + k, clock_ns_,
+                             m.noise, rng_, all, nullptr, m.missing_prob);
     clock_ns_ += static_cast<uint64_t>(ms * 1e6);
   }
   in_flight_.emplace_back(t, std::move(all));

@@ -383,7 +383,7 @@ TEST_CASE("simulator noise: NormalDraws draws what std::normal_distribution draw
   }
 }
 
-TEST_CASE("simulator telemetry: missing samples drawn in generate() as the env drew them after it") {
+TEST_CASE("simulator telemetry: generate() drops missing samples as the env did after it") {
   // The reference: every sample generated, then one uniform draw per sample in order, the
   // missing ones removed. generate() with missing_prob must append the same samples bit for bit
   // and leave the engine in the same state.
@@ -429,11 +429,11 @@ TEST_CASE("simulator telemetry: missing samples drawn in generate() as the env d
         CHECK(x.step == y.step);
         CHECK(x.start_ns == y.start_ns);
         CHECK(x.end_ns == y.end_ns);
-        for (auto field : {&monitor::StepSample::compute_ms, &monitor::StepSample::samples,
-                           &monitor::StepSample::fixed_ms, &monitor::StepSample::wait_ms,
-                           &monitor::StepSample::inter_bytes, &monitor::StepSample::inter_ms,
-                           &monitor::StepSample::longest_collective_ms,
-                           &monitor::StepSample::queue_depth}) {
+        for (auto field :
+             {&monitor::StepSample::compute_ms, &monitor::StepSample::samples,
+              &monitor::StepSample::fixed_ms, &monitor::StepSample::wait_ms,
+              &monitor::StepSample::inter_bytes, &monitor::StepSample::inter_ms,
+              &monitor::StepSample::longest_collective_ms, &monitor::StepSample::queue_depth}) {
           CHECK(same(x.*field, y.*field));
         }
       }
