@@ -404,13 +404,15 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // placement's cost leaders, so only those are costed; a run whose costs equal the previous
   // run's joins it. Within a run, replicas with the same microbatch count have the same row,
   // which partition_blocks would drop as dominated, and their shares come out alike.
+  // costs only grows: the rows in use, costs[0 .. at), are written before they are read, and
+  // growing it leader by leader would value-initialise each new row first.
   thread_local std::vector<RankCost> costs;
   thread_local std::vector<int> run_begin;
-  costs.clear();
+  const size_t leader_rows = pl.cost_leaders.size() * static_cast<size_t>(pp);
+  if (costs.size() < leader_rows) costs.resize(leader_rows);
   run_begin.clear();
+  size_t at = 0;  // the rows of the runs found so far
   for (const int r : pl.cost_leaders) {
-    const size_t at = costs.size();
-    costs.resize(at + pp);
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
@@ -437,10 +439,9 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
       same = a.fixed_s == b.fixed_s && a.per_block_s == b.per_block_s &&
              a.max_blocks == b.max_blocks;
     }
-    if (same) {
-      costs.resize(at);
-    } else {
+    if (!same) {
       run_begin.push_back(r);
+      at += pp;
     }
   }
   const int runs = static_cast<int>(run_begin.size());
