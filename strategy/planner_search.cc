@@ -345,7 +345,7 @@ void Search::add_shapes(int placement_index) {
   }
 }
 
-void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
+void Search::record(Track& track, const Shape& shape, Outcome& outcome, bool last_taker) {
   if (outcome.kind == Outcome::Kind::kNone || outcome.kind == Outcome::Kind::kBelow) return;
   const CostBreakdown& b = outcome.cost;
   if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
@@ -353,13 +353,15 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
     if (!inserted) it->second = std::min(it->second, shape.mb);
   }
   if (outcome.kind != Outcome::Kind::kEvaluated || !b.feasible || !b.fits_in_memory) return;
-  const Strategy& s = outcome.strategy;
+  Strategy& s = outcome.strategy;
   const Family f = family_of(s);
+  // The strategy kept: no other track reads it after the last taker.
+  auto kept = [&]() { return Candidate{last_taker ? std::move(s) : s, b, 0, 0}; };
   auto it = track.best.find(f);
   if (it == track.best.end()) {
-    track.best.emplace(f, Candidate{s, b, 0, 0});
+    track.best.emplace(f, kept());
   } else if (b.tokens_per_s > it->second.cost.tokens_per_s) {
-    it->second = Candidate{s, b, 0, 0};
+    it->second = kept();
   } else {
     return;
   }
@@ -820,8 +822,10 @@ PlanResult Search::run() {
         floor = std::min(floor, track.keep_kth);
       }
       if (taker_count > 0) {
-        const Outcome outcome = evaluate_shape(shape, floor);
-        for (int t = 0; t < taker_count; ++t) record(*takers[t], shape, outcome);
+        Outcome outcome = evaluate_shape(shape, floor);
+        for (int t = 0; t < taker_count; ++t) {
+          record(*takers[t], shape, outcome, t == taker_count - 1);
+        }
       }
       if (all_done) {
         pruned_ += static_cast<long>(n - i);

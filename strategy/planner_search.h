@@ -254,7 +254,9 @@ class Search {
     thread_local SearchScratch scratch;
     return scratch;
   }
-  void record(Track& track, const Shape& shape, const Outcome& outcome);
+  // Records the outcome of `shape` on a track that takes it. The tracks that take a shape share
+  // its outcome; the last of them (`last_taker`) may move the outcome's strategy out.
+  void record(Track& track, const Shape& shape, Outcome& outcome, bool last_taker);
   std::vector<Candidate> finish(const Track& track);
   void choose_compression(Candidate& c);
 
