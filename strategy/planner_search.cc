@@ -637,16 +637,22 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
 
 // A track's top K families, the leaders compressed where it pays, best first.
 std::vector<Candidate> Search::finish(const Track& track) {
-  std::vector<Candidate> ranked;
-  for (const auto& [family, cand] : track.best) ranked.push_back(cand);
   auto by_throughput = [](const Candidate& a, const Candidate& b) {
     return a.cost.tokens_per_s > b.cost.tokens_per_s;
   };
-  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
-  // Compression can reorder the leaders: apply it to twice as many as returned.
+  // The families' best, best first (stable: ties keep the families' order), sorted through
+  // pointers so that only the leaders kept are copied. Compression can reorder the leaders:
+  // apply it to twice as many as returned.
+  std::vector<const Candidate*> order;
+  order.reserve(track.best.size());
+  for (const auto& [family, cand] : track.best) order.push_back(&cand);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Candidate* a, const Candidate* b) { return by_throughput(*a, *b); });
   const int k = track.top_k;
-  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * k));
-  ranked.resize(keep);
+  const size_t keep = std::min(order.size(), static_cast<size_t>(2 * k));
+  std::vector<Candidate> ranked;
+  ranked.reserve(keep);
+  for (size_t i = 0; i < keep; ++i) ranked.push_back(*order[i]);
   // Compression only shortens the exposed DP reduction (the cost model's one term that depends
   // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
   // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
@@ -667,9 +673,9 @@ std::vector<Candidate> Search::finish(const Track& track) {
     if (done != compressed_.end()) {
       cand = done->second;
     } else {
-      const Strategy plain = cand.strategy;
+      Strategy plain = cand.strategy;
       choose_compression(cand);
-      compressed_.emplace_back(plain, cand);
+      compressed_.emplace_back(std::move(plain), cand);
     }
     final_tps.push_back(cand.cost.tokens_per_s);
   }
