@@ -73,8 +73,19 @@ PlanResult Planner::plan(const PlanRequest& request) const {
 
 void Planner::price_migrations(const Strategy& from, std::vector<Candidate>& candidates,
                                const Conditions& c) const {
+  // The running layout's holdings are kept from the previous call while the layout and what
+  // they depend on (the model's depth, the cluster's size) stay the same: a job replans far
+  // more often than it switches layouts.
   thread_local Holdings before;
-  holdings_of(from, model_, cost_.topology().num_gpus(), before);
+  thread_local Strategy held_layout;
+  thread_local int held_layers = -1, held_gpus = -1;
+  const int gpus = cost_.topology().num_gpus();
+  if (!(held_layers == model_.layers && held_gpus == gpus && held_layout == from)) {
+    holdings_of(from, model_, gpus, before);
+    held_layout = from;
+    held_layers = model_.layers;
+    held_gpus = gpus;
+  }
   for (Candidate& cand : candidates) {
     const Migration m = migration_from(before, from, cand.strategy, c, model_, cost_.topology());
     cand.migration_bytes = m.max_bytes;

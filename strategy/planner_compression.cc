@@ -3,6 +3,7 @@
 #include "strategy/planner_search.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "strategy/cost_formulas.h"
 
@@ -34,6 +35,8 @@ bool searches_zero0_variants(const PlanRequest& req, int layers) {
 void Search::choose_compression(Candidate& cand) {
   const GradientStats& g = req_.gradients;
   if (!space_.compression || g.empty() || cand.strategy.dp <= 1) return;
+  const double base = cand.cost.iteration_time_s;
+  if (cand.cost.dp_comm_s <= 1e-3 * base) return;  // nothing exposed to save
   const int layers = model_.layers;
   const double grad_bytes = grad_bytes_per_param(model_);
   const double params = static_cast<double>(model_.params_per_layer());
@@ -42,7 +45,8 @@ void Search::choose_compression(Candidate& cand) {
     double saved_bytes;
     int layer;
   };
-  std::vector<Choice> choices;
+  thread_local std::vector<Choice> choices;
+  choices.clear();
   for (int l = 0; l < layers; ++l) {
     Choice best{Compression{}, 0, l};
     auto offer = [&](const Compression& m, double error, double bytes) {
@@ -75,9 +79,10 @@ void Search::choose_compression(Candidate& cand) {
   std::stable_sort(choices.begin(), choices.end(),
                    [](const Choice& a, const Choice& b) { return a.saved_bytes > b.saved_bytes; });
 
-  auto with_first = [&](size_t n) {
-    Strategy s = cand.strategy;
-    std::vector<Compression> per_layer(layers);
+  // Sets s's compression to the first n choices' methods on their layers (the others none).
+  thread_local std::vector<Compression> per_layer;
+  auto compress_first = [&](Strategy& s, size_t n) {
+    per_layer.assign(layers, Compression{});
     for (size_t i = 0; i < n; ++i) per_layer[choices[i].layer] = choices[i].method;
     s.compression = Compression{};
     s.compression_overrides.clear();
@@ -95,29 +100,30 @@ void Search::choose_compression(Candidate& cand) {
       s.compression = s.compression_overrides[0].compression;
       s.compression_overrides.clear();
     }
-    return s;
   };
-  const double base = cand.cost.iteration_time_s;
-  if (cand.cost.dp_comm_s <= 1e-3 * base) return;  // nothing exposed to save
-  Candidate best = cand;
   // Compression only shortens the exposed DP reduction (as finish() relies on), so no variant
   // runs faster than base - dp_comm: once that cannot beat the best so far by the margin
   // below, a variant is not costed (a relative margin covers the rounding of the two).
   const double fastest_s = (base - cand.cost.dp_comm_s) * (1 - 1e-9);
+  // The variants differ from the candidate only in their compression, which compress_first
+  // sets whole: one copy of its strategy serves them all, and only a better one is kept.
+  Strategy s = cand.strategy;
+  std::optional<Candidate> best;
+  double best_s = base;  // the best iteration time so far
   const size_t n = choices.size();
   for (size_t k : {n / 4, n / 2, (3 * n) / 4, n}) {
     if (k == 0) continue;
-    if (fastest_s >= best.cost.iteration_time_s - 0.005 * base) break;
-    Strategy s = with_first(k);
+    if (fastest_s >= best_s - 0.005 * base) break;
+    compress_first(s, k);
     ++evaluated_;
     const CostBreakdown b = cost_.evaluate(s, c_, off_nominal_);
     // Lossy only when it pays by more than 0.5%.
-    if (b.feasible && b.fits_in_memory &&
-        b.iteration_time_s < best.cost.iteration_time_s - 0.005 * base) {
+    if (b.feasible && b.fits_in_memory && b.iteration_time_s < best_s - 0.005 * base) {
       best = Candidate{s, b, 0, 0};
+      best_s = b.iteration_time_s;
     }
   }
-  cand = best;
+  if (best) cand = std::move(*best);
 }
 
 }  // namespace planner_internal

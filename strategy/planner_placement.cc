@@ -15,13 +15,6 @@ double Search::nvlink_s(int node, double bytes) const {
   return topo_.intra_latency_s + bytes / bw;
 }
 
-// The node whose network bandwidth a link between two nodes runs at (std::min's choice).
-int Search::slower_end(int na, int nb) const {
-  const double a = topo_.nodes[na].inter_GBps * c_.inter(na);
-  const double b = topo_.nodes[nb].inter_GBps * c_.inter(nb);
-  return b < a ? nb : na;
-}
-
 double Search::network_link_s(int slower, double bytes) const {
   const double bw =
       topo_.nodes[slower].inter_GBps * c_.inter(slower) * 1e9 * topo_.inter_efficiency;
@@ -357,9 +350,11 @@ const Placement& Search::detailed(int placement_index) {
   std::vector<double>& intra_s_per_byte = scratch_.intra_s_per_byte;
   std::vector<double>& inter_latency_s = scratch_.inter_latency_s;
   std::vector<double>& inter_s_per_byte = scratch_.inter_s_per_byte;
+  std::vector<double>& inter_GBps = scratch_.inter_GBps;
   if (!links_ready_) {
     const int nodes = topo_.num_nodes();
-    for (auto* v : {&intra_latency_s, &intra_s_per_byte, &inter_latency_s, &inter_s_per_byte}) {
+    for (auto* v :
+         {&intra_latency_s, &intra_s_per_byte, &inter_latency_s, &inter_s_per_byte, &inter_GBps}) {
       v->resize(nodes);
     }
     for (int n = 0; n < nodes; ++n) {
@@ -367,25 +362,32 @@ const Placement& Search::detailed(int placement_index) {
       intra_s_per_byte[n] = nvlink_s(n, 1.0) - intra_latency_s[n];
       inter_latency_s[n] = network_link_s(n, 0.0);
       inter_s_per_byte[n] = network_link_s(n, 1.0) - inter_latency_s[n];
+      inter_GBps[n] = topo_.nodes[n].inter_GBps * c_.inter(n);
     }
     links_ready_ = true;
   }
-  // The link between the first GPUs of two slots' groups: latency and seconds per byte. It is
-  // symmetric: across nodes, slower_end picks the same node either way round, or on a tie two
-  // nodes of equal bandwidth, whose figures are equal.
+  // The link between the first GPUs of two slots' groups: latency and seconds per byte. Across
+  // nodes it runs at the slower end's bandwidth (the first node on a tie, std::min's choice).
+  // It is symmetric: either way round the same node is picked, or on a tie two nodes of equal
+  // bandwidth, whose figures are equal.
   // Raw pointers: see add_placements' finish.
   const Group* group_of = groups.data();
   const int* group = pl.group.data();
+  const double* intra_latency = intra_latency_s.data();
+  const double* intra_per_byte = intra_s_per_byte.data();
+  const double* inter_latency = inter_latency_s.data();
+  const double* inter_per_byte = inter_s_per_byte.data();
+  const double* speed = inter_GBps.data();
   auto link = [&](int slot, int other, double& latency_s, double& s_per_byte) {
     const int na = group_of[group[slot]].first_node;
     const int nb = group_of[group[other]].first_node;
     if (na == nb) {
-      latency_s = intra_latency_s[na];
-      s_per_byte = intra_s_per_byte[na];
+      latency_s = intra_latency[na];
+      s_per_byte = intra_per_byte[na];
     } else {
-      const int slower = slower_end(na, nb);
-      latency_s = inter_latency_s[slower];
-      s_per_byte = inter_s_per_byte[slower];
+      const int slower = speed[nb] < speed[na] ? nb : na;
+      latency_s = inter_latency[slower];
+      s_per_byte = inter_per_byte[slower];
     }
   };
   // Each slot's link to its successor in the (cyclic) pipeline; by symmetry, the link of a slot

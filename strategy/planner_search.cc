@@ -345,7 +345,7 @@ void Search::add_shapes(int placement_index) {
   }
 }
 
-void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
+void Search::record(Track& track, const Shape& shape, Outcome& outcome, bool last_taker) {
   if (outcome.kind == Outcome::Kind::kNone || outcome.kind == Outcome::Kind::kBelow) return;
   const CostBreakdown& b = outcome.cost;
   if (outcome.kind == Outcome::Kind::kNoFit || (b.feasible && !b.fits_in_memory)) {
@@ -353,13 +353,15 @@ void Search::record(Track& track, const Shape& shape, const Outcome& outcome) {
     if (!inserted) it->second = std::min(it->second, shape.mb);
   }
   if (outcome.kind != Outcome::Kind::kEvaluated || !b.feasible || !b.fits_in_memory) return;
-  const Strategy& s = outcome.strategy;
+  Strategy& s = outcome.strategy;
   const Family f = family_of(s);
+  // The strategy kept: no other track reads it after the last taker.
+  auto kept = [&]() { return Candidate{last_taker ? std::move(s) : s, b, 0, 0}; };
   auto it = track.best.find(f);
   if (it == track.best.end()) {
-    track.best.emplace(f, Candidate{s, b, 0, 0});
+    track.best.emplace(f, kept());
   } else if (b.tokens_per_s > it->second.cost.tokens_per_s) {
-    it->second = Candidate{s, b, 0, 0};
+    it->second = kept();
   } else {
     return;
   }
@@ -404,13 +406,15 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // placement's cost leaders, so only those are costed; a run whose costs equal the previous
   // run's joins it. Within a run, replicas with the same microbatch count have the same row,
   // which partition_blocks would drop as dominated, and their shares come out alike.
+  // costs only grows: the rows in use, costs[0 .. at), are written before they are read, and
+  // growing it leader by leader would value-initialise each new row first.
   thread_local std::vector<RankCost> costs;
   thread_local std::vector<int> run_begin;
-  costs.clear();
+  const size_t leader_rows = pl.cost_leaders.size() * static_cast<size_t>(pp);
+  if (costs.size() < leader_rows) costs.resize(leader_rows);
   run_begin.clear();
+  size_t at = 0;  // the rows of the runs found so far
   for (const int r : pl.cost_leaders) {
-    const size_t at = costs.size();
-    costs.resize(at + pp);
     for (int p = 0; p < pp; ++p) {
       const int slot = r * pp + p;
       const double slow = pl.slow[slot];
@@ -437,10 +441,9 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
       same = a.fixed_s == b.fixed_s && a.per_block_s == b.per_block_s &&
              a.max_blocks == b.max_blocks;
     }
-    if (same) {
-      costs.resize(at);
-    } else {
+    if (!same) {
       run_begin.push_back(r);
+      at += pp;
     }
   }
   const int runs = static_cast<int>(run_begin.size());
@@ -634,16 +637,22 @@ Outcome Search::evaluate_shape(const Shape& shape, double floor_tokens_per_s) {
 
 // A track's top K families, the leaders compressed where it pays, best first.
 std::vector<Candidate> Search::finish(const Track& track) {
-  std::vector<Candidate> ranked;
-  for (const auto& [family, cand] : track.best) ranked.push_back(cand);
   auto by_throughput = [](const Candidate& a, const Candidate& b) {
     return a.cost.tokens_per_s > b.cost.tokens_per_s;
   };
-  std::stable_sort(ranked.begin(), ranked.end(), by_throughput);
-  // Compression can reorder the leaders: apply it to twice as many as returned.
+  // The families' best, best first (stable: ties keep the families' order), sorted through
+  // pointers so that only the leaders kept are copied. Compression can reorder the leaders:
+  // apply it to twice as many as returned.
+  std::vector<const Candidate*> order;
+  order.reserve(track.best.size());
+  for (const auto& [family, cand] : track.best) order.push_back(&cand);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Candidate* a, const Candidate* b) { return by_throughput(*a, *b); });
   const int k = track.top_k;
-  const size_t keep = std::min(ranked.size(), static_cast<size_t>(2 * k));
-  ranked.resize(keep);
+  const size_t keep = std::min(order.size(), static_cast<size_t>(2 * k));
+  std::vector<Candidate> ranked;
+  ranked.reserve(keep);
+  for (size_t i = 0; i < keep; ++i) ranked.push_back(*order[i]);
   // Compression only shortens the exposed DP reduction (the cost model's one term that depends
   // on it), so a layout compressed can at best run in iteration - dp_comm. Once K families are
   // final, one whose best case cannot reach the K-th of them is cut either way: not tried.
@@ -664,9 +673,9 @@ std::vector<Candidate> Search::finish(const Track& track) {
     if (done != compressed_.end()) {
       cand = done->second;
     } else {
-      const Strategy plain = cand.strategy;
+      Strategy plain = cand.strategy;
       choose_compression(cand);
-      compressed_.emplace_back(plain, cand);
+      compressed_.emplace_back(std::move(plain), cand);
     }
     final_tps.push_back(cand.cost.tokens_per_s);
   }
@@ -819,8 +828,10 @@ PlanResult Search::run() {
         floor = std::min(floor, track.keep_kth);
       }
       if (taker_count > 0) {
-        const Outcome outcome = evaluate_shape(shape, floor);
-        for (int t = 0; t < taker_count; ++t) record(*takers[t], shape, outcome);
+        Outcome outcome = evaluate_shape(shape, floor);
+        for (int t = 0; t < taker_count; ++t) {
+          record(*takers[t], shape, outcome, t == taker_count - 1);
+        }
       }
       if (all_done) {
         pruned_ += static_cast<long>(n - i);

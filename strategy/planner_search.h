@@ -128,8 +128,10 @@ struct SearchScratch {
   std::vector<std::vector<int>> speed_order;
   std::vector<std::vector<double>> speed_order_keys;
   // Per node, this search's point-to-point latency and seconds per byte over NVLink, and over
-  // the network when the node's end is the slower one.
+  // the network when the node's end is the slower one; and its network bandwidth per GPU
+  // (nominal GB/s times the conditions' factor), which picks the slower end of a link.
   std::vector<double> intra_latency_s, intra_s_per_byte, inter_latency_s, inter_s_per_byte;
+  std::vector<double> inter_GBps;
   std::vector<double> inverse_speed;  // per GPU, this search's 1 / speed
   // This search's usable GPUs, node after node: node n's are usable[usable_first[n] ..
   // usable_first[n + 1]).
@@ -232,7 +234,6 @@ class Search {
   static double cp_ring_per_block_s(const Group& g, const BlockCosts& bc, int cp, double slow,
                                     Recompute rc);
   double nvlink_s(int node, double bytes) const;
-  int slower_end(int node_a, int node_b) const;
   double network_link_s(int slower_node, double bytes) const;
   std::vector<int> global_batches(int dp, int mb, int unit) const;
   void make_groups(int tp, int cp);
@@ -253,7 +254,9 @@ class Search {
     thread_local SearchScratch scratch;
     return scratch;
   }
-  void record(Track& track, const Shape& shape, const Outcome& outcome);
+  // Records the outcome of `shape` on a track that takes it. The tracks that take a shape share
+  // its outcome; the last of them (`last_taker`) may move the outcome's strategy out.
+  void record(Track& track, const Shape& shape, Outcome& outcome, bool last_taker);
   std::vector<Candidate> finish(const Track& track);
   void choose_compression(Candidate& c);
 

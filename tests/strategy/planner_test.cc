@@ -930,7 +930,9 @@ TEST_CASE("planner: the current layout changes only migration costs, its own cos
   a.global_batch = 256;
   a.zero = 1;
   Strategy b = none.candidates[2].strategy;
-  for (const Strategy& current : {a, b}) {
+  // b twice in a row: the second plan prices from the running layout's holdings kept from the
+  // first; then back to a.
+  for (const Strategy& current : {a, b, b, a}) {
     req.current = current;
     const PlanResult r = planner.plan(req);
     REQUIRE(r.candidates.size() == none.candidates.size());
