@@ -619,19 +619,27 @@ void copy_untimed_fields(const Strategy& from, Strategy& to) {
 void conditions_signature(const Conditions& c, const OffNominal& where,
                           std::vector<uint64_t>& out) {
   auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
-  out.assign({c.gpu_speed.size(), c.gpu_failed.size(), c.node_inter_bw.size(),
-              c.node_intra_bw.size(), where.gpus.size(), where.nodes.size()});
+  // Sized once and written through a pointer: this runs on every evaluation, and appending
+  // word by word costs a capacity check per word.
+  out.resize(6 + 3 * (where.gpus.size() + where.nodes.size()));
+  uint64_t* word = out.data();
+  *word++ = c.gpu_speed.size();
+  *word++ = c.gpu_failed.size();
+  *word++ = c.node_inter_bw.size();
+  *word++ = c.node_intra_bw.size();
+  *word++ = where.gpus.size();
+  *word++ = where.nodes.size();
   for (const int g : where.gpus) {
     const size_t i = static_cast<size_t>(g);
-    out.push_back(i);
-    out.push_back(i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0);
-    out.push_back(i < c.gpu_failed.size() && c.gpu_failed[i]);
+    *word++ = i;
+    *word++ = i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0;
+    *word++ = i < c.gpu_failed.size() && c.gpu_failed[i];
   }
   for (const int n : where.nodes) {
     const size_t i = static_cast<size_t>(n);
-    out.push_back(i);
-    out.push_back(i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0);
-    out.push_back(i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0);
+    *word++ = i;
+    *word++ = i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0;
+    *word++ = i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0;
   }
 }
 
