@@ -410,8 +410,13 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.one_class = l.class_runs.size() == 1;  // one run, of replica 0's class
   l.class_runs.push_back(dp);
 
-  l.dp_groups.assign(pp, {});
-  l.spanned_nodes.clear();
+  // Each member adds at most one node to spanned_nodes: it is sized for all of them, written
+  // through a pointer and trimmed after. A group's counts and slowest links are kept in locals
+  // (stores through the vectors would be reloaded at every member).
+  l.dp_groups.resize(pp);
+  l.spanned_nodes.resize(static_cast<size_t>(pp) * stage_stride);
+  int* const spanned_nodes = l.spanned_nodes.data();
+  int spanned_count = 0;
   const size_t node_classes = class_first_node_.size();
   l.spanned_classes.assign(pp * node_classes, 0);
   thread_local std::vector<int> per_node_store;
@@ -420,30 +425,36 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   int* const spanned_classes = l.spanned_classes.data();
   const ClusterTopology::Node* const topo_nodes = topo_.nodes.data();
   for (int p = 0; p < pp; ++p) {
-    Layout::DpGroup& group = l.dp_groups[p];
-    group.first_node = static_cast<int>(l.spanned_nodes.size());
-    group.min_members = dp * cp;
-    group.inter_GBps = group.intra_GBps = kInf;
+    const int first_node = spanned_count;
+    double inter_GBps = kInf, intra_GBps = kInf;
+    int* const classes = spanned_classes + p * node_classes;
     // Members (r, c) of the group in that order: the first GPU of context rank c of stage p
     // of replica r.
     const int* const members = rank_nodes + p * stage_stride;
     for (size_t i = 0; i < stage_stride; ++i) {
       const int node = members[i];
       if (per_node[node]++ == 0) {
-        ++group.nodes_spanned;
-        l.spanned_nodes.push_back(node);
-        ++spanned_classes[p * node_classes + node_class[node]];
-        group.inter_GBps = std::min(group.inter_GBps, topo_nodes[node].inter_GBps);
-        group.intra_GBps = std::min(group.intra_GBps, topo_nodes[node].intra_GBps);
+        spanned_nodes[spanned_count++] = node;
+        ++classes[node_class[node]];
+        inter_GBps = std::min(inter_GBps, topo_nodes[node].inter_GBps);
+        intra_GBps = std::min(intra_GBps, topo_nodes[node].intra_GBps);
       }
     }
-    group.end_node = static_cast<int>(l.spanned_nodes.size());
-    for (int i = group.first_node; i < group.end_node; ++i) {
-      int& count = per_node[l.spanned_nodes[i]];
-      group.min_members = std::min(group.min_members, count);
+    int min_members = dp * cp;
+    for (int i = first_node; i < spanned_count; ++i) {
+      int& count = per_node[spanned_nodes[i]];
+      min_members = std::min(min_members, count);
       count = 0;
     }
+    Layout::DpGroup& group = l.dp_groups[p];
+    group.nodes_spanned = spanned_count - first_node;
+    group.min_members = min_members;
+    group.inter_GBps = inter_GBps;
+    group.intra_GBps = intra_GBps;
+    group.first_node = first_node;
+    group.end_node = spanned_count;
   }
+  l.spanned_nodes.resize(spanned_count);
   return l;
 }
 
