@@ -277,13 +277,23 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   constexpr int kEntries = 64;
   thread_local Layout cache[kEntries];
   thread_local int next_entry = 0;
+  thread_local int last_found = 0;  // the entry returned last
   const unsigned long long hash = gpus_hash(s.gpus);
-  for (const Layout& entry : cache) {
-    if (entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
-        entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
-        entry.placement == s.placement && entry.gpus == s.gpus)
-      return entry;
+  auto is_of_s = [&](const Layout& entry) {
+    return entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
+           entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
+           entry.placement == s.placement && entry.gpus == s.gpus;
+  };
+  // The planner evaluates a layout several times in a row (its ZeRO and compression
+  // variants): the entry returned last is tried before the scan.
+  if (is_of_s(cache[last_found])) return cache[last_found];
+  for (int i = 0; i < kEntries; ++i) {
+    if (i != last_found && is_of_s(cache[i])) {
+      last_found = i;
+      return cache[i];
+    }
   }
+  last_found = next_entry;
   Layout& l = cache[next_entry];
   next_entry = (next_entry + 1) % kEntries;
   l.model_id = id_;
