@@ -1361,10 +1361,16 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 void find_off_nominal(const Conditions& c, OffNominal& out) {
   out.gpus.clear();
   out.nodes.clear();
-  const size_t gpus = std::max(c.gpu_speed.size(), c.gpu_failed.size());
+  const size_t speeds = c.gpu_speed.size(), failures = c.gpu_failed.size();
+  const size_t gpus = std::max(speeds, failures);
+  const double* const speed = c.gpu_speed.data();
+  // The failure flags are walked with an iterator: indexing a vector<bool> works out the word
+  // and the bit afresh for every GPU.
+  std::vector<bool>::const_iterator failed = c.gpu_failed.begin();
   for (size_t g = 0; g < gpus; ++g) {
-    const int i = static_cast<int>(g);
-    if ((g < c.gpu_speed.size() && c.gpu_speed[g] != 1.0) || c.failed(i)) out.gpus.push_back(i);
+    const bool slowed = g < speeds && speed[g] != 1.0;
+    const bool lost = g < failures && *failed++;
+    if (slowed || lost) out.gpus.push_back(static_cast<int>(g));
   }
   const size_t nodes = std::max(c.node_inter_bw.size(), c.node_intra_bw.size());
   for (size_t n = 0; n < nodes; ++n) {
