@@ -277,13 +277,23 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   constexpr int kEntries = 64;
   thread_local Layout cache[kEntries];
   thread_local int next_entry = 0;
+  thread_local int last_found = 0;  // the entry returned last
   const unsigned long long hash = gpus_hash(s.gpus);
-  for (const Layout& entry : cache) {
-    if (entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
-        entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
-        entry.placement == s.placement && entry.gpus == s.gpus)
-      return entry;
+  auto is_of_s = [&](const Layout& entry) {
+    return entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
+           entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
+           entry.placement == s.placement && entry.gpus == s.gpus;
+  };
+  // The planner evaluates a layout several times in a row (its ZeRO and compression
+  // variants): the entry returned last is tried before the scan.
+  if (is_of_s(cache[last_found])) return cache[last_found];
+  for (int i = 0; i < kEntries; ++i) {
+    if (i != last_found && is_of_s(cache[i])) {
+      last_found = i;
+      return cache[i];
+    }
   }
+  last_found = next_entry;
   Layout& l = cache[next_entry];
   next_entry = (next_entry + 1) % kEntries;
   l.model_id = id_;
@@ -410,8 +420,13 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.one_class = l.class_runs.size() == 1;  // one run, of replica 0's class
   l.class_runs.push_back(dp);
 
-  l.dp_groups.assign(pp, {});
-  l.spanned_nodes.clear();
+  // Each member adds at most one node to spanned_nodes: it is sized for all of them, written
+  // through a pointer and trimmed after. A group's counts and slowest links are kept in locals
+  // (stores through the vectors would be reloaded at every member).
+  l.dp_groups.resize(pp);
+  l.spanned_nodes.resize(static_cast<size_t>(pp) * stage_stride);
+  int* const spanned_nodes = l.spanned_nodes.data();
+  int spanned_count = 0;
   const size_t node_classes = class_first_node_.size();
   l.spanned_classes.assign(pp * node_classes, 0);
   thread_local std::vector<int> per_node_store;
@@ -420,30 +435,36 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   int* const spanned_classes = l.spanned_classes.data();
   const ClusterTopology::Node* const topo_nodes = topo_.nodes.data();
   for (int p = 0; p < pp; ++p) {
-    Layout::DpGroup& group = l.dp_groups[p];
-    group.first_node = static_cast<int>(l.spanned_nodes.size());
-    group.min_members = dp * cp;
-    group.inter_GBps = group.intra_GBps = kInf;
+    const int first_node = spanned_count;
+    double inter_GBps = kInf, intra_GBps = kInf;
+    int* const classes = spanned_classes + p * node_classes;
     // Members (r, c) of the group in that order: the first GPU of context rank c of stage p
     // of replica r.
     const int* const members = rank_nodes + p * stage_stride;
     for (size_t i = 0; i < stage_stride; ++i) {
       const int node = members[i];
       if (per_node[node]++ == 0) {
-        ++group.nodes_spanned;
-        l.spanned_nodes.push_back(node);
-        ++spanned_classes[p * node_classes + node_class[node]];
-        group.inter_GBps = std::min(group.inter_GBps, topo_nodes[node].inter_GBps);
-        group.intra_GBps = std::min(group.intra_GBps, topo_nodes[node].intra_GBps);
+        spanned_nodes[spanned_count++] = node;
+        ++classes[node_class[node]];
+        inter_GBps = std::min(inter_GBps, topo_nodes[node].inter_GBps);
+        intra_GBps = std::min(intra_GBps, topo_nodes[node].intra_GBps);
       }
     }
-    group.end_node = static_cast<int>(l.spanned_nodes.size());
-    for (int i = group.first_node; i < group.end_node; ++i) {
-      int& count = per_node[l.spanned_nodes[i]];
-      group.min_members = std::min(group.min_members, count);
+    int min_members = dp * cp;
+    for (int i = first_node; i < spanned_count; ++i) {
+      int& count = per_node[spanned_nodes[i]];
+      min_members = std::min(min_members, count);
       count = 0;
     }
+    Layout::DpGroup& group = l.dp_groups[p];
+    group.nodes_spanned = spanned_count - first_node;
+    group.min_members = min_members;
+    group.inter_GBps = inter_GBps;
+    group.intra_GBps = intra_GBps;
+    group.first_node = first_node;
+    group.end_node = spanned_count;
   }
+  l.spanned_nodes.resize(spanned_count);
   return l;
 }
 
@@ -619,19 +640,27 @@ void copy_untimed_fields(const Strategy& from, Strategy& to) {
 void conditions_signature(const Conditions& c, const OffNominal& where,
                           std::vector<uint64_t>& out) {
   auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
-  out.assign({c.gpu_speed.size(), c.gpu_failed.size(), c.node_inter_bw.size(),
-              c.node_intra_bw.size(), where.gpus.size(), where.nodes.size()});
+  // Sized once and written through a pointer: this runs on every evaluation, and appending
+  // word by word costs a capacity check per word.
+  out.resize(6 + 3 * (where.gpus.size() + where.nodes.size()));
+  uint64_t* word = out.data();
+  *word++ = c.gpu_speed.size();
+  *word++ = c.gpu_failed.size();
+  *word++ = c.node_inter_bw.size();
+  *word++ = c.node_intra_bw.size();
+  *word++ = where.gpus.size();
+  *word++ = where.nodes.size();
   for (const int g : where.gpus) {
     const size_t i = static_cast<size_t>(g);
-    out.push_back(i);
-    out.push_back(i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0);
-    out.push_back(i < c.gpu_failed.size() && c.gpu_failed[i]);
+    *word++ = i;
+    *word++ = i < c.gpu_speed.size() ? bits(c.gpu_speed[i]) : 0;
+    *word++ = i < c.gpu_failed.size() && c.gpu_failed[i];
   }
   for (const int n : where.nodes) {
     const size_t i = static_cast<size_t>(n);
-    out.push_back(i);
-    out.push_back(i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0);
-    out.push_back(i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0);
+    *word++ = i;
+    *word++ = i < c.node_inter_bw.size() ? bits(c.node_inter_bw[i]) : 0;
+    *word++ = i < c.node_intra_bw.size() ? bits(c.node_intra_bw[i]) : 0;
   }
 }
 
@@ -1332,10 +1361,16 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
 void find_off_nominal(const Conditions& c, OffNominal& out) {
   out.gpus.clear();
   out.nodes.clear();
-  const size_t gpus = std::max(c.gpu_speed.size(), c.gpu_failed.size());
+  const size_t speeds = c.gpu_speed.size(), failures = c.gpu_failed.size();
+  const size_t gpus = std::max(speeds, failures);
+  const double* const speed = c.gpu_speed.data();
+  // The failure flags are walked with an iterator: indexing a vector<bool> works out the word
+  // and the bit afresh for every GPU.
+  std::vector<bool>::const_iterator failed = c.gpu_failed.begin();
   for (size_t g = 0; g < gpus; ++g) {
-    const int i = static_cast<int>(g);
-    if ((g < c.gpu_speed.size() && c.gpu_speed[g] != 1.0) || c.failed(i)) out.gpus.push_back(i);
+    const bool slowed = g < speeds && speed[g] != 1.0;
+    const bool lost = g < failures && *failed++;
+    if (slowed || lost) out.gpus.push_back(static_cast<int>(g));
   }
   const size_t nodes = std::max(c.node_inter_bw.size(), c.node_intra_bw.size());
   for (size_t n = 0; n < nodes; ++n) {

@@ -531,3 +531,41 @@ TEST_CASE("evaluate() equals the replica-by-replica reference on random layouts 
   CHECK(variants > 1000);
   CHECK(moved > 300);
 }
+
+TEST_CASE("find_off_nominal lists exactly the GPUs and nodes whose conditions are not nominal") {
+  std::mt19937_64 rng(7);
+  parapilot::OffNominal found;
+  for (int trial = 0; trial < 300; ++trial) {
+    // Vectors of unrelated sizes (empty included), mostly nominal, a few entries off.
+    parapilot::Conditions c;
+    auto size = [&] { return rng() % 4 == 0 ? size_t{0} : static_cast<size_t>(rng() % 200); };
+    auto factor = [&] {
+      return rng() % 8 == 0 ? 0.25 + 0.25 * static_cast<double>(rng() % 5) : 1.0;
+    };
+    c.gpu_speed.resize(size());
+    for (double& x : c.gpu_speed) x = factor();
+    c.gpu_failed.resize(size());
+    for (size_t g = 0; g < c.gpu_failed.size(); ++g) c.gpu_failed[g] = rng() % 16 == 0;
+    c.node_inter_bw.resize(size());
+    for (double& x : c.node_inter_bw) x = factor();
+    c.node_intra_bw.resize(size());
+    for (double& x : c.node_intra_bw) x = factor();
+    parapilot::find_off_nominal(c, found);
+    // The definition: every index any vector covers, ascending, off when any entry is.
+    std::vector<int> gpus, nodes;
+    const size_t gpu_count = std::max(c.gpu_speed.size(), c.gpu_failed.size());
+    for (size_t g = 0; g < gpu_count; ++g) {
+      const bool slowed = g < c.gpu_speed.size() && c.gpu_speed[g] != 1.0;
+      const bool lost = g < c.gpu_failed.size() && c.gpu_failed[g];
+      if (slowed || lost) gpus.push_back(static_cast<int>(g));
+    }
+    const size_t node_count = std::max(c.node_inter_bw.size(), c.node_intra_bw.size());
+    for (size_t n = 0; n < node_count; ++n) {
+      const bool inter = n < c.node_inter_bw.size() && c.node_inter_bw[n] != 1.0;
+      const bool intra = n < c.node_intra_bw.size() && c.node_intra_bw[n] != 1.0;
+      if (inter || intra) nodes.push_back(static_cast<int>(n));
+    }
+    CHECK(found.gpus == gpus);
+    CHECK(found.nodes == nodes);
+  }
+}
