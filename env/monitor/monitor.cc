@@ -228,8 +228,10 @@ struct Monitor::State {
     return agg;
   }
   // Takes one sample (the caller holds the lock); appends the steps it closed to `closed`.
-  Status take(StepSample&& sample, Clock::time_point arrival,
-              std::vector<std::pair<uint64_t, Clock::time_point>>& closed);
+  // Returns nullptr when the sample is accepted, else why it is rejected (a key of
+  // MonitorCounters::rejected_by_reason): no Status is built per sample of a batch.
+  const char* take(StepSample&& sample, Clock::time_point arrival,
+                   std::vector<std::pair<uint64_t, Clock::time_point>>& closed);
 
   int expected() const { return any_connected ? live_count : o.ranks; }
   void set_liveness(int rank, Liveness l) {
@@ -358,7 +360,8 @@ Status Monitor::ingest(const StepSample& sample, Clock::time_point arrival) {
   Status status;
   {
     std::lock_guard lock(mutex_);
-    status = s_->take(StepSample(sample), arrival, closed);
+    const char* reason = s_->take(StepSample(sample), arrival, closed);
+    if (reason) status = Status::rejected(reason);
     callback = callback_;
   }
   if (callback) {
@@ -373,7 +376,7 @@ size_t Monitor::ingest(std::vector<StepSample>&& samples, Clock::time_point arri
   size_t accepted = 0;
   {
     std::lock_guard lock(mutex_);
-    for (StepSample& x : samples) accepted += s_->take(std::move(x), arrival, closed).ok();
+    for (StepSample& x : samples) accepted += s_->take(std::move(x), arrival, closed) == nullptr;
     callback = callback_;
   }
   samples.clear();
@@ -383,8 +386,8 @@ size_t Monitor::ingest(std::vector<StepSample>&& samples, Clock::time_point arri
   return accepted;
 }
 
-Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
-                            std::vector<std::pair<uint64_t, Clock::time_point>>& closed) {
+const char* Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
+                                 std::vector<std::pair<uint64_t, Clock::time_point>>& closed) {
   State& s = *this;
   // Why the sample is rejected (nullptr: it is not).
   const char* reason = sample_problem(sample, s.o);
@@ -403,7 +406,7 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
     r.reported = true;
     r.newest = sample.step;
     add_compute(r, sample.compute_ms, sample.samples, sample.fixed_ms, s.counters.outliers);
-    return Status();
+    return nullptr;
   }
   StepAgg* agg = nullptr;
   if (!reason) {
@@ -420,7 +423,7 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
   if (reason) {
     ++s.counters.rejected;
     ++s.counters.rejected_by_reason[reason];
-    return Status::rejected(reason);
+    return reason;
   }
   ++s.counters.accepted;
   s.ranks[sample.rank].reported = true;
@@ -452,7 +455,7 @@ Status Monitor::State::take(StepSample&& sample, Clock::time_point arrival,
       s.pending.erase(it);
     }
   }
-  return Status();
+  return nullptr;
 }
 
 void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigger,
