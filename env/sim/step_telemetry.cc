@@ -95,21 +95,23 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
   for (const Measured& m : measured) {
     if (missing_prob && !(uniform(rng) >= *missing_prob)) continue;
     const Rank& r = *m.rank;
-    monitor::StepSample& x = out.emplace_back();
-    x.rank = r.gpu;
-    x.step = step;
-    x.start_ns = start_ns;
-    x.end_ns = end_ns;
-    x.compute_ms = m.compute_ms;
-    x.fixed_ms = m.fixed_ms;
-    x.samples = r.samples;
-    x.inter_bytes = r.inter_bytes;
-    x.inter_ms = m.transfer_ms;
-    if (r.inter_bytes > 0) {
-      // The collective's time: the wait for the last arrival, then the transfer.
-      x.inter_ms = std::min(last_arrival - m.compute_ms + m.transfer_ms, step_ms);
-      x.longest_collective_ms = x.inter_ms;
-    }
+    // The collective's time, where the rank's group crosses nodes: the wait for the last
+    // arrival, then the transfer.
+    const double collective_ms =
+        r.inter_bytes > 0 ? std::min(last_arrival - m.compute_ms + m.transfer_ms, step_ms) : 0.0;
+    // Each field written once (emplace_back() would write every default first); those not
+    // named keep their defaults (no wait reported, an empty queue).
+    out.push_back({.rank = r.gpu,
+                   .step = step,
+                   .start_ns = start_ns,
+                   .end_ns = end_ns,
+                   .compute_ms = m.compute_ms,
+                   .samples = r.samples,
+                   .fixed_ms = m.fixed_ms,
+                   .inter_bytes = r.inter_bytes,
+                   .inter_ms = r.inter_bytes > 0 ? collective_ms : m.transfer_ms,
+                   .longest_collective_ms = collective_ms,
+                   .layers = {}});
   }
   return step_ms;
 }
