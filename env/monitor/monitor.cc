@@ -198,6 +198,7 @@ struct Monitor::State {
   std::vector<double> arrivals, waits, walls, values, group_reference, node_level, node_rates,
       raw_speeds;
   std::vector<std::pair<int, double>> group_items;
+  std::vector<int> measured_ranks;  // refresh_beliefs: the ranks whose speed is measured
   std::vector<int> group_fill;
   std::vector<uint8_t> has_reference, has_spread;
   std::vector<double> group_spread, group_band;  // per peer group: speeds' noise, the band
@@ -538,12 +539,17 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   group_items.resize(n);
   std::pair<int, double>* const items = group_items.data();
   size_t count = 0;
-  // Speed: the peer group's reference compute level over this rank's.
+  // Speed: the peer group's reference compute level over this rank's, for the ranks measured
+  // (listed in rank order, item i being measured_ranks[i]'s level).
+  measured_ranks.resize(n);
+  int* const measured = measured_ranks.data();
   for (int r = 0; r < n; ++r) {
     const RankStats& st = ranks[r];
     if (st.liveness == Liveness::lost || st.compute.count() < o.min_samples) continue;
+    measured[count] = r;
     items[count++] = {group_index[r], st.compute.value()};
   }
+  const size_t measured_count = count;
   // The reference is the lower median of the group's compute levels (the faster middle rank):
   // in a group of two a slow rank must not drag its own reference halfway to itself.
   group_medians(items, count, group_count, false, group_fill, values, group_reference,
@@ -553,14 +559,15 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   // The band around 1 per group: the fixed dead band, widened to the group's own noise (the
   // lower median of |speed - 1| over its measured ranks, collected here: most ranks are
   // healthy, and the reference rank reads 0).
+  // A measured rank's group always has a reference (its level is among the group's items).
+  // The deviations overwrite the levels in place, never ahead of the item read.
   raw_speeds.assign(n, 0.0);
   count = 0;
-  for (int r = 0; r < n; ++r) {
-    const RankStats& st = ranks[r];
-    const int g = group_index[r];
-    if (st.liveness != Liveness::lost && st.compute.count() >= o.min_samples && has_reference[g] &&
-        st.compute.value() > 0) {
-      raw_speeds[r] = std::clamp(reference[g] / st.compute.value(), 0.01, 1.5);
+  for (size_t i = 0; i < measured_count; ++i) {
+    const int r = measured[i];
+    const auto [g, level] = items[i];
+    if (level > 0) {
+      raw_speeds[r] = std::clamp(reference[g] / level, 0.01, 1.5);
       items[count++] = {g, std::abs(raw_speeds[r] - 1.0)};
     }
   }
