@@ -640,15 +640,18 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   node_level.assign(nodes, 0.0);
   count = 0;
   auto node_group = [&](int node) { return group_index[std::min(n - 1, node * o.gpus_per_node)]; };
+  // A node's rates are written in place, at most one per rank of the node.
+  node_rates.resize(o.gpus_per_node);
+  double* const rates = node_rates.data();
   for (int node = 0; node < nodes; ++node) {
-    node_rates.clear();
+    double* rates_end = rates;
     for (int r = node * o.gpus_per_node; r < std::min(n, (node + 1) * o.gpus_per_node); ++r) {
       if (ranks[r].liveness != Liveness::lost && ranks[r].bandwidth.count() >= o.min_samples) {
-        node_rates.push_back(ranks[r].bandwidth.value());
+        *rates_end++ = ranks[r].bandwidth.value();
       }
     }
-    if (!node_rates.empty()) {
-      node_level[node] = median_in_place(node_rates.data(), node_rates.data() + node_rates.size());
+    if (rates_end != rates) {
+      node_level[node] = median_in_place(rates, rates_end);
       items[count++] = {node_group(node), node_level[node]};
     }
   }
