@@ -98,7 +98,8 @@ struct Envelope {
       }
       const double room = (t - c.fixed_s) / c.per_block_s;
       if (room < 0) return -1;
-      int n = room >= most ? most : static_cast<int>(std::floor(room));
+      // room >= 0 here, so truncation is the floor (and cheaper than std::floor).
+      int n = room >= most ? most : static_cast<int>(room);
       // Floating-point guard: accept n + 1 when its time is exactly representable as <= t.
       if (n < most && c.fixed_s + c.per_block_s * (n + 1) <= t) ++n;
       while (n >= 0 && c.fixed_s + c.per_block_s * n > t) --n;
@@ -397,8 +398,8 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
     const double a = per[r], f = fixed[r];
     int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
     if (f <= relaxed) {
-      const double room = (relaxed - f) * inverse[r];
-      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      const double room = (relaxed - f) * inverse[r];  // >= 0: truncation is the floor
+      n = room >= blocks ? blocks : static_cast<int>(room);
       while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
       while (n >= 0 && f + a * n > relaxed) --n;
     }
@@ -514,8 +515,8 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
     const double a = run.per, f = run.fixed;
     int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
     if (f <= relaxed) {
-      const double room = (relaxed - f) * run.inverse;
-      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      const double room = (relaxed - f) * run.inverse;  // >= 0: truncation is the floor
+      n = room >= blocks ? blocks : static_cast<int>(room);
       while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
       while (n >= 0 && f + a * n > relaxed) --n;
     }
