@@ -532,16 +532,21 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
   // the heap.
   long missing = blocks - kept;
   if (missing > 0) {
-    thread_local std::vector<int> heap;
+    // The heap holds each run's key next to its index, so comparisons read no run.
+    struct Entry {
+      double next_s;  // runs[run].next_s
+      int run;
+    };
+    thread_local std::vector<Entry> heap;
     heap.resize(runs.size());
-    for (size_t k = 0; k < runs.size(); ++k) heap[k] = static_cast<int>(k);
-    const auto later = [&runs](int x, int y) {
-      return runs[x].next_s > runs[y].next_s || (runs[x].next_s == runs[y].next_s && x < y);
+    for (size_t k = 0; k < runs.size(); ++k) heap[k] = {runs[k].next_s, static_cast<int>(k)};
+    const auto later = [](const Entry& x, const Entry& y) {
+      return x.next_s > y.next_s || (x.next_s == y.next_s && x.run < y.run);
     };
     std::make_heap(heap.begin(), heap.end(), later);
     while (missing > 0) {
       std::pop_heap(heap.begin(), heap.end(), later);
-      Run& run = runs[heap.back()];
+      Run& run = runs[heap.back().run];
       if (!(run.next_s < kInf)) return false;
       // A member's block after its next one that ties with the next (a step too small to
       // show) would come before the lower members' next blocks: the caller handles that.
@@ -555,6 +560,7 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
       }
       ++run.n;
       run.next_s = run.n < blocks ? run.fixed + run.per * (run.n + 1) : kInf;
+      heap.back().next_s = run.next_s;
       std::push_heap(heap.begin(), heap.end(), later);
     }
   }
