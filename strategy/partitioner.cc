@@ -18,7 +18,8 @@ constexpr int kBisectionSteps = 200;
 // both (then it is never above it for any block count >= 0, in floating point too, since
 // rounding is monotone). Rank p's lines are line[first[p]..first[p + 1]); limit[p] is the
 // smallest max_blocks over all rows. With one row per replica that differs only by noise,
-// this leaves a handful of lines per rank instead of one per replica.
+// this leaves a handful of lines per rank instead of one per replica. line only grows: past
+// first[pp] it is room, so build writes through a pointer and never reallocates mid-call.
 struct Envelope {
   std::vector<RankCost> line;
   std::vector<int> first;
@@ -26,65 +27,73 @@ struct Envelope {
   double min_step = kInf;  // smallest positive per-block time over every row and rank
 
   // Reads each rank's rows straight from costs, keeping only the lines not dominated so far,
-  // so rows that duplicate or fall below a kept line are never copied.
+  // so rows that duplicate or fall below a kept line are never copied. The minima run in
+  // locals: stores into limit[] could alias the rows' ints and force reloads.
   void build(const RankCost* costs, int rows, int pp) {
     constexpr int kIncrementalMax = 32;
-    line.clear();
-    first.assign(pp + 1, 0);
-    limit.assign(pp, INT_MAX);
-    min_step = kInf;
+    const size_t room = static_cast<size_t>(rows) * pp;
+    if (line.size() < room) line.resize(room);
+    first.resize(pp + 1);
+    limit.resize(pp);
+    RankCost* const kept = line.data();
     const auto dominates = [](const RankCost& a, const RankCost& b) {
       return a.fixed_s >= b.fixed_s && a.per_block_s >= b.per_block_s;
     };
+    double step = kInf;
+    int end = 0;  // kept[0..end) are the lines so far
     for (int p = 0; p < pp; ++p) {
-      const int from = static_cast<int>(line.size());
+      const int from = end;
       first[p] = from;
+      int lim = INT_MAX;
       bool many = false;  // more than kIncrementalMax lines kept: sort and sweep at the end
-      for (int j = 0; j < rows; ++j) {
-        const RankCost& c = costs[j * pp + p];
-        limit[p] = std::min(limit[p], c.max_blocks);
-        if (c.per_block_s > 0) min_step = std::min(min_step, c.per_block_s);
+      const RankCost* c = costs + p;
+      for (int j = 0; j < rows; ++j, c += pp) {
+        lim = std::min(lim, c->max_blocks);
+        if (c->per_block_s > 0) step = std::min(step, c->per_block_s);
         if (rows == 1 || many) {
-          line.push_back(c);
+          kept[end++] = *c;
           continue;
         }
-        // line[from..end) are mutually non-dominated.
-        const int end = static_cast<int>(line.size());
+        // kept[from..end) are mutually non-dominated. Newest first: a row tends to be
+        // dominated by the row just before it (e.g. the same costs for fewer microbatches).
         bool dominated = false;
-        for (int k = from; k < end && !dominated; ++k) dominated = dominates(line[k], c);
+        for (int k = end - 1; k >= from && !dominated; --k) dominated = dominates(kept[k], *c);
         if (dominated) continue;
         int w = from;
         for (int k = from; k < end; ++k) {
-          if (!dominates(c, line[k])) line[w++] = line[k];
+          if (!dominates(*c, kept[k])) kept[w++] = kept[k];
         }
-        line.resize(w);
-        line.push_back(c);
+        kept[w] = *c;
+        end = w + 1;
         // Many lines survive: take the rest unfiltered and sort and sweep below.
-        if (w + 1 - from > kIncrementalMax) many = true;
+        if (end - from > kIncrementalMax) many = true;
       }
-      if (many) sweep(from);
+      limit[p] = lim;
+      if (many) end = sweep(from, end);
     }
-    first[pp] = static_cast<int>(line.size());
+    first[pp] = end;
+    min_step = step;
   }
 
-  // Drops the dominated lines among line[from..end): sorted by per-block time (largest first,
-  // ties: largest fixed first), a line is kept only when its fixed time exceeds every kept
-  // line's.
-  void sweep(int from) {
+  // Drops the dominated lines among line[from..end) and returns the new end: sorted by
+  // per-block time (largest first, ties: largest fixed first), a line is kept only when its
+  // fixed time exceeds every kept line's.
+  int sweep(int from, int end) {
     const auto begin = line.begin() + from;
-    std::sort(begin, line.end(), [](const RankCost& a, const RankCost& b) {
+    const auto stop = line.begin() + end;
+    std::sort(begin, stop, [](const RankCost& a, const RankCost& b) {
       if (a.per_block_s != b.per_block_s) return a.per_block_s > b.per_block_s;
       return a.fixed_s > b.fixed_s;
     });
     auto out = begin;
     double max_fixed = -kInf;
-    for (auto it = begin; it != line.end(); ++it) {
+    for (auto it = begin; it != stop; ++it) {
       if (it->fixed_s > max_fixed) {
         max_fixed = it->fixed_s;
         *out++ = *it;
       }
     }
-    line.erase(out, line.end());
+    return static_cast<int>(out - line.begin());
   }
 
   // Most blocks rank p can hold with its time <= t (over every row), capped at `most`.
