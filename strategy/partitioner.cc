@@ -157,19 +157,26 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
   if (room < blocks) return false;
   const double min_step = env.min_step;  // smallest time of one block anywhere
 
-  // With one row the continuous relaxation brackets the optimum tightly: giving rank p
-  // (t - fixed_p) / per_p blocks for all p and solving for t gives a lower bound t*, and at
+  // The continuous relaxation brackets the optimum tightly. Rank p never holds more than
+  // (t - fixed) / per blocks of any one of its lines, so giving every rank that many blocks
+  // of its steepest line and solving for t gives a lower bound t*. With one row, at
   // t* + max per-block time every rank can hold one more block than its floor, which is
-  // feasible whenever the memory caps do not bind. Bisection then needs a few steps, not ~60.
-  if (rows == 1 && min_step < kInf) {
+  // feasible whenever the memory caps do not bind; with more rows the other lines may bind,
+  // and the feasibility test decides. Bisection then needs a few steps, not ~60. Where it
+  // stops does not change the counts (see the trim below).
+  if (min_step < kInf) {
     double inverse_sum = 0, weighted_fixed = 0, max_step = 0;
     bool all_positive = true;
     for (int p = 0; p < pp; ++p) {
-      if (costs[p].per_block_s <= 0) all_positive = false;
+      const RankCost* steepest = &env.line[env.first[p]];
+      for (int i = env.first[p] + 1; i < env.first[p + 1]; ++i) {
+        if (env.line[i].per_block_s > steepest->per_block_s) steepest = &env.line[i];
+      }
+      if (steepest->per_block_s <= 0) all_positive = false;
       else {
-        inverse_sum += 1.0 / costs[p].per_block_s;
-        weighted_fixed += costs[p].fixed_s / costs[p].per_block_s;
-        max_step = std::max(max_step, costs[p].per_block_s);
+        inverse_sum += 1.0 / steepest->per_block_s;
+        weighted_fixed += steepest->fixed_s / steepest->per_block_s;
+        max_step = std::max(max_step, steepest->per_block_s);
       }
     }
     if (all_positive) {
