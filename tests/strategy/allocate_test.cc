@@ -443,16 +443,18 @@ TEST_CASE("partitioner: allocate_microbatches by runs equals it replica by repli
 TEST_CASE("partitioner: partition_blocks equals the previous implementation, bit for bit") {
   // Many replica rows as the planner passes them (duplicates, stragglers, noise, anti-correlated
   // rows that all stay on the envelope), memory caps and zero fixed times; one row with up to
-  // 1,024 ranks as the fallback of allocate_microbatches uses it.
+  // 1,024 ranks as the fallback of allocate_microbatches uses it. Every third trial has many
+  // blocks per rank, so the relaxation's bracket, not the memory caps, bounds the bisection.
   std::mt19937 rng(99);
   std::uniform_real_distribution<double> u(0.1, 2.0);
   std::lognormal_distribution<double> noise(0.0, 0.05);
   const int row_counts[] = {1, 2, 3, 16, 33, 64, 200, 1024};
-  for (int trial = 0; trial < 1200; ++trial) {
+  for (int trial = 0; trial < 2400; ++trial) {
     const int rows = row_counts[trial % 8];
     const int pp = rows == 1 ? 1 + static_cast<int>(rng() % 1024) : 1 + static_cast<int>(rng() % 8);
     const int v = 1 + static_cast<int>(rng() % 2);
-    const int blocks = pp * v + static_cast<int>(rng() % (4 * pp + 20));
+    const int spread = trial % 3 == 0 ? 64 * pp + 200 : 4 * pp + 20;
+    const int blocks = pp * v + static_cast<int>(rng() % spread);
     const int kind = (trial / 8) % 4;
     std::vector<RankCost> base(pp);
     for (auto& c : base) {
