@@ -18,7 +18,8 @@ constexpr int kBisectionSteps = 200;
 // both (then it is never above it for any block count >= 0, in floating point too, since
 // rounding is monotone). Rank p's lines are line[first[p]..first[p + 1]); limit[p] is the
 // smallest max_blocks over all rows. With one row per replica that differs only by noise,
-// this leaves a handful of lines per rank instead of one per replica.
+// this leaves a handful of lines per rank instead of one per replica. line only grows: past
+// first[pp] it is room, so build writes through a pointer and never reallocates mid-call.
 struct Envelope {
   std::vector<RankCost> line;
   std::vector<int> first;
@@ -26,65 +27,73 @@ struct Envelope {
   double min_step = kInf;  // smallest positive per-block time over every row and rank
 
   // Reads each rank's rows straight from costs, keeping only the lines not dominated so far,
-  // so rows that duplicate or fall below a kept line are never copied.
+  // so rows that duplicate or fall below a kept line are never copied. The minima run in
+  // locals: stores into limit[] could alias the rows' ints and force reloads.
   void build(const RankCost* costs, int rows, int pp) {
     constexpr int kIncrementalMax = 32;
-    line.clear();
-    first.assign(pp + 1, 0);
-    limit.assign(pp, INT_MAX);
-    min_step = kInf;
+    const size_t room = static_cast<size_t>(rows) * pp;
+    if (line.size() < room) line.resize(room);
+    first.resize(pp + 1);
+    limit.resize(pp);
+    RankCost* const kept = line.data();
     const auto dominates = [](const RankCost& a, const RankCost& b) {
       return a.fixed_s >= b.fixed_s && a.per_block_s >= b.per_block_s;
     };
+    double step = kInf;
+    int end = 0;  // kept[0..end) are the lines so far
     for (int p = 0; p < pp; ++p) {
-      const int from = static_cast<int>(line.size());
+      const int from = end;
       first[p] = from;
+      int lim = INT_MAX;
       bool many = false;  // more than kIncrementalMax lines kept: sort and sweep at the end
-      for (int j = 0; j < rows; ++j) {
-        const RankCost& c = costs[j * pp + p];
-        limit[p] = std::min(limit[p], c.max_blocks);
-        if (c.per_block_s > 0) min_step = std::min(min_step, c.per_block_s);
+      const RankCost* c = costs + p;
+      for (int j = 0; j < rows; ++j, c += pp) {
+        lim = std::min(lim, c->max_blocks);
+        if (c->per_block_s > 0) step = std::min(step, c->per_block_s);
         if (rows == 1 || many) {
-          line.push_back(c);
+          kept[end++] = *c;
           continue;
         }
-        // line[from..end) are mutually non-dominated.
-        const int end = static_cast<int>(line.size());
+        // kept[from..end) are mutually non-dominated. Newest first: a row tends to be
+        // dominated by the row just before it (e.g. the same costs for fewer microbatches).
         bool dominated = false;
-        for (int k = from; k < end && !dominated; ++k) dominated = dominates(line[k], c);
+        for (int k = end - 1; k >= from && !dominated; --k) dominated = dominates(kept[k], *c);
         if (dominated) continue;
         int w = from;
         for (int k = from; k < end; ++k) {
-          if (!dominates(c, line[k])) line[w++] = line[k];
+          if (!dominates(*c, kept[k])) kept[w++] = kept[k];
         }
-        line.resize(w);
-        line.push_back(c);
+        kept[w] = *c;
+        end = w + 1;
         // Many lines survive: take the rest unfiltered and sort and sweep below.
-        if (w + 1 - from > kIncrementalMax) many = true;
+        if (end - from > kIncrementalMax) many = true;
       }
-      if (many) sweep(from);
+      limit[p] = lim;
+      if (many) end = sweep(from, end);
     }
-    first[pp] = static_cast<int>(line.size());
+    first[pp] = end;
+    min_step = step;
   }
 
-  // Drops the dominated lines among line[from..end): sorted by per-block time (largest first,
-  // ties: largest fixed first), a line is kept only when its fixed time exceeds every kept
-  // line's.
-  void sweep(int from) {
+  // Drops the dominated lines among line[from..end) and returns the new end: sorted by
+  // per-block time (largest first, ties: largest fixed first), a line is kept only when its
+  // fixed time exceeds every kept line's.
+  int sweep(int from, int end) {
     const auto begin = line.begin() + from;
-    std::sort(begin, line.end(), [](const RankCost& a, const RankCost& b) {
+    const auto stop = line.begin() + end;
+    std::sort(begin, stop, [](const RankCost& a, const RankCost& b) {
       if (a.per_block_s != b.per_block_s) return a.per_block_s > b.per_block_s;
       return a.fixed_s > b.fixed_s;
     });
     auto out = begin;
     double max_fixed = -kInf;
-    for (auto it = begin; it != line.end(); ++it) {
+    for (auto it = begin; it != stop; ++it) {
       if (it->fixed_s > max_fixed) {
         max_fixed = it->fixed_s;
         *out++ = *it;
       }
     }
-    line.erase(out, line.end());
+    return static_cast<int>(out - line.begin());
   }
 
   // Most blocks rank p can hold with its time <= t (over every row), capped at `most`.
@@ -98,7 +107,8 @@ struct Envelope {
       }
       const double room = (t - c.fixed_s) / c.per_block_s;
       if (room < 0) return -1;
-      int n = room >= most ? most : static_cast<int>(std::floor(room));
+      // room >= 0 here, so truncation is the floor (and cheaper than std::floor).
+      int n = room >= most ? most : static_cast<int>(room);
       // Floating-point guard: accept n + 1 when its time is exactly representable as <= t.
       if (n < most && c.fixed_s + c.per_block_s * (n + 1) <= t) ++n;
       while (n >= 0 && c.fixed_s + c.per_block_s * n > t) --n;
@@ -147,19 +157,26 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
   if (room < blocks) return false;
   const double min_step = env.min_step;  // smallest time of one block anywhere
 
-  // With one row the continuous relaxation brackets the optimum tightly: giving rank p
-  // (t - fixed_p) / per_p blocks for all p and solving for t gives a lower bound t*, and at
+  // The continuous relaxation brackets the optimum tightly. Rank p never holds more than
+  // (t - fixed) / per blocks of any one of its lines, so giving every rank that many blocks
+  // of its steepest line and solving for t gives a lower bound t*. With one row, at
   // t* + max per-block time every rank can hold one more block than its floor, which is
-  // feasible whenever the memory caps do not bind. Bisection then needs a few steps, not ~60.
-  if (rows == 1 && min_step < kInf) {
+  // feasible whenever the memory caps do not bind; with more rows the other lines may bind,
+  // and the feasibility test decides. Bisection then needs a few steps, not ~60. Where it
+  // stops does not change the counts (see the trim below).
+  if (min_step < kInf) {
     double inverse_sum = 0, weighted_fixed = 0, max_step = 0;
     bool all_positive = true;
     for (int p = 0; p < pp; ++p) {
-      if (costs[p].per_block_s <= 0) all_positive = false;
+      const RankCost* steepest = &env.line[env.first[p]];
+      for (int i = env.first[p] + 1; i < env.first[p + 1]; ++i) {
+        if (env.line[i].per_block_s > steepest->per_block_s) steepest = &env.line[i];
+      }
+      if (steepest->per_block_s <= 0) all_positive = false;
       else {
-        inverse_sum += 1.0 / costs[p].per_block_s;
-        weighted_fixed += costs[p].fixed_s / costs[p].per_block_s;
-        max_step = std::max(max_step, costs[p].per_block_s);
+        inverse_sum += 1.0 / steepest->per_block_s;
+        weighted_fixed += steepest->fixed_s / steepest->per_block_s;
+        max_step = std::max(max_step, steepest->per_block_s);
       }
     }
     if (all_positive) {
@@ -171,10 +188,12 @@ bool partition_blocks(const RankCost* costs, int rows, int pp, int blocks, int m
   }
 
   if (!env.feasible(pp, blocks, min_blocks, lo)) {
-    // Invariant: lo infeasible, hi feasible. Once hi is within half a block of the optimum,
-    // each rank holds at most one block more than at the optimum and the trim below is exact.
+    // Invariant: lo infeasible, hi feasible. The trim below gives the same counts from any
+    // feasible hi (it keeps the smallest blocks in its order), so bisection only shrinks the
+    // surplus it gives back: stopping within two of the smallest blocks of the optimum
+    // balances the steps' feasibility tests against the trim's heap operations.
     for (int step = 0;
-         step < kBisectionSteps && hi - lo > 1e-15 * hi && !(hi - lo < 0.5 * min_step); ++step) {
+         step < kBisectionSteps && hi - lo > 1e-15 * hi && !(hi - lo < 2 * min_step); ++step) {
       const double mid = lo + (hi - lo) / 2;
       if (mid <= lo || mid >= hi) break;
       if (env.feasible(pp, blocks, min_blocks, mid))
@@ -397,8 +416,8 @@ bool allocate_direct(const double* per_microbatch_s, const double* fixed_s, int 
     const double a = per[r], f = fixed[r];
     int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
     if (f <= relaxed) {
-      const double room = (relaxed - f) * inverse[r];
-      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      const double room = (relaxed - f) * inverse[r];  // >= 0: truncation is the floor
+      n = room >= blocks ? blocks : static_cast<int>(room);
       while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
       while (n >= 0 && f + a * n > relaxed) --n;
     }
@@ -514,8 +533,8 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
     const double a = run.per, f = run.fixed;
     int n = -1;  // largest count with f + a * n <= relaxed, capped at blocks
     if (f <= relaxed) {
-      const double room = (relaxed - f) * run.inverse;
-      n = room >= blocks ? blocks : static_cast<int>(std::floor(room));
+      const double room = (relaxed - f) * run.inverse;  // >= 0: truncation is the floor
+      n = room >= blocks ? blocks : static_cast<int>(room);
       while (n < blocks && f + a * (n + 1) <= relaxed) ++n;
       while (n >= 0 && f + a * n > relaxed) --n;
     }
@@ -531,16 +550,21 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
   // the heap.
   long missing = blocks - kept;
   if (missing > 0) {
-    thread_local std::vector<int> heap;
+    // The heap holds each run's key next to its index, so comparisons read no run.
+    struct Entry {
+      double next_s;  // runs[run].next_s
+      int run;
+    };
+    thread_local std::vector<Entry> heap;
     heap.resize(runs.size());
-    for (size_t k = 0; k < runs.size(); ++k) heap[k] = static_cast<int>(k);
-    const auto later = [&runs](int x, int y) {
-      return runs[x].next_s > runs[y].next_s || (runs[x].next_s == runs[y].next_s && x < y);
+    for (size_t k = 0; k < runs.size(); ++k) heap[k] = {runs[k].next_s, static_cast<int>(k)};
+    const auto later = [](const Entry& x, const Entry& y) {
+      return x.next_s > y.next_s || (x.next_s == y.next_s && x.run < y.run);
     };
     std::make_heap(heap.begin(), heap.end(), later);
     while (missing > 0) {
       std::pop_heap(heap.begin(), heap.end(), later);
-      Run& run = runs[heap.back()];
+      Run& run = runs[heap.back().run];
       if (!(run.next_s < kInf)) return false;
       // A member's block after its next one that ties with the next (a step too small to
       // show) would come before the lower members' next blocks: the caller handles that.
@@ -554,6 +578,7 @@ bool allocate_runs(std::vector<Run>& runs, int replicas, int blocks, int unit, i
       }
       ++run.n;
       run.next_s = run.n < blocks ? run.fixed + run.per * (run.n + 1) : kInf;
+      heap.back().next_s = run.next_s;
       std::push_heap(heap.begin(), heap.end(), later);
     }
   }

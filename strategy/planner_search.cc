@@ -473,14 +473,18 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   };
   // One row per stretch, weighted by its microbatch count; a single row when every replica is
   // identical. partition_blocks drops rows that can never be the slowest, so rows that differ
-  // (e.g. by measured speed noise) cost little.
+  // (e.g. by measured speed noise) cost little. The rows go in reverse stretch order: a
+  // run's highest replicas, which take the extra microbatches, come first, so the row of its
+  // replicas with fewer meets the line that drops it at once (partition_blocks checks the
+  // newest line first). The order of the rows does not change partition_blocks' answer.
   thread_local std::vector<RankCost> rows;
   auto build_rows = [&]() {
     rows.resize(stretches.size() * pp);
     // Through raw pointers: stores through the vectors would reload their data pointers.
     RankCost* row = rows.data();
     const RankCost* cost = costs.data();
-    for (const Stretch& s : stretches) {
+    for (auto it = stretches.rbegin(); it != stretches.rend(); ++it) {
+      const Stretch& s = *it;
       for (int p = 0; p < pp; ++p, ++row) {
         *row = cost[s.run * pp + p];
         row->fixed_s *= s.micro;

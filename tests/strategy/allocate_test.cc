@@ -443,16 +443,18 @@ TEST_CASE("partitioner: allocate_microbatches by runs equals it replica by repli
 TEST_CASE("partitioner: partition_blocks equals the previous implementation, bit for bit") {
   // Many replica rows as the planner passes them (duplicates, stragglers, noise, anti-correlated
   // rows that all stay on the envelope), memory caps and zero fixed times; one row with up to
-  // 1,024 ranks as the fallback of allocate_microbatches uses it.
+  // 1,024 ranks as the fallback of allocate_microbatches uses it. Every third trial has many
+  // blocks per rank, so the relaxation's bracket, not the memory caps, bounds the bisection.
   std::mt19937 rng(99);
   std::uniform_real_distribution<double> u(0.1, 2.0);
   std::lognormal_distribution<double> noise(0.0, 0.05);
   const int row_counts[] = {1, 2, 3, 16, 33, 64, 200, 1024};
-  for (int trial = 0; trial < 1200; ++trial) {
+  for (int trial = 0; trial < 2400; ++trial) {
     const int rows = row_counts[trial % 8];
     const int pp = rows == 1 ? 1 + static_cast<int>(rng() % 1024) : 1 + static_cast<int>(rng() % 8);
     const int v = 1 + static_cast<int>(rng() % 2);
-    const int blocks = pp * v + static_cast<int>(rng() % (4 * pp + 20));
+    const int spread = trial % 3 == 0 ? 64 * pp + 200 : 4 * pp + 20;
+    const int blocks = pp * v + static_cast<int>(rng() % spread);
     const int kind = (trial / 8) % 4;
     std::vector<RankCost> base(pp);
     for (auto& c : base) {
@@ -489,6 +491,45 @@ TEST_CASE("partitioner: partition_blocks equals the previous implementation, bit
     CAPTURE(trial);
     CAPTURE(rows);
     CAPTURE(kind);
+    REQUIRE(got_ok == want_ok);
+    if (!got_ok) continue;
+    REQUIRE(got == want);
+    REQUIRE(got_s == want_s);
+  }
+}
+
+TEST_CASE("partitioner: partition_blocks does not depend on the order of the rows") {
+  // The planner passes its rows in any order it likes (split_pipeline: reverse replica order);
+  // shuffled rows, with exact ties, duplicates and memory caps, give the same counts and
+  // bottleneck, bit for bit.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  for (int trial = 0; trial < 600; ++trial) {
+    const int rows = 2 + static_cast<int>(rng() % 60);
+    const int pp = 1 + static_cast<int>(rng() % 8);
+    const int v = 1 + static_cast<int>(rng() % 2);
+    const int blocks = pp * v + static_cast<int>(rng() % (16 * pp + 20));
+    const bool ties = trial % 2 == 0;
+    std::vector<RankCost> costs(static_cast<size_t>(rows) * pp);
+    for (RankCost& c : costs) {
+      c.fixed_s = ties ? static_cast<double>(rng() % 3) : u(rng);
+      c.per_block_s = ties ? 1.0 + static_cast<double>(rng() % 3) : u(rng);
+      c.max_blocks = rng() % 8 == 0 ? v + static_cast<int>(rng() % 5) : INT_MAX;
+    }
+    std::vector<int> order(rows);
+    for (int j = 0; j < rows; ++j) order[j] = j;
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<RankCost> shuffled(costs.size());
+    for (int j = 0; j < rows; ++j) {
+      std::copy_n(costs.begin() + order[j] * pp, pp, shuffled.begin() + j * pp);
+    }
+    std::vector<int> got(pp), want(pp);
+    double got_s = -1, want_s = -1;
+    const bool got_ok =
+        parapilot::partition_blocks(shuffled.data(), rows, pp, blocks, v, got.data(), &got_s);
+    const bool want_ok =
+        parapilot::partition_blocks(costs.data(), rows, pp, blocks, v, want.data(), &want_s);
+    CAPTURE(trial);
     REQUIRE(got_ok == want_ok);
     if (!got_ok) continue;
     REQUIRE(got == want);
