@@ -664,6 +664,29 @@ void conditions_signature(const Conditions& c, const OffNominal& where,
   }
 }
 
+// A few (layout class, share) pairs, without allocating. insert() says whether a pair is new;
+// a pair past the first kMax is never remembered, so it reads as new every time (its replicas
+// are then handled again: slower, never wrong).
+class ClassShareSet {
+ public:
+  bool insert(int layout_class, int share) {
+    for (int i = 0; i < size_; ++i) {
+      if (pairs_[i].layout_class == layout_class && pairs_[i].share == share) return false;
+    }
+    if (size_ < kMax) pairs_[size_++] = {layout_class, share};
+    return true;
+  }
+
+ private:
+  static constexpr int kMax = 16;
+  struct Pair {
+    int layout_class;
+    int share;
+  };
+  Pair pairs_[kMax];
+  int size_ = 0;
+};
+
 }  // namespace
 
 void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
@@ -926,15 +949,8 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     } else if (!by_class) {
       for (int r = 0; r < s.dp; ++r) visits.push_back(r);
     } else {
-      // (layout class, share) of the clean replicas timed so far (a pair beyond kMaxClasses is
-      // not remembered and its next stretch is timed again).
-      struct ReplicaClass {
-        int layout_class;
-        int share;
-      };
-      constexpr int kMaxClasses = 16;
-      ReplicaClass classes[kMaxClasses];
-      int class_count = 0;
+      // (layout class, share) of the clean replicas timed so far.
+      ClassShareSet timed_classes;
       const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
       const std::vector<int>& runs = layout_info->class_runs;
       size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
@@ -959,14 +975,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
             if (!clean_met) {
               // The stretch's first clean replica stands for its other clean ones.
               clean_met = true;
-              const ReplicaClass mine{layout_class, share};
-              bool seen = false;
-              for (int i = 0; i < class_count && !seen; ++i)
-                seen = classes[i].layout_class == mine.layout_class && classes[i].share == share;
-              if (!seen) {
-                visits.push_back(r);
-                if (class_count < kMaxClasses) classes[class_count++] = mine;
-              }
+              if (timed_classes.insert(layout_class, share)) visits.push_back(r);
             }
             // Clean replicas up to the next unclean one are skipped.
             r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
@@ -1033,27 +1042,14 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
   // Replicas of one layout class hold the same GPU types rank by rank (the class fixes their
   // nodes' classes): of those with one share, only the first can raise the worst ratio.
-  struct Checked {
-    int layout_class;
-    int share;
-  };
-  constexpr int kMaxChecked = 16;
-  Checked checked[kMaxChecked];
-  int checked_count = 0;
+  ClassShareSet checked;
   for (size_t i = 0; i < visits_read; ++i) {
     const int r = visits[i];
     // Memory differs between replicas only through microbatch counts and GPU types; the
     // uniform case needs replica 0 only.
     if (!(r == 0 || explicit_shares || topo_.types.size() > 1)) continue;
     const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
-    if (layout_info) {
-      const Checked mine{layout_info->replica_class[r], share};
-      bool seen = false;
-      for (int k = 0; k < checked_count && !seen; ++k)
-        seen = checked[k].layout_class == mine.layout_class && checked[k].share == share;
-      if (seen) continue;
-      if (checked_count < kMaxChecked) checked[checked_count++] = mine;
-    }
+    if (layout_info && !checked.insert(layout_info->replica_class[r], share)) continue;
     // Memory depends on the replica only through its share: once per distinct share.
     int memory_slot = -1;
     if (!work.exhaustive) {
