@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -133,7 +134,11 @@ class RobustEwma {
       : o_(options),
         capacity_(std::clamp(options.window, 1, kMaxWindow)),
         confirm_(std::clamp(options.confirm, 1, kMaxPending)),
-        keep_(1 - options.alpha) {}
+        keep_(1 - options.alpha) {
+    // Preconditions add() relies on (its outlier test counts deviations instead of selecting
+    // their median only for a positive threshold and a non-negative floor).
+    assert(options.reject_k > 0 && options.rel_floor >= 0);
+  }
 
   /// Adds a sample; returns false when it was rejected as an outlier (it may still complete a
   /// level shift, in which case the level moves and true is returned).
