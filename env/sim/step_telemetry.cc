@@ -69,8 +69,9 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
     double fixed_ms;
     double transfer_ms;  // the transfer alone, without the wait for the last arrival
   };
-  std::vector<Measured> measured;
-  measured.reserve(ranks_.size());
+  // Per-thread scratch (generate() runs once per simulated step): no allocation per call.
+  thread_local std::vector<Measured> measured;
+  measured.clear();
   NormalDraws jitter(noise);
   double last_arrival = 0, longest_transfer = 0;
   for (const Rank& r : ranks_) {
