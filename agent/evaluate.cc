@@ -43,9 +43,32 @@ StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed) {
     stats.tokens_per_s_by_interval.push_back(tokens / env.interval_s());
   }
   stats.migrations = oracle->migrations;
+  stats.truth_changed = oracle->truth_changed;
   stats.throughput_tokens_per_s =
       stats.tokens / (static_cast<double>(oracle->tokens_per_interval.size()) * env.interval_s());
   return stats;
+}
+
+std::optional<GapByChange> gap_by_change(const EpisodeStats& episode, const EpisodeStats& oracle) {
+  const std::vector<double>& p = episode.tokens_per_s_by_interval;
+  const std::vector<double>& o = oracle.tokens_per_s_by_interval;
+  assert(p.size() == o.size());
+  if (oracle.truth_changed.size() != o.size()) return std::nullopt;
+  double total = 0;
+  for (double x : o) total += x;
+  GapByChange gap;
+  if (total <= 0) return gap;
+  for (size_t t = 0; t < o.size(); ++t) {
+    const double share = (o[t] - p[t]) / total;
+    if (t > 0 && oracle.truth_changed[t - 1]) {
+      gap.next += share;
+    } else if (oracle.truth_changed[t]) {
+      gap.onset += share;
+    } else {
+      gap.later += share;
+    }
+  }
+  return gap;
 }
 
 const char* PairedDifference::verdict() const {

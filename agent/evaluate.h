@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct EpisodeStats {
   int migrations = 0;
   int restarts = 0;
   std::vector<double> tokens_per_s_by_interval;
+  /// The oracle's episodes only: OracleResult::truth_changed (empty when the env does not say).
+  std::vector<bool> truth_changed;
   /// Policy inputs read at the normaliser's clip, and outside training's range
   /// (Policy::check_inputs), summed over the episode's decisions, by input (env::input_name);
   /// empty for rules and the oracle.
@@ -32,6 +35,21 @@ EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed);
 // The oracle's episode from `seed`; kInvalidArgument naming the env when it has no oracle (a
 // live job cannot see its future).
 StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed);
+
+/// Where an episode fell short of the oracle's on the same seed: the oracle's tokens less the
+/// policy's, summed over three kinds of interval, each as a share of the oracle's tokens in the
+/// episode. `onset`: an interval whose truth changed (OracleResult::truth_changed) after an
+/// interval whose truth did not, so that a causal policy picked the layout it runs on without
+/// any sign of the change; `next`: the interval after one whose truth changed, the first a
+/// policy can have switched for from telemetry of the change (a change that starts within an
+/// interval shows in part there and in full in the next: that one counts here); `later`: the
+/// rest. The three sum to 1 - the episode's score; an interval's share can be negative (the
+/// oracle paid for a switch there). nullopt when the oracle's episode does not say when the
+/// truth changed. Precondition: both episodes have the same number of intervals.
+struct GapByChange {
+  double onset = 0, next = 0, later = 0;
+};
+std::optional<GapByChange> gap_by_change(const EpisodeStats& episode, const EpisodeStats& oracle);
 
 // Mean and the half-width of a 95% confidence interval (Student t).
 struct Interval {

@@ -66,6 +66,12 @@ struct ResetOptions {
 struct OracleResult {
   std::vector<double> tokens_per_interval;
   int migrations = 0;
+  /// Per interval, whether the true conditions or workload (sequence length, global batch,
+  /// gradient regime) differ from the interval before; interval 0 is compared with the nominal
+  /// cluster at its own workload, the state every episode's first layout is planned for. The
+  /// oracle may switch ahead of such a change; a causal policy learns of it only from the
+  /// telemetry of the interval it happens in. Empty when the env does not say.
+  std::vector<bool> truth_changed;
 };
 
 class Env {

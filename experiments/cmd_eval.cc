@@ -56,6 +56,9 @@ struct PolicyResult {
   std::vector<double> curve;  // mean tokens/s per interval over episodes
   std::map<std::string, int> clipped;  // inputs read at the clip, summed over episodes
   std::map<std::string, int> unseen;   // inputs outside training's range, summed over episodes
+  // Per episode, the shortfall against the oracle by kind of interval (agent::gap_by_change);
+  // empty when the env does not say when its truth changed.
+  std::vector<double> gap_onset, gap_next, gap_later;
 };
 
 void write_plot(const std::string& path, const std::vector<PolicyResult>& results,
@@ -159,6 +162,11 @@ void run_eval(const EvalOptions& o) {
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
+      if (const auto gap = agent::gap_by_change(stats, oracle[e])) {
+        r.gap_onset.push_back(gap->onset);
+        r.gap_next.push_back(gap->next);
+        r.gap_later.push_back(gap->later);
+      }
       for (const auto& [name, n] : stats.clipped_inputs) r.clipped[name] += n;
       for (const auto& [name, n] : stats.unseen_inputs) r.unseen[name] += n;
       if (r.curve.empty()) r.curve.assign(stats.tokens_per_s_by_interval.size(), 0.0);
@@ -214,6 +222,15 @@ void run_eval(const EvalOptions& o) {
       j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
       j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
       j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
+      if (r.gap_onset.size() == static_cast<size_t>(o.episodes)) {
+        auto part = [](const std::vector<double>& v) {
+          const auto i = agent::mean_interval(v);
+          return nlohmann::json{{"share", i.mean}, {"ci95", i.half_width}};
+        };
+        j["policies"][r.name]["gap_to_oracle"] = {{"onset", part(r.gap_onset)},
+                                                  {"next", part(r.gap_next)},
+                                                  {"later", part(r.gap_later)}};
+      }
       if (reference && &r != reference) {
         const agent::PairedDifference d = versus(r);
         j["policies"][r.name]["vs_reference"] = {{"score_difference", d.difference.mean},
@@ -247,6 +264,21 @@ void run_eval(const EvalOptions& o) {
     }
     std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f   %s\n", width, r.name.c_str(),
                 t.mean, t.half_width, s.mean, s.half_width, m.mean, paired.c_str());
+  }
+  // Where each policy falls short of the oracle (agent::gap_by_change).
+  bool gaps = false;
+  for (const auto& r : results)
+    gaps |= r.name != "oracle" && r.gap_onset.size() == static_cast<size_t>(o.episodes);
+  if (gaps) {
+    std::printf("\nshortfall against the oracle, as a share of its tokens (mean over episodes):\n");
+    std::printf("%-*s %22s %22s %12s\n", width, "policy", "where the truth changed",
+                "the interval after", "the rest");
+    for (const auto& r : results) {
+      if (r.name == "oracle" || r.gap_onset.size() != static_cast<size_t>(o.episodes)) continue;
+      std::printf("%-*s %22.4f %22.4f %12.4f\n", width, r.name.c_str(),
+                  agent::mean_interval(r.gap_onset).mean, agent::mean_interval(r.gap_next).mean,
+                  agent::mean_interval(r.gap_later).mean);
+    }
   }
   auto report = [](const std::string& policy, const std::map<std::string, int>& by_input,
                    const char* what) {

@@ -120,6 +120,38 @@ def policy_holdout(d):
     return table(head, rows) + "\n\n" + source(r)
 
 
+def pts(x):
+    """A share of the oracle's tokens in points (hundredths)."""
+    return "%.2f" % (100 * x)
+
+
+def policy_gap(d):
+    mon = dict(d("policy-eval.json")["figures"]["families"])
+    mon.update(d("holdout-eval.json")["figures"]["scenarios"])
+    ex = d("information-eval.json")["figures"]["scenarios"]
+    rows = []
+    for name in FAMILIES + sorted(n for n in mon if n not in FAMILIES):
+        p = mon[name]["policies"]
+        ref = mon[name]["reference"]
+        parts = lambda k: " / ".join(pts(p[k]["gap_to_oracle"][w]["share"])
+                                     for w in ("onset", "next", "later"))
+        gap = 1 - p[ref]["score"]
+        q = ex[name]["policies"]
+        best_exact = max((k for k in q if k != "oracle"), key=lambda k: q[k]["score"])
+        gap_exact = 1 - q[best_exact]["score"]
+        closed = "%.0f%%" % (100 * (gap - gap_exact) / gap) if gap > 0.0005 else "—"
+        goal = pts(gap / 3) if gap > 0.02 else "— (under 2)"
+        rows.append(["`%s`" % name if name not in FAMILIES else name, ref, pts(gap),
+                     parts(ref), parts("rl"), goal,
+                     "%s (%s)" % (pts(gap_exact), best_exact), closed])
+    head = ["scenario", "strongest rule", "its gap to the oracle",
+            "where the truth changed / the interval after / the rest",
+            "rl's, the same three", "(b): a third of the gap",
+            "strongest rule's gap with exact beliefs", "of the gap, closed by exact beliefs"]
+    reports = [d("policy-eval.json"), d("holdout-eval.json"), d("information-eval.json")]
+    return table(head, rows) + "\n\n" + source(*reports)
+
+
 def mean_m(fam, k):
     return statistics.mean(fam[f]["policies"][k]["migrations_per_episode"] for f in FAMILIES)
 
@@ -517,6 +549,7 @@ RENDER = {
     "training": training,
     "policy-quality": policy_quality,
     "policy-summary": policy_summary,
+    "policy-gap": policy_gap,
 }
 
 

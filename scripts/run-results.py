@@ -11,6 +11,7 @@ Then `scripts/render-results.py` rewrites the tables in the docs from those file
 Sections (default: all of them, in this order; about 30 minutes on a 2-core machine):
   policy          parapilot eval on the six families (deterministic: any machine load)
   holdout         parapilot eval on experiments/scenarios/holdout/, never trained on (deterministic)
+  information     the rules again with exact beliefs (beliefs=exact): what a perfect estimator buys
   training        parapilot train, the shipped policy's recipe: the validation curve against wall time
   policy-latency  bench_policy
   planner         bench_planner, bench_env, bench_cost_model
@@ -41,7 +42,9 @@ POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uni
 TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4", "--envs", "17", "--steps",
                  "1500000", "--seed", "1", "--validation-episodes", "6", "--validate-every", "20",
                  "--switch-penalty", "0.003"]
-SECTIONS = ["policy", "holdout", "training", "policy-latency", "planner", "calibration", "deploy-sim",
+# The rules that read beliefs, for the information section (static and uniform-dp do not).
+RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
+SECTIONS = ["policy", "holdout", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "live", "live-switch"]
 
 
@@ -115,33 +118,41 @@ class Runner:
         self.shipped_policy_current()
         report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
                                              "--policies", POLICIES])
-        families = {}
-        for f in FAMILIES:
-            r = run([self.bin("parapilot"), "eval", "--scenario", f, "--episodes", "30",
-                     "--seed", "1000", "--policies", POLICIES, "--json"],
-                    capture_output=True, text=True)
-            families[f] = json.loads(r.stdout)
+        families = {f: self.eval(f, POLICIES) for f in FAMILIES}
         finish(report, {"families": families}, self.path("policy-eval.json"))
+
+    def holdout_ids(self, params=""):
+        """The held-out scenario files and the training distribution's draws, by table name."""
+        folder = os.path.join(ROOT, "experiments", "scenarios", "holdout")
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".toml"))
+        ids = {f[:-len(".toml")]: "sim:" + os.path.join(folder, f) + params for f in files}
+        # Draws of the training distribution on seeds training never uses (eval's small seeds;
+        # training draws from seeds >= 2^40): 30 clusters, models and dynamics of their own.
+        ids["sim:random"] = "sim:random" + params
+        return ids
+
+    def eval(self, env_id, policies):
+        r = run([self.bin("parapilot"), "eval", "--scenario", env_id, "--episodes", "30",
+                 "--seed", "1000", "--policies", policies, "--json"],
+                capture_output=True, text=True)
+        return json.loads(r.stdout)
 
     def holdout(self):
         self.shipped_policy_current()
-        folder = os.path.join(ROOT, "experiments", "scenarios", "holdout")
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".toml"))
-        report = envelope("parapilot eval", ["--episodes", "10", "--seed", "1000",
+        report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
                                              "--policies", POLICIES])
-        scenarios = {}
-        for f in files:
-            r = run([self.bin("parapilot"), "eval", "--scenario", os.path.join(folder, f),
-                     "--episodes", "10", "--seed", "1000", "--policies", POLICIES, "--json"],
-                    capture_output=True, text=True)
-            scenarios[f[:-len(".toml")]] = json.loads(r.stdout)
-        # Draws of the training distribution on seeds training never uses (eval's small seeds;
-        # training draws from seeds >= 2^40): 30 clusters, models and dynamics of their own.
-        r = run([self.bin("parapilot"), "eval", "--scenario", "random", "--episodes", "30",
-                 "--seed", "1000", "--policies", POLICIES, "--json"],
-                capture_output=True, text=True)
-        scenarios["sim:random"] = json.loads(r.stdout)
+        scenarios = {name: self.eval(i, POLICIES) for name, i in self.holdout_ids().items()}
         finish(report, {"scenarios": scenarios}, self.path("holdout-eval.json"))
+
+    def information(self):
+        # The same episodes as the policy and holdout sections, the agent believing the truth of
+        # the interval just run instead of the monitor's estimate (TelemetryModel::exact_beliefs).
+        report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
+                                             "--policies", RULES_READING_BELIEFS])
+        ids = {f: "sim:%s(beliefs=exact)" % f for f in FAMILIES}
+        ids.update(self.holdout_ids("(beliefs=exact)"))
+        scenarios = {name: self.eval(i, RULES_READING_BELIEFS) for name, i in ids.items()}
+        finish(report, {"scenarios": scenarios}, self.path("information-eval.json"))
 
     def training(self):
         # The shipped policy's run (docs/policy.md). --training-run DIR keeps the run there

@@ -78,6 +78,7 @@ Scenario draw_scenario(const ScenarioRanges& ranges, uint64_t seed) {
   Scenario s = builtin_scenario(Family::kMixed, 8);
   s.name = "random";
   s.horizon = ranges.horizon;
+  s.telemetry.exact_beliefs = ranges.exact_beliefs;
   s.cluster = *cluster_preset(cluster);
   // About 256 sequences or more, a whole number per GPU (so that every GPU can run data
   // parallel), as the default batch is on power-of-two clusters.

@@ -22,6 +22,7 @@ struct ScenarioRanges {
   int gpus_max = 1024;           // ... between these
   double single_node_prob = 0.15;  // or one node of 2, 4 or 8 GPUs (a small job)
   int horizon = 96;              // every draw's decision intervals (fixed: episodes batch alike)
+  bool exact_beliefs = false;    // every draw's TelemetryModel::exact_beliefs
 };
 
 // One draw of the distribution. The drawn model and search space need not fit the cluster;

@@ -54,6 +54,20 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
   return std::make_unique<SimEnv>(std::move(s), "trace:" + id.variant, std::move(truth));
 }
 
+namespace {
+
+// The id's beliefs=monitor|exact (TelemetryModel::exact_beliefs); false when not given.
+bool exact_beliefs(const EnvId& id, const std::string& canonical) {
+  const auto it = id.params.find("beliefs");
+  if (it == id.params.end()) return false;
+  if (it->second != "monitor" && it->second != "exact") {
+    throw InputError("env " + canonical + ": beliefs must be monitor or exact, not " + it->second);
+  }
+  return it->second == "exact";
+}
+
+}  // namespace
+
 std::unique_ptr<Env> make_sim_env(const EnvId& id) {
   if (id.variant.empty()) {
     throw InputError(
@@ -71,14 +85,15 @@ std::unique_ptr<Env> make_sim_env(const EnvId& id) {
     canonical += ")";
   }
   if (id.variant == "random") {
-    reject_unknown(id, {"gpus_min", "gpus_max", "horizon"});
+    reject_unknown(id, {"gpus_min", "gpus_max", "horizon", "beliefs"});
     ScenarioRanges r;
+    r.exact_beliefs = exact_beliefs(id, canonical);
     r.gpus_min = int_param(id, "gpus_min", r.gpus_min, 8, 1 << 16);
     r.gpus_max = int_param(id, "gpus_max", r.gpus_max, r.gpus_min, 1 << 16);
     r.horizon = int_param(id, "horizon", r.horizon, 1, 1 << 20);
     return make_distribution_env(r, canonical);
   }
-  reject_unknown(id, {"gpus", "horizon"});
+  reject_unknown(id, {"gpus", "horizon", "beliefs"});
   Scenario s;
   if (id.variant.find(".toml") != std::string::npos) {
     s = take(load_scenario(id.variant));
@@ -89,6 +104,7 @@ std::unique_ptr<Env> make_sim_env(const EnvId& id) {
     s = builtin_scenario(take(parse_family(id.variant)), int_param(id, "gpus", 64, 8, 1 << 16));
   }
   s.horizon = int_param(id, "horizon", s.horizon, 1, 1 << 20);
+  s.telemetry.exact_beliefs = exact_beliefs(id, canonical);
   return std::make_unique<SimEnv>(std::move(s), canonical);
 }
 

@@ -156,6 +156,10 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
     if (auto v = t.get_int("steps_per_interval", 1, 64))
       s.telemetry.steps_per_interval = static_cast<int>(*v);
+    if (auto v = t.get_string("beliefs")) {
+      if (*v != "monitor" && *v != "exact") t.fail("beliefs", "must be \"monitor\" or \"exact\"");
+      s.telemetry.exact_beliefs = *v == "exact";
+    }
   });
   sub("straggler", [&](TableReader& t) {
     auto& d = s.straggler;

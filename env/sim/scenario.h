@@ -25,6 +25,10 @@ struct TelemetryModel {
   int delay_intervals = 1;     // an interval's telemetry arrives this many intervals after it began
   double missing_prob = 0.05;  // chance a rank's sample of a step is missing
   int steps_per_interval = 4;  // training steps reported per interval (the monitor's samples)
+  // The agent believes the true conditions of the interval just run (failures as they happen)
+  // instead of the monitor's estimate from the telemetry: a perfect estimator, for measuring
+  // what estimation costs a policy. No real job has it.
+  bool exact_beliefs = false;
 };
 
 struct StragglerDynamics {

@@ -387,12 +387,20 @@ void SimEnv::observe_telemetry() {
   }
   const monitor::Beliefs b = monitor_->beliefs();
   belief_ = b.conditions;
+  if (scenario_.telemetry.exact_beliefs) {
+    // A perfect estimator: the interval just run as it was, failures as they happen.
+    belief_ = t_ > 0 ? truth_.conditions[std::min(t_, scenario_.horizon) - 1] : Conditions{};
+    belief_.gpu_failed = now.gpu_failed;
+    missing_fraction_ = 0;
+    telemetry_age_ = std::min(t_, 1);
+  }
   // Nominal where nothing is believed otherwise: the planner's fast path for empty vectors.
   auto nominal = [](const std::vector<double>& v) {
     return std::all_of(v.begin(), v.end(), [](double x) { return x == 1.0; });
   };
   if (nominal(belief_.gpu_speed)) belief_.gpu_speed.clear();
   if (nominal(belief_.node_inter_bw)) belief_.node_inter_bw.clear();
+  if (scenario_.telemetry.exact_beliefs) return;
   missing_fraction_ = b.any_closed ? b.missing_fraction : 0.0;
   const int S = scenario_.telemetry.steps_per_interval;
   telemetry_age_ = b.any_closed ? t_ - static_cast<int>(b.last_closed_step / S) : t_;
@@ -622,6 +630,16 @@ std::optional<OracleResult> SimEnv::oracle() {
   }
   int l = static_cast<int>(std::max_element(value.begin(), value.end()) - value.begin());
   OracleResult out;
+  out.truth_changed.assign(H, false);
+  for (int t = 0; t < H; ++t) {
+    if (t > 0) {
+      out.truth_changed[t] = interval_key(truth_, t) != interval_key(truth_, t - 1);
+    } else {
+      Truth start = truth_;  // interval 0's workload on the nominal cluster
+      start.conditions[0] = Conditions{};
+      out.truth_changed[0] = interval_key(truth_, 0) != interval_key(start, 0);
+    }
+  }
   out.tokens_per_interval.assign(H, 0);
   for (int t = H - 1; t >= 0; --t) {
     out.tokens_per_interval[t] = gained[t][l];

@@ -152,6 +152,11 @@ TEST_CASE("scenario files: a cluster of any size, and gpus must agree with it") 
             .find("the cluster has 4 GPUs") != std::string::npos);
   CHECK(failure_of(load("[scenario]\nfamily = \"straggler\"\ngpus = 12\n"))
             .find("multiple of 8") != std::string::npos);
+  CHECK(ok(load("[scenario]\nfamily = \"straggler\"\n[scenario.telemetry]\nbeliefs = \"exact\"\n"))
+            .telemetry.exact_beliefs);
+  CHECK(failure_of(load("[scenario]\nfamily = \"straggler\"\n[scenario.telemetry]\n"
+                        "beliefs = \"perfect\"\n"))
+            .find("beliefs") != std::string::npos);
   // A 4-GPU scenario is a working env.
   std::ofstream(path) << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x4xa100-80g\"\n"
                          "horizon = 4\n";
@@ -315,6 +320,96 @@ TEST_CASE("95% interval of the mean") {
   const auto i = agent::mean_interval({1.0, 2.0, 3.0, 4.0});
   CHECK(i.mean == doctest::Approx(2.5));
   CHECK(i.half_width == doctest::Approx(3.182 * std::sqrt(1.6666667 / 4)).epsilon(1e-3));
+}
+
+TEST_CASE("shortfall against the oracle by kind of interval") {
+  agent::EpisodeStats oracle, policy;
+  oracle.tokens_per_s_by_interval = {10, 10, 10, 10, 10};
+  policy.tokens_per_s_by_interval = {10, 5, 8, 11, 6};
+  CHECK_FALSE(agent::gap_by_change(policy, oracle).has_value());  // the env did not say
+  // Changed at 1 after an unchanged 0 (onset), again at 2 (its telemetry followed interval 1's
+  // change: next), not at 3 (the interval after a change: next), not at 4 (later).
+  oracle.truth_changed = {false, true, true, false, false};
+  const auto gap = agent::gap_by_change(policy, oracle);
+  REQUIRE(gap.has_value());
+  CHECK(gap->onset == doctest::Approx(5.0 / 50));
+  CHECK(gap->next == doctest::Approx((2.0 - 1.0) / 50));
+  CHECK(gap->later == doctest::Approx(4.0 / 50));
+}
+
+TEST_CASE("simulator: the oracle says when the truth changed, and the shortfall adds up") {
+  Scenario s = builtin_scenario(Family::kStraggler, 16);
+  // Nominal, nominal, GPU 5 slowed, slowed more, the same, nominal again.
+  auto truth_with = [&](std::vector<double> gpu5) {
+    Truth truth;
+    for (double speed : gpu5) {
+      Conditions c;
+      if (speed != 1.0) {
+        c.gpu_speed.assign(16, 1.0);
+        c.gpu_speed[5] = speed;
+      }
+      truth.conditions.push_back(c);
+      truth.seq_len.push_back(s.model.seq_len);
+    }
+    return truth;
+  };
+  {
+    SimEnv env(s, "recorded", truth_with({1.0, 1.0, 0.5, 0.4, 0.4, 1.0}));
+    const auto oracle = ok(agent::run_oracle(env, 1));
+    CHECK(oracle.truth_changed == std::vector<bool>{false, false, true, true, false, true});
+  }
+  {
+    // Slowed from the start: interval 0 differs from the nominal cluster the run planned for.
+    SimEnv env(s, "recorded", truth_with({0.5, 0.5, 1.0}));
+    CHECK(ok(agent::run_oracle(env, 1)).truth_changed == std::vector<bool>{true, false, true});
+  }
+  // On generated episodes the three parts are the score's shortfall, computed apart.
+  auto env = ok(make_env("sim:mixed(gpus=32,horizon=48)"));
+  auto rule = parapilot::policy::make_baseline("reactive");
+  int changes = 0;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    const auto oracle = ok(agent::run_oracle(*env, seed));
+    for (bool c : oracle.truth_changed) changes += c;
+    const auto stats = agent::run_episode(*env, *rule, seed);
+    const auto gap = agent::gap_by_change(stats, oracle);
+    REQUIRE(gap.has_value());
+    CHECK(gap->onset + gap->next + gap->later ==
+          doctest::Approx(1.0 - stats.tokens / oracle.tokens).epsilon(1e-9));
+  }
+  CHECK(changes > 0);
+}
+
+TEST_CASE("exact beliefs: the agent believes the interval just run, failures at once") {
+  Scenario s = builtin_scenario(Family::kStraggler, 16);
+  s.telemetry.exact_beliefs = true;
+  Truth truth;
+  for (int t = 0; t < 6; ++t) {
+    Conditions c;
+    c.gpu_speed.assign(16, 1.0);
+    c.gpu_speed[5] = t < 2 ? 0.4 : 0.7;
+    c.node_inter_bw = {1.0, 0.3};
+    if (t >= 3) {
+      c.gpu_failed.assign(16, false);
+      c.gpu_failed[12] = true;
+    }
+    truth.conditions.push_back(c);
+    truth.seq_len.push_back(s.model.seq_len);
+  }
+  SimEnv env(s, "recorded", truth);
+  env.reset(3);
+  CHECK(env.beliefs().gpu_speed.empty());  // nothing has run yet
+  env.step(0);
+  CHECK(env.beliefs().gpu_speed == truth.conditions[0].gpu_speed);  // exactly, no noise
+  CHECK(env.beliefs().node_inter_bw == truth.conditions[0].node_inter_bw);
+  env.step(0);
+  env.step(0);
+  CHECK(env.beliefs().gpu_speed[5] == 0.7);  // interval 2's
+  CHECK(env.beliefs().failed(12));           // interval 3's failure, before it runs
+  CHECK(ok(make_env("sim:straggler(gpus=16,beliefs=exact)"))->id() ==
+        "sim:straggler(beliefs=exact,gpus=16)");
+  CHECK(failure_of(make_env("sim:straggler(beliefs=perfect)")).find("beliefs") !=
+        std::string::npos);
+  CHECK(ok(make_env("sim:random(beliefs=exact)"))->id() == "sim:random(beliefs=exact)");
 }
 
 TEST_CASE("trace env: replays the recorded per-rank speeds as the hidden truth") {

@@ -180,6 +180,11 @@ TEST_CASE("eval --json: every policy scored against the oracle; bad scenarios ex
   for (const char* policy : {"static", "reactive", "uniform-dp"}) {
     INFO(policy);
     CHECK(j["policies"][policy]["throughput_tokens_per_s"].get<double>() <= oracle_tps * 1.0001);
+    // Where it falls short of the oracle: three parts that add up to 1 - score.
+    const auto& gap = j["policies"][policy]["gap_to_oracle"];
+    CHECK(gap["onset"]["share"].get<double>() + gap["next"]["share"].get<double>() +
+              gap["later"]["share"].get<double>() ==
+          doctest::Approx(1 - j["policies"][policy]["score"].get<double>()).epsilon(1e-9));
   }
   std::ifstream png(plot, std::ios::binary);
   char magic[4] = {};
