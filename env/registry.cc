@@ -45,7 +45,7 @@ EnvId parse_or_throw(const std::string& id) {
   EnvId out;
   if (id.size() > 5 && id.compare(id.size() - 5, 5, ".toml") == 0) {
     out.name = "sim";
-    out.variant = id;
+    out.variant = id.rfind("sim:", 0) == 0 ? id.substr(4) : id;  // the file, named or not as sim:
     return out;
   }
   const auto colon = id.find(':');

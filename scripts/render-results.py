@@ -133,8 +133,8 @@ def policy_gap(d):
     for name in FAMILIES + sorted(n for n in mon if n not in FAMILIES):
         p = mon[name]["policies"]
         ref = mon[name]["reference"]
-        parts = lambda k: " / ".join(pts(p[k]["gap_to_oracle"][w]["share"])
-                                     for w in ("onset", "next", "later"))
+        parts = lambda k, p=p: " / ".join(pts(p[k]["gap_to_oracle"][w]["share"])
+                                          for w in ("onset", "next", "later"))
         gap = 1 - p[ref]["score"]
         q = ex[name]["policies"]
         best_exact = max((k for k in q if k != "oracle"), key=lambda k: q[k]["score"])
@@ -143,11 +143,12 @@ def policy_gap(d):
         goal = pts(gap / 3) if gap > 0.02 else "— (under 2)"
         rows.append(["`%s`" % name if name not in FAMILIES else name, ref, pts(gap),
                      parts(ref), parts("rl"), goal,
-                     "%s (%s)" % (pts(gap_exact), best_exact), closed])
+                     "%s = %s (%s)" % (pts(gap_exact), parts(best_exact, q), best_exact), closed])
     head = ["scenario", "strongest rule", "its gap to the oracle",
             "where the truth changed / the interval after / the rest",
             "rl's, the same three", "(b): a third of the gap",
-            "strongest rule's gap with exact beliefs", "of the gap, closed by exact beliefs"]
+            "with exact beliefs: the strongest rule's gap, the same three",
+            "of the gap, closed by exact beliefs"]
     reports = [d("policy-eval.json"), d("holdout-eval.json"), d("information-eval.json")]
     return table(head, rows) + "\n\n" + source(*reports)
 

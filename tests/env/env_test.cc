@@ -126,6 +126,11 @@ TEST_CASE("env ids: parameters, scenario files and errors") {
   CHECK(id.params.at("seed") == "3");
   CHECK(ok(parse_env_id("experiments/scenarios/mixed.toml")).variant ==
         "experiments/scenarios/mixed.toml");
+  const EnvId named = ok(parse_env_id("sim:experiments/scenarios/mixed.toml"));
+  CHECK(named.name == "sim");
+  CHECK(named.variant == "experiments/scenarios/mixed.toml");
+  CHECK(ok(parse_env_id("sim:experiments/scenarios/mixed.toml(beliefs=exact)")).variant ==
+        "experiments/scenarios/mixed.toml");
   CHECK(failure_of(make_env("nosuch:thing")) != "");
   CHECK(failure_of(make_env("sim:weather")) != "");
   CHECK(failure_of(make_env("sim:straggler(gpus=12)")) != "");
