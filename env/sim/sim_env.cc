@@ -58,6 +58,27 @@ std::string interval_key(const Truth& truth, int t) {
   return key;
 }
 
+// OracleResult::truth_changed: per interval, whether its key differs from the interval before's;
+// interval 0 against its own workload on the nominal cluster.
+std::vector<bool> truth_changes(const Truth& truth) {
+  const int H = static_cast<int>(truth.conditions.size());
+  std::vector<bool> changed(H, false);
+  if (H == 0) return changed;
+  Truth start;  // interval 0's workload on the nominal cluster
+  start.conditions = {Conditions{}};
+  start.seq_len = {truth.seq_len[0]};
+  start.global_batch = {truth.global_batch[0]};
+  start.gradient_regimes = truth.gradient_regimes;
+  if (!truth.gradient_regime.empty()) start.gradient_regime = {truth.gradient_regime[0]};
+  std::string before = interval_key(start, 0);
+  for (int t = 0; t < H; ++t) {
+    std::string key = interval_key(truth, t);
+    changed[t] = key != before;
+    before = std::move(key);
+  }
+  return changed;
+}
+
 // The same layout run at another global batch (a batch ramp changes the batch under a running
 // layout): uniform shares when the batch divides evenly, trying smaller microbatches first;
 // otherwise shares proportional to the old ones (largest remainder, whole microbatches).
@@ -385,14 +406,18 @@ void SimEnv::observe_telemetry() {
     spare_samples_ = std::move(in_flight_.front().second);  // emptied: its buffer is reused
     in_flight_.pop_front();
   }
-  const monitor::Beliefs b = monitor_->beliefs();
-  belief_ = b.conditions;
   if (scenario_.telemetry.exact_beliefs) {
     // A perfect estimator: the interval just run as it was, failures as they happen.
     belief_ = t_ > 0 ? truth_.conditions[std::min(t_, scenario_.horizon) - 1] : Conditions{};
     belief_.gpu_failed = now.gpu_failed;
     missing_fraction_ = 0;
     telemetry_age_ = std::min(t_, 1);
+  } else {
+    const monitor::Beliefs b = monitor_->beliefs();
+    belief_ = b.conditions;
+    missing_fraction_ = b.any_closed ? b.missing_fraction : 0.0;
+    const int S = scenario_.telemetry.steps_per_interval;
+    telemetry_age_ = b.any_closed ? t_ - static_cast<int>(b.last_closed_step / S) : t_;
   }
   // Nominal where nothing is believed otherwise: the planner's fast path for empty vectors.
   auto nominal = [](const std::vector<double>& v) {
@@ -400,10 +425,6 @@ void SimEnv::observe_telemetry() {
   };
   if (nominal(belief_.gpu_speed)) belief_.gpu_speed.clear();
   if (nominal(belief_.node_inter_bw)) belief_.node_inter_bw.clear();
-  if (scenario_.telemetry.exact_beliefs) return;
-  missing_fraction_ = b.any_closed ? b.missing_fraction : 0.0;
-  const int S = scenario_.telemetry.steps_per_interval;
-  telemetry_age_ = b.any_closed ? t_ - static_cast<int>(b.last_closed_step / S) : t_;
 }
 
 void SimEnv::replan_if_needed(bool force) {
@@ -630,16 +651,7 @@ std::optional<OracleResult> SimEnv::oracle() {
   }
   int l = static_cast<int>(std::max_element(value.begin(), value.end()) - value.begin());
   OracleResult out;
-  out.truth_changed.assign(H, false);
-  for (int t = 0; t < H; ++t) {
-    if (t > 0) {
-      out.truth_changed[t] = interval_key(truth_, t) != interval_key(truth_, t - 1);
-    } else {
-      Truth start = truth_;  // interval 0's workload on the nominal cluster
-      start.conditions[0] = Conditions{};
-      out.truth_changed[0] = interval_key(truth_, 0) != interval_key(start, 0);
-    }
-  }
+  out.truth_changed = truth_changes(truth_);
   out.tokens_per_interval.assign(H, 0);
   for (int t = H - 1; t >= 0; --t) {
     out.tokens_per_interval[t] = gained[t][l];
