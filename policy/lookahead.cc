@@ -81,7 +81,16 @@ class LookaheadPolicy : public Policy {
   int act(const env::Observation& o) override {
     const env::PlanningView* view = env_.planning_view();
     assert(view);  // make_lookahead checked it; an env keeps its kind
-    const env::Scenario& s = view->scenario();
+    if (!started_ && options_.family_dynamics) {
+      // The episode's scenario (a distribution env draws one per episode) with its family's
+      // built-in dynamics in place of its own.
+      prior_ = view->scenario();
+      const env::Scenario family = env::builtin_scenario(prior_.family, 8);
+      prior_.straggler = family.straggler;
+      prior_.congestion = family.congestion;
+      prior_.failure = family.failure;
+    }
+    const env::Scenario& s = options_.family_dynamics ? prior_ : view->scenario();
     const int t = view->interval();
     track(*view, t);
     if (feature(o, env::StateFeature::kStaging) > 0.5f) return 0;  // a switch is staged
@@ -204,6 +213,7 @@ class LookaheadPolicy : public Policy {
   LookaheadOptions options_;
   bool started_ = false;
   std::vector<ConditionClock> slow_, failed_, congested_;
+  env::Scenario prior_;  // options_.family_dynamics: this episode's scenario with them
 };
 
 }  // namespace
@@ -244,6 +254,15 @@ std::optional<LookaheadOptions> parse_or_throw(const std::string& name) {
       throw InputError("policy \"" + name + "\": option \"" + item + "\" is not key=value");
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "dynamics") {
+      if (value != "own" && value != "family") {
+        throw InputError("policy \"" + name + "\": dynamics must be own or family, not \"" +
+                         value + "\"");
+      }
+      o.family_dynamics = value == "family";
+      at = end + 1;
+      continue;
+    }
     size_t used = 0;
     double v = 0;
     try {
@@ -275,7 +294,7 @@ std::optional<LookaheadOptions> parse_or_throw(const std::string& name) {
       o.min_gain = v;
     } else {
       throw InputError("policy \"" + name + "\": unknown option \"" + key +
-                       "\" (k, h, min_gain, seed)");
+                       "\" (k, h, min_gain, seed, dynamics)");
     }
     at = end + 1;
   }

@@ -32,6 +32,11 @@ struct LookaheadOptions {
   /// on training seeds (10 episodes each of phase, mixed and straggler from 2^40).
   double min_gain = 1.02;
   uint64_t seed = 1;   ///< the decision at interval t samples from a stream keyed by (seed, t)
+  /// Whose dynamics the futures follow. false ("own"): the scenario's own, the distributions
+  /// that generated the episode (the simulator's privilege: a real job does not know them).
+  /// true ("family"): the built-in dynamics of the scenario's family (docs/scenarios.md), the
+  /// prior a rule could assume without knowing the job.
+  bool family_dynamics = false;
 };
 
 /// The lookahead policy on `env`, which must outlive it (the policy reads env.planning_view()
@@ -40,8 +45,8 @@ struct LookaheadOptions {
 StatusOr<std::unique_ptr<Policy>> make_lookahead(const env::Env& env,
                                                  const LookaheadOptions& options);
 
-/// Reads a policy name "lookahead" or "lookahead(k=K,h=H,min_gain=G,seed=S)", any of the keys
-/// given; nullopt for a name that is not lookahead's; kInvalidArgument naming the bad part.
+/// Reads a policy name "lookahead" or "lookahead(k=K,h=H,min_gain=G,seed=S,dynamics=own|family)",
+/// any of the keys given; nullopt for a name that is not lookahead's; kInvalidArgument naming the bad part.
 StatusOr<std::optional<LookaheadOptions>> parse_lookahead(const std::string& name);
 
 }  // namespace parapilot::policy

@@ -81,6 +81,37 @@ TEST_CASE("lookahead: options by name, and bad ones refused") {
   CHECK(failure_of(policy::parse_lookahead("lookahead(min_gain=0.9)")) != "");
   CHECK(failure_of(policy::parse_lookahead("lookahead(depth=3)")) != "");
   CHECK(failure_of(policy::parse_lookahead("lookahead(k=3")) != "");
+  CHECK_FALSE(ok(policy::parse_lookahead("lookahead(dynamics=own)"))->family_dynamics);
+  CHECK(ok(policy::parse_lookahead("lookahead(k=4,dynamics=family)"))->family_dynamics);
+  CHECK(failure_of(policy::parse_lookahead("lookahead(dynamics=true)")).find("dynamics") !=
+        std::string::npos);
+}
+
+TEST_CASE("lookahead: dynamics=family plans with the family's rates, not the scenario's own") {
+  // A straggler scenario whose own dynamics have no slowdowns, replaying one that has a GPU
+  // 3x slower throughout: with its own dynamics the policy reads the believed slowdown as the
+  // monitor's noise (no such condition can occur) and never switches; with the straggler
+  // family's built-in rates it is a slowdown that lasts, and the policy switches away from it.
+  Scenario s = builtin_scenario(Family::kStraggler, 16);
+  s.straggler.rate_per_gpu_hour = 0;
+  Truth truth;
+  for (int t = 0; t < 12; ++t) {
+    Conditions c;
+    c.gpu_speed.assign(16, 1.0);
+    c.gpu_speed[3] = 1.0 / 3;
+    truth.conditions.push_back(c);
+    truth.seq_len.push_back(s.model.seq_len);
+  }
+  SimEnv env(s, "sim:recorded-slow-gpu", truth, /*follows_scenario=*/true);
+  auto switches = [](const std::vector<int>& a) {
+    int n = 0;
+    for (int x : a) n += x != 0;
+    return n;
+  };
+  policy::LookaheadOptions own, family;
+  family.family_dynamics = true;
+  CHECK(switches(actions(env, 1, 12, own)) == 0);
+  CHECK(switches(actions(env, 1, 12, family)) >= 1);
 }
 
 TEST_CASE("lookahead: the decisions do not change when only the hidden future differs") {
