@@ -271,11 +271,11 @@ void run_eval(const EvalOptions& o) {
     gaps |= r.name != "oracle" && r.gap_onset.size() == static_cast<size_t>(o.episodes);
   if (gaps) {
     std::printf("\nshortfall against the oracle, as a share of its tokens (mean over episodes):\n");
-    std::printf("%-*s %22s %22s %12s\n", width, "policy", "where the truth changed",
+    std::printf("%-*s %24s %20s %10s\n", width, "policy", "where the truth changed",
                 "the interval after", "the rest");
     for (const auto& r : results) {
       if (r.name == "oracle" || r.gap_onset.size() != static_cast<size_t>(o.episodes)) continue;
-      std::printf("%-*s %22.4f %22.4f %12.4f\n", width, r.name.c_str(),
+      std::printf("%-*s %24.4f %20.4f %10.4f\n", width, r.name.c_str(),
                   agent::mean_interval(r.gap_onset).mean, agent::mean_interval(r.gap_next).mean,
                   agent::mean_interval(r.gap_later).mean);
     }
