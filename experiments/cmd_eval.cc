@@ -197,6 +197,10 @@ void run_eval(const EvalOptions& o) {
   }
   if (!o.reference.empty() && !reference)
     throw InputError("--reference " + o.reference + ": not among --policies " + o.policies);
+  // Whether every episode of r said where it fell short (the env marks when its truth changed).
+  auto has_gaps = [&](const PolicyResult& r) {
+    return r.gap_onset.size() == static_cast<size_t>(o.episodes);
+  };
   auto versus = [&](const PolicyResult& r) { return agent::paired_difference(r.score, reference->score); };
 
   if (o.json) {
@@ -222,7 +226,7 @@ void run_eval(const EvalOptions& o) {
       j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
       j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
       j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
-      if (r.gap_onset.size() == static_cast<size_t>(o.episodes)) {
+      if (has_gaps(r)) {
         auto part = [](const std::vector<double>& v) {
           const auto i = agent::mean_interval(v);
           return nlohmann::json{{"share", i.mean}, {"ci95", i.half_width}};
@@ -266,15 +270,15 @@ void run_eval(const EvalOptions& o) {
                 t.mean, t.half_width, s.mean, s.half_width, m.mean, paired.c_str());
   }
   // Where each policy falls short of the oracle (agent::gap_by_change).
-  bool gaps = false;
-  for (const auto& r : results)
-    gaps |= r.name != "oracle" && r.gap_onset.size() == static_cast<size_t>(o.episodes);
+  const bool gaps = std::any_of(results.begin(), results.end(), [&](const PolicyResult& r) {
+    return r.name != "oracle" && has_gaps(r);
+  });
   if (gaps) {
     std::printf("\nshortfall against the oracle, as a share of its tokens (mean over episodes):\n");
     std::printf("%-*s %24s %20s %10s\n", width, "policy", "where the truth changed",
                 "the interval after", "the rest");
     for (const auto& r : results) {
-      if (r.name == "oracle" || r.gap_onset.size() != static_cast<size_t>(o.episodes)) continue;
+      if (r.name == "oracle" || !has_gaps(r)) continue;
       std::printf("%-*s %24.4f %20.4f %10.4f\n", width, r.name.c_str(),
                   agent::mean_interval(r.gap_onset).mean, agent::mean_interval(r.gap_next).mean,
                   agent::mean_interval(r.gap_later).mean);

@@ -60,10 +60,11 @@ namespace {
 bool exact_beliefs(const EnvId& id, const std::string& canonical) {
   const auto it = id.params.find("beliefs");
   if (it == id.params.end()) return false;
-  if (it->second != "monitor" && it->second != "exact") {
+  const std::optional<bool> exact = parse_exact_beliefs(it->second);
+  if (!exact) {
     throw InputError("env " + canonical + ": beliefs must be monitor or exact, not " + it->second);
   }
-  return it->second == "exact";
+  return *exact;
 }
 
 }  // namespace

@@ -15,6 +15,12 @@
 
 namespace parapilot::env {
 
+std::optional<bool> parse_exact_beliefs(const std::string& value) {
+  if (value == "monitor") return false;
+  if (value == "exact") return true;
+  return std::nullopt;
+}
+
 const char* to_string(Family family) {
   switch (family) {
     case Family::kHetero:
@@ -157,8 +163,9 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_int("steps_per_interval", 1, 64))
       s.telemetry.steps_per_interval = static_cast<int>(*v);
     if (auto v = t.get_string("beliefs")) {
-      if (*v != "monitor" && *v != "exact") t.fail("beliefs", "must be \"monitor\" or \"exact\"");
-      s.telemetry.exact_beliefs = *v == "exact";
+      const std::optional<bool> exact = parse_exact_beliefs(*v);
+      if (!exact) t.fail("beliefs", "must be \"monitor\" or \"exact\"");
+      s.telemetry.exact_beliefs = *exact;
     }
   });
   sub("straggler", [&](TableReader& t) {

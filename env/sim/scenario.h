@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ struct TelemetryModel {
   // what estimation costs a policy. No real job has it.
   bool exact_beliefs = false;
 };
+/// A `beliefs` setting (scenario files, sim env ids): "monitor" -> false, "exact" -> true
+/// (TelemetryModel::exact_beliefs); nullopt for anything else.
+std::optional<bool> parse_exact_beliefs(const std::string& value);
 
 struct StragglerDynamics {
   double rate_per_gpu_hour = 0.01;  // onset rate of slowdowns per GPU

@@ -59,19 +59,17 @@ std::string interval_key(const Truth& truth, int t) {
 }
 
 // OracleResult::truth_changed: per interval, whether its key differs from the interval before's;
-// interval 0 against its own workload on the nominal cluster.
+// interval 0 whether its conditions differ from the nominal cluster's (its workload is its own).
 std::vector<bool> truth_changes(const Truth& truth) {
   const int H = static_cast<int>(truth.conditions.size());
   std::vector<bool> changed(H, false);
   if (H == 0) return changed;
-  Truth start;  // interval 0's workload on the nominal cluster
-  start.conditions = {Conditions{}};
-  start.seq_len = {truth.seq_len[0]};
-  start.global_batch = {truth.global_batch[0]};
-  start.gradient_regimes = truth.gradient_regimes;
-  if (!truth.gradient_regime.empty()) start.gradient_regime = {truth.gradient_regime[0]};
-  std::string before = interval_key(start, 0);
-  for (int t = 0; t < H; ++t) {
+  std::string first, nominal;
+  put_conditions(first, truth.conditions[0]);
+  put_conditions(nominal, Conditions{});
+  changed[0] = first != nominal;
+  std::string before = interval_key(truth, 0);
+  for (int t = 1; t < H; ++t) {
     std::string key = interval_key(truth, t);
     changed[t] = key != before;
     before = std::move(key);
