@@ -109,7 +109,7 @@ DataParallelDecider::DataParallelDecider(DataParallelOptions options)
   // before a decider is made.
   assert(o_.ranks >= 1 && o_.global_batch >= o_.ranks);
   assert(o_.verify_steps >= 1 && o_.settle_steps >= 0 && o_.min_gain >= 1 && o_.equal_band >= 0 &&
-         o_.noise_k >= 0);
+         o_.noise_k >= 0 && o_.max_revert_bound >= o_.revert_margin && o_.late_fraction >= 0);
   counts_ = even_counts(o_.ranks, o_.global_batch);
   previous_counts_ = counts_;
 }
@@ -162,7 +162,9 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
     verifying_ = false;
     const double noise =
         before_ms_ > 0 ? 3 * std::hypot(before_se_, now_se) / before_ms_ : o_.revert_margin;
-    const double bound = std::max(o_.revert_margin, noise);
+    // The noise bound is capped: ten steps' spread on a loaded machine can be wide, and a
+    // regression past the cap is reverted however noisy the job (undoing a switch costs little).
+    const double bound = std::min(o_.max_revert_bound, std::max(o_.revert_margin, noise));
     if (before_ms_ > 0 && now_ms > before_ms_ * (1 + bound)) {
       d.kind = DataParallelDecision::Kind::revert;
       d.counts = previous_counts_;
@@ -273,6 +275,15 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
         fmt("predicted gain %.2fx is below %.2fx; ", d.predicted_gain, o_.min_gain) + evidence;
     return d;
   }
+  // Arrival order must agree with the model: one of the ranks the model says hold the step up
+  // must be among those arriving last at the collectives (waiting least), and no work may move
+  // onto a rank arriving last. A wait the ranks could not measure inflates a rank's compute but
+  // not its arrival, so a healthy rank charged with a peer's wait is not unloaded.
+  if (const std::string why = arrival_disagrees(b, per_sample, fixed, target); !why.empty()) {
+    wanted_ = 0;
+    d.reason = why + "; " + evidence;
+    return d;
+  }
   // A confirmation is the same move again: work taken from the same ranks. Another move starts
   // the count afresh (the asymmetry wandered: load, not a slow rank).
   if (shed != wanted_from_) wanted_ = 0;
@@ -292,6 +303,42 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
   pending_before_se_ = now_se;
   since_switch_ = 0;
   return d;
+}
+
+std::string DataParallelDecider::arrival_disagrees(const monitor::Beliefs& b,
+                                                   const std::vector<double>& per_sample,
+                                                   const std::vector<double>& fixed,
+                                                   const std::vector<int>& target) const {
+  if (static_cast<int>(b.rank_wait_ms.size()) != o_.ranks) return "";
+  std::vector<double> waits = b.rank_wait_ms;
+  if (*std::min_element(waits.begin(), waits.end()) < 0) return "";  // not measured everywhere
+  const double least = *std::min_element(waits.begin(), waits.end());
+  const double mid = monitor::median(waits);
+  // Arriving last: waiting least, or within a quarter of the way from the least to the median.
+  auto late = [&](int r) { return waits[r] <= least + o_.late_fraction * (mid - least); };
+  std::vector<double> step_of(o_.ranks);
+  for (int r = 0; r < o_.ranks; ++r) step_of[r] = fixed[r] + per_sample[r] * counts_[r];
+  const double slowest = *std::max_element(step_of.begin(), step_of.end());
+  bool confirmed = false;
+  int model_slowest = 0, arrives_last = 0;
+  for (int r = 0; r < o_.ranks; ++r) {
+    if (step_of[r] > step_of[model_slowest]) model_slowest = r;
+    if (waits[r] < waits[arrives_last]) arrives_last = r;
+    confirmed |= late(r) && step_of[r] >= (1 - o_.equal_band / 2) * slowest;
+  }
+  if (!confirmed) {
+    return fmt("not confirmed by arrival order: the model's slowest rank %d waits %.1f ms in "
+               "the collectives a step, rank %d arrives last (waits %.1f ms; median %.1f)",
+               model_slowest, waits[model_slowest], arrives_last, least, mid);
+  }
+  for (int r = 0; r < o_.ranks; ++r) {
+    if (late(r) && target[r] > counts_[r]) {
+      return fmt("would move work onto rank %d, which arrives last at the collectives (waits "
+                 "%.1f ms a step; median %.1f)",
+                 r, waits[r], mid);
+    }
+  }
+  return "";
 }
 
 void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t switch_at_step,

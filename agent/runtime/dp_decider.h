@@ -13,10 +13,14 @@
 // * A switch is proposed only when the predicted step-time ratio, after charging the switch's
 //   cost (one step at the current time, amortised over the cool-down), reaches `min_gain` in
 //   `confirm_decisions` decisions in a row that move work away from the same ranks (load that
-//   wanders from rank to rank is not a slow rank).
+//   wanders from rank to rank is not a slow rank), and only when arrival order agrees: where the
+//   ranks measure their waits in collectives (Beliefs::rank_wait_ms), one of the ranks the model
+//   says hold the step up must be among those that wait least (arrive last), and no work moves
+//   onto a rank that arrives last.
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
 //   from `settle_steps` after the switch) is compared with the interval before it. Worse beyond
-//   noise (max(revert_margin, 3 robust standard errors)) reverts to the previous shares, and the
+//   noise (max(revert_margin, 3 robust standard errors), at most max_revert_bound) reverts to
+//   the previous shares, and the
 //   cool-down doubles (up to max_backoff_intervals); a switch that held resets it.
 //
 // Thread-safety: not thread-safe; the deploy agent calls it under its decision lock.
@@ -40,6 +44,9 @@ struct DataParallelOptions {
   int settle_steps = 3;         ///< steps after a switch not used to judge it.
   int verify_steps = 10;        ///< steps measured after a switch before judging it.
   double revert_margin = 0.05;  ///< smallest relative slowdown that reverts a switch.
+  /// Largest noise bound: a switch measured this much slower is reverted however noisy the
+  /// job's steps (>= revert_margin).
+  double max_revert_bound = 0.10;
   /// Ranks whose compute per sample is within this relative distance of the median count as
   /// equal to it: step-to-step noise on a shared machine must not move work between healthy
   /// ranks.
@@ -51,6 +58,9 @@ struct DataParallelOptions {
   /// a switch (a passing asymmetry, e.g. another process taking a core for a while, is not
   /// acted on).
   int confirm_decisions = 2;
+  /// Where ranks measure their waits in collectives (Beliefs::rank_wait_ms), a rank arrives last
+  /// when its wait is within this fraction of the way from the least wait to the median.
+  double late_fraction = 0.25;
 };
 
 /// Samples per rank that equalise fixed_ms[r] + per_sample_ms[r] * n[r] (each >= 1, summing to
@@ -79,7 +89,8 @@ const char* to_string(DataParallelDecision::Kind kind);
 class DataParallelDecider {
  public:
   /// Precondition (asserted): ranks >= 1, global_batch >= ranks, verify_steps >= 1,
-  /// settle_steps >= 0, min_gain >= 1, equal_band >= 0, noise_k >= 0.
+  /// settle_steps >= 0, min_gain >= 1, equal_band >= 0, noise_k >= 0, max_revert_bound >=
+  /// revert_margin, late_fraction >= 0.
   explicit DataParallelDecider(DataParallelOptions options);
 
   /// One closed step's wall time (Beliefs::last_step_ms), in step order.
@@ -96,6 +107,10 @@ class DataParallelDecider {
 
  private:
   std::vector<double> steps_since(uint64_t first) const;
+  // Why arrival order contradicts moving to `target` ("" when it agrees or is not measured).
+  std::string arrival_disagrees(const monitor::Beliefs& b, const std::vector<double>& per_sample,
+                                const std::vector<double>& fixed,
+                                const std::vector<int>& target) const;
 
   DataParallelOptions o_;
   std::vector<int> counts_;                        // the shares in force

@@ -106,6 +106,7 @@ struct RankStats {
   RobustEwma wall;
   double lateness_ms = 0;
   double last_wait_ms = 0;
+  double waited_ms = -1;  // smoothed measured wait in all the step's collectives; -1: none
   double queue = 0;
   long samples = 0;
   double speed = 1;  // last believed; kept across layout changes until re-estimated
@@ -266,6 +267,7 @@ Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
   s_->beliefs.rank_compute_se_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_steps_per_s.assign(options.ranks, 0.0);
   s_->beliefs.rank_lateness_ms.assign(options.ranks, 0.0);
+  s_->beliefs.rank_wait_ms.assign(options.ranks, -1.0);
   s_->beliefs.rank_queue_depth.assign(options.ranks, 0.0);
   s_->beliefs.rank_fixed_ms.assign(options.ranks, 0.0);
   s_->beliefs.rank_samples.assign(options.ranks, 0.0);
@@ -290,6 +292,7 @@ StepSample to_sample(const transport::Telemetry& t) {
     x.longest_collective_ms = std::max(x.longest_collective_ms, c.ms);
     if (name == "info/samples") x.samples = static_cast<double>(c.bytes);
     if (name == "wait/dp") x.wait_ms = c.ms;
+    if (name == "wait/other") x.other_wait_ms = c.ms;
     if (name == "phase/optimizer") x.fixed_ms = c.ms;
     if (name.find("inter") == std::string::npos) continue;
     x.inter_bytes += static_cast<double>(c.bytes);
@@ -309,6 +312,7 @@ transport::Telemetry to_telemetry(const StepSample& x) {
   t.queue_depth = static_cast<uint32_t>(x.queue_depth);
   if (x.samples >= 0) t.collectives["info/samples"] = {0, static_cast<uint64_t>(x.samples), 1};
   if (x.wait_ms >= 0) t.collectives["wait/dp"] = {x.wait_ms, 0, 1};
+  if (x.other_wait_ms >= 0) t.collectives["wait/other"] = {x.other_wait_ms, 0, 1};
   if (x.fixed_ms >= 0) t.collectives["phase/optimizer"] = {x.fixed_ms, 0, 1};
   if (x.inter_bytes > 0 || x.inter_ms > 0) {
     t.collectives["all_reduce/dp/inter"] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes), 1};
@@ -505,6 +509,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
     waits[i] = wait;
     r.last_wait_ms = wait;
+    if (x.wait_ms >= 0) {
+      const double all = x.wait_ms + std::max(0.0, x.other_wait_ms);
+      r.waited_ms = r.waited_ms < 0 ? all : 0.8 * r.waited_ms + 0.2 * all;
+    }
     r.lateness_ms =
         r.samples == 0 ? arrivals[i] - mid : 0.7 * r.lateness_ms + 0.3 * (arrivals[i] - mid);
     if (x.inter_bytes > 0) {
@@ -600,6 +608,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     b.rank_fixed_ms[r] = st.fixed.value();
     b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
     b.rank_lateness_ms[r] = st.lateness_ms;
+    b.rank_wait_ms[r] = st.waited_ms;
     b.rank_queue_depth[r] = st.queue;
     const bool lost = st.liveness == Liveness::lost;
     // A rank is flagged once its speed stayed past the threshold for `confirm_steps` closed

@@ -97,6 +97,11 @@ struct Beliefs {
   std::vector<double> rank_fixed_ms;
   std::vector<double> rank_steps_per_s;  ///< from the rank's own step wall time.
   std::vector<double> rank_lateness_ms;  ///< arrival at the collective minus the median arrival.
+  /// Smoothed time the rank reports it was blocked in its step's collectives (wait/dp plus
+  /// wait/other: the gradient reduction, a framework's buffer broadcast, the script's own
+  /// collectives); -1 where the rank does not measure its waits. At each collective the rank
+  /// that arrives last waits least, so the least wait names the slowest rank by arrival order.
+  std::vector<double> rank_wait_ms;
   std::vector<double> rank_queue_depth;
   std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
   std::vector<double> rank_samples;     ///< samples in the rank's last step; 0: not reported.
@@ -123,6 +128,8 @@ struct StepSample {
   double samples = -1;    ///< samples the rank processed ("info/samples"); -1: not reported.
   double fixed_ms = -1;   ///< per-step part not scaling with samples ("phase/optimizer"); -1: none.
   double wait_ms = -1;    ///< measured wait in the gradient collectives ("wait/dp"); -1: none.
+  /// measured wait in the step's other collectives, outside wait_ms ("wait/other"); -1: none.
+  double other_wait_ms = -1;
   double inter_bytes = 0;  ///< bytes sent in collectives crossing nodes (keys containing "inter").
   double inter_ms = 0;     ///< ...and the time spent in them, waiting included.
   double longest_collective_ms = 0;  ///< the longest single collective (validation).

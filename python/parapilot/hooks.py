@@ -13,9 +13,11 @@ Contract:
   session's current _StepRecord; the last bucket's ready mark is where the gradient wait
   starts. Marks come from a _Clock: monotonic CPU nanoseconds, or CUDA events that are read only
   once they have completed (never a device sync). _step_telemetry turns a finished record into
-  the wire Telemetry: every duration clamped to [0, cycle], wait = last bucket ready ->
-  optimizer step, compute = cycle - wait, arrive/dp = cycle start -> last bucket ready, and per
-  collective key the union of its buckets' [ready, done] intervals (_union_length).
+  the wire Telemetry: every duration clamped to [0, cycle], wait/dp = last bucket ready ->
+  optimizer step, wait/other = the time blocked in the cycle's other collectives (DDP's buffer
+  broadcast, the script's own; collectives.py) outside wait/dp, compute = cycle - wait/dp -
+  wait/other, arrive/dp = cycle start -> last bucket ready, and per collective key the union
+  of its intervals (_union_length).
 Nothing here sends anything on the bus or logs.
 """
 
@@ -128,6 +130,8 @@ class _StepRecord:
     t_opt1: Any = None
     t_end: Any = None
     comm: List[Tuple[str, int, Any, Any]] = field(default_factory=list)  # (key, bytes, t0, t1)
+    # Other collectives of the cycle (collectives.py): (key, bytes, blocked from, blocked to).
+    waits: List[Tuple[str, int, Any, Any]] = field(default_factory=list)
     control_ms: float = 0.0
     layers: List[wire.LayerGradStat] = field(default_factory=list)
 
@@ -145,9 +149,10 @@ def _union_length(intervals: List[Tuple[float, float]]) -> float:
 
 def _step_telemetry(rec: _StepRecord, c: _Clock, rank: int) -> wire.Telemetry:
     """The step's Telemetry. Every duration is in [0, cycle], cycle = step_end - step_start
-    (on CUDA the events' own cycle when shorter). wait = last gradient bucket ready ->
-    optimizer step (else the step's end); compute = cycle - wait; arrive/dp = cycle start ->
-    last bucket ready; per collective key: the union of its [ready, done] intervals."""
+    (on CUDA the events' own cycle when shorter). wait/dp = last gradient bucket ready ->
+    optimizer step (else the step's end); wait/other = the time blocked in the cycle's other
+    collectives (rec.waits) outside wait/dp; compute = cycle - wait/dp - wait/other; arrive/dp
+    = cycle start -> last bucket ready; per collective key: the union of its intervals."""
     wall = max(0.0, (rec.end_ns - rec.start_ns) / 1e6)
     cycle = wall if not c.cuda else min(wall, c.ms(rec.t_start, rec.t_end))
 
@@ -165,10 +170,15 @@ def _step_telemetry(rec: _StepRecord, c: _Clock, rank: int) -> wire.Telemetry:
     wait = span(last, reduced)
     arrive = at(last)
     opt = span(rec.t_opt0, rec.t_opt1)
-    compute = min(max(cycle - wait, 0.0), cycle)
+    # Every interval the rank was blocked in a collective: the gradient wait and the others.
+    blocked = [(arrive, arrive + wait)] if wait > 0 else []
+    blocked += [(at(t0), max(at(t0), at(t1))) for _, _, t0, t1 in rec.waits]
+    all_waits = min(_union_length(blocked), cycle)
+    other = max(all_waits - wait, 0.0)
+    compute = min(max(cycle - all_waits, 0.0), cycle)
     spans: Dict[str, List[Tuple[float, float]]] = {}
     coll: Dict[str, wire.CollectiveStat] = {}
-    for key, nbytes, t0, t1 in rec.comm:
+    for key, nbytes, t0, t1 in rec.comm + rec.waits:
         s = coll.setdefault(key, wire.CollectiveStat())
         a = at(t0)
         spans.setdefault(key, []).append((a, max(a, at(t1))))
@@ -182,6 +192,7 @@ def _step_telemetry(rec: _StepRecord, c: _Clock, rank: int) -> wire.Telemetry:
     coll["phase/comm_wait"] = wire.CollectiveStat(wait, 0, 1)
     coll["phase/optimizer"] = wire.CollectiveStat(opt, 0, 1)
     coll["wait/dp"] = wire.CollectiveStat(wait, 0, 1)
+    coll["wait/other"] = wire.CollectiveStat(other, 0, len(rec.waits))
     coll["arrive/dp"] = wire.CollectiveStat(arrive, 0, 1)
     coll["info/plan"] = wire.CollectiveStat(0.0, rec.plan_id, 0)
     coll["info/samples"] = wire.CollectiveStat(0.0, rec.samples, 0)
@@ -220,6 +231,14 @@ def _parameter_segments(bucket) -> List[Tuple[Any, torch.Tensor]]:
 
 def _comm_hook(state: "_HookState", bucket):  # no return annotation: DDP checks it literally
     session = state.session
+    session._in_hook += 1  # collectives issued from here are the gradient's, timed below
+    try:
+        return _hook_body(state, session, bucket)
+    finally:
+        session._in_hook -= 1
+
+
+def _hook_body(state: "_HookState", session: "Session", bucket):
     cfg = state.config
     rec = session._record
     clock = session._clock

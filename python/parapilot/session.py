@@ -26,13 +26,16 @@ import logging
 import math
 import os
 import statistics
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.distributed import distributed_c10d as c10d  # unwrapped: never timed as script waits
 
-from . import wire
+from . import collectives, wire
 from .auth import Secret, SecretError, load_secret
 from .client import Client, logging_logger
 from .compressors import _describe_methods, _methods_from, _powersgd_states
@@ -40,6 +43,9 @@ from .hooks import (PlanConfig, _Clock, _HookState, _StepRecord, _comm_hook, _st
                     layer_map)
 from .plans import PlanBook
 from .shares import ShareBatchSampler, _device_map_from_layout_name, plan_shares, split_batch
+
+
+OUTLIER_GAP = 5.0  # a gap between steps this many median cycles long is not a step's work
 
 
 class Session:
@@ -114,6 +120,15 @@ class Session:
         self._orig_step = None
         if optimizer is not None:
             self._wrap_optimizer(optimizer)
+        # The cycle's waits in collectives other than the gradient reduction (collectives.py):
+        # recorded on this thread, outside the comm hook; those between two steps belong to the
+        # next step's cycle.
+        self._thread = threading.get_ident()
+        self._in_hook = 0
+        self._between: List[Tuple[str, int, Any, Any]] = []
+        self.gaps_excluded = 0  # gaps between steps not charged to a step (outliers, marked)
+        self.last_telemetry: Optional[wire.Telemetry] = None
+        collectives.install(self)
         self.applied_plans: List[int] = []
         self.framework = f"pytorch-ddp {torch.__version__}"
         self._layer_sizes = self._layer_infos()
@@ -188,6 +203,25 @@ class Session:
         DataLoader(dataset, batch_sampler=...))."""
         return ShareBatchSampler(len(dataset), self, shuffle=shuffle, seed=seed)
 
+    def data_loader(self, dataset, shuffle: bool = True, seed: int = 0,
+                    **kwargs) -> DataLoader:
+        """DataLoader(dataset, batch_sampler=self.batch_sampler(dataset, shuffle, seed),
+        **kwargs), whose `sampler` is that same ShareBatchSampler: `loader.sampler.set_epoch(e)`
+        works as with a DistributedSampler. kwargs are DataLoader's (collate_fn, num_workers,
+        pin_memory, ...); batch_size, shuffle, sampler, batch_sampler and drop_last are the
+        session's to set and raise TypeError."""
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if key in kwargs:
+                raise TypeError(f"Session.data_loader: {key} is set by the session (this rank's "
+                                "share of each global batch); leave it out")
+        sampler = self.batch_sampler(dataset, shuffle=shuffle, seed=seed)
+        loader = DataLoader(dataset, batch_sampler=sampler, **kwargs)
+        # DataLoader makes its own SequentialSampler when given a batch sampler and refuses to
+        # replace it afterwards; with a batch sampler it never iterates `sampler`, so pointing
+        # it at the share sampler only makes set_epoch reachable where scripts call it.
+        object.__setattr__(loader, "sampler", sampler)
+        return loader
+
     @contextlib.contextmanager
     def step(self):
         """Wraps one training step (forward, backward, optimizer step). On exit the step's
@@ -199,6 +233,27 @@ class Session:
             yield self
         finally:
             self._end()
+
+    @contextlib.contextmanager
+    def outside_steps(self):
+        """Wraps work between training steps that is not training (an evaluation pass, a
+        checkpoint, logging that waits): the next step's cycle starts when it ends, so it is
+        charged to no step, and its collectives are not counted as the next step's waits."""
+        try:
+            yield self
+        finally:
+            self._restart_cycle()
+            self.gaps_excluded += 1
+
+    def _restart_cycle(self) -> None:
+        """The next step's cycle starts now (not at the previous step's end)."""
+        self._prev_end = None
+        self._between = []
+
+    def _note_collective(self, key: str, nbytes: int, t0: Any, t1: Any) -> None:
+        """A collective the training thread was blocked in from t0 to t1 (collectives.py)."""
+        rec = self._record
+        (rec.waits if rec is not None else self._between).append((key, nbytes, t0, t1))
 
     def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
         """The JobInfo this rank announces on each connection: per-layer sizes of layers
@@ -219,6 +274,7 @@ class Session:
         stays in force. A step after close() starts a new cycle at its own entry."""
         self._emit(force=True)
         self._prev_end = None
+        collectives.uninstall(self)
         if self._ctl_work is not None:  # every rank started it; finish it before leaving
             self._ctl_work.wait()
             self._ctl_work = None
@@ -255,11 +311,26 @@ class Session:
         rec = _StepRecord(self.step_index, self.plan_id, self.local_batch)
         now_ns = time.time_ns()
         rec.t_enter = self._clock.mark()
+        if self._prev_end is not None and self._outlier_gap(now_ns - self._prev_end[0]):
+            # Far longer than any recent step: work that is not training (an evaluation pass the
+            # script did not mark), not a speed. The cycle starts at this step's entry.
+            self._restart_cycle()
+            self.gaps_excluded += 1
+        rec.waits, self._between = self._between, []
         if self._prev_end is not None:  # the cycle began where the previous step ended
             rec.start_ns, rec.t_start = self._prev_end
         else:
             rec.start_ns, rec.t_start = now_ns, rec.t_enter
         self._record = rec
+
+    def _outlier_gap(self, gap_ns: int) -> bool:
+        """A gap between two steps longer than OUTLIER_GAP x the median of the last 20 cycles
+        (which include their own gaps: a steadily slow data loader is in the median)."""
+        n = len(self._cycles_ms)
+        if n < 5:
+            return False
+        recent = [self._cycles_ms[i] for i in range(max(0, n - 20), n)]
+        return gap_ns / 1e6 > OUTLIER_GAP * statistics.median(recent)
 
     def _end(self) -> None:
         rec = self._record
@@ -303,13 +374,13 @@ class Session:
         candidate = self.book.committed_at(next_step + 1, self.plan_id)
         stop = 1 if self.book.stop_reason is not None else 0
         self._ctl_tensor = torch.tensor([min(candidate, 2**63 - 1), stop], dtype=torch.int64)
-        self._ctl_work = dist.all_reduce(self._ctl_tensor, op=dist.ReduceOp.MAX,
+        self._ctl_work = c10d.all_reduce(self._ctl_tensor, op=dist.ReduceOp.MAX,
                                          group=self._control_group, async_op=True)
 
     def _switch(self, plan_id: int) -> None:
         current = self.plan_id
         held = torch.tensor([1 if self.book.holds(plan_id) else 0], dtype=torch.int64)
-        dist.all_reduce(held, op=dist.ReduceOp.MIN, group=self._control_group)
+        c10d.all_reduce(held, op=dist.ReduceOp.MIN, group=self._control_group)
         staged = self.book.applied(plan_id) if int(held[0]) else None
         if staged is None:
             self._refused.append(plan_id)

@@ -10,7 +10,8 @@ Contract:
   `sh=`), per rank (a `g=` device map of a pure data-parallel layout is applied: a rank keeps
   its device). Malformed layout names raise ValueError (the session refuses such plans).
 * ShareBatchSampler reads the session's active counts when each batch is drawn; it never changes
-  the data order, only which rank reads which slice of each global batch.
+  the data order, only which rank reads which slice of each global batch. Each pass walks one
+  epoch's permutation: the one set_epoch named, else the one after the previous pass's.
 Pure functions except ShareBatchSampler (which reads, never writes, the session).
 """
 
@@ -70,14 +71,21 @@ class ShareBatchSampler(Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self._epoch_set = True  # the next pass uses self.epoch as it is
 
     def set_epoch(self, epoch: int) -> None:
+        """The next pass walks epoch `epoch`'s permutation (as DistributedSampler.set_epoch).
+        Without a call, each pass after the first walks the next epoch's."""
         self.epoch = epoch
+        self._epoch_set = True
 
     def __len__(self) -> int:
         return self.n // self.session.global_batch
 
     def __iter__(self) -> Iterator[List[int]]:
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
         b = self.session.global_batch
         if self.shuffle:
             g = torch.Generator()

@@ -256,6 +256,72 @@ TEST_CASE("a switch within the noise of its before-measurement is kept") {
   CHECK(x.reason.find("held") != std::string::npos);
 }
 
+TEST_CASE("a 17% regression is reverted on a job whose steps vary by a few percent, or by 30%") {
+  // Steps alternate between (1 - v) and (1 + v) times their level: the median is the level, the
+  // spread +-v. At v = 0.3 three standard errors of the two medians come to about 60%: only the
+  // cap on the noise bound (max_revert_bound) catches a 17% regression there.
+  for (const double v : {0.03, 0.3}) {
+    CAPTURE(v);
+    DataParallelDecider d(options4());
+    auto alternate = [&](uint64_t first, double ms) {
+      for (uint64_t i = 0; i < 10; ++i) d.observe_step(first + i, ms * (i % 2 ? 1 + v : 1 - v));
+      return first + 10;
+    };
+    uint64_t step = alternate(0, 100);
+    DataParallelDecision x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+    REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+    d.committed(x.counts, step, false);
+    step = alternate(step, 100);  // the settle steps and the first of the judged ones
+    alternate(step, 117);
+    x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+    CHECK(x.kind == DataParallelDecision::Kind::revert);
+  }
+}
+
+namespace {
+monitor::Beliefs with_waits(monitor::Beliefs b, const std::vector<double>& wait_ms) {
+  b.rank_wait_ms = wait_ms;
+  return b;
+}
+}  // namespace
+
+TEST_CASE("arrival order must confirm the model's slowest rank before work moves") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(12);
+  feed(d, 0, 10, 100, 0.02, rng);
+  // Rank 1 looks slow by its compute (a wait it could not measure was charged to it), but rank
+  // 3 is the one every collective waits for: nothing moves.
+  DataParallelDecision x =
+      d.decide(with_waits(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), {40, 30, 40, 1}), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("not confirmed by arrival order") != std::string::npos);
+  CHECK(x.reason.find("rank 3 arrives last") != std::string::npos);
+  // The same compute with rank 1 arriving last moves work off it.
+  x = d.decide(with_waits(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), {40, 1, 40, 38}), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  CHECK(x.counts[1] < 64);
+  // Without measured waits (-1), compute alone decides, as before.
+  DataParallelDecider e(options4());
+  feed(e, 0, 10, 100, 0.02, rng);
+  x = e.decide(with_waits(measured({1.0, 2.0, 1.0, 1.0}, e.counts()), {40, -1, 40, 1}), false);
+  CHECK(x.kind == DataParallelDecision::Kind::rebalance);
+}
+
+TEST_CASE("no work moves onto the rank that arrives last") {
+  DataParallelDecider d(options4());
+  std::mt19937 rng(13);
+  feed(d, 0, 10, 100, 0.02, rng);
+  // Rank 3 computes as fast as the others by its own account and has few samples, so the model
+  // would even the shares out; but it arrives last at the collectives with rank 0 (one of the
+  // ranks holding the step up): more work for it is refused.
+  const std::vector<int> counts{80, 80, 80, 16};
+  monitor::Beliefs b = with_waits(measured({1.0, 1.0, 1.0, 1.0}, counts), {1, 30, 30, 1});
+  DataParallelDecision x = d.decide(b, false);
+  REQUIRE(d.counts() == counts);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("would move work onto rank 3") != std::string::npos);
+}
+
 TEST_CASE("a rank with no measurement blocks any switch") {
   DataParallelDecider d(options4());
   std::mt19937 rng(9);

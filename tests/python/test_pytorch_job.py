@@ -59,6 +59,7 @@ class Deploy:
     """`parapilot deploy --listen ADDR --secret-file F`, its JSON lines collected."""
 
     def __init__(self, exe, port, secret_path, extra=()):
+        self.address = f"127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [exe, "deploy", "--listen", f"127.0.0.1:{port}", "--secret-file", secret_path,
              *extra],

@@ -1,0 +1,280 @@
+"""DDP training scripts of the shapes real jobs have, with parapilot added as docs/pytorch.md
+says, for the job-shape matrix (test_job_matrix.py). Launch with
+`python3 -m parapilot.launch --nproc 4 tests/python/job_shapes.py --shape S
+--runs healthy:none,healthy:agent,forward:none,... --agents HOST:PORT,...`: one process group
+runs the listed jobs one after another (a fresh model, optimizer, Session and loader each),
+each under its condition, with its own agent (`agent`: the next address of --agents) or none.
+
+Shapes (--shape), each a plain MLP classifier plus one thing real scripts do:
+  buffers     the model registers buffers (batch-norm statistics and a mask) and DDP
+              broadcasts them at every forward (DDP's default broadcast_buffers=True)
+  loss-log    a loss all-reduce every step, for logging
+  barrier     a barrier every 5 steps
+  accumulate  gradient accumulation: two micro-batches a step, the first under no_sync()
+  eval        an evaluation pass between epochs (all-gathered accuracy), marked with
+              session.outside_steps()
+  clip        gradient clipping (clip_grad_norm_) before the optimizer step
+  groups      two parameter groups with their own learning rates (AdamW)
+
+Conditions: healthy; forward, backward, data or optimizer: rank SLOW_RANK is 3x
+slower in that part of its step; mixed: ranks slowed 1, 1, 2, 3x through their whole step, as
+device generations differ; moving (the guardrail's wrong switch): rank SLOW_RANK is 2.5x slower
+in its forward until the agent's first plan applies, rank SLOW_RANK + 1 from then on. A
+slowdown is slept, not computed (a slow device takes no compute
+from its peers; on a machine whose ranks share cores extra computation would): (factor - 1) x
+the rank's own compute per sample (3x its forward time per sample, learnt over steps 2-9,
+before any plan) x its samples, in the forward, in the backward (an identity whose backward
+sleeps, at the model's input) or in the data loader's collate; in the optimizer step the same
+for an even share, once per step (an optimizer step does not scale with the batch). Mixed
+sleeps (factor - 1) x the compute per sample x its samples in the forward, and (factor - 1) x
+its own optimizer step (learnt likewise) in the optimizer step.
+
+Rank 0 writes --out: per run its condition, mode, per-step wall times (ms), final samples per rank and the
+plans applied.
+"""
+
+import argparse
+import json
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+import parapilot.pytorch  # parapilot
+
+SHAPES = ["buffers", "loss-log", "barrier", "accumulate", "eval", "clip", "groups"]
+CONDITIONS = ["healthy", "forward", "backward", "data", "optimizer", "mixed", "moving"]
+SLOW_RANK = 2
+FACTOR = 3.0
+MIXED = [1.0, 1.0, 2.0, 3.0]
+MOVING = 2.5  # the factor of the "moving" slowdown
+FEATURES, CLASSES = 64, 8
+
+
+class Slowdown:
+    """Sleeps to make this rank `factor` times slower at `where` (see the module docstring)."""
+
+    def __init__(self, where: str, factor: float, even_share: int, active=lambda: True):
+        self.where, self.factor, self.even_share = where, factor, even_share
+        self.active = active
+        self.fwd_per_sample = []  # forward seconds per sample, steps 2-9
+        self.opt_times = []  # optimizer step seconds, steps 2-9
+        self.per_sample_s = None  # frozen at step 10: 3x the median forward time per sample
+        self.opt_s = 0.0  # frozen at step 10: the median optimizer step
+        self.step = 0
+
+    def learn(self, fwd_s: float, samples: int) -> None:
+        if self.per_sample_s is None and 2 <= self.step < 10:
+            self.fwd_per_sample.append(fwd_s / samples)
+        if self.per_sample_s is None and self.step >= 10 and self.fwd_per_sample:
+            v = sorted(self.fwd_per_sample)
+            self.per_sample_s = 3.0 * v[len(v) // 2]
+            if self.opt_times:
+                self.opt_s = sorted(self.opt_times)[len(self.opt_times) // 2]
+
+    def learn_optimizer(self, opt_s: float) -> None:
+        if self.per_sample_s is None and 2 <= self.step < 10:
+            self.opt_times.append(opt_s)
+
+    def at(self, where: str, samples: int) -> None:
+        if self.per_sample_s is None or self.factor <= 1 or not self.active():
+            return
+        if self.where == "mixed" and where == "optimizer":  # a slower device's optimizer step
+            time.sleep((self.factor - 1) * self.opt_s)
+        elif where == self.where or (self.where == "mixed" and where == "forward"):
+            n = self.even_share if where == "optimizer" else samples
+            time.sleep((self.factor - 1) * self.per_sample_s * n)
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, slow):
+        ctx.slow, ctx.n = slow, x.shape[0]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.slow is not None:
+            ctx.slow.at("backward", ctx.n)
+        return g, None
+
+
+class Model(torch.nn.Module):
+    def __init__(self, buffers: bool):
+        super().__init__()
+        self.inp = torch.nn.Linear(FEATURES, 256)
+        self.hidden = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                          torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                          torch.nn.ReLU())
+        self.out = torch.nn.Linear(256, CLASSES)
+        self.norm = torch.nn.BatchNorm1d(256) if buffers else None
+        if buffers:
+            self.register_buffer("mask", torch.ones(256))
+        self.slow = None
+
+    def forward(self, x):
+        t0 = time.perf_counter()
+        if self.slow is not None:
+            x = _SlowBackward.apply(x, self.slow)
+        h = self.inp(x)
+        if self.norm is not None:
+            h = self.norm(h) * self.mask
+        y = self.out(self.hidden(h))
+        if self.slow is not None and self.training:
+            self.slow.learn(time.perf_counter() - t0, x.shape[0])
+            self.slow.at("forward", x.shape[0])
+        return y
+
+
+def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    model = Model(buffers=args.shape == "buffers")
+    slow = None
+    factor = MIXED[rank] if condition == "mixed" else (
+        FACTOR if condition in ("forward", "backward", "data", "optimizer") and rank == SLOW_RANK
+        else 1.0)
+    applied = []  # the session's applied plans, once it exists
+    if condition == "moving" and rank in (SLOW_RANK, SLOW_RANK + 1):
+        # Rank SLOW_RANK is slow until the agent's first plan applies, rank SLOW_RANK + 1 after.
+        first = rank == SLOW_RANK
+        slow = Slowdown("forward", MOVING, args.global_batch // world,
+                        active=lambda: (len(applied) == 0) == first)
+        model.slow = slow
+    elif factor > 1:
+        slow = Slowdown(condition, factor, args.global_batch // world)
+        model.slow = slow
+    n = args.global_batch * 32
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(n, FEATURES, generator=g),
+                         torch.randint(0, CLASSES, (n,), generator=g))
+    ddp = DDP(model)
+    if args.shape == "groups":
+        decay = [p for name, p in ddp.named_parameters() if name.endswith("weight")]
+        rest = [p for name, p in ddp.named_parameters() if not name.endswith("weight")]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                       {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
+    else:
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    if slow is not None:
+        inner = optimizer.step
+
+        def slow_step(*a, **kw):
+            slow.at("optimizer", 0)
+            t0 = time.perf_counter()
+            out = inner(*a, **kw)
+            slow.learn_optimizer(time.perf_counter() - t0)
+            return out
+        optimizer.step = slow_step
+    session = parapilot.pytorch.Session(ddp, optimizer, global_batch=args.global_batch,  # parapilot
+                                        agent=agent)
+    applied = session.applied_plans
+    def collate(batch):
+        x = torch.stack([b[0] for b in batch])
+        y = torch.stack([b[1] for b in batch])
+        if slow is not None:
+            slow.at("data", len(batch))
+        return x, y
+    loader = session.data_loader(data, collate_fn=collate)  # parapilot
+    steps = args.steps if mode == "agent" else args.baseline_steps
+    step_ms = []
+    epoch = 0
+    while len(step_ms) < steps and not session.should_stop:
+        loader.sampler.set_epoch(epoch)  # parapilot: as with a DistributedSampler
+        for x, y in loader:
+            t0 = time.perf_counter()
+            with session.step():  # parapilot
+                ddp.train()
+                optimizer.zero_grad()
+                if args.shape == "accumulate":
+                    half = max(1, x.shape[0] // 2)
+                    with ddp.no_sync():
+                        (F.cross_entropy(ddp(x[:half]), y[:half]) * half / x.shape[0]).backward()
+                    rest = x.shape[0] - half
+                    if rest > 0:
+                        (F.cross_entropy(ddp(x[half:]), y[half:]) * rest / x.shape[0]).backward()
+                    loss = None
+                else:
+                    loss = F.cross_entropy(ddp(x), y)
+                    loss.backward()
+                if args.shape == "clip":
+                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+                optimizer.step()
+                if args.shape == "loss-log" and loss is not None:
+                    logged = loss.detach().clone()
+                    dist.all_reduce(logged)
+            if args.shape == "barrier" and len(step_ms) % 5 == 4:
+                dist.barrier()
+            if slow is not None:
+                slow.step += 1
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+            if session.should_stop or len(step_ms) >= steps:
+                break
+        epoch += 1
+        if args.shape == "eval" and len(step_ms) < steps:
+            with session.outside_steps():  # parapilot: evaluation is not a training step
+                evaluate(ddp, data)
+    counts = session.local_counts()
+    applied = list(session.applied_plans)
+    excluded = session.gaps_excluded
+    session.close()  # parapilot
+    return {"condition": condition, "mode": mode, "step_ms": step_ms, "final_counts": counts,
+            "applied_plans": applied, "gaps_excluded": excluded}
+
+
+def evaluate(ddp, data) -> float:
+    ddp.eval()
+    correct = torch.zeros(1)
+    with torch.no_grad():
+        for i in range(0, 2048, 256):
+            x, y = data[i:i + 256]
+            correct += (ddp.module(x).argmax(1) == y).sum()
+    gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, correct)
+    ddp.train()
+    return float(sum(gathered)) / (2048 * len(gathered))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=SHAPES, required=True)
+    ap.add_argument("--runs", default="healthy:none,healthy:agent",
+                    help="comma-separated CONDITION:MODE, MODE none or agent")
+    ap.add_argument("--agents", default="", help="comma-separated HOST:PORT, one per agent run")
+    ap.add_argument("--steps", type=int, default=120, help="steps of an agent run")
+    ap.add_argument("--baseline-steps", type=int, default=60, help="steps of a run without one")
+    ap.add_argument("--global-batch", type=int, default=128)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    logging.basicConfig(format="%(name)s %(levelname)s %(message)s")
+    logging.getLogger("parapilot").setLevel(logging.INFO)  # parapilot's lines only
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    agents = [a for a in args.agents.split(",") if a]
+    results = []
+    for item in args.runs.split(","):
+        condition, _, mode = item.partition(":")
+        if condition not in CONDITIONS or mode not in ("none", "agent"):
+            raise SystemExit(f"--runs: '{item}' is not CONDITION:MODE with CONDITION one of "
+                             f"{', '.join(CONDITIONS)} and MODE none or agent")
+        if mode == "agent" and not agents:
+            raise SystemExit("--runs: more agent runs than --agents addresses")
+        agent = agents.pop(0) if mode == "agent" else ""
+        results.append(run_one(args, condition, mode, agent, rank, world))
+        dist.barrier()
+    if rank == 0 and args.out:
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({"shape": args.shape, "world": world,
+                       "runs": results}, f)
+        os.replace(args.out + ".tmp", args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
