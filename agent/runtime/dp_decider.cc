@@ -70,9 +70,12 @@ std::vector<int> even_counts(int ranks, int global_batch) {
 }
 
 std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
-                                 const std::vector<double>& fixed_ms, int global_batch) {
+                                 const std::vector<double>& fixed_ms, int global_batch,
+                                 bool fixed_apart) {
   const int n = static_cast<int>(per_sample_ms.size());
-  auto fixed = [&](int r) { return r < static_cast<int>(fixed_ms.size()) ? fixed_ms[r] : 0.0; };
+  auto fixed = [&](int r) {
+    return !fixed_apart && r < static_cast<int>(fixed_ms.size()) ? fixed_ms[r] : 0.0;
+  };
   // Samples rank r can take within a step of T ms (at least 1).
   auto take = [&](int r, double t) { return std::max(1.0, (t - fixed(r)) / per_sample_ms[r]); };
   auto total = [&](double t) {
@@ -94,13 +97,15 @@ std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
 }
 
 double predicted_step_ms(const std::vector<double>& per_sample_ms,
-                         const std::vector<double>& fixed_ms, const std::vector<int>& counts) {
-  double worst = 0;
+                         const std::vector<double>& fixed_ms, const std::vector<int>& counts,
+                         bool fixed_apart) {
+  double worst = 0, worst_fixed = 0;
   for (size_t r = 0; r < per_sample_ms.size() && r < counts.size(); ++r) {
     const double f = r < fixed_ms.size() ? fixed_ms[r] : 0.0;
-    worst = std::max(worst, f + per_sample_ms[r] * counts[r]);
+    worst = std::max(worst, (fixed_apart ? 0.0 : f) + per_sample_ms[r] * counts[r]);
+    worst_fixed = std::max(worst_fixed, f);
   }
-  return worst;
+  return fixed_apart ? worst + worst_fixed : worst;
 }
 
 DataParallelDecider::DataParallelDecider(DataParallelOptions options)
@@ -243,7 +248,8 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
     if (in_band || in_noise) c = median_ms;
     if (std::abs(fixed[r] - median_fixed) < o_.equal_band * typical_step) fixed[r] = median_fixed;
   }
-  const std::vector<int> target = balanced_counts(per_sample, fixed, o_.global_batch);
+  const bool apart = b.fixed_apart;
+  const std::vector<int> target = balanced_counts(per_sample, fixed, o_.global_batch, apart);
   // The ranks the target takes work from: the move a confirmation must see again.
   std::vector<int> shed;
   int most_shed = -1;
@@ -255,8 +261,8 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
     }
   }
   if (most_shed >= 0) evidence = evidence_of(most_shed);
-  d.predicted_now_ms = predicted_step_ms(per_sample, fixed, counts_);
-  d.predicted_new_ms = predicted_step_ms(per_sample, fixed, target);
+  d.predicted_now_ms = predicted_step_ms(per_sample, fixed, counts_, apart);
+  d.predicted_new_ms = predicted_step_ms(per_sample, fixed, target, apart);
   // The switch costs about one step (the boundary agreement and re-learning the levels),
   // amortised over the decisions it will stand for at least.
   const double amortise_steps = static_cast<double>(o_.verify_steps) * (cooldown_ + 1);
@@ -317,7 +323,9 @@ std::string DataParallelDecider::arrival_disagrees(const monitor::Beliefs& b,
   // Arriving last: waiting least, or within a quarter of the way from the least to the median.
   auto late = [&](int r) { return waits[r] <= least + o_.late_fraction * (mid - least); };
   std::vector<double> step_of(o_.ranks);
-  for (int r = 0; r < o_.ranks; ++r) step_of[r] = fixed[r] + per_sample[r] * counts_[r];
+  for (int r = 0; r < o_.ranks; ++r) {
+    step_of[r] = (b.fixed_apart ? 0.0 : fixed[r]) + per_sample[r] * counts_[r];
+  }
   const double slowest = *std::max_element(step_of.begin(), step_of.end());
   bool confirmed = false;
   int model_slowest = 0, arrives_last = 0;

@@ -5,7 +5,10 @@
 // * A rank's step costs a fixed part (Beliefs::rank_fixed_ms: its optimizer step) plus its
 //   measured compute per sample (Beliefs::rank_compute_ms: everything else it does in a step
 //   except waiting in collectives, per sample) times its samples; the job's step is the slowest
-//   rank's. Balanced shares equalise the ranks' predicted steps (water-filling; every rank keeps
+//   rank's. Where another collective synchronises the ranks between the optimizer step and the
+//   next gradient reduction (Beliefs::fixed_apart: DDP's buffer broadcast, a logging
+//   all-reduce), the step is the slowest per-sample work plus the slowest fixed part, and
+//   shares cannot shorten the latter. Balanced shares equalise the ranks' predicted steps (water-filling; every rank keeps
 //   at least one sample). A rank counts as equal to the median rank when its compute per sample
 //   is within `equal_band` of the median's, or within `noise_k` standard errors of the two
 //   levels (Beliefs::rank_compute_se_ms, from the spread the monitor measures): on a loaded
@@ -65,12 +68,17 @@ struct DataParallelOptions {
 
 /// Samples per rank that equalise fixed_ms[r] + per_sample_ms[r] * n[r] (each >= 1, summing to
 /// global_batch; water-filling, then largest remainder). per_sample_ms must be > 0 for every
-/// rank; fixed_ms may be empty (all 0).
+/// rank; fixed_ms may be empty (all 0). `fixed_apart` (Beliefs::fixed_apart): the fixed parts
+/// run between other synchronisation points than the per-sample work, so only per_sample_ms[r]
+/// * n[r] is equalised.
 std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
-                                 const std::vector<double>& fixed_ms, int global_batch);
-/// The slowest rank's compute for these counts: max_r fixed_ms[r] + per_sample_ms[r] * counts[r].
+                                 const std::vector<double>& fixed_ms, int global_batch,
+                                 bool fixed_apart = false);
+/// The step's compute for these counts: max_r fixed_ms[r] + per_sample_ms[r] * counts[r]; with
+/// `fixed_apart`, max_r per_sample_ms[r] * counts[r] + max_r fixed_ms[r].
 double predicted_step_ms(const std::vector<double>& per_sample_ms,
-                         const std::vector<double>& fixed_ms, const std::vector<int>& counts);
+                         const std::vector<double>& fixed_ms, const std::vector<int>& counts,
+                         bool fixed_apart = false);
 /// Even split of global_batch (largest remainder, lower ranks first), as the clients do.
 std::vector<int> even_counts(int ranks, int global_batch);
 

@@ -107,6 +107,7 @@ struct RankStats {
   double lateness_ms = 0;
   double last_wait_ms = 0;
   double waited_ms = -1;  // smoothed measured wait in all the step's collectives; -1: none
+  double sync_share = -1;  // smoothed share of steps with another collective besides dp; -1: none
   double queue = 0;
   long samples = 0;
   double speed = 1;  // last believed; kept across layout changes until re-estimated
@@ -292,7 +293,10 @@ StepSample to_sample(const transport::Telemetry& t) {
     x.longest_collective_ms = std::max(x.longest_collective_ms, c.ms);
     if (name == "info/samples") x.samples = static_cast<double>(c.bytes);
     if (name == "wait/dp") x.wait_ms = c.ms;
-    if (name == "wait/other") x.other_wait_ms = c.ms;
+    if (name == "wait/other") {
+      x.other_wait_ms = c.ms;
+      x.other_calls = static_cast<int>(std::min<uint32_t>(c.calls, INT32_MAX));
+    }
     if (name == "phase/optimizer") x.fixed_ms = c.ms;
     if (name.find("inter") == std::string::npos) continue;
     x.inter_bytes += static_cast<double>(c.bytes);
@@ -312,7 +316,10 @@ transport::Telemetry to_telemetry(const StepSample& x) {
   t.queue_depth = static_cast<uint32_t>(x.queue_depth);
   if (x.samples >= 0) t.collectives["info/samples"] = {0, static_cast<uint64_t>(x.samples), 1};
   if (x.wait_ms >= 0) t.collectives["wait/dp"] = {x.wait_ms, 0, 1};
-  if (x.other_wait_ms >= 0) t.collectives["wait/other"] = {x.other_wait_ms, 0, 1};
+  if (x.other_wait_ms >= 0) {
+    t.collectives["wait/other"] = {x.other_wait_ms, 0,
+                                   static_cast<uint32_t>(std::max(0, x.other_calls))};
+  }
   if (x.fixed_ms >= 0) t.collectives["phase/optimizer"] = {x.fixed_ms, 0, 1};
   if (x.inter_bytes > 0 || x.inter_ms > 0) {
     t.collectives["all_reduce/dp/inter"] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes), 1};
@@ -513,6 +520,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
       const double all = x.wait_ms + std::max(0.0, x.other_wait_ms);
       r.waited_ms = r.waited_ms < 0 ? all : 0.8 * r.waited_ms + 0.2 * all;
     }
+    if (x.other_calls >= 0) {
+      const double synced = x.other_calls > 0 ? 1.0 : 0.0;
+      r.sync_share = r.sync_share < 0 ? synced : 0.9 * r.sync_share + 0.1 * synced;
+    }
     r.lateness_ms =
         r.samples == 0 ? arrivals[i] - mid : 0.7 * r.lateness_ms + 0.3 * (arrivals[i] - mid);
     if (x.inter_bytes > 0) {
@@ -595,6 +606,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   b.conditions.gpu_failed.clear();
   b.slow_ranks.clear();
   int live = 0;
+  int sync_measured = 0, sync_apart = 0;  // ranks reporting wait/other; ...mostly with calls
   for (int r = 0; r < n; ++r) {
     RankStats& st = ranks[r];
     const int g = group_index[r];
@@ -609,6 +621,10 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     b.rank_steps_per_s[r] = st.wall.value() > 0 ? 1000.0 / st.wall.value() : 0.0;
     b.rank_lateness_ms[r] = st.lateness_ms;
     b.rank_wait_ms[r] = st.waited_ms;
+    if (st.sync_share >= 0) {
+      ++sync_measured;
+      if (st.sync_share > 0.5) ++sync_apart;
+    }
     b.rank_queue_depth[r] = st.queue;
     const bool lost = st.liveness == Liveness::lost;
     // A rank is flagged once its speed stayed past the threshold for `confirm_steps` closed
@@ -644,6 +660,7 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     live += st.liveness == Liveness::live;
     if (st.slow) b.slow_ranks.push_back(r);
   }
+  b.fixed_apart = sync_measured > 0 && 2 * sync_apart > sync_measured;
   // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
   // (the group of its first rank: nodes of another GPU type have other NICs).
   node_level.assign(nodes, 0.0);

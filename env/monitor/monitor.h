@@ -102,6 +102,13 @@ struct Beliefs {
   /// collectives); -1 where the rank does not measure its waits. At each collective the rank
   /// that arrives last waits least, so the least wait names the slowest rank by arrival order.
   std::vector<double> rank_wait_ms;
+  /// Whether most steps have a synchronising collective besides the gradient reduction on
+  /// every rank (wait/other with calls >= 1 in more than half of a rank's recent steps, for the
+  /// median rank): DDP's buffer broadcast, a logging all-reduce. Such a collective separates a
+  /// rank's per-step fixed part (its optimizer step, after the gradient reduction) from its
+  /// per-sample work (forward, backward): the step then lasts max over ranks of the per-sample
+  /// work plus max over ranks of the fixed part, not the max of their sums.
+  bool fixed_apart = false;
   std::vector<double> rank_queue_depth;
   std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
   std::vector<double> rank_samples;     ///< samples in the rank's last step; 0: not reported.
@@ -130,6 +137,7 @@ struct StepSample {
   double wait_ms = -1;    ///< measured wait in the gradient collectives ("wait/dp"); -1: none.
   /// measured wait in the step's other collectives, outside wait_ms ("wait/other"); -1: none.
   double other_wait_ms = -1;
+  int other_calls = -1;  ///< ...and the number of those collectives ("wait/other" calls).
   double inter_bytes = 0;  ///< bytes sent in collectives crossing nodes (keys containing "inter").
   double inter_ms = 0;     ///< ...and the time spent in them, waiting included.
   double longest_collective_ms = 0;  ///< the longest single collective (validation).

@@ -322,6 +322,35 @@ TEST_CASE("no work moves onto the rank that arrives last") {
   CHECK(x.reason.find("would move work onto rank 3") != std::string::npos);
 }
 
+TEST_CASE("a slow optimizer step behind another synchronisation point moves no work") {
+  // Rank 2's optimizer step takes 80 ms. With the gradient reduction the step's only
+  // synchronisation, that adds to rank 2's per-sample work: shares shorten the step...
+  monitor::Beliefs b = measured({1.0, 1.0, 1.0, 1.0}, even_counts(4, 256));
+  b.rank_fixed_ms = {1, 1, 80, 1};
+  std::mt19937 rng(14);
+  DataParallelDecider d(options4());
+  feed(d, 0, 10, 150, 0.02, rng);
+  DataParallelDecision x = d.decide(b, false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  CHECK(x.counts[2] < 64);
+  // ...but behind another synchronisation (a buffer broadcast at every forward) the others wait
+  // for it there whatever their shares: moving work would only lengthen the per-sample part.
+  b.fixed_apart = true;
+  DataParallelDecider e(options4());
+  feed(e, 0, 10, 150, 0.02, rng);
+  x = e.decide(b, false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("already balanced") != std::string::npos);
+  CHECK(predicted_step_ms({1, 1, 1, 1}, {0, 0, 80, 0}, even_counts(4, 256), true) ==
+        doctest::Approx(144));
+  CHECK(predicted_step_ms({1, 1, 1, 1}, {0, 0, 80, 0}, even_counts(4, 256), false) ==
+        doctest::Approx(144));
+  CHECK(predicted_step_ms({1, 1, 1, 1}, {0, 0, 80, 0}, {70, 70, 46, 70}, true) ==
+        doctest::Approx(150));
+  CHECK(predicted_step_ms({1, 1, 1, 1}, {0, 0, 80, 0}, {70, 70, 46, 70}, false) ==
+        doctest::Approx(126));
+}
+
 TEST_CASE("a rank with no measurement blocks any switch") {
   DataParallelDecider d(options4());
   std::mt19937 rng(9);

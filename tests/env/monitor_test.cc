@@ -509,6 +509,41 @@ TEST_CASE("with reported samples, a slow rank given a smaller share still reads 
   }
 }
 
+TEST_CASE("measured waits in every collective name the rank that arrives last") {
+  // Ranks report their waits: rank 1 waits least in the gradient reduction, rank 3 least in
+  // the other collectives, and in all of them together rank 3. Another collective in every step,
+  // or in every third (a barrier every few steps): fixed_apart only when most steps have one.
+  for (const int every : {1, 3}) {
+    CAPTURE(every);
+    Monitor m(options(4));
+    for (uint64_t s = 0; s < 20; ++s) {
+      const bool other = s % static_cast<uint64_t>(every) == 0;
+      for (auto t : sync_step(s, {10, 10, 10, 10}, std::vector<double>(4, 60.0))) {
+        const double dp[4] = {30, 10, 30, 25};
+        const double rest[4] = {20, 20, 20, 1};
+        t.collectives["wait/dp"] = {dp[t.rank], 0, 1};
+        t.collectives["wait/other"] = {other ? rest[t.rank] : 0.0, 0, other ? 1u : 0u};
+        CHECK(m.ingest(t).ok());
+      }
+    }
+    const Beliefs b = m.beliefs();
+    REQUIRE(b.rank_wait_ms.size() == 4);
+    const auto least = std::min_element(b.rank_wait_ms.begin(), b.rank_wait_ms.end());
+    if (every == 1) {
+      CHECK(least - b.rank_wait_ms.begin() == 3);
+      CHECK(b.rank_wait_ms[3] == doctest::Approx(26).epsilon(0.01));
+    }
+    CHECK(b.fixed_apart == (every == 1));
+  }
+  // Without measured waits the belief says so.
+  Monitor m(options(4));
+  for (uint64_t s = 0; s < 5; ++s) {
+    for (auto t : sync_step(s, {10, 10, 10, 10}, std::vector<double>(4, 5.0))) CHECK(m.ingest(t).ok());
+  }
+  CHECK(m.beliefs().rank_wait_ms == std::vector<double>(4, -1.0));
+  CHECK_FALSE(m.beliefs().fixed_apart);
+}
+
 TEST_CASE("a sample handed in directly and its bus message are read alike") {
   StepSample x;
   x.rank = 3;
@@ -519,6 +554,8 @@ TEST_CASE("a sample handed in directly and its bus message are read alike") {
   x.samples = 24;
   x.fixed_ms = 12;
   x.wait_ms = 20;
+  x.other_wait_ms = 7;
+  x.other_calls = 2;
   x.inter_bytes = 5e8;
   x.inter_ms = 60;
   x.queue_depth = 2;
@@ -532,6 +569,8 @@ TEST_CASE("a sample handed in directly and its bus message are read alike") {
   CHECK(back.samples == x.samples);
   CHECK(back.fixed_ms == x.fixed_ms);
   CHECK(back.wait_ms == x.wait_ms);
+  CHECK(back.other_wait_ms == x.other_wait_ms);
+  CHECK(back.other_calls == x.other_calls);
   CHECK(back.inter_bytes == x.inter_bytes);
   CHECK(back.inter_ms == x.inter_ms);
   CHECK(back.queue_depth == x.queue_depth);

@@ -5,7 +5,12 @@ Config keys: steps, global_batch, initial_shares, slow_rank, slow_ms, step_sleep
 (rank 0 steps a plain model on the full global batch from the job's parameters before each step
 and records the largest difference of the updated parameters),
 until_plans (keep going until this many plans were applied, up to steps), stop_file (stop when it
-exists), out (result path prefix), layers_compression_probe.
+exists), out (result path prefix), layers_compression_probe; for attribution: buffers (the model
+gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduce (a loss
+all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
+barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
+inside session.outside_steps() every N steps), gap_at / gap_ms (an unmarked sleep before step
+gap_at).
 """
 
 import json
@@ -20,10 +25,11 @@ import parapilot.pytorch as ppt
 from parapilot import wire
 
 
-def make_model():
+def make_model(buffers=False):
     torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    norm = [torch.nn.BatchNorm1d(64)] if buffers else []
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), *norm, torch.nn.ReLU(),
+                               torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
 
 def make_data(n=2048):
@@ -40,7 +46,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_model()
+    model = make_model(cfg.get("buffers", False))
     ddp = DDP(model, bucket_cap_mb=cfg.get("bucket_cap_mb", 25))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     data = make_data()
@@ -50,6 +56,7 @@ def main():
                           client_options={"heartbeat_interval_ms": 200,
                                           "heartbeat_timeout_ms": 1000,
                                           "reconnect_initial_ms": 20, "reconnect_max_ms": 200})
+    telemetry_before = session.last_telemetry  # None, not an AttributeError
     sampler = session.batch_sampler(data, seed=5)
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
     ref = ref_opt = None
@@ -86,17 +93,33 @@ def main():
                     buf = opt.state.get(b, {}).get("momentum_buffer")
                     if buf is not None:
                         ref_opt.state[a]["momentum_buffer"] = buf.clone()
+            if step == cfg.get("gap_at", -1):
+                time.sleep(cfg.get("gap_ms", 0) / 1000.0)
             with session.step():
                 loss = loss_fn(ddp(x), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+            if cfg.get("log_all_reduce"):
+                dist.all_reduce(loss.detach().clone())
+            if cfg.get("async_all_reduce"):
+                dist.all_reduce(loss.detach().clone(), async_op=True).wait()
+            if cfg.get("barrier_every") and step % cfg["barrier_every"] == 0:
+                dist.barrier()
+            if cfg.get("outside_every") and step % cfg["outside_every"] == cfg["outside_every"] - 1:
+                with session.outside_steps():
+                    time.sleep(cfg.get("outside_ms", 0) / 1000.0)
+                    dist.barrier()
             t = session.last_telemetry
             records.append({"step": step, "plan": t.collectives["info/plan"].bytes,
                             "samples": len(x),
                             "all_reduce_bytes": t.collectives.get("all_reduce/dp", wire.CollectiveStat()).bytes,
                             "all_gather_bytes": t.collectives.get("all_gather/dp", wire.CollectiveStat()).bytes,
-                            "compute_ms": t.compute_ms, "loss": float(loss)})
+                            "compute_ms": t.compute_ms, "loss": float(loss),
+                            "cycle_ms": (t.step_end_ns - t.step_start_ns) / 1e6,
+                            "waits": {k: [c.ms, c.calls] for k, c in t.collectives.items()
+                                      if k.startswith("wait/") or k.endswith("/script")
+                                      or k == "broadcast/buffers"}})
             if ref is not None:
                 idx = order[i * B:(i + 1) * B]
                 xb, yb = data[idx]
@@ -128,7 +151,8 @@ def main():
     out = {"rank": rank, "world": world, "records": records, "applied": session.applied_plans,
            "events": session.book.events, "max_diff": max_diff, "digest": digest,
            "shares": session.shares, "stop_reason": session.stop_reason,
-           "connects": stats.connects if stats else 0}
+           "connects": stats.connects if stats else 0, "gaps_excluded": session.gaps_excluded,
+           "telemetry_before_first_step": repr(telemetry_before)}
     with open(f"{cfg['out']}.{rank}.json", "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()

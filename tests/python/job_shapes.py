@@ -24,7 +24,7 @@ slowdown is slept, not computed (a slow device takes no compute
 from its peers; on a machine whose ranks share cores extra computation would): (factor - 1) x
 the rank's own compute per sample (3x its forward time per sample, learnt over steps 2-9,
 before any plan) x its samples, in the forward, in the backward (an identity whose backward
-sleeps, at the model's input) or in the data loader's collate; in the optimizer step the same
+sleeps, after the first layer) or in the data loader's collate; in the optimizer step the same
 for an even share, once per step (an optimizer step does not scale with the batch). Mixed
 sleeps (factor - 1) x the compute per sample x its samples in the forward, and (factor - 1) x
 its own optimizer step (learnt likewise) in the optimizer step.
@@ -119,9 +119,9 @@ class Model(torch.nn.Module):
 
     def forward(self, x):
         t0 = time.perf_counter()
-        if self.slow is not None:
-            x = _SlowBackward.apply(x, self.slow)
         h = self.inp(x)
+        if self.slow is not None:  # the backward through here runs before inp's gradients
+            h = _SlowBackward.apply(h, self.slow)
         if self.norm is not None:
             h = self.norm(h) * self.mask
         y = self.out(self.hidden(h))

@@ -55,6 +55,48 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual([r["records"][0]["samples"] for r in res], [2, 3, 10])
         self.assertLess(res[0]["max_diff"], 1e-5)
 
+    def test_waits_in_every_collective_are_not_compute(self):
+        # 4 ranks, rank 3 sleeps 40 ms before each forward (before DDP's buffer broadcast); the
+        # model has buffers; the script all-reduces its loss after every step, synchronously and
+        # asynchronously, and runs a barrier every 3 steps. Whoever waits for rank 3, in the
+        # broadcast or anywhere else, must not be charged with it.
+        res = harness.launch(4, {"steps": 24, "global_batch": 32, "buffers": True,
+                                 "slow_rank": 3, "slow_ms": 40, "log_all_reduce": True,
+                                 "async_all_reduce": True, "barrier_every": 3},
+                             timeout=120).wait()
+        med = lambda v: sorted(v)[len(v) // 2]
+        compute = [med([x["compute_ms"] for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
+        for r in res:
+            recs = r["records"][4:]
+            self.assertTrue(all(x["waits"]["broadcast/buffers"][1] == 1 for x in recs))
+            # The loss all-reduces run between steps: the next step's cycle holds both.
+            self.assertTrue(all(x["waits"]["all_reduce/script"][1] == 2 for x in recs))
+            self.assertEqual(sum(x["waits"].get("barrier/script", [0, 0])[1] for x in recs),
+                             len([x for x in recs if (x["step"] - 1) % 3 == 0]))
+            for x in recs:
+                self.assertLessEqual(x["compute_ms"] + x["waits"]["wait/dp"][0] +
+                                     x["waits"]["wait/other"][0], x["cycle_ms"] + 1e-6)
+            self.assertEqual(r["telemetry_before_first_step"], "None")
+        # The healthy ranks spent the slow rank's 40 ms waiting somewhere measured.
+        waited = [med([x["waits"]["wait/dp"][0] + x["waits"]["wait/other"][0]
+                       for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertGreater(waited[rank], 20, f"waits per rank {waited}")
+
+    def test_work_outside_steps_is_charged_to_no_step(self):
+        # A marked 300 ms pause (with a barrier in it) every 4 steps, and an unmarked 400 ms gap
+        # before step 13: neither lengthens a step's cycle.
+        res = harness.launch(2, {"steps": 20, "global_batch": 16, "outside_every": 4,
+                                 "outside_ms": 300, "gap_at": 13, "gap_ms": 400},
+                             timeout=120).wait()
+        for r in res:
+            cycles = [x["cycle_ms"] for x in r["records"][1:]]
+            self.assertLess(max(cycles), 150, cycles)
+            self.assertEqual(r["gaps_excluded"], 5 + 1)
+            self.assertTrue(all("barrier/script" not in x["waits"] for x in r["records"]))
+
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
 class AgentTest(unittest.TestCase):

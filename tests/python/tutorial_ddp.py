@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 import parapilot.pytorch  # parapilot
 
@@ -64,9 +64,12 @@ class Slowdown:
 class Model(torch.nn.Module):
     def __init__(self, slowdown=None):
         super().__init__()
+        # Batch norm registers buffers (running statistics): DDP broadcasts them from rank 0 at
+        # every forward, as it does for most real models.
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
-            torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 16))
+            torch.nn.Linear(128, 512), torch.nn.BatchNorm1d(512), torch.nn.ReLU(),
+            torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 16))
         self.slowdown = slowdown
 
     def forward(self, x):
@@ -99,7 +102,7 @@ class Trainer:
         self.optimizer.step()
 
     def _run_epoch(self, epoch, max_steps):
-        self.train_data.batch_sampler.set_epoch(epoch)  # parapilot
+        self.train_data.sampler.set_epoch(epoch)  # as with a DistributedSampler
         for source, targets in self.train_data:
             t0 = time.perf_counter()
             with self.session.step():  # parapilot
@@ -125,7 +128,8 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # parapilot
+    logging.basicConfig(format="%(name)s %(levelname)s %(message)s")
+    logging.getLogger("parapilot").setLevel(logging.INFO)  # parapilot: optional, its lines only
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -148,7 +152,7 @@ def main():
         optimizer.step = slow_step
     session = parapilot.pytorch.Session(ddp_model, optimizer,  # parapilot
                                         global_batch=args.global_batch)
-    train_data = DataLoader(dataset, batch_sampler=session.batch_sampler(dataset))  # parapilot
+    train_data = session.data_loader(dataset)  # parapilot
     trainer = Trainer(ddp_model, train_data, optimizer, session, slowdown)
     trainer.train(args.steps)
     shares = session.local_counts()
