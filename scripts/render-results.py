@@ -321,6 +321,32 @@ def pytorch_job(d):
     return table(head, rows) + "\n\n" + source(r)
 
 
+def pytorch_matrix(d):
+    r = d("pytorch-matrix.json")
+    cases = r["figures"]["cases"]
+    rows = []
+    for c in cases:
+        if c["shape"] == "guardrail":
+            continue
+        without = " / ".join("%.1f" % x for x in c["without_ms"])
+        rows.append([c["shape"], c["condition"], without, "%.1f" % c["with_ms"], "%.2f" % c["ratio"],
+                     ",".join(str(v) for v in c["final_counts"]),
+                     "%d (%d)" % (c["committed"], c["reverted"]),
+                     "yes" if not c["failed"] else "**no**: " + "; ".join(c["failed"])])
+    head = ["shape", "condition", "without the agent (ms)", "with, second half (ms)", "ratio",
+            "final shares", "commits (reverts)", "passed"]
+    out = table(head, rows)
+    guard = [c for c in cases if c["shape"] == "guardrail"]
+    if guard:
+        g = guard[-1]
+        out += ("\n\nGuardrail (a deliberately wrong switch): deploy's switches and reverts in "
+                "order: %s; final shares %s; %d reverted." % (
+                    ", ".join(g["decisions"]) or "none",
+                    ",".join(str(v) for v in g["final_counts"]), g["reverted"]))
+    out += "\n\nctest exit code %d.\n\n" % r["figures"]["ctest_exit"] + source(r)
+    return out
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -537,6 +563,7 @@ RENDER = {
     "deploy-live": deploy_live,
     "pytorch-job": pytorch_job,
     "pytorch-overhead": pytorch_overhead,
+    "pytorch-matrix": pytorch_matrix,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
     "live-switch-pause": live_switch_pause,

@@ -18,7 +18,8 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   calibration     calibration_report: the cost model on the published runs (deterministic)
   deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
-  pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
+  pytorch         the PyTorch job test and the job-shape matrix (their JSON lines; about 12
+                  minutes) and the per-step overhead example
   live            bench_live elastic and compression
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
 
@@ -78,10 +79,10 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def run(cmd, **kw):
+def run(cmd, check=True, **kw):
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     r = subprocess.run(cmd, cwd=ROOT, **kw)
-    if r.returncode != 0:
+    if check and r.returncode != 0:
         sys.exit("failed (exit %d): %s" % (r.returncode, " ".join(cmd)))
     return r
 
@@ -204,7 +205,20 @@ class Runner:
             with open(lines) as f:
                 cases = [json.loads(l) for l in f if l.strip()]
         finish(report, {"cases": cases}, self.path("pytorch-job.json"))
+        self.pytorch_matrix()
         self.pytorch_overhead()
+
+    def pytorch_matrix(self):
+        report = envelope("python job-shape matrix", ["ctest -L matrix"])
+        with tempfile.TemporaryDirectory() as tmp:
+            lines = os.path.join(tmp, "matrix.jsonl")
+            env = dict(os.environ, PARAPILOT_JOB_RESULTS=lines)
+            r = run(["ctest", "--test-dir", self.build, "-L", "matrix", "--output-on-failure"],
+                    env=env, check=False)
+            with open(lines) as f:
+                cases = [json.loads(l) for l in f if l.strip()]
+        finish(report, {"cases": cases, "ctest_exit": r.returncode},
+               self.path("pytorch-matrix.json"))
 
     def pytorch_overhead(self):
         args = ["--model", "tutorial", "--global-batch", "256", "--steps", "300",

@@ -4,7 +4,7 @@
 Add to an existing DDP script (see docs/pytorch.md):
 
     session = parapilot.pytorch.Session(ddp_model, optimizer, global_batch=64)
-    loader = DataLoader(dataset, batch_sampler=session.batch_sampler(dataset))
+    loader = session.data_loader(dataset)
     for x, y in loader:
         with session.step():
             loss = loss_fn(ddp_model(x), y)
@@ -14,11 +14,13 @@ Add to an existing DDP script (see docs/pytorch.md):
 
 What it does:
 * Telemetry per step: the cycle (from the end of the previous step to the end of this one, so
-  data loading between steps counts), the wait in the gradient collectives (last gradient bucket
-  ready to the optimizer step), compute = cycle - wait (everything the rank did itself: data,
-  host work, forward, backward, optimizer), the phases, each collective's time (the union of
-  its buckets' intervals), bytes and calls, and (every grad_stats_every steps) per-layer
-  gradient norms. CPU timings use the monotonic clock; CUDA timings use CUDA events read back
+  data loading between steps counts; work marked with session.outside_steps(), or a gap far
+  longer than any recent step, is left out), the wait in the gradient collectives (last
+  gradient bucket ready to the optimizer step), the time blocked in every other collective of
+  the cycle (DDP's buffer broadcast, the script's own all_reduce, barrier, ...), compute =
+  cycle - all those waits (everything the rank did itself: data, host work, forward, backward,
+  optimizer), the phases, each collective's time, bytes and calls, and (every grad_stats_every
+  steps) per-layer gradient norms. CPU timings use the monotonic clock; CUDA timings use CUDA events read back
   once they have completed (never a device sync).
 * On every connection to the agent, a JobInfo: rank, world size, global batch, what this job can
   switch (batch shares, compression), per-layer parameter and gradient sizes.
@@ -45,6 +47,8 @@ modified until the step boundary).
 Where it lives (this module is the public face; it imports and re-exports):
 * session.py: Session (the step context, telemetry, the plan boundary, close()).
 * hooks.py: the DDP comm hook, PlanConfig, layer_map, the clocks and the step's timing.
+* collectives.py: the waits in collectives outside the gradient hook (torch.distributed's
+  collectives and DDP's buffer broadcast, wrapped while a session is open).
 * compressors.py: fp16, top-k and PowerSGD gradient compression and its state.
 * shares.py: split_batch, ShareBatchSampler, plan_shares, shares_from_layout_name.
 """

@@ -5,6 +5,10 @@ Contract:
 * Session(ddp_model, optimizer, global_batch=...) registers the comm hook (hooks.py), forward
   timing hooks and a timing wrapper around optimizer.step; it never changes the model, the loss,
   the optimizer, the global batch or the data order.
+* Every collective the training thread blocks in besides the gradient reduction (DDP's buffer
+  broadcast, the script's own) is timed (collectives.py) and taken out of the step's compute.
+  `with session.outside_steps():` marks work that is no training step; it and any gap between
+  steps longer than OUTLIER_GAP median cycles are charged to no step.
 * `with session.step():` wraps one training step. On exit the step's record is queued, the
   ranks agree on the plan for the next step (a MAX all-reduce on a separate CPU Gloo group,
   started one step ahead) and a committed plan is switched in; telemetry is sent once its marks

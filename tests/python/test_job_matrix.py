@@ -12,7 +12,11 @@ mixed speeds 1, 1, 2, 3x through the whole step (device generations). Each case 
   * slowed: the second half of the run with the agent is at least 10% faster (median step) than
     the run without it;
   * healthy: the run with the agent is no slower than the two runs without it around it, beyond
-    their spread (the larger of the two runs' difference and three robust standard errors).
+    their spread (the largest of the two runs' difference, the difference of each run's two
+    halves, and three robust standard errors).
+A slow optimizer step on a shape with a second synchronisation point every step (FIXED_APART)
+is the exception: no share change can shorten that step, and the case asserts even shares and a
+job no slower than without the agent (beyond 5% and three standard errors).
 A class per shape (one ctest entry each) runs all its conditions in one launch: one process
 group, a fresh model, Session and deploy per run. Figures go to stderr and, as JSON lines, to
 $PARAPILOT_JOB_RESULTS when set (scripts/run-results.py pytorch renders the table).
@@ -45,6 +49,12 @@ SKIP_STEPS = 10       # start-up steps left out of a run's median
 SLOW_RANK = 2         # job_shapes.SLOW_RANK
 SLOWED = ["forward", "backward", "data", "optimizer"]
 GAIN = 0.10
+# Shapes with a second synchronisation point every step besides the gradient reduction: DDP's
+# buffer broadcast at the forward's start, the logging all-reduce after the optimizer. There the
+# optimizer step runs between two synchronisations of its own, so the others wait for a slow
+# optimizer step whatever their shares: no share change shortens the step, and the case asserts
+# that the shares stay even and the job is no slower (the healthy case's check).
+FIXED_APART = {"buffers", "loss-log"}
 
 
 def median_and_se(steps):
@@ -132,6 +142,7 @@ class _Matrix(unittest.TestCase):
             self.fail("\n".join(failures) + "\n--- job log (tail) ---\n" + tail)
 
     def check_case(self, condition, res, without, d):
+        """Reports the case's figures with what failed in it, then fails if anything did."""
         summary = self.check_deploy(d)
         counts = res["final_counts"]
         with_ms = statistics.median(res["step_ms"][len(res["step_ms"]) // 2:])
@@ -143,8 +154,12 @@ class _Matrix(unittest.TestCase):
                    "committed": summary["committed"], "reverted": summary["reverted"],
                    "slow_rank_events": summary["stragglers_detected"],
                    "gaps_excluded": res["gaps_excluded"]}
-        self.report(figures)
-        self.assertEqual(sum(counts), GLOBAL_BATCH, counts)
+        problems = []
+
+        def expect(ok, text):
+            if not ok:
+                problems.append(text)
+        expect(sum(counts) == GLOBAL_BATCH, f"shares {counts} do not sum to {GLOBAL_BATCH}")
         if condition == "healthy":
             healthy = range(RANKS)
             slowed = []
@@ -154,22 +169,42 @@ class _Matrix(unittest.TestCase):
             healthy = [r for r in range(RANKS) if r != SLOW_RANK]
             slowed = [SLOW_RANK]
         for r in healthy:
-            self.assertGreaterEqual(counts[r], EVEN, f"healthy rank {r} ended below an even "
-                                    f"share: {counts} ({figures})")
+            expect(counts[r] >= EVEN, f"healthy rank {r} ended below an even share: {counts}")
+        if condition == "optimizer" and self.shape in FIXED_APART:
+            expect(counts == [EVEN] * RANKS, f"shares moved for a slow optimizer step that "
+                   f"shares cannot shorten here: {counts}")
+            slowed = []
         if slowed:
-            self.assertLess(max(counts[r] for r in slowed), min(counts[r] for r in healthy),
-                            f"slowed ranks {slowed} do not have the smallest shares: {counts}")
-            self.assertLess(max(counts[r] for r in slowed), EVEN, counts)
+            expect(max(counts[r] for r in slowed) < min(counts[r] for r in healthy),
+                   f"slowed ranks {slowed} do not have the smallest shares: {counts}")
+            expect(max(counts[r] for r in slowed) < EVEN,
+                   f"slowed ranks {slowed} not below an even share: {counts}")
             without_ms = base[0][0]
-            self.assertLessEqual(with_ms, (1 - GAIN) * without_ms,
-                                 f"second half {with_ms:.1f} ms with the agent vs {without_ms:.1f} "
-                                 f"ms without: not {GAIN:.0%} faster ({figures})")
+            expect(with_ms <= (1 - GAIN) * without_ms,
+                   f"second half {with_ms:.1f} ms with the agent vs {without_ms:.1f} ms "
+                   f"without: not {GAIN:.0%} faster")
+        elif len(base) == 1:
+            a, se_a = base[0]
+            expect(with_ms <= a + 3 * se_a * 2 ** 0.5 + 0.05 * a,
+                   f"slower with the agent: {with_ms:.1f} ms vs {a:.1f} ms without")
         else:
             (a, se_a), (b, se_b) = base
-            spread = max(abs(a - b), 3 * (se_a ** 2 + se_b ** 2) ** 0.5)
-            self.assertLessEqual(with_ms, max(a, b) + spread,
-                                 f"healthy run slower with the agent: {with_ms:.1f} ms vs "
-                                 f"{a:.1f} and {b:.1f} ms without ({figures})")
+            # Run-to-run drift on a shared machine: the two runs' difference, the difference of
+            # each run's halves, or three standard errors, whichever is largest.
+            halves = []
+            for w in without:
+                steps = w["step_ms"][SKIP_STEPS:]
+                half = len(steps) // 2
+                halves.append(abs(statistics.median(steps[:half]) -
+                                  statistics.median(steps[half:])))
+            spread = max(abs(a - b), *halves, 3 * (se_a ** 2 + se_b ** 2) ** 0.5)
+            expect(with_ms <= max(a, b) + spread,
+                   f"healthy run slower with the agent: {with_ms:.1f} ms vs {a:.1f} and "
+                   f"{b:.1f} ms without (spread {spread:.1f})")
+        figures["failed"] = problems
+        self.report(figures)
+        if problems:
+            raise AssertionError("; ".join(problems) + f" ({json.dumps(figures)})")
 
 
 def _shape_class(shape):
