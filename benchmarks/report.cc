@@ -1,6 +1,7 @@
 #include "benchmarks/report.h"
 
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -76,6 +77,17 @@ bool Report::write(const std::string& path) const {
     return false;
   }
   return true;
+}
+
+bool print_help(int argc, char** argv, const char* usage) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      const size_t n = std::strlen(usage);
+      std::printf(n > 0 && usage[n - 1] == '\n' ? "%s" : "%s\n", usage);
+      return true;
+    }
+  }
+  return false;
 }
 
 std::string take_json_flag(int& argc, char** argv) {

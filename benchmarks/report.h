@@ -31,6 +31,10 @@ class Report {
   nlohmann::json figures_ = nlohmann::json::object();
 };
 
+/// Whether argv asks for help (--help or -h anywhere): then `usage` has been printed to stdout
+/// and the benchmark should return 0 without measuring anything.
+bool print_help(int argc, char** argv, const char* usage);
+
 /// Removes `--json FILE` from argv (argc shrinks) and returns FILE, "" when absent. Exits with
 /// code 2 and a message when --json has no value.
 std::string take_json_flag(int& argc, char** argv);

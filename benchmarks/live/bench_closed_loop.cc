@@ -122,7 +122,12 @@ struct RanPolicy {
 
 }  // namespace
 
+const char* const kUsage =
+    "usage: bench_closed_loop [--workers N] [--slow F] [--slow-at S] [--steps N] "
+    "[--rounds N] [--policy reactive|CKPT] [--keep DIR] [--json FILE]\n";
+
 int main(int argc, char** argv) {
+  if (parapilot::bench::print_help(argc, argv, kUsage)) return 0;
   const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
   parapilot::bench::Report report("bench_closed_loop", argc, argv);
   nlohmann::json& fig = report.figures();
@@ -154,9 +159,7 @@ int main(int argc, char** argv) {
       else
         throw std::invalid_argument(s);
     } catch (const std::exception&) {
-      std::fprintf(stderr,
-                   "usage: bench_closed_loop [--workers N] [--slow F] [--slow-at S] [--steps N] "
-                   "[--rounds N] [--policy reactive|CKPT] [--keep DIR] [--json FILE]\n");
+      std::fputs(kUsage, stderr);
       return 2;
     }
   }

@@ -387,11 +387,16 @@ int compression(Args a, nlohmann::json& fig) {
 
 }  // namespace
 
+const char* const kUsage =
+    "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] "
+    "[--rounds N] [--out DIR] [--corpus PATH] [--json FILE]\n";
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--live-worker") == 0) {
     argv[1] = argv[0];
     return worker_main(argc - 1, argv + 1);
   }
+  if (parapilot::bench::print_help(argc, argv, kUsage)) return 0;
   // The benchmark's own arguments (a worker's are its own, above).
   const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
   parapilot::bench::Report report("bench_live", argc, argv);
@@ -441,8 +446,6 @@ int main(int argc, char** argv) {
     const int rc = a.mode == "elastic" ? elastic(a, fig) : compression(a, fig);
     return rc == 0 && !report.write(json_path) ? 1 : rc;
   }
-  std::fprintf(stderr,
-               "usage: bench_live elastic|compression [--workers N] [--slow F] [--steps N] "
-               "[--rounds N] [--out DIR] [--corpus PATH] [--json FILE]\n");
+  std::fputs(kUsage, stderr);
   return 2;
 }

@@ -477,7 +477,12 @@ nlohmann::json staging_mode(const Args& a, const std::string& base) {
 
 }  // namespace
 
+const char* const kUsage =
+    "usage: bench_switch [pause|slowed|staging|all] [--steps N] [--slowed-steps N] "
+    "[--slow-at S] [--stage-delay-ms MS] [--keep DIR] [--json FILE]\n";
+
 int main(int argc, char** argv) {
+  if (parapilot::bench::print_help(argc, argv, kUsage)) return 0;
   const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
   parapilot::bench::Report report("bench_switch", argc, argv);
   nlohmann::json& fig = report.figures();
@@ -507,9 +512,7 @@ int main(int argc, char** argv) {
       else
         throw std::invalid_argument(s);
     } catch (const std::exception&) {
-      std::fprintf(stderr,
-                   "usage: bench_switch [pause|slowed|staging|all] [--steps N] [--slowed-steps N] "
-                   "[--slow-at S] [--stage-delay-ms MS] [--keep DIR] [--json FILE]\n");
+      std::fputs(kUsage, stderr);
       return 2;
     }
   }

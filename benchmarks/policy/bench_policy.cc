@@ -66,6 +66,11 @@ nlohmann::json measure(const char* id, const char* what, int n, F&& decide) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (parapilot::bench::print_help(argc, argv,
+                                   "usage: bench_policy [CHECKPOINT] [--json FILE]\n"
+                                   "decision latency of the policy (default: the shipped one)")) {
+    return 0;
+  }
   const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
   parapilot::bench::Report report("bench_policy", argc, argv);
   nlohmann::json& fig = report.figures();

@@ -33,6 +33,11 @@ double run(const CostModel& cost, const std::vector<Strategy>& layouts, const Co
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (bench::print_help(argc, argv,
+                        "usage: bench_cost_model [SECONDS] [--json FILE]\n"
+                        "cost-model evaluations per second on one core, over SECONDS (default 1)")) {
+    return 0;
+  }
   const std::string json_path = bench::take_json_flag(argc, argv);
   bench::Report report("bench_cost_model", argc, argv);
   nlohmann::json& fig = report.figures();

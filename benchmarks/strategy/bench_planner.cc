@@ -73,6 +73,11 @@ Conditions slowed(const ClusterSpec& cluster) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (bench::print_help(argc, argv,
+                        "usage: bench_planner [REPS] [--json FILE]\n"
+                        "planner search time, 64 to 4,096 GPUs, median of REPS (default 5)")) {
+    return 0;
+  }
   const std::string json_path = bench::take_json_flag(argc, argv);
   bench::Report report("bench_planner", argc, argv);
   nlohmann::json& fig = report.figures();

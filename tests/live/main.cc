@@ -4,6 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "tests/doctest_run.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +59,5 @@ int main(int argc, char** argv) {
     return parapilot::live::worker_main(argc - 1, argv + 1);
   }
   if (argc > 1 && std::strcmp(argv[1], "--live-agent") == 0) return run_agent(argc, argv);
-  doctest::Context context(argc, argv);
-  return context.run();
+  return parapilot::testing::run_doctest(argc, argv);
 }

@@ -22,8 +22,8 @@ device generations differ; moving (the guardrail's wrong switch): rank SLOW_RANK
 in its forward until the agent's first plan applies, rank SLOW_RANK + 1 from then on. A
 slowdown is slept, not computed (a slow device takes no compute
 from its peers; on a machine whose ranks share cores extra computation would): (factor - 1) x
-the rank's own compute per sample (3x its forward time per sample, learnt over steps 2-9,
-before any plan) x its samples, in the forward, in the backward (an identity whose backward
+the rank's own compute per sample (3x its forward time per sample, learnt over steps 2-9 of the
+launch's first slowed run, before any plan, and kept for the later runs) x its samples, in the forward, in the backward (an identity whose backward
 sleeps, after the first layer) or in the data loader's collate; in the optimizer step the same
 for an even share, once per step (an optimizer step does not scale with the batch). Mixed
 sleeps (factor - 1) x the compute per sample x its samples in the forward, and (factor - 1) x
@@ -56,6 +56,11 @@ MOVING = 2.5  # the factor of the "moving" slowdown
 FEATURES, CLASSES = 64, 8
 
 
+# This process's calibration, learnt by its first slowed run and kept for the later ones: the
+# runs of one launch (with and without the agent) are slowed by the same amounts.
+_CALIBRATION = {}
+
+
 class Slowdown:
     """Sleeps to make this rank `factor` times slower at `where` (see the module docstring)."""
 
@@ -64,8 +69,10 @@ class Slowdown:
         self.active = active
         self.fwd_per_sample = []  # forward seconds per sample, steps 2-9
         self.opt_times = []  # optimizer step seconds, steps 2-9
-        self.per_sample_s = None  # frozen at step 10: 3x the median forward time per sample
-        self.opt_s = 0.0  # frozen at step 10: the median optimizer step
+        # Frozen at step 10 (or taken from _CALIBRATION): 3x the median forward time per sample,
+        # and the median optimizer step.
+        self.per_sample_s = _CALIBRATION.get("per_sample_s")
+        self.opt_s = _CALIBRATION.get("opt_s", 0.0)
         self.step = 0
 
     def learn(self, fwd_s: float, samples: int) -> None:
@@ -76,6 +83,7 @@ class Slowdown:
             self.per_sample_s = 3.0 * v[len(v) // 2]
             if self.opt_times:
                 self.opt_s = sorted(self.opt_times)[len(self.opt_times) // 2]
+            _CALIBRATION.update(per_sample_s=self.per_sample_s, opt_s=self.opt_s)
 
     def learn_optimizer(self, opt_s: float) -> None:
         if self.per_sample_s is None and 2 <= self.step < 10:

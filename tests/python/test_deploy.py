@@ -92,7 +92,10 @@ class DeployEndToEndTest(unittest.TestCase):
                         return e
                 left = deadline - time.monotonic()
                 if left <= 0 or self.deploy.poll() is not None:
-                    raise AssertionError(f"deploy: no such event; last: {self.lines[-3:]}")
+                    decisions = [(e.get("step"), e.get("action"), e.get("reason"))
+                                 for e in self.lines if e.get("event") == "decision"]
+                    raise AssertionError(f"deploy: no such event; last: {self.lines[-3:]}; "
+                                         f"last decisions: {decisions[-4:]}")
                 self.cond.wait(min(left, 0.5))
 
     def tearDown(self):
