@@ -18,8 +18,8 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   calibration     calibration_report: the cost model on the published runs (deterministic)
   deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
-  pytorch         the PyTorch job test and the job-shape matrix (their JSON lines; about 12
-                  minutes) and the per-step overhead example
+  pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
+  pytorch-matrix  the job-shape matrix (ctest -L matrix, its JSON lines; about 10 minutes)
   live            bench_live elastic and compression
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
 
@@ -46,7 +46,7 @@ TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4", "--envs",
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
-            "deploy-live", "pytorch", "live", "live-switch"]
+            "deploy-live", "pytorch", "pytorch-matrix", "live", "live-switch"]
 
 
 def git(*args):
@@ -205,7 +205,6 @@ class Runner:
             with open(lines) as f:
                 cases = [json.loads(l) for l in f if l.strip()]
         finish(report, {"cases": cases}, self.path("pytorch-job.json"))
-        self.pytorch_matrix()
         self.pytorch_overhead()
 
     def pytorch_matrix(self):

@@ -16,21 +16,19 @@ Shapes (--shape), each a plain MLP classifier plus one thing real scripts do:
   clip        gradient clipping (clip_grad_norm_) before the optimizer step
   groups      two parameter groups with their own learning rates (AdamW)
 
-Conditions: healthy; forward, backward, data or optimizer: rank SLOW_RANK is 3x
-slower in that part of its step; mixed: ranks slowed 1, 1, 2, 3x through their whole step, as
-device generations differ; moving (the guardrail's wrong switch): rank SLOW_RANK is 2.5x slower
-in its forward until the agent's first plan applies, rank SLOW_RANK + 1 from then on. A
-slowdown is slept, not computed (a slow device takes no compute
-from its peers; on a machine whose ranks share cores extra computation would): (factor - 1) x
-the rank's own compute per sample (3x its forward time per sample, learnt over steps 2-9 of the
-launch's first slowed run, before any plan, and kept for the later runs) x its samples, in the forward, in the backward (an identity whose backward
-sleeps, after the first layer) or in the data loader's collate; in the optimizer step the same
-for an even share, once per step (an optimizer step does not scale with the batch). Mixed
-sleeps (factor - 1) x the compute per sample x its samples in the forward, and (factor - 1) x
-its own optimizer step (learnt likewise) in the optimizer step.
+Every rank trains the real model (real forward, backward, DDP collectives and optimizer step)
+and also runs on an emulated device (Device): the time its kernels would take is slept, in the
+forward, the backward (an identity after the first layer whose backward sleeps) and the
+optimizer step. Sleeping, not computing, keeps a slow device from taking CPU from its peers on
+a machine whose ranks share cores, and keeps the conditions the same from run to run.
+Conditions: healthy; forward, backward, data or optimizer: rank SLOW_RANK is a 3x slower device
+with the extra time in that part of its step (data: in the data loader's collate; optimizer:
+the amount for an even share, once per step); mixed: devices 1, 1, 2, 3x slower through their
+whole step, as generations differ; moving (the guardrail's wrong switch): rank SLOW_RANK is 2.5x
+slower in its forward until the agent's first plan applies, rank SLOW_RANK + 1 3.5x from then on.
 
-Rank 0 writes --out: per run its condition, mode, per-step wall times (ms), final samples per rank and the
-plans applied.
+Rank 0 writes --out: per run its condition, mode, per-step wall times (ms), final samples per
+rank and the plans applied.
 """
 
 import argparse
@@ -43,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 import parapilot.pytorch  # parapilot
 
@@ -52,63 +50,50 @@ CONDITIONS = ["healthy", "forward", "backward", "data", "optimizer", "mixed", "m
 SLOW_RANK = 2
 FACTOR = 3.0
 MIXED = [1.0, 1.0, 2.0, 3.0]
-MOVING = 2.5  # the factor of the "moving" slowdown
+MOVING = (2.5, 3.5)  # the "moving" slowdown's factor before and after the first plan
+DEVICE_MS = 1.0  # the emulated device's forward + backward time per sample
+DEVICE_OPT_MS = 2.0  # ...and its optimizer step
 FEATURES, CLASSES = 64, 8
 
 
-# This process's calibration, learnt by its first slowed run and kept for the later ones: the
-# runs of one launch (with and without the agent) are slowed by the same amounts.
-_CALIBRATION = {}
+class Device:
+    """The emulated accelerator of one rank: the time its kernels take, slept (a device computes
+    without taking the host's CPU, so ranks sharing cores do not slow each other through it).
+    A healthy device takes DEVICE_MS per sample (a third in the forward, two in the backward)
+    and DEVICE_OPT_MS per optimizer step. A rank `factor` times slower at `where` takes
+    (factor - 1) x DEVICE_MS per sample more there (forward, backward or data loading), or
+    (factor - 1) x DEVICE_MS x an even share more per optimizer step (it does not scale with
+    the batch); `mixed` scales all of its device time by factor. `active` says whether the
+    slowdown is on now."""
 
-
-class Slowdown:
-    """Sleeps to make this rank `factor` times slower at `where` (see the module docstring)."""
-
-    def __init__(self, where: str, factor: float, even_share: int, active=lambda: True):
-        self.where, self.factor, self.even_share = where, factor, even_share
-        self.active = active
-        self.fwd_per_sample = []  # forward seconds per sample, steps 2-9
-        self.opt_times = []  # optimizer step seconds, steps 2-9
-        # Frozen at step 10 (or taken from _CALIBRATION): 3x the median forward time per sample,
-        # and the median optimizer step.
-        self.per_sample_s = _CALIBRATION.get("per_sample_s")
-        self.opt_s = _CALIBRATION.get("opt_s", 0.0)
-        self.step = 0
-
-    def learn(self, fwd_s: float, samples: int) -> None:
-        if self.per_sample_s is None and 2 <= self.step < 10:
-            self.fwd_per_sample.append(fwd_s / samples)
-        if self.per_sample_s is None and self.step >= 10 and self.fwd_per_sample:
-            v = sorted(self.fwd_per_sample)
-            self.per_sample_s = 3.0 * v[len(v) // 2]
-            if self.opt_times:
-                self.opt_s = sorted(self.opt_times)[len(self.opt_times) // 2]
-            _CALIBRATION.update(per_sample_s=self.per_sample_s, opt_s=self.opt_s)
-
-    def learn_optimizer(self, opt_s: float) -> None:
-        if self.per_sample_s is None and 2 <= self.step < 10:
-            self.opt_times.append(opt_s)
+    def __init__(self, where: str = "healthy", factor: float = 1.0, even_share: int = 1,
+                 active=lambda: True):
+        self.where, self.factor, self.even_share, self.active = where, factor, even_share, active
 
     def at(self, where: str, samples: int) -> None:
-        if self.per_sample_s is None or self.factor <= 1 or not self.active():
-            return
-        if self.where == "mixed" and where == "optimizer":  # a slower device's optimizer step
-            time.sleep((self.factor - 1) * self.opt_s)
-        elif where == self.where or (self.where == "mixed" and where == "forward"):
+        base = {"forward": DEVICE_MS / 3 * samples, "backward": 2 * DEVICE_MS / 3 * samples,
+                "optimizer": DEVICE_OPT_MS}.get(where, 0.0)
+        on = self.factor > 1 and self.active()
+        if on and self.where == "mixed":
+            ms = base * self.factor
+        elif on and where == self.where:
             n = self.even_share if where == "optimizer" else samples
-            time.sleep((self.factor - 1) * self.per_sample_s * n)
+            ms = base + (self.factor - 1) * DEVICE_MS * n
+        else:
+            ms = base
+        if ms > 0:
+            time.sleep(ms / 1000.0)
 
 
-class _SlowBackward(torch.autograd.Function):
+class _DeviceBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, slow):
-        ctx.slow, ctx.n = slow, x.shape[0]
+    def forward(ctx, x, device):
+        ctx.device, ctx.n = device, x.shape[0]
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        if ctx.slow is not None:
-            ctx.slow.at("backward", ctx.n)
+        ctx.device.at("backward", ctx.n)
         return g, None
 
 
@@ -123,26 +108,24 @@ class Model(torch.nn.Module):
         self.norm = torch.nn.BatchNorm1d(256) if buffers else None
         if buffers:
             self.register_buffer("mask", torch.ones(256))
-        self.slow = None
+        self.device = Device()
 
     def forward(self, x):
-        t0 = time.perf_counter()
         h = self.inp(x)
-        if self.slow is not None:  # the backward through here runs before inp's gradients
-            h = _SlowBackward.apply(h, self.slow)
+        if self.training:  # the backward through here runs before inp's gradients
+            h = _DeviceBackward.apply(h, self.device)
         if self.norm is not None:
             h = self.norm(h) * self.mask
         y = self.out(self.hidden(h))
-        if self.slow is not None and self.training:
-            self.slow.learn(time.perf_counter() - t0, x.shape[0])
-            self.slow.at("forward", x.shape[0])
+        if self.training:
+            self.device.at("forward", x.shape[0])
         return y
 
 
 def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     model = Model(buffers=args.shape == "buffers")
-    slow = None
+    even = args.global_batch // world
     factor = MIXED[rank] if condition == "mixed" else (
         FACTOR if condition in ("forward", "backward", "data", "optimizer") and rank == SLOW_RANK
         else 1.0)
@@ -150,12 +133,11 @@ def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) 
     if condition == "moving" and rank in (SLOW_RANK, SLOW_RANK + 1):
         # Rank SLOW_RANK is slow until the agent's first plan applies, rank SLOW_RANK + 1 after.
         first = rank == SLOW_RANK
-        slow = Slowdown("forward", MOVING, args.global_batch // world,
+        device = Device("forward", MOVING[0] if first else MOVING[1], even,
                         active=lambda: (len(applied) == 0) == first)
-        model.slow = slow
-    elif factor > 1:
-        slow = Slowdown(condition, factor, args.global_batch // world)
-        model.slow = slow
+    else:
+        device = Device(condition, factor, even)
+    model.device = device
     n = args.global_batch * 32
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(n, FEATURES, generator=g),
@@ -168,24 +150,20 @@ def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) 
                                        {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
     else:
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    if slow is not None:
-        inner = optimizer.step
+    inner = optimizer.step
 
-        def slow_step(*a, **kw):
-            slow.at("optimizer", 0)
-            t0 = time.perf_counter()
-            out = inner(*a, **kw)
-            slow.learn_optimizer(time.perf_counter() - t0)
-            return out
-        optimizer.step = slow_step
+    def device_step(*a, **kw):
+        device.at("optimizer", 0)
+        return inner(*a, **kw)
+    optimizer.step = device_step
     session = parapilot.pytorch.Session(ddp, optimizer, global_batch=args.global_batch,  # parapilot
                                         agent=agent)
     applied = session.applied_plans
+
     def collate(batch):
         x = torch.stack([b[0] for b in batch])
         y = torch.stack([b[1] for b in batch])
-        if slow is not None:
-            slow.at("data", len(batch))
+        device.at("data", len(batch))
         return x, y
     loader = session.data_loader(data, collate_fn=collate)  # parapilot
     steps = args.steps if mode == "agent" else args.baseline_steps
@@ -217,8 +195,6 @@ def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) 
                     dist.all_reduce(logged)
             if args.shape == "barrier" and len(step_ms) % 5 == 4:
                 dist.barrier()
-            if slow is not None:
-                slow.step += 1
             step_ms.append((time.perf_counter() - t0) * 1e3)
             if session.should_stop or len(step_ms) >= steps:
                 break

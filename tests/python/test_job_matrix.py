@@ -4,8 +4,9 @@ accumulation with no_sync, evaluation between epochs, gradient clipping, two par
 each on 4 CPU Gloo ranks, under every condition, without and with `parapilot deploy --listen
 ADDR --secret-file F` (nothing else: the shipped defaults).
 
-Conditions: healthy; rank 2 slowed 3x in its forward, backward, data loading or optimizer step;
-mixed speeds 1, 1, 2, 3x through the whole step (device generations). Each case asserts:
+Conditions (each rank's emulated device, job_shapes.Device): healthy; rank 2 a 3x slower
+device with the extra time in its forward, backward, data loading or optimizer step; mixed
+speeds 1, 1, 2, 3x through the whole step (device generations). Each case asserts:
   * the slowed ranks end with the smallest shares (a single slowed rank: the smallest, below
     an even share; mixed: both slowed ranks below both healthy ones);
   * no healthy rank ends below an even share (healthy: the shares stay even);
@@ -22,7 +23,7 @@ group, a fresh model, Session and deploy per run. Figures go to stderr and, as J
 $PARAPILOT_JOB_RESULTS when set (scripts/run-results.py pytorch renders the table).
 
 Guardrail: a deliberately wrong switch on a real job. Rank 2 is slowed 2.5x until the agent's
-first plan applies, and from that step on rank 3 is, instead: the switch that moved work off rank
+first plan applies, and from that step on rank 3 is, 3.5x, instead: the switch that moved work off rank
 2 now gives the slow rank more work, and the steps after it are slower than before. deploy must
 revert it.
 """
@@ -229,7 +230,10 @@ class Guardrail(_Matrix):
         summary = self.check_deploy(d)
         decisions = [e for e in d.events("decision") if e.get("action") in ("rebalance", "revert")]
         kinds = [e["action"] for e in decisions]
+        judged = [e["reason"] for e in d.events("decision")
+                  if e["reason"].startswith(("the last switch held", "the last switch made"))]
         self.report({"shape": "guardrail", "condition": "moving", "decisions": kinds,
+                     "judged": judged,
                      "committed": summary["committed"], "reverted": summary["reverted"],
                      "final_counts": results[0]["final_counts"]})
         self.assertIn("rebalance", kinds, "no switch was made")
