@@ -132,7 +132,6 @@ class Session:
         self._between: List[Tuple[str, int, Any, Any]] = []
         self.gaps_excluded = 0  # gaps between steps not charged to a step (outliers, marked)
         self.last_telemetry: Optional[wire.Telemetry] = None
-        collectives.install(self)
         self.applied_plans: List[int] = []
         self.framework = f"pytorch-ddp {torch.__version__}"
         self._layer_sizes = self._layer_infos()
@@ -178,6 +177,8 @@ class Session:
                                  on_message=self._on_message, on_connect=on_connect,
                                  on_disconnect=on_disconnect, autostart=False, **opts)
             self.client.start()
+        # Last: a constructor that raised above leaves torch.distributed unwrapped.
+        collectives.install(self)
 
     # ---- public API ----
 
