@@ -44,15 +44,6 @@ Strategy shares_layout(const std::vector<int>& counts, int global_batch) {
   return s;
 }
 
-std::string counts_text(const std::vector<int>& counts) {
-  std::string out;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(counts[i]);
-  }
-  return out;
-}
-
 }  // namespace
 
 struct DeployAgent::Impl {

@@ -64,6 +64,15 @@ const char* to_string(DataParallelDecision::Kind kind) {
   return "?";
 }
 
+std::string counts_text(const std::vector<int>& counts) {
+  std::string out;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(counts[i]);
+  }
+  return out;
+}
+
 std::vector<int> even_counts(int ranks, int global_batch) {
   return round_counts(std::vector<double>(ranks, static_cast<double>(global_batch) / ranks),
                       global_batch);
@@ -165,23 +174,35 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
       return d;
     }
     verifying_ = false;
-    const double noise =
-        before_ms_ > 0 ? 3 * std::hypot(before_se_, now_se) / before_ms_ : o_.revert_margin;
-    // The noise bound is capped: ten steps' spread on a loaded machine can be wide, and a
-    // regression past the cap is reverted however noisy the job (undoing a switch costs little).
-    const double bound = std::min(o_.max_revert_bound, std::max(o_.revert_margin, noise));
-    if (before_ms_ > 0 && now_ms > before_ms_ * (1 + bound)) {
+    const double bound = revert_bound(before_ms_, before_se_, now_se);
+    const double best_bound = revert_bound(best_ms_, best_se_, now_se);
+    // Judged against the shares just left, and against the fastest shares measured since the
+    // job last changed: switches that each stay within noise of the one before must not add up
+    // to a job slower than it was.
+    const bool worse_than_before = before_ms_ > 0 && now_ms > before_ms_ * (1 + bound);
+    const bool worse_than_best = best_ms_ > 0 && best_counts_ != previous_counts_ &&
+                                 now_ms > best_ms_ * (1 + best_bound);
+    if (worse_than_before || worse_than_best) {
       d.kind = DataParallelDecision::Kind::revert;
-      d.counts = previous_counts_;
-      d.reason =
-          fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
-              "(+%.0f%%, beyond the noise bound of %.0f%%)",
-              now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
+      const bool to_best = worse_than_best && best_ms_ < before_ms_;
+      d.counts = to_best ? best_counts_ : previous_counts_;
+      d.reason = to_best
+                     ? fmt("the switches since the fastest shares measured made steps slower: "
+                           "%.1f ms now vs %.1f ms on %s (+%.0f%%, beyond the noise bound of "
+                           "%.0f%%)",
+                           now_ms, best_ms_, counts_text(best_counts_).c_str(),
+                           100 * (now_ms / best_ms_ - 1), 100 * best_bound)
+                     : fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
+                           "(+%.0f%%, beyond the noise bound of %.0f%%)",
+                           now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
       cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
       since_switch_ = 0;
       return d;
     }
     cooldown_ = o_.cooldown_intervals;
+    judged_ms_ = now_ms;
+    judged_se_ = now_se;
+    if (best_ms_ <= 0 || now_ms < best_ms_) remember_best(now_ms, now_se);
     d.reason =
         fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms, before_ms_);
     return d;
@@ -197,6 +218,7 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
                    static_cast<double>(o_.warmup_steps));
     return d;
   }
+  track_best(now_ms, now_se);
   std::vector<double> per_sample(o_.ranks, 0.0), fixed(o_.ranks, 0.0), se(o_.ranks, 0.0);
   std::string missing;
   for (int r = 0; r < o_.ranks; ++r) {
@@ -349,6 +371,35 @@ std::string DataParallelDecider::arrival_disagrees(const monitor::Beliefs& b,
   return "";
 }
 
+double DataParallelDecider::revert_bound(double reference_ms, double reference_se,
+                                         double now_se) const {
+  const double noise = reference_ms > 0 ? 3 * std::hypot(reference_se, now_se) / reference_ms
+                                        : o_.revert_margin;
+  // The noise bound is capped: ten steps' spread on a loaded machine can be wide, and a
+  // regression past the cap is reverted however noisy the job (undoing a switch costs little).
+  return std::min(o_.max_revert_bound, std::max(o_.revert_margin, noise));
+}
+
+void DataParallelDecider::remember_best(double ms, double se) {
+  best_counts_ = counts_;
+  best_ms_ = ms;
+  best_se_ = se;
+}
+
+void DataParallelDecider::track_best(double now_ms, double now_se) {
+  if (now_ms <= 0) return;
+  if (best_ms_ <= 0 || counts_ == best_counts_) {
+    remember_best(now_ms, now_se);  // the fastest shares, re-measured as they run now
+  } else if (judged_ms_ > 0 && now_ms > judged_ms_ * (1 + revert_bound(judged_ms_, judged_se_,
+                                                                       now_se))) {
+    // The shares in force got slower without a switch: the job changed (a rank slowed), and
+    // what other shares measured before says nothing of them now.
+    remember_best(now_ms, now_se);
+  }
+  judged_ms_ = now_ms;
+  judged_se_ = now_se;
+}
+
 void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t switch_at_step,
                                     bool revert) {
   if (!revert) {
@@ -361,6 +412,7 @@ void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t swi
     verifying_ = false;
     previous_counts_ = counts;
   }
+  judged_ms_ = judged_se_ = 0;  // the new shares are measured afresh
   counts_ = counts;
   since_switch_ = 0;
 }

@@ -23,8 +23,12 @@
 // * Guardrail: after a committed switch the measured step time (median wall time of closed steps,
 //   from `settle_steps` after the switch) is compared with the interval before it. Worse beyond
 //   noise (max(revert_margin, 3 robust standard errors), at most max_revert_bound) reverts to
-//   the previous shares, and the
-//   cool-down doubles (up to max_backoff_intervals); a switch that held resets it.
+//   the previous shares, and the cool-down doubles (up to max_backoff_intervals); a switch that
+//   held resets it. The decider also remembers the fastest shares measured since the job last
+//   changed: a switch measured slower than those beyond noise reverts to them, so switches that
+//   each stay within noise of the one before cannot add up to a slower job. The record is
+//   forgotten when the shares in force get slower beyond noise without a switch (the job
+//   changed: what other shares measured before no longer applies).
 //
 // Thread-safety: not thread-safe; the deploy agent calls it under its decision lock.
 #pragma once
@@ -79,6 +83,8 @@ std::vector<int> balanced_counts(const std::vector<double>& per_sample_ms,
 double predicted_step_ms(const std::vector<double>& per_sample_ms,
                          const std::vector<double>& fixed_ms, const std::vector<int>& counts,
                          bool fixed_apart = false);
+/// "a,b,c": samples per rank as deploy's log and reasons print them.
+std::string counts_text(const std::vector<int>& counts);
 /// Even split of global_batch (largest remainder, lower ranks first), as the clients do.
 std::vector<int> even_counts(int ranks, int global_batch);
 
@@ -115,6 +121,11 @@ class DataParallelDecider {
 
  private:
   std::vector<double> steps_since(uint64_t first) const;
+  // The relative slowdown beyond which a step time is worse than `reference_ms`.
+  double revert_bound(double reference_ms, double reference_se, double now_se) const;
+  void remember_best(double ms, double se);
+  // Re-measures the fastest shares while they run; forgets them when the job changed.
+  void track_best(double now_ms, double now_se);
   // Why arrival order contradicts moving to `target` ("" when it agrees or is not measured).
   std::string arrival_disagrees(const monitor::Beliefs& b, const std::vector<double>& per_sample,
                                 const std::vector<double>& fixed,
@@ -132,6 +143,9 @@ class DataParallelDecider {
   uint64_t verify_from_ = 0;              // first step that counts for the judgement
   double before_ms_ = 0, before_se_ = 0;  // the interval before the switch
   double pending_before_ms_ = 0, pending_before_se_ = 0;
+  std::vector<int> best_counts_;          // the fastest shares measured since the job changed
+  double best_ms_ = 0, best_se_ = 0;
+  double judged_ms_ = 0, judged_se_ = 0;  // the shares in force, when last measured
 };
 
 }  // namespace parapilot::agent::runtime

@@ -279,6 +279,60 @@ TEST_CASE("a 17% regression is reverted on a job whose steps vary by a few perce
 }
 
 namespace {
+// Proposes and commits a rebalance for `per_sample_ms` (after the cool-down), then feeds the
+// settle steps and ten judged steps at `after_ms`, and returns the judgement.
+DataParallelDecision switch_and_judge(DataParallelDecider& d, uint64_t& step,
+                                      const std::vector<double>& per_sample_ms, double before_ms,
+                                      double after_ms, std::mt19937& rng) {
+  DataParallelDecision x;
+  for (int i = 0; i < 8; ++i) {  // through the cool-down, at the current shares' step time
+    step = feed(d, step, 10, before_ms, 0.005, rng);
+    x = d.decide(measured(per_sample_ms, d.counts()), false);
+    if (x.kind != DataParallelDecision::Kind::keep) break;
+  }
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false);
+  step = feed(d, step, 2, after_ms, 0, rng);
+  step = feed(d, step, 10, after_ms, 0.005, rng);
+  return d.decide(measured(per_sample_ms, d.counts()), false);
+}
+}  // namespace
+
+TEST_CASE("switches each within noise of the one before cannot add up to a slower job") {
+  // Each switch is judged against the shares just left (within the 5% margin: held) and
+  // against the fastest shares measured: the third, 8% slower than the first's 98 ms, goes back
+  // to the first's shares, not to the second's.
+  DataParallelDecider d(options4());
+  std::mt19937 rng(21);
+  uint64_t step = 0;
+  DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  const std::vector<int> fastest = d.counts();
+  x = switch_and_judge(d, step, {1.0, 3.0, 1.0, 1.0}, 98, 102, rng);  // +4%: held
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 102, 106, rng);  // +4% again, +8% on 98
+  REQUIRE(x.kind == DataParallelDecision::Kind::revert);
+  CHECK(x.counts == fastest);
+  CHECK(x.reason.find("fastest shares") != std::string::npos);
+}
+
+TEST_CASE("the fastest shares are forgotten when the job gets slower without a switch") {
+  // After the job itself slows (150 ms on the shares in force, no switch), a switch to 140 ms
+  // is a gain: it holds, although the shares that once ran at 98 ms were faster then.
+  DataParallelDecider d(options4());
+  std::mt19937 rng(22);
+  uint64_t step = 0;
+  DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  x = switch_and_judge(d, step, {1.0, 3.0, 1.0, 1.0}, 98, 102, rng);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 150, 140, rng);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+}
+
+namespace {
 monitor::Beliefs with_waits(monitor::Beliefs b, const std::vector<double>& wait_ms) {
   b.rank_wait_ms = wait_ms;
   return b;
