@@ -27,14 +27,14 @@
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
 #include "strategy/error.h"
-#ifdef PARAPILOT_HAVE_NCCL
-#include "env/live/nccl_comm.h"
 #include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
+#ifdef PARAPILOT_HAVE_NCCL
+#include "env/live/nccl_comm.h"
+#endif
 
 using parapilot::testing::failure_of;
 using parapilot::testing::ok;
-#endif
 
 using namespace parapilot::live;
 using namespace std::chrono_literals;
