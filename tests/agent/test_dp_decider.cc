@@ -296,6 +296,18 @@ DataParallelDecision switch_and_judge(DataParallelDecider& d, uint64_t& step,
   step = feed(d, step, 10, after_ms, 0.005, rng);
   return d.decide(measured(per_sample_ms, d.counts()), false);
 }
+
+// Two switches that each hold: 100 -> 98 ms (the fastest shares, returned), then 98 -> 102 ms
+// (+4%, within the 5% margin of the shares just left).
+std::vector<int> two_held_switches(DataParallelDecider& d, uint64_t& step, std::mt19937& rng) {
+  DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  const std::vector<int> fastest = d.counts();
+  x = switch_and_judge(d, step, {1.0, 3.0, 1.0, 1.0}, 98, 102, rng);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  return fastest;
+}
 }  // namespace
 
 TEST_CASE("switches each within noise of the one before cannot add up to a slower job") {
@@ -305,13 +317,8 @@ TEST_CASE("switches each within noise of the one before cannot add up to a slowe
   DataParallelDecider d(options4());
   std::mt19937 rng(21);
   uint64_t step = 0;
-  DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
-  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
-  const std::vector<int> fastest = d.counts();
-  x = switch_and_judge(d, step, {1.0, 3.0, 1.0, 1.0}, 98, 102, rng);  // +4%: held
-  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
-  CHECK(x.reason.find("held") != std::string::npos);
-  x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 102, 106, rng);  // +4% again, +8% on 98
+  const std::vector<int> fastest = two_held_switches(d, step, rng);
+  const DataParallelDecision x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 102, 106, rng);  // +4% again, +8% on 98
   REQUIRE(x.kind == DataParallelDecision::Kind::revert);
   CHECK(x.counts == fastest);
   CHECK(x.reason.find("fastest shares") != std::string::npos);
@@ -323,11 +330,8 @@ TEST_CASE("the fastest shares are forgotten when the job gets slower without a s
   DataParallelDecider d(options4());
   std::mt19937 rng(22);
   uint64_t step = 0;
-  DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
-  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
-  x = switch_and_judge(d, step, {1.0, 3.0, 1.0, 1.0}, 98, 102, rng);
-  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
-  x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 150, 140, rng);
+  two_held_switches(d, step, rng);
+  const DataParallelDecision x = switch_and_judge(d, step, {1.0, 4.0, 1.0, 1.0}, 150, 140, rng);
   CHECK(x.kind == DataParallelDecision::Kind::keep);
   CHECK(x.reason.find("held") != std::string::npos);
 }
