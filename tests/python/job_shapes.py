@@ -1,9 +1,10 @@
 """DDP training scripts of the shapes real jobs have, with parapilot added as docs/pytorch.md
 says, for the job-shape matrix (test_job_matrix.py). Launch with
 `python3 -m parapilot.launch --nproc 4 tests/python/job_shapes.py --shape S
---runs healthy:none,healthy:agent,forward:none,... --agents HOST:PORT,...`: one process group
-runs the listed jobs one after another (a fresh model, optimizer, Session and loader each),
-each under its condition, with its own agent (`agent`: the next address of --agents) or none.
+--runs healthy:none:120,healthy:agent,forward:none,... --agents HOST:PORT,...`: one process
+group runs the listed jobs one after another (a fresh model, optimizer, Session and loader each),
+each under its condition, with its own agent (`agent`: the next address of --agents) or none,
+for the run's STEPS when given (else --steps with an agent, --baseline-steps without).
 
 Shapes (--shape), each a plain MLP classifier plus one thing real scripts do:
   buffers     the model registers buffers (batch-norm statistics and a mask) and DDP
@@ -122,7 +123,8 @@ class Model(torch.nn.Module):
         return y
 
 
-def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) -> dict:
+def run_one(args, condition: str, mode: str, steps: int, agent: str, rank: int,
+            world: int) -> dict:
     torch.manual_seed(0)
     model = Model(buffers=args.shape == "buffers")
     even = args.global_batch // world
@@ -166,7 +168,6 @@ def run_one(args, condition: str, mode: str, agent: str, rank: int, world: int) 
         device.at("data", len(batch))
         return x, y
     loader = session.data_loader(data, collate_fn=collate)  # parapilot
-    steps = args.steps if mode == "agent" else args.baseline_steps
     step_ms = []
     epoch = 0
     while len(step_ms) < steps and not session.should_stop:
@@ -227,7 +228,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=SHAPES, required=True)
     ap.add_argument("--runs", default="healthy:none,healthy:agent",
-                    help="comma-separated CONDITION:MODE, MODE none or agent")
+                    help="comma-separated CONDITION:MODE[:STEPS], MODE none or agent")
     ap.add_argument("--agents", default="", help="comma-separated HOST:PORT, one per agent run")
     ap.add_argument("--steps", type=int, default=120, help="steps of an agent run")
     ap.add_argument("--baseline-steps", type=int, default=60, help="steps of a run without one")
@@ -243,14 +244,19 @@ def main():
     agents = [a for a in args.agents.split(",") if a]
     results = []
     for item in args.runs.split(","):
-        condition, _, mode = item.partition(":")
-        if condition not in CONDITIONS or mode not in ("none", "agent"):
-            raise SystemExit(f"--runs: '{item}' is not CONDITION:MODE with CONDITION one of "
-                             f"{', '.join(CONDITIONS)} and MODE none or agent")
+        condition, _, tail = item.partition(":")
+        mode, _, steps_text = tail.partition(":")
+        steps_ok = not steps_text or (steps_text.isdigit() and int(steps_text) > 0)
+        if not steps_ok or condition not in CONDITIONS or mode not in ("none", "agent"):
+            raise SystemExit(f"--runs: '{item}' is not CONDITION:MODE[:STEPS] with CONDITION "
+                             f"one of {', '.join(CONDITIONS)}, MODE none or agent and STEPS a "
+                             "positive integer")
         if mode == "agent" and not agents:
             raise SystemExit("--runs: more agent runs than --agents addresses")
         agent = agents.pop(0) if mode == "agent" else ""
-        results.append(run_one(args, condition, mode, agent, rank, world))
+        steps = (int(steps_text) if steps_text else
+                 args.steps if mode == "agent" else args.baseline_steps)
+        results.append(run_one(args, condition, mode, steps, agent, rank, world))
         dist.barrier()
     if rank == 0 and args.out:
         with open(args.out + ".tmp", "w") as f:
