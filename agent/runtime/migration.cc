@@ -99,7 +99,7 @@ void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t new
           margin = std::max<uint64_t>(
               margin, static_cast<uint64_t>(std::ceil(o_.commit_lead_ms / step_wall_ms)));
         }
-        switch_at_ = newest_step + 1 + margin;
+        switch_at_ = std::max<uint64_t>(newest_step + 1 + margin, o_.min_switch_step);
         waiting_ = members_;
         deadline_ = now + std::chrono::milliseconds(o_.ack_timeout_ms);
         send_(transport::PlanCommit{plan_id_, switch_at_});

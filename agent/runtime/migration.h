@@ -30,6 +30,7 @@ struct MigrationOptions {
   uint32_t prepare_deadline_ms = 30000;  ///< every PlanReady must arrive within this.
   uint32_t commit_margin_steps = 3;      ///< switch_at_step = newest step + 1 + at least this...
   uint32_t commit_lead_ms = 500;         ///< ...and at least this much wall time of steps ahead.
+  uint64_t min_switch_step = 0;          ///< switch_at_step is at least this (0: no floor).
   uint32_t ack_timeout_ms = 30000;       ///< after the commit; a missing Ack is reported.
 };
 

@@ -131,7 +131,8 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
 }
 
 StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
-                                        std::chrono::milliseconds timeout) {
+                                        std::chrono::milliseconds timeout,
+                                        std::uint64_t not_before_step) {
   using agent::runtime::MigrationEnd;
   using agent::runtime::MigrationExecutor;
   using agent::runtime::MigrationOutcome;
@@ -146,6 +147,7 @@ StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
   mo.ack_timeout_ms = static_cast<std::uint32_t>(timeout.count());
   mo.commit_margin_steps = 1;  // the switch lands two steps past the newest step seen
   mo.commit_lead_ms = 0;
+  mo.min_switch_step = not_before_step;
   std::optional<MigrationOutcome> outcome;
   auto executor = std::make_shared<MigrationExecutor>(
       mo, [this](const transport::Message& msg) { server_->broadcast(msg); },

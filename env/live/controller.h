@@ -65,11 +65,13 @@ class Controller {
   /// Waits until `n` ranks are connected.
   bool wait_for_ranks(int n, std::chrono::milliseconds timeout);
   /// Runs the plan protocol for `action` on all ranks: prepare, wait for every PlanReady, commit
-  /// two steps past the newest step seen, wait for every rank's Ack.
+  /// two steps past the newest step seen or at `not_before_step`, whichever is later, wait for
+  /// every rank's Ack.
   /// A rank's refusal: kRejected; no PlanReady from every rank in time: kUnavailable; in both
   /// cases PlanAbort was sent and the job keeps its plan. Committed but not acknowledged by
   /// every rank in time: kUnavailable.
-  StatusOr<AppliedPlan> apply(const LiveAction& action, std::chrono::milliseconds timeout);
+  StatusOr<AppliedPlan> apply(const LiveAction& action, std::chrono::milliseconds timeout,
+                              std::uint64_t not_before_step = 0);
   /// Waits until every rank has published telemetry for a step >= `step` (or a rank left).
   bool wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout);
   /// Newest step of which every connected rank has published telemetry (0 before any).

@@ -443,6 +443,7 @@ SimClusterReport SimulatedCluster::report() const {
     if (!rp->alive) continue;
     ++r.live_ranks;
     r.connected_ranks += rp->connected ? 1 : 0;
+    r.ranks_holding_plans += rp->book->size() > 0 ? 1 : 0;
     if (!first)
       first = rp.get();
     else if (rp->params != first->params || rp->updates != first->updates ||

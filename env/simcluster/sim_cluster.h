@@ -90,6 +90,7 @@ struct SimClusterReport {
   uint64_t telemetry_sent = 0;
   int live_ranks = 0;
   int connected_ranks = 0;
+  int ranks_holding_plans = 0;  ///< live ranks holding a plan (staged or committed) not yet run.
 };
 
 class SimulatedCluster {

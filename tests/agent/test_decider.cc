@@ -239,10 +239,18 @@ TEST_CASE("a decision never prices candidates planned under beliefs that have mo
     }
     if (x.candidates.empty()) CHECK(x.action == 0);
   }
+  // The re-plan caught up with the last beliefs (i = 19): candidates again, priced under them.
+  const monitor::Beliefs last = slowed_beliefs(16, 3, 1.0);
   d.wait_for_plan();
   const Decision settled = d.decide(40, false, 0, {});
-  CHECK(!settled.candidates.empty());  // the re-plan caught up: candidates again
-  MESSAGE(priced << " candidates priced across 20 decisions");
+  REQUIRE(!settled.candidates.empty());
+  for (const Candidate& c : settled.candidates) {
+    CHECK(c.cost.tokens_per_s ==
+          doctest::Approx(cost.evaluate(c.strategy, last.conditions).tokens_per_s).epsilon(1e-9));
+    ++priced;
+  }
+  CHECK(priced > 0);
+  MESSAGE(priced << " candidates priced across 21 decisions");
 }
 
 TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in layout_name") {

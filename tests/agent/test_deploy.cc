@@ -2,9 +2,13 @@
 // /metrics, the agent killed and restarted while the ranks keep training, and bad telemetry.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
@@ -117,6 +121,16 @@ TEST_CASE(
   const uint16_t port = first->port();
   SimClusterOptions co = cluster_options(port);
   co.stage_steps = 3;
+  std::mutex log_mu;
+  std::vector<std::string> log;
+  co.log = [&](const std::string& line) {
+    std::lock_guard lock(log_mu);
+    log.push_back(line);
+  };
+  const auto logged = [&](const std::string& line) {
+    std::lock_guard lock(log_mu);
+    return std::find(log.begin(), log.end(), line) != log.end();
+  };
   const auto cluster_started = ok(SimulatedCluster::start(co));
   SimulatedCluster& cluster = *cluster_started;
   Stepper run{cluster};
@@ -124,13 +138,24 @@ TEST_CASE(
   REQUIRE(eventually([&] { return first->stats().connected_ranks == 16; }));
   run(10);
   const Strategy before = cluster.report().layout;
-  // Killed mid-switch: PlanPrepare sent, no PlanReady yet.
+  // Killed mid-switch: every rank has staged the plan (it takes 3 steps to be ready, so no
+  // PlanReady has gone out and nothing can be committed), then the agent dies.
   Strategy target = cluster.job().uniform_dp;
   if (target == before) target = cluster.job().planned_initial;
   REQUIRE_FALSE(target == before);
+  REQUIRE(cluster.report().ranks_holding_plans == 0);
   REQUIRE(first->request_switch(target));
-  std::this_thread::sleep_for(20ms);
+  REQUIRE(eventually([&] {
+    run(1);
+    return cluster.report().ranks_holding_plans == 16;
+  }));
   first.reset();
+  // Each rank sees the agent gone and drops the staged plan: nothing is held any more.
+  REQUIRE(eventually([&] {
+    run(1);
+    return cluster.report().ranks_holding_plans == 0;
+  }));
+  CHECK(logged("agent lost: staged plan dropped"));
   const uint64_t updates_at_kill = cluster.report().updates;
   run(30);
   SimClusterReport r = cluster.report();

@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "agent/runtime/agent.h"
 #include "env/simcluster/sim_cluster.h"
@@ -251,4 +254,34 @@ TEST_CASE("a plan some rank no longer holds at the boundary switches none of the
     return rig.agent->stats().migrations_aborted == 1;
   });
   CHECK(rig.agent->current_layout() == before);
+}
+
+TEST_CASE("the commit lands at the step the caller asks for when that is later than the margin") {
+  // The executor alone: two ranks answer PlanReady at newest step 5; the commit is sent at
+  // newest + 1 + commit_margin_steps (here 5 + 1 + 1) or at min_switch_step, the later.
+  for (const auto& [floor, want] : {std::pair<uint64_t, uint64_t>{0, 7}, {4, 7}, {40, 40}}) {
+    CAPTURE(floor);
+    MigrationOptions mo;
+    mo.commit_margin_steps = 1;
+    mo.commit_lead_ms = 0;
+    mo.min_switch_step = floor;
+    std::vector<transport::PlanCommit> commits;
+    MigrationExecutor ex(
+        mo,
+        [&](const transport::Message& m) {
+          if (const auto* c = std::get_if<transport::PlanCommit>(&m)) commits.push_back(*c);
+        },
+        [](const MigrationOutcome&) {});
+    transport::PlanPrepare plan;
+    plan.layout.dp = 2;
+    uint64_t id = 0;
+    const auto now = MigrationExecutor::Clock::now();
+    REQUIRE(ex.prepare(plan, {0, 1}, now, &id));
+    ex.on_ready(transport::PlanReady{id, 0, true, ""}, 5, now);
+    CHECK(commits.empty());  // one rank is not ready yet
+    ex.on_ready(transport::PlanReady{id, 1, true, ""}, 5, now);
+    REQUIRE(commits.size() == 1);
+    CHECK(commits.front().plan_id == id);
+    CHECK(commits.front().switch_at_step == want);
+  }
 }

@@ -323,6 +323,9 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
     max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
   CHECK(max_diff < 1e-4);
   std::filesystem::remove_all(dir);
+  // NCCL runs one rank per GPU: with one GPU the job above ran at world size 1, with no shares
+  // to balance, and the elastic part of this case was not tested.
+  if (world < 2) skip("one GPU: NCCL ran the 1-rank job only; elastic shares need two GPUs");
 #endif
 }
 

@@ -181,7 +181,6 @@ TEST_CASE("with hybrid switches, parapilot deploy moves a pipeline job off its s
 TEST_CASE("the agent killed: live workers train on, reconnect to a new agent, finish cleanly") {
   const std::string dir = temp_dir("restart");
   const std::string bin = PARAPILOT_BIN;
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
   {
     std::ofstream(dir + "/secret") << "a-test-secret-of-at-least-16-bytes\n";
     std::filesystem::permissions(dir + "/secret", std::filesystem::perms::owner_read |
@@ -195,26 +194,35 @@ TEST_CASE("the agent killed: live workers train on, reconnect to a new agent, fi
         << "pp = [1]\nmicrobatch_size = [1]\nzero = [1]\nrecompute = [\"selective\"]\n";
   }
   const std::string deploy = bin + " deploy --policy reactive --scenario " + dir +
-                             "/job.toml --secret-file " + dir + "/secret --listen 127.0.0.1:" +
-                             std::to_string(port);
-  // Wait (at most `s` seconds) until FILE has a decision line.
-  auto wait_decision = [](const std::string& file, int s) {
-    return "for i in $(seq " + std::to_string(s * 10) + "); do grep -q '\"decision\"' " + file +
-           " 2>/dev/null && break; sleep 0.1; done; ";
-  };
-  // Agent A runs until the workers report to it, then dies (SIGKILL). The workers train on;
-  // agent B starts on the same address, and the workers report to it until they finish.
+                             "/job.toml --secret-file " + dir + "/secret --listen 127.0.0.1:";
+  // Agent A listens on a port the system picks (its agent_started line names it) and runs until
+  // the workers report to it, then dies (SIGKILL). The workers train on; agent B starts on the
+  // same address, and the workers report to it until they finish. Every wait has a deadline; a
+  // missed one ends the script with status 3 and says which.
   const std::string script =
-      deploy + " > " + dir + "/a.log 2>&1 & A=$!; sleep 0.5; " + bin +
-      " launch --workers 2 --agent 127.0.0.1:" + std::to_string(port) + " --secret-file " + dir +
-      "/secret --steps 0 --max-seconds 25" + kWorkerFlags + " > " + dir +
-      "/launch.log 2>&1 & L=$!; " + wait_decision(dir + "/a.log", 60) +
-      "kill -9 $A; wait $A; sleep 1; " + deploy + " > " + dir + "/b.log 2>&1 & B=$!; " +
-      wait_decision(dir + "/b.log", 60) + "wait $L; echo $? > " + dir +
-      "/launch.rc; kill -INT $B; wait $B; echo $? > " + dir + "/b.rc";
-  std::ofstream(dir + "/run.sh") << script << "\n";
+      "set -u; D=" + dir + "; A=; B=; L=\n"
+      "fail() { echo \"run.sh: $*\" >&2; kill -9 $A $B $L 2>/dev/null; exit 3; }\n"
+      "wait_line() { for i in $(seq $(($3 * 10))); do grep -q \"$2\" \"$1\" 2>/dev/null && "
+      "return 0; sleep 0.1; done; return 1; }\n" +
+      deploy + "0 > $D/a.log 2>&1 & A=$!\n"
+      "wait_line $D/a.log agent_started 30 || fail 'agent A did not start'\n"
+      "PORT=$(grep -o '\"port\":[0-9]*' $D/a.log | head -1 | cut -d: -f2)\n"
+      "[ -n \"$PORT\" ] && [ \"$PORT\" != 0 ] || fail 'agent A named no port'\n" +
+      bin + " launch --workers 2 --agent 127.0.0.1:$PORT --secret-file $D/secret --steps 0 "
+      "--max-seconds 25" + kWorkerFlags + " > $D/launch.log 2>&1 & L=$!\n"
+      "wait_line $D/a.log '\"decision\"' 60 || fail 'the workers never reported to agent A'\n"
+      "kill -9 $A; wait $A; A=\n"
+      // The address is free once A is gone; B retries in case the system is slow to release it.
+      "for try in $(seq 20); do " + deploy + "$PORT > $D/b.log 2>&1 & B=$!; "
+      "wait_line $D/b.log agent_started 5 && break; kill -9 $B 2>/dev/null; wait $B; B=; "
+      "sleep 0.25; done\n"
+      "[ -n \"$B\" ] || fail \"agent B could not listen on port $PORT\"\n"
+      "wait_line $D/b.log '\"decision\"' 60 || fail 'the workers never reported to agent B'\n"
+      "wait $L; echo $? > $D/launch.rc; L=\n"
+      "kill -INT $B; wait $B; echo $? > $D/b.rc\n";
+  std::ofstream(dir + "/run.sh") << script;
   INFO("logs in " << dir);
-  run("bash " + dir + "/run.sh");
+  CHECK(run("bash " + dir + "/run.sh") == 0);
   auto read_int = [](const std::string& path) {
     int v = -1;
     std::ifstream(path) >> v;

@@ -157,7 +157,7 @@ struct Switched {
 // rank's telemetry of the switching step carries its pause. Leaves its files in `dir`.
 Switched run_switch(int workers, const std::string& from, const std::string& to,
                     const std::string& dir, const std::vector<std::string>& extra,
-                    std::int64_t steps) {
+                    std::int64_t steps, std::uint64_t not_before_step = 0) {
   std::vector<std::string> args = four_block_args();
   args.insert(args.end(), {"--layout", from, "--steps", std::to_string(steps), "--dump-params",
                            dir + "/params.bin"});
@@ -169,7 +169,7 @@ Switched run_switch(int workers, const std::string& from, const std::string& to,
   REQUIRE(agent.wait_for_step(2, 60s));
   LiveAction a;
   a.layout = to;
-  const auto r = agent.apply(a, 60s);
+  const auto r = agent.apply(a, 60s, not_before_step);
   INFO(r.status().message());
   REQUIRE(r.ok());
   REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
@@ -379,31 +379,28 @@ TEST_CASE("layout switch streamed ahead of the boundary equals moving the state 
   // another rank. Streamed, the receiver replays each step's update on its staged copy; at the
   // boundary, the holder sends its state as it is. The same switch step must give the same bits.
   const std::string dir = temp_dir("streamed-vs-boundary");
-  const Switched streamed = run_switch(4, "dp=2,tp=2", "dp=4", dir + "/streamed", {}, 0);
+  // Both jobs run kSteps steps and are committed to switch at kSwitchStep, well past the
+  // newest step when every rank is ready, so that the two switch at the same step.
+  constexpr std::int64_t kSteps = 40;
+  constexpr std::uint64_t kSwitchStep = 30;
+  const Switched streamed =
+      run_switch(4, "dp=2,tp=2", "dp=4", dir + "/streamed", {}, kSteps, kSwitchStep);
   CHECK_MESSAGE(streamed.log.find("streamed ahead (") != std::string::npos, streamed.log);
   CHECK_MESSAGE(streamed.log.find(" 0 bytes sent at the boundary") != std::string::npos,
                 streamed.log);
   MESSAGE("streamed: " << pause_line(streamed.log));
-  // The reference runs as many steps; its switch step depends on timing, so a run that switched
-  // at another step is not comparable and is run again.
-  bool compared = false;
-  for (int attempt = 1; attempt <= 4 && !compared; ++attempt) {
-    const std::string at = dir + "/boundary-" + std::to_string(attempt);
-    const Switched boundary = run_switch(4, "dp=2,tp=2", "dp=4", at,
-                                         {"--switch-transfer", "at-boundary"}, streamed.steps);
-    CHECK_MESSAGE(boundary.log.find("not streamed") != std::string::npos, boundary.log);
-    MESSAGE("at the boundary: " << pause_line(boundary.log));
-    if (boundary.switch_at != streamed.switch_at || boundary.steps != streamed.steps) {
-      MESSAGE("attempt " << attempt << " switched at step " << boundary.switch_at << " of "
-                         << boundary.steps << ", the streamed job at " << streamed.switch_at
-                         << " of " << streamed.steps << ": not comparable, run again");
-      continue;
-    }
-    REQUIRE(boundary.params.size() == streamed.params.size());
-    CHECK(boundary.params == streamed.params);
-    compared = true;
-  }
-  WARN_MESSAGE(compared, "no reference run switched at the streamed job's step: not compared");
+  const Switched boundary = run_switch(4, "dp=2,tp=2", "dp=4", dir + "/boundary",
+                                       {"--switch-transfer", "at-boundary"}, kSteps, kSwitchStep);
+  CHECK_MESSAGE(boundary.log.find("not streamed") != std::string::npos, boundary.log);
+  MESSAGE("at the boundary: " << pause_line(boundary.log));
+  // A job that passed kSwitchStep before every rank was ready switched later: not comparable.
+  REQUIRE(streamed.switch_at == kSwitchStep);
+  REQUIRE(boundary.switch_at == kSwitchStep);
+  REQUIRE(streamed.steps == kSteps);
+  REQUIRE(boundary.steps == kSteps);
+  REQUIRE(boundary.params.size() == streamed.params.size());
+  REQUIRE(!streamed.params.empty());
+  CHECK(boundary.params == streamed.params);
   std::filesystem::remove_all(dir);
 }
 
