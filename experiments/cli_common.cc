@@ -100,4 +100,28 @@ std::string describe(const Strategy& s) {
   return out.str();
 }
 
+std::pair<std::string, uint16_t> parse_address(const std::string& flag, const std::string& text,
+                                               bool port_required) {
+  std::string host = "127.0.0.1";
+  std::string port_text = text;
+  const auto colon = text.rfind(':');
+  if (colon != std::string::npos) {
+    if (colon > 0) host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(port_text, &used);
+    if (used != port_text.size()) port = -1;
+  } catch (const std::exception&) {
+    port = -1;
+  }
+  if (port < 0 || port > 65535 || (port_required && port == 0)) {
+    throw InputError(flag + " \"" + text + "\": expected HOST:PORT with a port in " +
+                     (port_required ? "1" : "0") + "..65535");
+  }
+  return {host, static_cast<uint16_t>(port)};
+}
+
 }  // namespace parapilot::cli

@@ -17,6 +17,7 @@
 #include "agent/runtime/agent.h"
 #include "agent/runtime/metrics.h"
 #include "env/simcluster/sim_cluster.h"
+#include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "policy/loader.h"
 #include "strategy/error.h"
@@ -27,31 +28,6 @@ namespace parapilot::cli {
 namespace {
 
 namespace rt = agent::runtime;
-
-// "HOST:PORT", ":PORT" or "PORT".
-std::pair<std::string, uint16_t> parse_address(const std::string& flag, const std::string& text,
-                                               bool port_required) {
-  std::string host = "127.0.0.1";
-  std::string port_text = text;
-  const auto colon = text.rfind(':');
-  if (colon != std::string::npos) {
-    if (colon > 0) host = text.substr(0, colon);
-    port_text = text.substr(colon + 1);
-  }
-  int port = -1;
-  try {
-    size_t used = 0;
-    port = std::stoi(port_text, &used);
-    if (used != port_text.size()) port = -1;
-  } catch (const std::exception&) {
-    port = -1;
-  }
-  if (port < 0 || port > 65535 || (port_required && port == 0)) {
-    throw InputError(flag + " \"" + text + "\": expected HOST:PORT with a port in " +
-                     (port_required ? "1" : "0") + "..65535");
-  }
-  return {host, static_cast<uint16_t>(port)};
-}
 
 transport::Secret load_secret(const std::string& file) {
   auto secret = file.empty() ? transport::load_secret_from_env("PARAPILOT_SECRET")

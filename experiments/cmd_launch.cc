@@ -102,13 +102,17 @@ void print_agent_summary(const std::string& log_path, int seq_len) {
 
 void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   // Validate everything before starting a process.
+  if (o.workers < 1) throw InputError("--workers " + std::to_string(o.workers) + ": must be >= 1");
   std::vector<live::FaultSpec> faults;
   for (const auto& spec : o.inject) faults.push_back(take(live::parse_fault(spec)));
   if (o.backend != "gloo" && o.backend != "nccl")
     throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
   const bool deploy = o.agent == "deploy";
-  if (o.agent != "builtin" && o.agent != "none" && !deploy && o.agent.find(':') == std::string::npos)
-    throw InputError("--agent: builtin, deploy, none or HOST:PORT");
+  if (o.agent != "builtin" && o.agent != "none" && !deploy) {
+    if (o.agent.find(':') == std::string::npos)
+      throw InputError("--agent \"" + o.agent + "\": builtin, deploy, none or HOST:PORT");
+    parse_address("--agent", o.agent, true);
+  }
   if (!deploy && o.agent_switches != "dp")
     throw InputError("--agent-switches needs --agent deploy");
   if (!deploy && (!o.agent_policy.empty() || o.agent_interval_steps != 5))

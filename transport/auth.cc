@@ -1,9 +1,11 @@
 #include "transport/auth.h"
 
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -177,6 +179,13 @@ Secret::~Secret() {
 StatusOr<Secret> load_secret_from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::not_found("cannot read secret file '" + path + "'");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IRWXO) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::invalid_argument("secret file '" + path + "' is open to other users (mode " +
+                                    mode + "): make it private with chmod 600 '" + path + "'");
+  }
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return Status::not_found("cannot read secret file '" + path + "'");
   return check_secret(std::move(bytes), "file '" + path + "'");

@@ -75,8 +75,8 @@ class Secret {
 inline constexpr std::size_t kMinSecretBytes = 16;
 
 /// Reads a secret from a file; one trailing "\n" or "\r\n" is removed. Fails if the file cannot
-/// be read, is empty, or is shorter than kMinSecretBytes. The reason names the path, never the
-/// content.
+/// be read, is open to other users (any of the mode's "other" bits: chmod 600 it), is empty, or
+/// is shorter than kMinSecretBytes. The reason names the path, never the content.
 StatusOr<Secret> load_secret_from_file(const std::string& path);
 
 /// Reads a secret from environment variable `name` (same rules as the file loader).

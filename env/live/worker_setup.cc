@@ -9,6 +9,7 @@
 #include "env/live/layout.h"
 #include "env/live/worker.h"
 #include "strategy/error.h"
+#include "transport/auth.h"
 
 namespace parapilot::live {
 
@@ -66,6 +67,10 @@ void validate_or_throw(const WorkerOptions& o) {
   if (o.stage_delay_ms < 0 || o.stage_delay_ms > 600000)
     throw InputError("--stage-delay-ms: must be in [0, 600000]");
   const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
+  if (!o.secret_file.empty()) {  // read again at connection time; refused here before any start
+    const auto secret = transport::load_secret_from_file(o.secret_file);
+    if (!secret.ok()) throw InputError("--secret-file: " + secret.status().message());
+  }
   // The checkpoint's header and size (the payload's checksum is checked when it is loaded).
   if (!o.load_state.empty()) (void)take(read_checkpoint(o.load_state, o.model, o.optimizer, true));
   if (!o.shares.empty() &&

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import stat
 from typing import Optional
 
 MIN_SECRET_BYTES = 16
@@ -59,12 +60,17 @@ def _finish(raw: bytes, where: str) -> Secret:
 
 
 def load_secret_from_file(path: str) -> Secret:
-    """Reads a secret from `path`; raises SecretError naming the path."""
+    """Reads a secret from `path`; raises SecretError naming the path when it cannot be read, is
+    open to other users (any of the mode's "other" bits: chmod 600 it), is empty or too short."""
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
             raw = f.read(1 << 20)
     except OSError as e:
         raise SecretError(f"secret file '{path}': cannot read ({e.strerror})") from None
+    if mode & stat.S_IRWXO:
+        raise SecretError(f"secret file '{path}' is open to other users (mode "
+                          f"{stat.S_IMODE(mode):04o}): make it private with chmod 600 '{path}'")
     return _finish(raw, f"secret file '{path}'")
 
 
@@ -83,7 +89,8 @@ def secret_help(secret_env: str = "PARAPILOT_SECRET",
                 file_env: str = "PARAPILOT_SECRET_FILE") -> str:
     """How to provide the bus secret (one sentence, for error messages)."""
     return (f"set {file_env} to a file holding the secret `parapilot deploy` was given with "
-            f"--secret-file (make one with `head -c 32 /dev/urandom | base64 > secret`), or "
+            f"--secret-file (make one with `head -c 32 /dev/urandom | base64 > secret && "
+            f"chmod 600 secret`), or "
             f"{secret_env} to the secret itself (at least {MIN_SECRET_BYTES} bytes)")
 
 

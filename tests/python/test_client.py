@@ -187,6 +187,19 @@ class SecretTest(unittest.TestCase):
     def test_too_short(self):
         self.check(PARAPILOT_SECRET="short")
 
+    def test_file_open_to_others(self):
+        secret = harness.SecretFile()
+        try:
+            os.chmod(secret.path, 0o644)
+            text = self.check(PARAPILOT_SECRET_FILE=secret.path)
+            self.assertIn(secret.path, text)
+            self.assertIn("mode 0644", text)
+            self.assertIn("chmod 600", text)
+            os.chmod(secret.path, 0o640)  # its group may read it; others may not
+            self.assertGreaterEqual(len(load_secret(secret.path)), 16)
+        finally:
+            secret.close()
+
     def test_good_secret_loads(self):
         saved = os.environ.pop("PARAPILOT_SECRET_FILE", None)
         os.environ["PARAPILOT_SECRET"] = "a-good-secret-of-enough-bytes"

@@ -1,12 +1,17 @@
 // The parapilot binary as a user runs it: exit codes, messages, JSON and trace outputs.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +42,15 @@ Run run_shell(const std::string& command_line) {
 Run run(const std::string& args) { return run_shell(std::string(PARAPILOT_BIN) + " " + args); }
 
 const std::string kSpecs = std::string(PARAPILOT_SOURCE_DIR) + "/experiments/specs/";
+
+// A bus secret in a file only its owner can read, as the loaders require.
+struct SecretFile : TempFile {
+  SecretFile() : TempFile("0123456789abcdef0123456789abcdef\n", "secret") {
+    namespace fs = std::filesystem;
+    fs::permissions(path(), fs::perms::owner_read | fs::perms::owner_write,
+                    fs::perm_options::replace);
+  }
+};
 
 }  // namespace
 
@@ -235,6 +249,93 @@ TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads
   CHECK(bad.out.find("does not record telemetry") != std::string::npos);
 }
 
+// Processes whose environment holds `mark` (NAME=VALUE): what a command started and left behind.
+int processes_marked(const std::string& mark) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::size_t at = 0;
+    for (std::size_t end; (end = env.find('\0', at)) != std::string::npos; at = end + 1) {
+      if (env.compare(at, end - at, mark) == 0) {
+        ++n;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
+TEST_CASE("bad input to deploy, simcluster, launch and worker exits 2 naming it, and leaves "
+          "nothing running") {
+  namespace fs = std::filesystem;
+  SecretFile secret;
+  TempFile open_secret("0123456789abcdef0123456789abcdef\n", "secret");
+  fs::permissions(open_secret.path(), fs::perms::owner_read | fs::perms::owner_write |
+                                          fs::perms::group_read | fs::perms::others_read,
+                  fs::perm_options::replace);
+  TempFile short_secret("tiny\n", "secret");
+  fs::permissions(short_secret.path(), fs::perms::owner_read | fs::perms::owner_write,
+                  fs::perm_options::replace);
+  // A port in use: a listening socket of this process.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string busy = std::to_string(ntohs(addr.sin_port));
+  const std::string s = " --secret-file " + secret.path();
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"deploy --listen 127.0.0.1:99999" + s, "--listen \"127.0.0.1:99999\": expected HOST:PORT"},
+      {"deploy --listen 127.0.0.1:http" + s, "--listen \"127.0.0.1:http\""},
+      {"deploy --listen 127.0.0.1:" + busy + s, "--listen: cannot listen on 127.0.0.1:" + busy},
+      {"deploy --listen 127.0.0.1:0 --metrics-port " + busy + s,
+       "--metrics-port: metrics endpoint 127.0.0.1:" + busy},
+      {"deploy --listen 127.0.0.1:0 --secret-file " + open_secret.path(),
+       open_secret.path() + "' is open to other users (mode 0644): make it private with chmod 600"},
+      {"deploy --listen 127.0.0.1:0 --secret-file " + short_secret.path(),
+       short_secret.path() + "' is shorter than 16 bytes"},
+      {"deploy --listen 127.0.0.1:0 --secret-file /nonexistent/secret",
+       "cannot read secret file '/nonexistent/secret'"},
+      {"simcluster --ranks 0 --agent 127.0.0.1:1" + s, "--ranks 0: must be a multiple of 8"},
+      {"simcluster --agent 127.0.0.1" + s, "--agent \"127.0.0.1\": expected HOST:PORT"},
+      {"simcluster --agent 127.0.0.1:1 --secret-file " + open_secret.path(),
+       "is open to other users"},
+      {"launch --workers 0 --steps 1", "--workers 0: must be >= 1"},
+      {"launch --workers 2 --steps 1 --layout dp=3", "--layout: dp: dp*tp*pp*cp = 3*1*1*1 = 3 but "
+                                                     "the job has 2 ranks"},
+      {"launch --workers 2 --steps 1 --layout pipeline", "--layout: \"pipeline\" is not key=value"},
+      {"launch --workers 2 --steps 1 --inject rank=5,slow=3x", "--inject: rank 5 does not exist"},
+      {"launch --workers 2 --steps 1 --inject rank=1,slow=fast", "slow: 'fast' is not a finite"},
+      {"launch --workers 2 --steps 1 --agent 127.0.0.1:0", "--agent \"127.0.0.1:0\""},
+      {"launch --workers 2 --steps 1 --agent 127.0.0.1:" + busy + " --secret-file " +
+           open_secret.path(),
+       "is open to other users"},
+      {"worker --layout pipeline", "--layout: \"pipeline\" is not key=value"},
+  };
+  const std::string mark = "PARAPILOT_CLI_TEST=" + std::to_string(::getpid());
+  for (const auto& c : cases) {
+    const Run r = run_shell("env " + mark + " timeout -s KILL 60 " + std::string(PARAPILOT_BIN) +
+                            " " + c.args);
+    INFO(c.args);
+    INFO(r.out);
+    CHECK(r.exit_code == 2);
+    CHECK(r.out.find(c.expected) != std::string::npos);
+    CHECK(processes_marked(mark) == 0);
+  }
+  ::close(fd);
+}
+
 TEST_CASE("launch --simulated needs an agent address") {
   const Run r = run("launch --simulated 16");
   CHECK(r.exit_code == 2);
@@ -268,7 +369,7 @@ TEST_CASE("the shipped policy is found from the binary: installed, or not at all
   CHECK(moved.exit_code == 2);
   CHECK(moved.out.find((lone / "share/parapilot/default-mixed.ckpt").string()) !=
         std::string::npos);
-  TempFile secret("0123456789abcdef0123456789abcdef\n", "secret");
+  SecretFile secret;
   // Only its stderr is kept: the warning must not depend on reading the JSON log.
   const Run deploy = run_shell("(env -u PARAPILOT_DEFAULT_POLICY timeout -s INT 3 " +
                                (lone / "bin/parapilot").string() +
@@ -280,7 +381,7 @@ TEST_CASE("the shipped policy is found from the binary: installed, or not at all
 
 TEST_CASE("deploy with the shipped policy beside 64 simulated ranks, one slowed 3x: every input "
           "it reads is one training produced, and it speeds the job up") {
-  TempFile secret("0123456789abcdef0123456789abcdef\n", "secret");
+  SecretFile secret;
   const std::string bin = PARAPILOT_BIN;
   namespace fs = std::filesystem;
   const fs::path dir = secret.dir();  // removed with `secret`

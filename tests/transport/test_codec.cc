@@ -373,7 +373,19 @@ TEST_CASE("decoder rejects huge length prefixes before allocating") {
 TEST_CASE("secrets load from a file or the environment and are checked") {
   const auto dir = std::filesystem::temp_directory_path();
   const auto path = dir / ("parapilot-secret-" + std::to_string(::getpid()));
+  namespace fs = std::filesystem;
   { std::ofstream(path) << kTestSecret << "\n"; }
+  // Open to other users: refused, naming the file, its mode and the fix.
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                            fs::perms::others_read, fs::perm_options::replace);
+  auto open = load_secret_from_file(path.string());
+  REQUIRE_FALSE(open.ok());
+  CHECK(open.status().message().find(path.string()) != std::string::npos);
+  CHECK(open.status().message().find("mode 0644") != std::string::npos);
+  CHECK(open.status().message().find("chmod 600") != std::string::npos);
+  // Readable by its group but not by others: accepted (group access is the owner's choice).
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read,
+                  fs::perm_options::replace);
   auto s = load_secret_from_file(path.string());
   REQUIRE(s.ok());
   CHECK(s->size() == std::string_view(kTestSecret).size());
