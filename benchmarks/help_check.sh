@@ -1,6 +1,10 @@
 #!/bin/sh
 # Each benchmark given: `--help` prints its usage ("usage: NAME ...") and exits 0 at once,
 # without measuring anything (10 s at most each).
+if [ $# -eq 0 ]; then
+  echo "help_check: no benchmark given: a check of nothing fails" >&2
+  exit 1
+fi
 status=0
 for bench in "$@"; do
   name=$(basename "$bench")

@@ -355,7 +355,7 @@ TEST_CASE("a layout travels in the action text and in deploy's structured plans"
 
 TEST_CASE(
     "layout switch on 2 Gloo processes: dp -> pp, a stage-boundary move, tp -> dp and "
-    "dp -> tp equal one process") {
+    "dp -> tp: the parameters match the never-migrated job's within 1e-4") {
   switch_and_compare(2, "dp=2", "pp=2", "dp-pp");
   switch_and_compare(2, "pp=2,stages=[1,3]", "pp=2,stages=[2,2]", "stages");
   switch_and_compare(2, "tp=2", "dp=2", "tp-dp");
