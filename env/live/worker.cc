@@ -356,6 +356,7 @@ int run_or_throw(const WorkerOptions& o) {
 
   int exit_code = kWorkerOk;
   std::uint64_t plan_id = 0;
+  std::uint64_t commit_said = 0;  // the newest committed plan the log has named
   std::uint64_t step = first_step;
   // Rank 0's step ends (seconds since the worker started, and the wall clock of the first and
   // the last), for --summary-json.
@@ -418,6 +419,18 @@ int run_or_throw(const WorkerOptions& o) {
             "%s: plan %llu dropped while staging or staged (aborted, refused or the "
             "agent lost); its groups are torn down and the job stays on %s\n",
             tag.c_str(), static_cast<unsigned long long>(dropped), layout_text(layout).c_str());
+      // A commit this rank holds, named once: it stands for its switch step even if the agent
+      // goes before then.
+      if (const std::uint64_t held =
+              bus ? bus->committed_at(std::numeric_limits<std::uint64_t>::max(),
+                                      std::max(plan_id, commit_said))
+                  : 0;
+          held > 0) {
+        commit_said = held;
+        std::printf("%s: plan %llu: commit received by step %llu\n", tag.c_str(),
+                    static_cast<unsigned long long>(held), static_cast<unsigned long long>(step));
+        std::fflush(stdout);
+      }
       const std::uint64_t next_plan = agreed->plan_id;
       if (next_plan > plan_id) {
         at::Tensor held = at::full({1}, bus && bus->holds(next_plan) ? 1 : 0, at::kLong);

@@ -17,16 +17,19 @@
 
 namespace {
 
-// --live-agent --world N --layout L --listen 127.0.0.1:PORT --secret-file FILE (the last two
-// appended by LocalCluster): waits for the N ranks and their step 2, then prepares a switch to
-// L and waits for it (at most 10 minutes). The test kills it while the workers stage.
+// --live-agent --world N --layout L [--switch-at S] --listen 127.0.0.1:PORT --secret-file FILE
+// (the last two appended by LocalCluster): waits for the N ranks and their step 2, then prepares
+// a switch to L, committed at step S or later (0: as soon as every rank is ready), and waits for
+// it (at most 10 minutes). The tests kill it while the workers stage, or after the commit.
 int run_agent(int argc, char** argv) {
   parapilot::live::ControllerOptions o;
   std::string layout;
+  std::uint64_t switch_at = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--world") o.world_size = std::stoi(value);
     if (flag == "--layout") layout = value;
+    if (flag == "--switch-at") switch_at = std::stoull(value);
     if (flag == "--listen") o.port = static_cast<std::uint16_t>(std::stoi(value.substr(value.rfind(':') + 1)));
     if (flag == "--secret-file") {
       auto secret = parapilot::transport::load_secret_from_file(value);
@@ -46,7 +49,7 @@ int run_agent(int argc, char** argv) {
   a.layout = layout;
   std::printf("live agent: preparing %s\n", layout.c_str());
   std::fflush(stdout);
-  const auto r = agent.apply(a, 600s);
+  const auto r = agent.apply(a, 600s, switch_at);
   std::printf("live agent: %s\n", r.ok() ? "switched" : r.status().message().c_str());
   return 0;
 }

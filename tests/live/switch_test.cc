@@ -530,3 +530,59 @@ TEST_CASE("layout switch: the agent killed while staging: the workers drop the p
   CHECK(never_migrated(2, "dp=2", steps, dir + "/plain") == read_floats(dir + "/params.bin"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("layout switch: the agent killed after the commit, before the boundary: every rank "
+          "switches at the committed step without it, bit for bit the job whose agent stayed") {
+  // The agent (this program's --live-agent) prepares dp=2 -> pp=2, committed for step 30, and
+  // is killed once both ranks say they hold the commit, long before step 30. The commit stands:
+  // the ranks switch at step 30 without the agent and train to step 40. Their parameters equal
+  // those of the same switch with the agent present all along.
+  constexpr std::int64_t kSteps = 40;
+  constexpr std::uint64_t kSwitchStep = 30;
+  const std::string dir = temp_dir("agent-lost-committed");
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--layout", "dp=2", "--steps", std::to_string(kSteps), "--dump-params",
+                           dir + "/params.bin", "--loss-log", dir + "/loss.csv"});
+  LocalClusterOptions o = cluster(2, args, false, dir);
+  o.agent_command = {"/proc/self/exe", "--live-agent", "--world",  "2",
+                     "--layout",       "pp=2",         "--switch-at", std::to_string(kSwitchStep)};
+  o.agent_log = dir + "/agent.log";
+  const auto started = ok(LocalCluster::start(o));
+  LocalCluster& c = *started;
+  // Each rank names the step by which it held the commit; the agent is killed as soon as both
+  // have, a few steps past the later one at most.
+  const std::string said = ": commit received by step ";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::uint64_t held_by = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = dir + "/worker-" + std::to_string(r) + ".log";
+    std::size_t at;
+    while ((at = read_text(log).find(said)) == std::string::npos) {
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() - t0 < 60s,
+                      read_text(log) << "\nagent: " << read_text(dir + "/agent.log"));
+      REQUIRE(c.poll());
+      std::this_thread::sleep_for(20ms);
+    }
+    held_by = std::max<std::uint64_t>(held_by, std::stoull(read_text(log).substr(at + said.size())));
+  }
+  const int agent_end = c.stop_agent();
+  MESSAGE("both ranks held the commit by step " << held_by << "; the agent was killed then ("
+                                                << agent_end << "); its log: "
+                                                << read_text(dir + "/agent.log"));
+  REQUIRE_MESSAGE(held_by + 5 < kSwitchStep,
+                  "the ranks held the commit only by step " << held_by << ": too close to step "
+                                                           << kSwitchStep << " to be sure the "
+                                                           << "agent was gone before it");
+  check_all_finished(c.wait(120), dir);
+  const std::string log = read_text(dir + "/worker-0.log");
+  const std::string want = "switched to layout " + layout_text(layout_of("pp=2", 2)) +
+                           " at step " + std::to_string(kSwitchStep) + " ";
+  CHECK_MESSAGE(log.find(want) != std::string::npos, log);
+  REQUIRE(logged_steps(dir + "/loss.csv") == kSteps);
+  const Switched stayed = run_switch(2, "dp=2", "pp=2", dir + "/stayed", {}, kSteps, kSwitchStep);
+  REQUIRE(stayed.switch_at == kSwitchStep);
+  const std::vector<float> params = read_floats(dir + "/params.bin");
+  REQUIRE(!params.empty());
+  CHECK(params == stayed.params);
+  std::filesystem::remove_all(dir);
+}
