@@ -525,6 +525,12 @@ std::vector<Compression> select_compression(const std::vector<LayerShape>& layer
 
 namespace {
 
+// "20steps" or "1step": a time in training steps (else seconds).
+bool in_steps(std::string_view value) {
+  value = trim(value);
+  return value.ends_with("steps") || value.ends_with("step");
+}
+
 FaultSpec parse_fault_or_throw(std::string_view spec) {
   const std::string where = "--inject '" + std::string(spec) + "'";
   FaultSpec f;
@@ -557,9 +563,15 @@ FaultSpec parse_fault_or_throw(std::string_view spec) {
     } else if (key == "kill") {
       if (!value.empty()) throw InputError(where + ": kill takes no value");
       set_kind(FaultSpec::Kind::kill);
+    } else if (key == "at" && in_steps(value)) {
+      f.at_step = to_int(trim(value).substr(0, trim(value).find('s')), where + " at");
+      if (f.at_step < 0) throw InputError(where + ": at must be >= 0 steps");
     } else if (key == "at") {
       f.at_s = with_unit(value, "s", where + " at");
       if (f.at_s < 0) throw InputError(where + ": at must be >= 0");
+    } else if (key == "for" && in_steps(value)) {
+      f.for_steps = to_int(trim(value).substr(0, trim(value).find('s')), where + " for");
+      if (f.for_steps <= 0) throw InputError(where + ": for must be > 0 steps");
     } else if (key == "for") {
       f.for_s = with_unit(value, "s", where + " for");
       if (f.for_s <= 0) throw InputError(where + ": for must be > 0");
@@ -570,6 +582,12 @@ FaultSpec parse_fault_or_throw(std::string_view spec) {
   }
   if (!have_rank) throw InputError(where + ": missing rank=");
   if (!have_kind) throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms or kill)");
+  if (f.kind == FaultSpec::Kind::kill && (f.at_step >= 0 || f.for_steps >= 0))
+    throw InputError(where + ": a kill's at is in seconds");
+  const bool seconds = f.at_s != 0 || f.for_s < std::numeric_limits<double>::infinity();
+  if ((f.at_step >= 0 || f.for_steps >= 0) && seconds)
+    throw InputError(where + ": at and for both in steps or both in seconds");
+  if (f.for_steps >= 0 && f.at_step < 0) f.at_step = 0;
   return f;
 }
 

@@ -50,13 +50,22 @@ std::string RankExit::describe() const {
 
 std::vector<std::string> fault_flags(const FaultSpec& f) {
   std::vector<std::string> out;
-  const bool bounded = f.for_s < 1e300;
+  std::string prefix;
   if (f.kind == FaultSpec::Kind::slow) {
-    out = {"--slow", number(f.factor), "--slow-at", number(f.at_s)};
-    if (bounded) out.insert(out.end(), {"--slow-for", number(f.for_s)});
+    out = {"--slow", number(f.factor)};
+    prefix = "--slow-";
   } else if (f.kind == FaultSpec::Kind::link_delay) {
-    out = {"--link-delay-ms", number(f.delay_ms), "--link-delay-at", number(f.at_s)};
-    if (bounded) out.insert(out.end(), {"--link-delay-for", number(f.for_s)});
+    out = {"--link-delay-ms", number(f.delay_ms)};
+    prefix = "--link-delay-";
+  } else {
+    return out;
+  }
+  if (f.at_step >= 0) {
+    out.insert(out.end(), {prefix + "at-step", std::to_string(f.at_step)});
+    if (f.for_steps >= 0) out.insert(out.end(), {prefix + "for-steps", std::to_string(f.for_steps)});
+  } else {
+    out.insert(out.end(), {prefix + "at", number(f.at_s)});
+    if (f.for_s < 1e300) out.insert(out.end(), {prefix + "for", number(f.for_s)});
   }
   return out;
 }

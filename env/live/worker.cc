@@ -46,6 +46,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Whether a fault's window holds: [at_step, at_step + for_steps) in training steps when at_step
+// >= 0 (for_steps -1: no end), else [at_s, at_s + for_s) in seconds since the worker started.
+bool fault_window(std::int64_t at_step, std::int64_t for_steps, double at_s, double for_s,
+                  std::uint64_t step, double now_s) {
+  if (at_step >= 0) {
+    const auto s = static_cast<std::int64_t>(step);
+    return s >= at_step && (for_steps < 0 || s < at_step + for_steps);
+  }
+  return now_s >= at_s && now_s < at_s + for_s;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -542,7 +553,8 @@ int run_or_throw(const WorkerOptions& o) {
       for (int r = 0; r < me.dp; ++r) first += counts[static_cast<std::size_t>(r)];
       const int mine = counts[static_cast<std::size_t>(me.dp)];
       const bool slowed =
-          o.slow_factor > 1 && now_s >= o.slow_at_s && now_s < o.slow_at_s + o.slow_for_s;
+          o.slow_factor > 1 && fault_window(o.slow_at_step, o.slow_for_steps, o.slow_at_s,
+                                            o.slow_for_s, step, now_s);
       opt->zero_grad();
       for (const auto& p : params) {
         if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
@@ -591,8 +603,9 @@ int run_or_throw(const WorkerOptions& o) {
       }
 
       // 4. Gradient reduction over the DP group.
-      const bool delayed = o.link_delay_ms > 0 && now_s >= o.link_delay_at_s &&
-                           now_s < o.link_delay_at_s + o.link_delay_for_s;
+      const bool delayed =
+          o.link_delay_ms > 0 && fault_window(o.link_delay_at_step, o.link_delay_for_steps,
+                                              o.link_delay_at_s, o.link_delay_for_s, step, now_s);
       auto before_call = [&] {
         if (delayed)
           std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.link_delay_ms));

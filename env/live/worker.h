@@ -86,6 +86,9 @@ struct WorkerOptions {
   double link_delay_ms = 0;  ///< added before each gradient collective call.
   double link_delay_at_s = 0;
   double link_delay_for_s = std::numeric_limits<double>::infinity();
+  /// In training steps instead of seconds when at_step >= 0 (for_steps -1: to the end).
+  std::int64_t slow_at_step = -1, slow_for_steps = -1;
+  std::int64_t link_delay_at_step = -1, link_delay_for_steps = -1;
   /// Test hook: staging a layout change waits this long before building the new layout (so
   /// that a test can abort a plan while it is staging). 0 = none.
   double stage_delay_ms = 0;

@@ -64,6 +64,11 @@ void validate_or_throw(const WorkerOptions& o) {
   if (!(o.collective_timeout_s > 0)) throw InputError("--collective-timeout: must be > 0");
   if (o.slow_factor < 1) throw InputError("--slow: must be >= 1");
   if (o.link_delay_ms < 0) throw InputError("--link-delay-ms: must be >= 0");
+  if (o.slow_at_step < -1 || o.link_delay_at_step < -1)
+    throw InputError("--slow-at-step and --link-delay-at-step: a step >= 0");
+  if (o.slow_for_steps == 0 || o.slow_for_steps < -1 || o.link_delay_for_steps == 0 ||
+      o.link_delay_for_steps < -1)
+    throw InputError("--slow-for-steps and --link-delay-for-steps: a number of steps >= 1");
   if (o.stage_delay_ms < 0 || o.stage_delay_ms > 600000)
     throw InputError("--stage-delay-ms: must be in [0, 600000]");
   const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
@@ -160,6 +165,10 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
   cmd.add_option("--slow", o.slow_factor, "Fault: compute takes this many times as long");
   cmd.add_option("--slow-at", o.slow_at_s, "Fault: slowdown starts this many seconds in");
   cmd.add_option("--slow-for", o.slow_for_s, "Fault: slowdown lasts this many seconds");
+  cmd.add_option("--slow-at-step", o.slow_at_step,
+                 "Fault: slowdown starts at this training step (instead of --slow-at)");
+  cmd.add_option("--slow-for-steps", o.slow_for_steps,
+                 "Fault: with --slow-at-step, slowdown lasts this many steps");
   cmd.add_option("--switch-transfer", o.switch_transfer,
                  "Layout switches move the state streamed (ahead of the boundary, kept current) "
                  "or at-boundary")
@@ -172,6 +181,10 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
                  "Fault: link delay starts this many seconds in");
   cmd.add_option("--link-delay-for", o.link_delay_for_s,
                  "Fault: link delay lasts this many seconds");
+  cmd.add_option("--link-delay-at-step", o.link_delay_at_step,
+                 "Fault: link delay starts at this training step (instead of --link-delay-at)");
+  cmd.add_option("--link-delay-for-steps", o.link_delay_for_steps,
+                 "Fault: with --link-delay-at-step, link delay lasts this many steps");
 }
 
 Status read_torchrun_env(WorkerOptions& o) {

@@ -57,6 +57,21 @@ TEST_CASE("fault specs parse as launch --inject documents them") {
   f = ok(parse_fault("rank=3,kill,at=50s"));
   CHECK(f.kind == FaultSpec::Kind::kill);
   CHECK(f.at_s == 50);
+  // In training steps: the same fault whatever the host's speed.
+  f = ok(parse_fault("rank=2,slow=3x,at=20steps,for=10steps"));
+  CHECK(f.at_step == 20);
+  CHECK(f.for_steps == 10);
+  CHECK(f.at_s == 0);
+  f = ok(parse_fault("rank=1,link-delay=20ms,at=1step"));
+  CHECK(f.at_step == 1);
+  CHECK(f.for_steps == -1);
+  CHECK(ok(parse_fault("rank=1,slow=2x,for=5steps")).at_step == 0);
+  CHECK(failure_of(parse_fault("rank=1,slow=2x,at=20steps,for=60s")).find("both in steps") !=
+        std::string::npos);
+  CHECK(failure_of(parse_fault("rank=3,kill,at=20steps")).find("in seconds") !=
+        std::string::npos);
+  CHECK(failure_of(parse_fault("rank=1,slow=2x,at=-3steps")) != "");
+  CHECK(failure_of(parse_fault("rank=1,slow=2x,at=xsteps")) != "");
   CHECK(failure_of(parse_fault("slow=3x")) != "");
   CHECK(failure_of(parse_fault("rank=1")) != "");
   CHECK(failure_of(parse_fault("rank=1,slow=0.5x")) != "");

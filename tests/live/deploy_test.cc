@@ -56,7 +56,7 @@ void drives_live_workers(const std::string& policy_flag, const std::string& expe
   const std::string dir = temp_dir("loop");
   const std::string cmd = std::string(PARAPILOT_BIN) +
                           " launch --workers 2 --agent deploy" + policy_flag +
-                          " --inject rank=1,slow=4x,at=3s --steps 70 --log-dir " + dir +
+                          " --inject rank=1,slow=4x,at=20steps --steps 70 --log-dir " + dir +
                           " --record " + dir + "/telemetry.csv" + kWorkerFlags + " > " + dir +
                           "/launch.log 2>&1";
   INFO("logs in " << dir);
@@ -139,7 +139,7 @@ TEST_CASE("with hybrid switches, parapilot deploy moves a pipeline job off its s
   const std::string cmd = std::string(PARAPILOT_BIN) +
                           " launch --workers 2 --agent deploy --agent-switches hybrid"
                           " --agent-interval-steps 5 --steps 60 --layout dp=1,pp=2"
-                          " --inject rank=1,slow=4x,at=1s --log-dir " + dir +
+                          " --inject rank=1,slow=4x,at=10steps --log-dir " + dir +
                           " --record " + dir + "/telemetry.csv"
                           " --layers 4 --d-model 32 --heads 2 --seq-len 16 --global-batch 8"
                           " --microbatch 1 --threads 1 --collective-timeout 60 > " + dir +
