@@ -250,7 +250,7 @@ TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads
 }
 
 // Processes whose environment holds `mark` (NAME=VALUE): what a command started and left behind.
-int processes_marked(const std::string& mark) {
+static int processes_marked(const std::string& mark) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = e.path().filename().string();
