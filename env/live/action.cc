@@ -525,10 +525,12 @@ std::vector<Compression> select_compression(const std::vector<LayerShape>& layer
 
 namespace {
 
-// "20steps" or "1step": a time in training steps (else seconds).
-bool in_steps(std::string_view value) {
+// "20steps" or "1step": a time in training steps; nullopt for any other form (seconds).
+std::optional<std::int64_t> steps_of(std::string_view value, const std::string& what) {
   value = trim(value);
-  return value.ends_with("steps") || value.ends_with("step");
+  for (std::string_view unit : {"steps", "step"})
+    if (value.ends_with(unit)) return to_int(value.substr(0, value.size() - unit.size()), what);
+  return std::nullopt;
 }
 
 FaultSpec parse_fault_or_throw(std::string_view spec) {
@@ -563,18 +565,22 @@ FaultSpec parse_fault_or_throw(std::string_view spec) {
     } else if (key == "kill") {
       if (!value.empty()) throw InputError(where + ": kill takes no value");
       set_kind(FaultSpec::Kind::kill);
-    } else if (key == "at" && in_steps(value)) {
-      f.at_step = to_int(trim(value).substr(0, trim(value).find('s')), where + " at");
-      if (f.at_step < 0) throw InputError(where + ": at must be >= 0 steps");
     } else if (key == "at") {
-      f.at_s = with_unit(value, "s", where + " at");
-      if (f.at_s < 0) throw InputError(where + ": at must be >= 0");
-    } else if (key == "for" && in_steps(value)) {
-      f.for_steps = to_int(trim(value).substr(0, trim(value).find('s')), where + " for");
-      if (f.for_steps <= 0) throw InputError(where + ": for must be > 0 steps");
+      if (const auto steps = steps_of(value, where + " at")) {
+        f.at_step = *steps;
+        if (f.at_step < 0) throw InputError(where + ": at must be >= 0 steps");
+      } else {
+        f.at_s = with_unit(value, "s", where + " at");
+        if (f.at_s < 0) throw InputError(where + ": at must be >= 0");
+      }
     } else if (key == "for") {
-      f.for_s = with_unit(value, "s", where + " for");
-      if (f.for_s <= 0) throw InputError(where + ": for must be > 0");
+      if (const auto steps = steps_of(value, where + " for")) {
+        f.for_steps = *steps;
+        if (f.for_steps <= 0) throw InputError(where + ": for must be > 0 steps");
+      } else {
+        f.for_s = with_unit(value, "s", where + " for");
+        if (f.for_s <= 0) throw InputError(where + ": for must be > 0");
+      }
     } else {
       throw InputError(where + ": unknown key '" + std::string(key) +
                        "' (rank, slow, link-delay, kill, at, for)");
