@@ -1,5 +1,6 @@
 // The worker's flags, torchrun environment and corpus (no libtorch here).
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -196,6 +197,9 @@ Status validate(const WorkerOptions& o) {
 }
 
 int worker_main(int argc, char** argv) {
+  // A peer that died must fail the collective writing to it (exit kWorkerCollectiveFailed), not
+  // kill this worker: Gloo's sockets write without MSG_NOSIGNAL.
+  std::signal(SIGPIPE, SIG_IGN);
   WorkerOptions o;
   CLI::App app{"parapilot worker"};
   add_worker_flags(app, o);
