@@ -14,7 +14,7 @@
 #include "policy/features.h"
 #include "policy/learned.h"
 #include "policy/network.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::agent {
 

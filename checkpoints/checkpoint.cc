@@ -1,13 +1,11 @@
 #include "checkpoints/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <sstream>
 #include <vector>
 
@@ -16,7 +14,8 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
-#include "checkpoints/crc32.h"
+#include "core/atomic_file.h"
+#include "core/checksum.h"
 
 namespace parapilot::policy {
 
@@ -46,6 +45,10 @@ uint64_t get_le(const std::string& in, size_t at, int bytes) {
   for (int i = 0; i < bytes; ++i)
     v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
   return v;
+}
+
+uint32_t checksum_of(const std::string& bytes, size_t n) {
+  return crc32c(std::span(reinterpret_cast<const std::uint8_t*>(bytes.data()), n));
 }
 
 std::string metadata_json(const Checkpoint& c) {
@@ -79,20 +82,6 @@ void parse_metadata(const std::string& json, Checkpoint& c) {
   }
 }
 
-Status write_all(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::invalid_argument("checkpoint " + path + ": write failed: " +
-                                      std::strerror(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return {};
-}
-
 }  // namespace
 
 Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
@@ -109,37 +98,11 @@ Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   file += meta;
   file += checkpoint.model;
   file += checkpoint.optimizer;
-  put_u32(file, crc32(file.data(), file.size()));
+  put_u32(file, checksum_of(file, file.size()));
 
-  const std::filesystem::path target(path);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return Status::invalid_argument("checkpoint " + path + ": cannot create: " +
-                                    std::strerror(errno));
-  }
-  Status written = write_all(fd, file, path);
-  if (written.ok() && ::fsync(fd) != 0) {
-    written = Status::invalid_argument("checkpoint " + path + ": fsync failed: " +
-                                       std::strerror(errno));
-  }
-  ::close(fd);
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-    return written;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return Status::invalid_argument("checkpoint " + path + ": cannot rename into place: " +
-                                    std::strerror(err));
-  }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  const Status written =
+      write_file_atomically(path, [&](std::ostream& out) { out.write(file.data(), std::ssize(file)); });
+  if (!written.ok()) return Status::invalid_argument("checkpoint " + written.message());
   return {};
 }
 
@@ -173,7 +136,7 @@ StatusOr<Checkpoint> read_checkpoint(const std::string& path) {
              : std::string("corrupted (section lengths do not match the file size)")));
   }
   const uint32_t stored = static_cast<uint32_t>(get_le(file, file.size() - 4, 4));
-  if (crc32(file.data(), file.size() - 4) != stored)
+  if (checksum_of(file, file.size() - 4) != stored)
     return Status::invalid_argument(where + "corrupted (checksum mismatch)");
   const uint32_t schema = static_cast<uint32_t>(get_le(file, 12, 4));
   if (schema != policy::kFeatureSchemaVersion) {

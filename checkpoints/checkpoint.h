@@ -7,8 +7,8 @@
 //   magic "PPLTCKPT" | u32 format version | u32 feature-schema version |
 //   u64 metadata length | u64 model length | u64 optimizer length |
 //   metadata (cereal JSON) | model (torch::save bytes) | optimizer (torch::save bytes) |
-//   u32 CRC-32 of everything before it
-// Writes are atomic (temporary file in the same folder, fsync, rename, fsync of the folder), so
+//   u32 CRC32C (core/checksum.h) of everything before it
+// Writes go through core/atomic_file.h (temporary, fsync, rename, fsync of the folder), so
 // a reader sees the old file or the new one, never a mix. Reads validate everything before
 // returning; a bad file is a Status naming the file and the reason.
 // This module does not depend on libtorch: tensors arrive and leave as serialised bytes.
@@ -23,7 +23,7 @@
 
 namespace parapilot::checkpoints {
 
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;  // 2: CRC32C (was CRC-32 in 1)
 
 struct Checkpoint {
   uint32_t feature_schema = policy::kFeatureSchemaVersion;

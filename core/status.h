@@ -7,7 +7,7 @@
 // says what, for a person, and never holds secret material. Programmer errors (a broken
 // precondition) are asserts, not Statuses. Exceptions stay inside a module's parsers, which
 // unwind with InputError to the module's entry point, and in the CLI, which turns a Status into
-// InputError and exit code 2 (strategy/error.h: catch_input_error, check, take).
+// InputError and exit code 2 (core/error.h: catch_input_error, check, take).
 //
 // Thread-safety: plain value types.
 #pragma once

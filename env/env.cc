@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::env {
 

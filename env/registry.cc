@@ -8,7 +8,7 @@
 #include "env/env.h"
 #include "env/sim/sim_env.h"
 #include "env/template_env.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::env {
 

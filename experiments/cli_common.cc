@@ -10,7 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::cli {
 

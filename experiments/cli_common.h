@@ -10,14 +10,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
-#include "strategy/atomic_file.h"
+#include "core/atomic_file.h"
 #include "strategy/cost_model.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/strategy.h"
 
 namespace parapilot::cli {
 
-// A library's Status meets the command line through check() and take() (strategy/error.h):
+// A library's Status meets the command line through check() and take() (core/error.h):
 // InputError, exit code 2; kInternal, exit code 1.
 
 nlohmann::json to_json(const Strategy& s);

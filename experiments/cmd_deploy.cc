@@ -20,7 +20,7 @@
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "policy/loader.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "transport/auth.h"
 
 namespace parapilot::cli {

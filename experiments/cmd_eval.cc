@@ -17,7 +17,7 @@
 #include "env/trace/telemetry.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::cli {
 
@@ -180,8 +180,8 @@ void run_eval(const EvalOptions& o) {
   env->reset(o.seed);
   if (!o.plot.empty()) write_plot(o.plot, results, env->events(), env->interval_s(), env->id());
   if (!o.record.empty()) {
-    write_file_atomically(o.record,
-                          [&](std::ostream& out) { trace::write_telemetry(recorded, out); });
+    check(write_file_atomically(
+        o.record, [&](std::ostream& out) { trace::write_telemetry(recorded, out); }));
   }
 
   // Every policy against one reference on the same episodes: by default the strongest rule (the

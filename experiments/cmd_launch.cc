@@ -16,7 +16,7 @@
 
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
 #include "env/live/layout.h"
 #include "env/live/live_env.h"
@@ -294,8 +294,8 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
       return a.step != b.step ? a.step < b.step : a.rank < b.rank;
     });
-    write_file_atomically(o.record,
-                          [&](std::ostream& out) { trace::write_telemetry(rows, out); });
+    check(write_file_atomically(o.record,
+                                [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
     std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
   }
   if (deploy) {
@@ -317,8 +317,8 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
                   sps * wo.global_batch * wo.model.seq_len, static_cast<long long>(last));
     }
     if (!o.record.empty()) {
-      write_file_atomically(o.record,
-                            [&](std::ostream& out) { trace::write_telemetry(rows, out); });
+      check(write_file_atomically(
+          o.record, [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
       std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
     }
   }

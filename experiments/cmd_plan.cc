@@ -5,7 +5,7 @@
 
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/planner.h"
 #include "strategy/spec_io.h"
 

@@ -5,7 +5,7 @@
 
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/pipeline_schedule.h"
 #include "strategy/spec_io.h"
 
@@ -75,7 +75,8 @@ void run_simulate(const SimulateOptions& o) {
   }
   if (!o.trace.empty()) {
     if (!b.feasible) throw InputError("--trace: the layout is infeasible: " + b.reason);
-    write_file_atomically(o.trace, [&](std::ostream& out) { write_chrome_trace(cost, s, c, out); });
+    check(write_file_atomically(o.trace,
+                                [&](std::ostream& out) { write_chrome_trace(cost, s, c, out); }));
   }
   if (o.json) {
     nlohmann::json j = to_json(b);

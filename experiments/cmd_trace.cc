@@ -14,7 +14,7 @@
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::cli {
 

@@ -16,7 +16,7 @@
 #include "checkpoints/checkpoint.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::cli {
 

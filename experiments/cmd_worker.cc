@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
 #include "env/live/live_env.h"
 #include "env/live/worker.h"

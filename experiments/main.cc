@@ -4,7 +4,7 @@
 #include <string>
 
 #include "experiments/commands.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"parapilot: plan, simulate and adapt hybrid-parallel training layouts"};

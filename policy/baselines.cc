@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "env/observation.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::policy {
 

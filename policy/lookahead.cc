@@ -10,7 +10,7 @@
 #include "env/observation.h"
 #include "env/sim/futures.h"
 #include "env/sim/planning_view.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::policy {
 

@@ -9,8 +9,8 @@
 # Each line is "what sha256"; a differing line names the run whose output changed.
 set -euo pipefail
 build=${1:?usage: behaviour-fingerprint.sh BUILD_DIR}
-cli=$build/parapilot
-bench=$build/benchmarks/env/bench_env
+cli=$(realpath "$build/parapilot")
+bench=$(realpath "$build/benchmarks/env/bench_env")
 for exe in "$cli" "$bench"; do
   [[ -x $exe ]] || { echo "behaviour-fingerprint: $exe is not built" >&2; exit 2; }
 done
@@ -23,9 +23,11 @@ for family in hetero straggler congestion failure phase mixed; do
     > "$tmp/lookahead.json"
   echo "eval-lookahead-$family $(sha256sum < "$tmp/lookahead.json" | cut -d' ' -f1)"
 done
-"$cli" eval --scenario straggler --episodes 1 --policies static --record "$tmp/rec.csv" > /dev/null
-"$cli" eval --scenario "trace:$tmp/rec.csv" --episodes 2 --policies rl,static,reactive --json \
-  > "$tmp/trace.json"
+# The env id (and so the JSON) holds the trace's path: the same relative one every run.
+(cd "$tmp" &&
+  "$cli" eval --scenario straggler --episodes 1 --policies static --record rec.csv > /dev/null &&
+  "$cli" eval --scenario trace:rec.csv --episodes 2 --policies rl,static,reactive --json \
+    > trace.json)
 echo "eval-trace $(sha256sum < "$tmp/trace.json" | cut -d' ' -f1)"
 # The checksum column only: steps/s depends on the machine.
 "$bench" --steps 2000 sim:hetero sim:straggler sim:congestion sim:failure sim:phase sim:mixed \

@@ -26,7 +26,7 @@ if ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "inst
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends libclang-rt-14-dev
 fi
 
-srcs=("$root/transport/messages.cc" "$root/transport/frame.cc" "$root/transport/checksum.cc")
+srcs=("$root/transport/messages.cc" "$root/transport/frame.cc" "$root/core/checksum.cc")
 flags=(-std=c++20 -O1 -g -I"$root" -fno-omit-frame-pointer)
 
 echo "fuzz-transport: building"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "strategy/cost_formulas.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/partitioner.h"
 
 namespace parapilot {

@@ -4,7 +4,7 @@
 #include <map>
 #include <sstream>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/toml_reader.h"
 
 namespace parapilot {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "strategy/cost_model.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/toml_reader.h"
 
 namespace parapilot {

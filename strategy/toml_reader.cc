@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot {
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "transport/checksum.h"
+#include "core/checksum.h"
 
 namespace parapilot::transport {
 namespace {

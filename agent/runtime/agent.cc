@@ -14,7 +14,7 @@
 
 #include "agent/runtime/metrics.h"
 #include "env/monitor/robust_stats.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::agent::runtime {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::agent::runtime {
 

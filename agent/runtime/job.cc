@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot::agent::runtime {

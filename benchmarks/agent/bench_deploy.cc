@@ -38,7 +38,7 @@
 #include "agent/runtime/metrics.h"
 #include "env/simcluster/sim_cluster.h"
 #include "benchmarks/report.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 using namespace parapilot;
 using namespace parapilot::agent::runtime;

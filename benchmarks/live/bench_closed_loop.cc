@@ -35,7 +35,7 @@
 
 #include "benchmarks/report.h"
 #include "env/trace/telemetry.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace {
 

@@ -32,7 +32,7 @@
 #include "benchmarks/report.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 using namespace parapilot::live;
 using namespace std::chrono_literals;

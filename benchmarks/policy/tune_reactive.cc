@@ -17,7 +17,7 @@
 #include "agent/evaluate.h"
 #include "env/env.h"
 #include "policy/baselines.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 using namespace parapilot;
 

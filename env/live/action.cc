@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::live {
 

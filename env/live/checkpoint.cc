@@ -4,12 +4,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "strategy/atomic_file.h"
-#include "strategy/error.h"
+#include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/error.h"
 
 namespace parapilot::live {
 
@@ -18,12 +20,8 @@ namespace {
 constexpr const char* kMagic = "parapilot-state 2";
 constexpr const char* kMagicV1 = "parapilot-state 1";  // no error feedback
 
-std::uint64_t fnv1a64(const char* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+std::uint32_t continue_checksum(const std::vector<float>& t, std::uint32_t crc) {
+  return crc32c(std::span(reinterpret_cast<const std::uint8_t*>(t.data()), t.size() * 4), crc);
 }
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -130,8 +128,12 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
                      kMagic + "')");
   if (!std::getline(in, header_line)) throw InputError(what + path + " is truncated (no header)");
   const nlohmann::json h = nlohmann::json::parse(header_line, nullptr, false);
+  if (h.is_object() && h.contains("fnv1a64") && !h.contains("crc32c"))
+    throw InputError(what + path +
+                     " was written by an older parapilot (an FNV-1a checksum); this build reads "
+                     "CRC32C checkpoints: save it again with this build");
   if (!h.is_object() || !h.contains("tensors") || !h["tensors"].is_array() ||
-      !h.contains("payload_bytes") || !h.contains("fnv1a64") || !h.contains("next_step") ||
+      !h.contains("payload_bytes") || !h.contains("crc32c") || !h.contains("next_step") ||
       !h.contains("optimizer") || !h.contains("adam_step") || !h.contains("model"))
     throw InputError(what + path + " has a malformed header");
   try {
@@ -206,7 +208,7 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
                      std::to_string(file_bytes) + " bytes; its header says " +
                      std::to_string(header_bytes + payload_bytes) + ")");
   if (header_only) return;
-  std::uint64_t checksum = 0xcbf29ce484222325ull;
+  std::uint32_t checksum = 0;
   auto sized = [&](std::vector<std::vector<float>>& out) {
     out.clear();
     for (const LayerShape& l : want) out.emplace_back(static_cast<std::size_t>(l.numel()));
@@ -223,11 +225,9 @@ void read_or_throw(const std::string& dir, const ModelConfig& model, const std::
   for_each_payload(c, [&](std::vector<float>& t) {
     in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.size() * 4));
     if (!in) throw InputError(what + path + " is truncated");
-    checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
+    checksum = continue_checksum(t, checksum);
   });
-  std::ostringstream hex;
-  hex << std::hex << checksum;
-  if (h["fnv1a64"] != hex.str())
+  if (!h["crc32c"].is_number_unsigned() || h["crc32c"].get<std::uint64_t>() != checksum)
     throw InputError(what + path + " is corrupt (its payload's checksum does not match)");
 }
 
@@ -242,13 +242,12 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::invalid_argument(what + "cannot create the folder (" + ec.message() + ")");
-  std::uint64_t checksum = 0xcbf29ce484222325ull, bytes = 0;
+  std::uint32_t checksum = 0;
+  std::uint64_t bytes = 0;
   for_each_payload(c, [&](const std::vector<float>& t) {
-    checksum = fnv1a64(reinterpret_cast<const char*>(t.data()), t.size() * 4, checksum);
+    checksum = continue_checksum(t, checksum);
     bytes += t.size() * 4;
   });
-  std::ostringstream hex;
-  hex << std::hex << checksum;
   nlohmann::json h;
   h["model"] = {{"kind", c.model.kind},       {"layers", c.model.layers},
                 {"d_model", c.model.d_model}, {"heads", c.model.heads},
@@ -266,16 +265,14 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
         {{"layer", fb.layer}, {"residual", !fb.residual.empty()}, {"basis", fb.basis_shape}});
   h["feedback"] = {{"replicas", c.feedback_replicas}, {"tensors", std::move(feedback)}};
   h["payload_bytes"] = bytes;
-  h["fnv1a64"] = hex.str();
+  h["crc32c"] = checksum;
 
   const std::string head = std::string(kMagic) + "\n" + h.dump() + "\n";
-  const Status written = catch_input_error([&] {
-    write_file_atomically(checkpoint_path(dir), [&](std::ostream& out) {
-      out << head;
-      for_each_payload(c, [&](const std::vector<float>& t) {
-        out.write(reinterpret_cast<const char*>(t.data()),
-                  static_cast<std::streamsize>(t.size() * 4));
-      });
+  const Status written = write_file_atomically(checkpoint_path(dir), [&](std::ostream& out) {
+    out << head;
+    for_each_payload(c, [&](const std::vector<float>& t) {
+      out.write(reinterpret_cast<const char*>(t.data()),
+                static_cast<std::streamsize>(t.size() * 4));
     });
   });
   if (!written.ok()) return Status::invalid_argument(what + written.message());

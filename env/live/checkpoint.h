@@ -9,7 +9,7 @@
 // On disk: DIR/parapilot-state.bin, one file written through a temporary file renamed into
 // place. A first line "parapilot-state 2", a one-line JSON header (the model, its tensors'
 // names and shapes, the optimizer, Adam's step count, the next step, the error feedback's
-// table, the payload's size and FNV-1a 64 checksum), then the payload: raw little-endian
+// table, the payload's size and CRC32C), then the payload: raw little-endian
 // float32, every parameter in model order, then (Adam) every exp_avg, then every exp_avg_sq,
 // then for each tensor of the feedback table its residuals (replicas x the tensor's elements)
 // and its bases (pieces x n x rank), each when the table lists them. A "parapilot-state 1"

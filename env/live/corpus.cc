@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::live {
 

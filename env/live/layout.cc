@@ -2,7 +2,7 @@
 
 #include <cassert>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot::live {

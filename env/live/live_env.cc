@@ -18,7 +18,7 @@
 #include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
 #include "env/registry.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot::live {

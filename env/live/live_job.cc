@@ -5,16 +5,15 @@
 #include <sstream>
 
 #include "core/status.h"
-#include "strategy/atomic_file.h"
-#include "strategy/error.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
 
 namespace parapilot::live {
 
 namespace {
 
 Status write_whole(const std::string& path, const std::string& text) {
-  return catch_input_error(
-      [&] { write_file_atomically(path, [&](std::ostream& out) { out << text; }); });
+  return write_file_atomically(path, [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace

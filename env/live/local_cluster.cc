@@ -18,7 +18,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 extern char** environ;
 

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "strategy/atomic_file.h"
-#include "strategy/error.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
 
 namespace parapilot::live {
 
@@ -38,9 +38,7 @@ std::string run_summary_json(const RunSummary& s) {
 }
 
 Status write_run_summary(const std::string& path, const RunSummary& summary) {
-  return catch_input_error([&] {
-    write_file_atomically(path, [&](std::ostream& out) { out << run_summary_json(summary); });
-  });
+  return write_file_atomically(path, [&](std::ostream& out) { out << run_summary_json(summary); });
 }
 
 }  // namespace parapilot::live

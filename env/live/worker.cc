@@ -35,7 +35,7 @@
 #include "env/live/run_summary.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
 #endif

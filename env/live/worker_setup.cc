@@ -9,7 +9,7 @@
 #include "env/live/checkpoint.h"
 #include "env/live/layout.h"
 #include "env/live/worker.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "transport/auth.h"
 
 namespace parapilot::live {

@@ -7,7 +7,7 @@
 
 #include "env/sim/planning_view.h"
 #include "env/sim/sim_env.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::env {
 

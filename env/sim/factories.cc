@@ -6,7 +6,7 @@
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot::env {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <random>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/planner.h"
 #include "strategy/space.h"
 #include "strategy/spec_io.h"

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "env/sim/step_telemetry.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "transport/plan_book.h"
 
 namespace parapilot::env {

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::trace::csv {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "env/trace/csv.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::trace {
 

@@ -9,7 +9,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::trace {
 

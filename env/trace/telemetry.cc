@@ -9,7 +9,7 @@
 
 #include "env/trace/csv.h"
 #include "env/trace/replay.h"
-#include "strategy/error.h"
+#include "core/error.h"
 
 namespace parapilot::trace {
 

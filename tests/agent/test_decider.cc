@@ -6,7 +6,7 @@
 
 #include "agent/runtime/decider.h"
 #include "env/sim/sim_env.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::ok;

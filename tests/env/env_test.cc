@@ -20,7 +20,7 @@
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "policy/baselines.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 #include "tests/test_util.h"
 

@@ -13,7 +13,7 @@
 #include "policy/baselines.h"
 #include "agent/evaluate.h"
 #include "env/sim/sim_env.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/planner.h"
 #include "tests/strategy/two_search_merge.h"
 #include "tests/test_util.h"

@@ -15,7 +15,7 @@
 #include "env/trace/replay.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 using namespace parapilot;

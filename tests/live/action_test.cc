@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "env/live/action.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 using namespace parapilot::live;

@@ -26,7 +26,7 @@
 #include "policy/loader.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
 #ifdef PARAPILOT_HAVE_NCCL

@@ -10,7 +10,7 @@
 #include "env/sim/sim_env.h"
 #include "policy/baselines.h"
 #include "policy/lookahead.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::failure_of;

@@ -13,7 +13,7 @@
 #include "policy/lookahead.h"
 #include "checkpoints/checkpoint.h"
 #include "env/env.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::failure_of;

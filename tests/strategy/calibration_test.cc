@@ -11,7 +11,7 @@
 #include <string>
 
 #include "strategy/cost_model.h"
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/published_runs.h"
 #include "strategy/spec_io.h"
 #include "tests/test_util.h"

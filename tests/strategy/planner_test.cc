@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/partitioner.h"
 #include "strategy/planner.h"
 #include "tests/test_util.h"

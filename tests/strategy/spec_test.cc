@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "strategy/error.h"
+#include "core/error.h"
 #include "strategy/spec_io.h"
 #include "tests/test_util.h"
 

@@ -21,10 +21,12 @@
 #include "tests/transport/fuzz_harness.h"
 #include "tests/transport/test_util.h"
 #include "transport/auth.h"
-#include "transport/checksum.h"
+#include "core/checksum.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
 
+using parapilot::crc32c;
+using parapilot::crc32c_portable;
 using namespace parapilot::transport;
 using namespace parapilot::transport::testing;
 

@@ -1,4 +1,4 @@
-#include "transport/checksum.h"
+#include "core/checksum.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace parapilot::transport {
+namespace parapilot {
 namespace {
 
 // Slicing-by-8 tables: kTables[0] is the classic byte-wise table.
@@ -86,4 +86,4 @@ std::uint32_t crc32c_sw(std::span<const std::uint8_t> data, std::uint32_t crc) {
 
 }  // namespace
 
-}  // namespace parapilot::transport
+}  // namespace parapilot
