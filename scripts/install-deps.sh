@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libgloo-dev libboost-dev libcereal-dev libcli11-dev doctest-dev libtomlplusplus-dev
   nlohmann-json3-dev libzmq3-dev cppzmq-dev gnuplot-nox python3 python3-torch
+  clang-14 libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
