@@ -298,6 +298,7 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   previous_min_speed_ = previous_min_bw_ = 1;
   history_.reset();
   belief_ = Conditions{};
+  monitor_beliefs_ = monitor::Beliefs{};
   {
     const ClusterTopology& topo = planner_for(scenario_.model.seq_len).cost_model().topology();
     monitor::MonitorOptions mo = monitor::options_for(topo);
@@ -411,7 +412,8 @@ void SimEnv::observe_telemetry() {
     missing_fraction_ = 0;
     telemetry_age_ = std::min(t_, 1);
   } else {
-    const monitor::Beliefs b = monitor_->beliefs();
+    monitor_beliefs_ = monitor_->beliefs();
+    const monitor::Beliefs& b = monitor_beliefs_;
     belief_ = b.conditions;
     missing_fraction_ = b.any_closed ? b.missing_fraction : 0.0;
     const int S = scenario_.telemetry.steps_per_interval;

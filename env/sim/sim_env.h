@@ -65,6 +65,14 @@ class SimEnv : public Env, private PlanningView {
   const Truth& truth() const { return truth_; }
   /// What the monitor believes now (empty vectors: nominal), from the telemetry delivered so far.
   const Conditions& beliefs() const override { return belief_; }
+  /// The deploy agent's view at the current interval, as deploy gets it: the monitor's beliefs
+  /// as it reported them (before beliefs() drops nominal entries; default-constructed with
+  /// exact beliefs), and the seconds of staging left for the switch in progress (nullopt when
+  /// none is). Tests hold deploy's decision path to the simulator's with them.
+  const monitor::Beliefs& monitor_beliefs() const { return monitor_beliefs_; }
+  std::optional<double> staging_left_s() const {
+    return target_ ? std::optional<double>(staging_left_s_) : std::nullopt;
+  }
 
   // Tokens per second that count in interval t (of the episode since the last reset) for a
   // layout run at that interval's global batch under the true conditions: the cost model's
@@ -133,6 +141,7 @@ class SimEnv : public Env, private PlanningView {
   double staging_left_s_ = 0;
   int last_migration_ = -1;
   std::unique_ptr<monitor::Monitor> monitor_;  // the deploy agent's estimator, fed telemetry
+  monitor::Beliefs monitor_beliefs_;            // its last report (monitor_beliefs())
   std::optional<StepTelemetry> telemetry_;     // of telemetry_layout_
   Strategy telemetry_layout_;
   std::deque<std::pair<int, std::vector<monitor::StepSample>>> in_flight_;  // by interval

@@ -17,15 +17,6 @@ using namespace parapilot::agent::runtime;
 
 namespace {
 
-env::Scenario quiet_scenario() {
-  env::Scenario s = env::builtin_scenario(env::Family::kStraggler, 16);
-  s.horizon = 8;
-  s.telemetry.noise = 0;
-  s.telemetry.missing_prob = 0;
-  s.telemetry.delay_intervals = 1;
-  return s;
-}
-
 class AlwaysFirst : public parapilot::policy::Policy {
  public:
   std::string name() const override { return "always-first"; }
@@ -48,64 +39,91 @@ monitor::Beliefs slowed_beliefs(int gpus, int slow_gpu, double speed) {
 
 }  // namespace
 
-TEST_CASE("the observation built from live beliefs equals the simulator's, float for float") {
-  const env::Scenario scenario = quiet_scenario();
-  // A recorded truth: GPU 3 at a third of its speed throughout.
-  env::Truth truth;
-  Conditions slowed;
-  slowed.gpu_speed.assign(16, 1.0);
-  slowed.gpu_speed[3] = 1.0 / 3;
-  truth.conditions.assign(scenario.horizon, slowed);
-  truth.seq_len.assign(scenario.horizon, scenario.model.seq_len);
-  env::SimEnv sim(scenario, "sim:test", truth);
-  const env::Observation sim0 = sim.reset(1);
-  const env::Observation sim1 = sim.step(0).observation;
-
-  auto job = make_job(scenario);
-  REQUIRE(job->planned_initial == sim.current_layout());
-  const Strategy& current = job->planned_initial;
-  auto build = [&](const Conditions& beliefs, int t, double previous_min_speed, int age) {
-    PlanRequest request;
-    request.conditions = beliefs;
-    request.space = job->scenario.space;
-    request.current = current;
-    request.top_k = env::kMaxCandidates + 1;
-    const std::vector<Candidate> candidates =
-        env::select_candidates(job->planner->plan(request), current);
-    env::ObservationInputs in;
-    in.beliefs = &beliefs;
-    in.gpus = 16;
-    in.nodes = 2;
-    in.previous_min_speed = previous_min_speed;
-    in.telemetry_age_intervals = age;
-    in.current = &current;
-    in.current_cost = job->planner->cost_model().evaluate(current, beliefs);
-    in.candidates = &candidates;
-    in.interval = t;
-    in.horizon = scenario.horizon;
-    in.remaining_intervals = scenario.horizon - t;
-    in.interval_s = scenario.interval_s;
-    in.staging_slowdown = scenario.staging_slowdown;
-    return env::build_observation(in);
-  };
-  // The history features, as the decider keeps them: one history, fed in order.
-  env::ObservationHistory history;
-  // Interval 0: nominal beliefs, no telemetry yet (age 0 at the start).
-  env::Observation ours0 = build(Conditions{}, 0, 1.0, 0);
-  history.annotate(ours0);
-  CHECK(ours0.state == sim0.state);
-  CHECK(ours0.candidates == sim0.candidates);
-  CHECK(ours0.mask == sim0.mask);
-  // Interval 1: interval 0's telemetry arrived (one interval of delay: age 1), and the
-  // monitor believes GPU 3 at a third of its peers' speed (noise-free samples).
-  env::Observation ours1 = build(slowed, 1, 1.0, 1);
-  history.annotate(ours1);
-  for (int i = 0; i < env::kStateDim; ++i) {
-    CAPTURE(i);
-    CHECK(ours1.state[i] == sim1.state[i]);
+// A policy that asks to switch to its first candidate at fixed intervals and keeps otherwise,
+// recording each observation it was asked about.
+class SwitchEvery : public parapilot::policy::Policy {
+ public:
+  explicit SwitchEvery(int every) : every_(every) {}
+  std::string name() const override { return "switch-every"; }
+  int act(const env::Observation& o) override {
+    ++asked_;
+    return asked_ % every_ == 0 && o.mask[0] ? 1 : 0;
   }
-  CHECK(ours1.candidates == sim1.candidates);
-  CHECK(ours1.mask == sim1.mask);
+
+ private:
+  int every_;
+  int asked_ = 0;
+};
+
+// Deploy's decision path against the simulator's, interval by interval over whole episodes: the
+// Decider, fed the simulator's monitor's beliefs and staging state as deploy feeds it the live
+// monitor's and the migration executor's, builds the observation the simulator gives a policy,
+// float for float, through switches, their staging and the cool-down. Both act on the Decider's
+// action (after its guardrails), and the Decider learns of a switch when the simulator's layout
+// changes, as deploy learns of a commit.
+TEST_CASE("the decider's observations equal the simulator's over whole episodes, switches included") {
+  int compared = 0, switches = 0, staged = 0, slowed = 0;
+  // The families whose workload stays fixed: deploy learns a batch ramp or a sequence-length
+  // phase from the job, which the simulator's truth sets directly.
+  for (const env::Family family : {env::Family::kStraggler, env::Family::kCongestion,
+                                   env::Family::kFailure, env::Family::kHetero}) {
+    for (const uint64_t seed : {1, 2, 3}) {
+      env::Scenario scenario = env::builtin_scenario(family, 16);
+      scenario.horizon = 24;
+      scenario.run_length_known_prob = 1;  // deploy is told the run's length below
+      // Seed 3 decides every second, so that switches outlast an interval and are staged
+      // across decisions.
+      if (seed == 3) scenario.interval_s = 1;
+      const int S = scenario.telemetry.steps_per_interval;
+      env::SimEnv sim(scenario, "sim:test");
+      env::Observation expected = sim.reset(seed);
+
+      LoadedPolicy policy;
+      policy.policy = std::make_unique<SwitchEvery>(3);
+      DeciderOptions options;
+      options.async_planning = false;
+      options.run_intervals = scenario.horizon;
+      options.interval_steps = S;
+      Decider decider(make_job(scenario), std::move(policy), options);
+      REQUIRE(decider.current() == sim.current_layout());
+
+      decider.update_beliefs(sim.monitor_beliefs());
+      for (int t = 0; t < scenario.horizon; ++t) {
+        CAPTURE(family);
+        CAPTURE(seed);
+        CAPTURE(t);
+        const std::optional<double> staging = sim.staging_left_s();
+        const uint64_t last_step = t > 0 ? static_cast<uint64_t>(t * S - 1) : 0;
+        const Decision d = decider.decide(last_step, staging.has_value(), staging.value_or(0));
+        for (int i = 0; i < env::kStateDim; ++i) {
+          CAPTURE(i);
+          REQUIRE(d.observation.state[i] == expected.state[i]);
+        }
+        REQUIRE(d.observation.candidates == expected.candidates);
+        REQUIRE(d.observation.mask == expected.mask);
+        ++compared;
+        staged += staging.has_value();
+        slowed += !sim.beliefs().gpu_speed.empty() || !sim.beliefs().node_inter_bw.empty();
+        switches += d.action != 0;
+
+        const env::StepResult r = sim.step(d.action);
+        // Telemetry first, then the commit's ack: the re-plan at a commit reads the newest
+        // beliefs, as the simulator's does.
+        decider.update_beliefs(sim.monitor_beliefs());
+        if (!(sim.current_layout() == decider.current())) decider.committed(sim.current_layout());
+        if (r.terminated || r.truncated) break;
+        expected = r.observation;
+      }
+    }
+  }
+  // The comparison covered what it claims to: many intervals, switches, staging, and beliefs
+  // away from nominal.
+  CHECK(compared >= 150);
+  CHECK(switches >= 8);
+  CHECK(staged >= 4);
+  CHECK(slowed >= 20);
+  MESSAGE(compared << " intervals compared, " << switches << " switches, " << staged
+                   << " staged, " << slowed << " with beliefs off nominal");
 }
 
 TEST_CASE("a missing, unreadable or foreign policy file falls back to reactive, with the reason") {
