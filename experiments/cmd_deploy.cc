@@ -388,7 +388,6 @@ void run_simcluster(const SimFlags& f) {
   std::atomic<bool> stop{false};
   SignalWatcher signals([&] { stop = true; });
   const env::SimClusterReport r = take(env::run_simulated_cluster(o, stop, f.steps));
-  const auto reference = env::SimulatedCluster::reference_params(r.steps, 8);
   double before = 0, after = 0;
   const size_t first_commit =
       r.commit_steps.empty() ? r.tokens_per_s_by_step.size() : r.commit_steps.front();
@@ -397,13 +396,10 @@ void run_simcluster(const SimFlags& f) {
   }
   nlohmann::json j = {
       {"steps", r.steps},
-      {"samples", r.samples},
       {"commits", r.commits},
       {"aborts_seen_by_ranks", r.aborts},
       {"missed_commits", r.missed_commits},
       {"layout", rt::layout_name(r.layout)},
-      {"replicas_agree", r.replicas_agree},
-      {"params_match_never_migrated", r.params == reference},
       {"live_ranks", r.live_ranks},
       {"sim_seconds", r.sim_seconds},
       {"tokens_per_s", r.sim_seconds > 0 ? r.tokens / r.sim_seconds : 0.0},

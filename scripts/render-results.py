@@ -211,13 +211,10 @@ def deploy_straggler(d):
             ("step %d, +%.0f ms" % (com["step"], com["ms_after_slowdown"])) if com["committed"] else "none",
             "`%s`" % com["layout"] if com["committed"] else "–",
             tps3(t["with_agent"]), tps3(t["without_agent"]),
-            "%.2f×" % f["simulated_job_s"]["without_over_with"],
-            "yes" if f["exactly_once"]["params_match_never_migrated"] and
-            f["exactly_once"]["replicas_agree"] else "NO"])
+            "%.2f×" % f["simulated_job_s"]["without_over_with"]])
     head = ["ranks", "policy", "detected", "committed", "switched to",
             "tokens/s with the agent, before / during / after",
-            "without the agent, same windows", "job time without ÷ with",
-            "parameters = never-migrated run"]
+            "without the agent, same windows", "job time without ÷ with"]
     ev = reports[0]["figures"]["detection"]
     text = table(head, rows)
     if ev.get("evidence"):
@@ -251,12 +248,11 @@ def deploy_latency(d):
                          f["agent_cpu_s"], f["wall_s"], 100 * f["agent_cpu_share_of_core"],
                          f["peak_rss_mib"]),
                      "%d in the background, last %.1f ms" % (f["planner"]["searches"],
-                                                             f["planner"]["last_search_ms"]),
-                     "yes" if f["cluster"]["params_match_never_migrated"] else "NO"])
+                                                             f["planner"]["last_search_ms"])])
     head = ["run", "load (1-min, start–end)", "policy",
             "last telemetry → decision p50 / p99 / max", "of which step close",
             "of which decide()", "→ PlanPrepare (switches)", "agent CPU, peak RSS",
-            "planner", "parameters = never-migrated run"]
+            "planner"]
     return table(head, rows) + "\n\n" + source(*reports)
 
 

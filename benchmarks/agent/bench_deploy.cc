@@ -267,8 +267,6 @@ int run_child(const Args& a) {
       {"steps", r.steps},
       {"commits", r.commits},
       {"missed_commits", r.missed_commits},
-      {"params_match_never_migrated", r.params == SimulatedCluster::reference_params(r.steps, 8)},
-      {"replicas_agree", r.replicas_agree},
       {"telemetry_sent", r.telemetry_sent}};
   std::printf("cluster: %s\n", j.dump().c_str());
   if (a.report_fd >= 0) {
@@ -590,11 +588,6 @@ int run_straggler(Args a, nlohmann::json& fig) {
   fig["simulated_job_s"] = {{"with_agent", r.sim_seconds},
                             {"without_agent", b.sim_seconds},
                             {"without_over_with", b.sim_seconds / std::max(r.sim_seconds, 1e-9)}};
-  const bool params_match = r.params == SimulatedCluster::reference_params(r.steps, 8);
-  std::printf("  exactly once: params match the never-migrated run: %s; replicas agree: %s\n",
-              params_match ? "yes" : "NO", r.replicas_agree ? "yes" : "NO");
-  fig["exactly_once"] = {{"params_match_never_migrated", params_match},
-                         {"replicas_agree", r.replicas_agree}};
   return 0;
 }
 

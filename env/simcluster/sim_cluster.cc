@@ -21,17 +21,8 @@ namespace {
 
 using transport::Message;
 
-// The deterministic update of step s (what one optimizer step adds to the parameters).
-double update_of(uint64_t step, int i) {
-  return 1e-3 * std::sin(0.1 * static_cast<double>(step) + static_cast<double>(i)) +
-         1e-6 * static_cast<double>(i + 1);
-}
-
 struct Staged {
   Strategy target;
-  std::vector<double> buffer;        // the second buffer: a snapshot of the parameters...
-  uint64_t buffer_updates = 0;       // ...with the count of updates it holds...
-  std::vector<uint64_t> replay_log;  // ...and the steps applied since, replayed at the commit.
   uint64_t ready_at = 0;             // staging ends (PlanReady) after this step
 };
 
@@ -48,8 +39,6 @@ struct Rank {
   std::vector<Message> inbox;
   bool agent_lost = false;  // set by the disconnect handler, handled at the next boundary
   bool agent_lost_seen = false;
-  std::vector<double> params;
-  uint64_t updates = 0;  // updates applied to params (travels with the buffer at a switch)
   Strategy layout;       // the layout this rank runs
   // The rank's side of the switch protocol; sends through `client`.
   std::unique_ptr<transport::PlanBook<Staged>> book;
@@ -119,7 +108,6 @@ void SimulatedCluster::build(SimClusterOptions options) {
                      ": must be a multiple of 8, >= 8");
   }
   if (options.steps_per_interval < 1) throw InputError("steps per interval must be >= 1");
-  if (options.param_dim < 1) throw InputError("param_dim must be >= 1");
   m.o = std::move(options);
   job_ = take(make_job(m.o.scenario, m.o.ranks));
   m.job = job_;
@@ -145,7 +133,6 @@ void SimulatedCluster::build(SimClusterOptions options) {
     r->book = std::make_unique<transport::PlanBook<Staged>>(r->id, [rank = r.get()](const Message& msg) {
       if (rank->client) rank->client->send(msg);
     });
-    r->params.assign(m.o.param_dim, 0.0);
     r->layout = m.layout;
     m.ranks.push_back(std::move(r));
   }
@@ -243,14 +230,6 @@ uint64_t SimulatedCluster::current_step() const {
   return impl_->step;
 }
 
-std::vector<double> SimulatedCluster::reference_params(uint64_t steps, int dim) {
-  std::vector<double> p(dim, 0.0);
-  for (uint64_t s = 0; s < steps; ++s) {
-    for (int i = 0; i < dim; ++i) p[i] += update_of(s, i);
-  }
-  return p;
-}
-
 void SimulatedCluster::step() {
   Impl& m = *impl_;
   std::lock_guard lock(m.mutex);
@@ -306,8 +285,6 @@ void SimulatedCluster::step() {
       }
       Staged st;
       st.target = *target;
-      st.buffer = r.params;  // background copy into the second buffer
-      st.buffer_updates = r.updates;
       st.ready_at = s + m.o.stage_steps;
       book.stage(p->plan_id, std::move(st));
     }
@@ -339,12 +316,6 @@ void SimulatedCluster::step() {
         Rank& r = *rp;
         if (!r.alive) continue;
         std::optional<Staged> staged = r.book->applied(due);
-        for (uint64_t logged : staged->replay_log) {
-          for (int i = 0; i < m.o.param_dim; ++i) staged->buffer[i] += update_of(logged, i);
-          ++staged->buffer_updates;
-        }
-        r.params.swap(staged->buffer);
-        r.updates = staged->buffer_updates;
         r.layout = staged->target;
         target = staged->target;
       }
@@ -374,13 +345,7 @@ void SimulatedCluster::step() {
     Rank& r = *m.ranks[g];
     if (!r.alive) continue;
     alive[g] = 1;
-    for (int i = 0; i < m.o.param_dim; ++i) r.params[i] += update_of(s, i);
-    ++r.updates;
-    m.report.samples += m.telemetry->gpu_samples()[g];
-    r.book->for_each([&](uint64_t, Staged& st) {
-      staging = true;
-      st.replay_log.push_back(s);
-    });
+    r.book->for_each([&](uint64_t, const Staged&) { staging = true; });
   }
   const uint64_t start_ns = m.clock_ns;
   std::vector<monitor::StepSample> samples;
@@ -438,21 +403,11 @@ SimClusterReport SimulatedCluster::report() const {
   SimClusterReport r = m.report;
   r.steps = m.step;
   r.layout = m.layout;
-  const Rank* first = nullptr;
   for (const auto& rp : m.ranks) {
     if (!rp->alive) continue;
     ++r.live_ranks;
     r.connected_ranks += rp->connected ? 1 : 0;
     r.ranks_holding_plans += rp->book->size() > 0 ? 1 : 0;
-    if (!first)
-      first = rp.get();
-    else if (rp->params != first->params || rp->updates != first->updates ||
-             !(rp->layout == first->layout))
-      r.replicas_agree = false;
-  }
-  if (first) {
-    r.params = first->params;
-    r.updates = first->updates;
   }
   return r;
 }
