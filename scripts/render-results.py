@@ -23,7 +23,7 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["docs/results.md", "docs/planner.md", "docs/cost-model.md"]
+DOCS = ["docs/results.md", "docs/planner.md", "docs/cost-model.md", "docs/live.md"]
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 BLOCK = re.compile(r"(<!-- generated: ([a-z0-9-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
@@ -394,6 +394,19 @@ def opt(x, fmt):
     return "–" if x is None else fmt % x
 
 
+def live_layouts(d):
+    r = d("live-layouts.json")
+    rows = []
+    for x in r["figures"]["layouts"]:
+        diff = x["parameters_vs_dp4"]
+        rows.append(["`%s`" % x["layout"], "%.8f" % x["loss"],
+                     "—" if diff is None else ("identical" if x["identical_to_dp4"] else "%.1e" % diff),
+                     "%.1f s" % x["wall_s"]])
+    last = r["figures"]["layouts"][0]["last_step"]
+    return table(["layout", "loss at step %d" % last, "parameters vs dp=4", "wall"], rows) + \
+        "\n\n" + source(r)
+
+
 def live_switch_pause(d):
     r = d("live-switch-pause.json")
     rows = []
@@ -562,6 +575,7 @@ RENDER = {
     "pytorch-matrix": pytorch_matrix,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
+    "live-layouts": live_layouts,
     "live-switch-pause": live_switch_pause,
     "live-switch-slowed": live_switch_slowed,
     "live-switch-staging": live_switch_staging,

@@ -21,6 +21,7 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   pytorch-matrix  the job-shape matrix (ctest -L matrix, its JSON lines; about 10 minutes)
   live            bench_live elastic and compression
+  live-layouts    one training job under six layouts: final loss and parameters against dp=4
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
@@ -46,7 +47,7 @@ TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4", "--envs",
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
-            "deploy-live", "pytorch", "pytorch-matrix", "live", "live-switch"]
+            "deploy-live", "pytorch", "pytorch-matrix", "live", "live-layouts", "live-switch"]
 
 
 def git(*args):
@@ -253,6 +254,40 @@ class Runner:
             png = os.path.join(tmp, "loss-curves.png")
             if os.path.exists(png):  # gnuplot present
                 os.replace(png, os.path.join(ROOT, "docs", "live-compression-loss.png"))
+
+    def live_layouts(self):
+        """The same 20 Adam steps of a 4-block model on 4 workers under six layouts: the last
+        step's loss, the final parameters against pure data parallel's (max |difference| / max
+        |parameter|) and the wall time of each launch."""
+        import array
+        layouts = ["dp=4", "pp=4", "dp=2,pp=2,stages=[1,3]", "dp=2,tp=2", "tp=2,pp=2", "tp=4"]
+        common = ["--workers", "4", "--agent", "none", "--layers", "4", "--d-model", "64",
+                  "--heads", "4", "--seq-len", "64", "--global-batch", "16", "--microbatch", "2",
+                  "--steps", "20"]
+        report = envelope("parapilot launch", common)
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            params = {}
+            for i, layout in enumerate(layouts):
+                dump, losses = os.path.join(tmp, "p%d.bin" % i), os.path.join(tmp, "l%d.csv" % i)
+                start = time.time()
+                run([self.bin("parapilot"), "launch", *common, "--layout", layout,
+                     "--dump-params", dump, "--loss-log", losses], stdout=subprocess.DEVNULL)
+                wall = time.time() - start
+                with open(dump, "rb") as f:
+                    params[layout] = array.array("f", f.read())
+                with open(losses) as f:
+                    last = [line.strip().split(",") for line in f if line.strip()][-1]
+                rows.append({"layout": layout, "last_step": int(last[0]), "loss": float(last[1]),
+                             "wall_s": wall})
+        ref = params[layouts[0]]
+        scale = max(abs(x) for x in ref)
+        for r in rows:
+            p = params[r["layout"]]
+            r["parameters_vs_dp4"] = (max(abs(a - b) for a, b in zip(p, ref)) / scale
+                                      if r["layout"] != layouts[0] else None)
+            r["identical_to_dp4"] = p == ref
+        finish(report, {"layouts": rows}, self.path("live-layouts.json"))
 
     def live_switch(self):
         b = self.bin("benchmarks", "live", "bench_switch")
