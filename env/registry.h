@@ -12,19 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "core/id.h"
 #include "core/status.h"
 
 namespace parapilot::env {
 
 class Env;
 
-// Parameters of an env id: "sim:straggler(gpus=64,seed=3)" has name "sim", variant
+// Parameters of an env id (core/id.h): "sim:straggler(gpus=64,seed=3)" has name "sim", variant
 // "straggler" and params {gpus: 64, seed: 3}.
-struct EnvId {
-  std::string name;
-  std::string variant;
-  std::map<std::string, std::string> params;
-};
+using EnvId = ParsedId;
 // Parses an env id; a path to a .toml scenario becomes {name: "sim", variant: PATH}.
 // kInvalidArgument naming the id when malformed.
 StatusOr<EnvId> parse_env_id(const std::string& id);
@@ -39,9 +36,8 @@ void register_env(const std::string& name, EnvFactory factory);
 // name or a bad parameter.
 StatusOr<std::unique_ptr<Env>> make_env(const std::string& id);
 std::vector<std::string> registered_envs();
-// Splits a comma-separated list of ids at the commas outside parentheses:
-// "sim:mixed(gpus=16,horizon=8),bandit" is two ids. Empty items are dropped.
-std::vector<std::string> split_ids(const std::string& list);
+// Splits a comma-separated list of ids at the commas outside parentheses (core/id.h).
+using parapilot::split_ids;
 
 // Parameter helpers for factories. int_param and double_param return params[key] as a number
 // in [min, max], or `fallback` when absent; str_param the text or `fallback`; reject_unknown
