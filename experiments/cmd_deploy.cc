@@ -20,6 +20,7 @@
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
 #include "policy/loader.h"
+#include "policy/registry.h"
 #include "core/error.h"
 #include "transport/auth.h"
 
@@ -231,10 +232,18 @@ void run_deploy(const DeployFlags& f) {
   }
   o.data_parallel.min_gain = f.min_gain;
   o.data_parallel.cooldown_intervals = f.cooldown;
-  // No --policy: the shipped default policy; "reactive": the reactive baseline on purpose.
-  o.policy_path = f.policy == "reactive" ? std::string() : f.policy;
-  if (f.policy.empty()) o.policy_path = policy::default_policy_path();
-  o.loader = policy::load_policy;
+  // No --policy: the shipped default policy, rl. A value is checked here (a bad id is exit
+  // code 2); the agent then makes it, falling back to reactive when a checkpoint cannot be read.
+  const policy::PolicyArgs chosen =
+      take(policy::parse_policy_or_checkpoint(f.policy.empty() ? "rl" : f.policy));
+  const policy::PolicyCapabilities& can = chosen.info().capabilities;
+  if (can.hindsight || can.needs_planning_view) {
+    throw InputError("--policy " + chosen.id() + ": " + chosen.info().name +
+                     (can.hindsight ? " needs the future" : " needs a simulator's planning view") +
+                     ", which a running job does not have");
+  }
+  o.policy_path = chosen.id();
+  o.loader = [](const std::string& id) { return policy::make_policy(id, nullptr); };
   o.listen_address = host;
   o.port = port;
   o.secret = load_secret(f.secret_file);
@@ -417,16 +426,19 @@ void run_simcluster(const SimFlags& f) {
 
 void add_deploy_command(CLI::App& app) {
   auto d = std::make_shared<DeployFlags>();
+  policy::register_learned_policies();
   CLI::App* cmd = app.add_subcommand(
       "deploy",
       "Run the agent daemon: watch a job's ranks on the bus, decide with a policy, switch layouts "
       "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
   cmd->add_option(
       "--policy", d->policy,
-      "policy checkpoint (default: the shipped policy, share/parapilot/default-mixed.ckpt "
-      "beside the binary), or \"reactive\" for the reactive baseline; a missing or "
-      "unreadable file falls back to reactive, with a warning on stderr, logged and in the "
-      "metrics");
+      "the policy that decides: a policy id from the registry (default rl, the shipped policy, "
+      "share/parapilot/default-mixed.ckpt beside the binary; rl(path=FILE) a checkpoint; "
+      "reactive, static, threshold, ... a rule; not lookahead or oracle), or a plain checkpoint "
+      "path (a value that is no policy's name and contains '/' or ends in .ckpt is read as "
+      "rl(path=VALUE)); a missing or unreadable checkpoint falls back to reactive, with a "
+      "warning on stderr, logged and in the metrics. Policies:\n" + policy::describe_policies());
   cmd->add_option("--listen", d->listen, "bus address HOST:PORT (loopback unless told otherwise)")
       ->capture_default_str();
   cmd->add_option("--secret-file", d->secret_file,

@@ -10,9 +10,8 @@
 #include <sstream>
 
 #include "agent/evaluate.h"
-#include "policy/baselines.h"
 #include "policy/loader.h"
-#include "policy/lookahead.h"
+#include "policy/registry.h"
 #include "env/sim/sim_env.h"
 #include "env/trace/telemetry.h"
 #include "experiments/cli_common.h"
@@ -42,16 +41,9 @@ std::string env_id_of(const std::string& scenario) {
   return "sim:" + scenario;
 }
 
-// The non-learned baselines, which the default reference is chosen among.
-bool is_rule(const std::string& name) {
-  const std::vector<std::string> rules = policy::baseline_names();
-  const auto lookahead = policy::parse_lookahead(name);
-  return std::find(rules.begin(), rules.end(), name) != rules.end() ||
-         (lookahead.ok() && lookahead->has_value());
-}
-
 struct PolicyResult {
   std::string name;
+  policy::PolicyCapabilities capabilities;
   std::vector<double> throughput, score, migrations;
   std::vector<double> curve;  // mean tokens/s per interval over episodes
   std::map<std::string, int> clipped;  // inputs read at the clip, summed over episodes
@@ -109,24 +101,127 @@ void write_plot(const std::string& path, const std::vector<PolicyResult>& result
   }
 }
 
+// Whether every episode of r said where it fell short (the env marks when its truth changed).
+bool has_gaps(const PolicyResult& r, int episodes) {
+  return r.gap_onset.size() == static_cast<size_t>(episodes);
+}
+
+// --json: one object keyed by policy; `reference` may be null.
+void print_json(const EvalOptions& o, const env::Env& env, const std::vector<PolicyResult>& results,
+                const PolicyResult* reference) {
+  nlohmann::json j;
+  j["scenario"] = env.id();
+  j["episodes"] = o.episodes;
+  j["seed"] = o.seed;
+  for (const auto& r : results) {
+    const auto t = agent::mean_interval(r.throughput);
+    const auto s = agent::mean_interval(r.score);
+    const auto m = agent::mean_interval(r.migrations);
+    j["policies"][r.name] = {{"throughput_tokens_per_s", t.mean},
+                             {"throughput_ci95", t.half_width},
+                             {"score", s.mean},
+                             {"score_ci95", s.half_width},
+                             {"migrations_per_episode", m.mean}};
+    auto total = [](const std::map<std::string, int>& by_input) {
+      int n = 0;
+      for (const auto& [name, k] : by_input) n += k;
+      return n;
+    };
+    j["policies"][r.name]["inputs_clipped"] = total(r.clipped);
+    j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
+    j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
+    j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
+    if (has_gaps(r, o.episodes)) {
+      auto part = [](const std::vector<double>& v) {
+        const auto i = agent::mean_interval(v);
+        return nlohmann::json{{"share", i.mean}, {"ci95", i.half_width}};
+      };
+      j["policies"][r.name]["gap_to_oracle"] = {{"onset", part(r.gap_onset)},
+                                                {"next", part(r.gap_next)},
+                                                {"later", part(r.gap_later)}};
+    }
+    if (reference && &r != reference) {
+      const agent::PairedDifference d = agent::paired_difference(r.score, reference->score);
+      j["policies"][r.name]["vs_reference"] = {{"score_difference", d.difference.mean},
+                                               {"ci95", d.difference.half_width},
+                                               {"verdict", d.verdict()}};
+    }
+  }
+  if (reference) j["reference"] = reference->name;
+  std::cout << j.dump(2) << "\n";
+}
+
+// The table, the shortfall by kind of interval and the inputs read outside training's range.
+void print_table(const EvalOptions& o, const env::Env& env,
+                 const std::vector<PolicyResult>& results, const PolicyResult* reference) {
+  std::printf("scenario %s: %d episodes from seed %llu, %d intervals of %.0f s\n\n",
+              env.id().c_str(), o.episodes, static_cast<unsigned long long>(o.seed),
+              env.horizon(), env.interval_s());
+  int width = 12;
+  for (const auto& r : results) width = std::max(width, static_cast<int>(r.name.size()));
+  const std::string vs = reference ? "vs " + reference->name + " (paired)" : "";
+  std::printf("%-*s %26s %22s %12s   %s\n", width, "policy", "throughput (tokens/s)",
+              "score vs oracle", "migrations", vs.c_str());
+  for (const auto& r : results) {
+    const auto t = agent::mean_interval(r.throughput);
+    const auto s = agent::mean_interval(r.score);
+    const auto m = agent::mean_interval(r.migrations);
+    std::string paired = reference == &r ? "reference" : "";
+    if (reference && reference != &r) {
+      const agent::PairedDifference d = agent::paired_difference(r.score, reference->score);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%+.4f ± %.4f %s", d.difference.mean, d.difference.half_width,
+                    d.verdict());
+      paired = buf;
+    }
+    std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f   %s\n", width, r.name.c_str(),
+                t.mean, t.half_width, s.mean, s.half_width, m.mean, paired.c_str());
+  }
+  // Where each policy falls short of the oracle (agent::gap_by_change).
+  const bool gaps = std::any_of(results.begin(), results.end(), [&](const PolicyResult& r) {
+    return !r.capabilities.hindsight && has_gaps(r, o.episodes);
+  });
+  if (gaps) {
+    std::printf("\nshortfall against the oracle, as a share of its tokens (mean over episodes):\n");
+    std::printf("%-*s %24s %20s %10s\n", width, "policy", "where the truth changed",
+                "the interval after", "the rest");
+    for (const auto& r : results) {
+      if (r.capabilities.hindsight || !has_gaps(r, o.episodes)) continue;
+      std::printf("%-*s %24.4f %20.4f %10.4f\n", width, r.name.c_str(),
+                  agent::mean_interval(r.gap_onset).mean, agent::mean_interval(r.gap_next).mean,
+                  agent::mean_interval(r.gap_later).mean);
+    }
+  }
+  auto report = [](const std::string& policy, const std::map<std::string, int>& by_input,
+                   const char* what) {
+    if (by_input.empty()) return;
+    std::string list;
+    int total = 0;
+    for (const auto& [name, n] : by_input) {
+      list += " " + name + "=" + std::to_string(n);
+      total += n;
+    }
+    std::printf("\n%s read %d inputs %s:%s\n", policy.c_str(), total, what, list.c_str());
+  };
+  for (const auto& r : results) {
+    report(r.name, r.clipped, "at the normaliser's clip");
+    report(r.name, r.unseen, "outside the range training produced");
+  }
+  if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
+}
+
 void run_eval(const EvalOptions& o) {
   if (o.episodes < 1) throw InputError("--episodes must be >= 1");
   const std::string id = env_id_of(o.scenario);
   std::unique_ptr<env::Env> env = take(env::make_env(id));
   const auto names = env::split_ids(o.policies);  // "lookahead(k=8,h=4),static": two
   if (names.empty()) throw InputError("--policies: name at least one policy");
+  std::vector<policy::PolicyCapabilities> can(names.size());
   std::vector<std::unique_ptr<parapilot::policy::Policy>> policies(names.size());
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == "oracle") continue;
-    if (names[i] == "rl") {
-      policies[i] = take(policy::load_policy(policy::default_policy_path()));
-    } else if (names[i].rfind("rl:", 0) == 0) {
-      policies[i] = take(policy::load_policy(names[i].substr(3)));
-    } else if (const auto lookahead = take(policy::parse_lookahead(names[i]))) {
-      policies[i] = take(policy::make_lookahead(*env, *lookahead));
-    } else {
-      policies[i] = parapilot::policy::make_baseline(names[i]);
-    }
+    can[i] = take(policy::parse_policy(names[i])).info().capabilities;
+    // A hindsight policy (the oracle) is the env's to compute: run_oracle below.
+    if (!can[i].hindsight) policies[i] = take(policy::make_policy(names[i], env.get()));
   }
   // The oracle normalises every score, so it always runs.
   std::vector<agent::EpisodeStats> oracle;
@@ -141,7 +236,7 @@ void run_eval(const EvalOptions& o) {
   if (!o.record.empty()) {
     if (!sim) throw InputError("--record: env " + env->id() + " does not record telemetry");
     for (size_t i = 0; i < names.size() && record_policy == names.size(); ++i) {
-      if (names[i] != "oracle") record_policy = i;
+      if (!can[i].hindsight) record_policy = i;
     }
     if (record_policy == names.size()) throw InputError("--record: name a policy besides oracle");
   }
@@ -149,13 +244,14 @@ void run_eval(const EvalOptions& o) {
   for (size_t i = 0; i < names.size(); ++i) {
     PolicyResult r;
     r.name = names[i];
+    r.capabilities = can[i];
     for (int e = 0; e < o.episodes; ++e) {
       if (progress)
         std::fprintf(stderr, "\r%-12s episode %d/%d", names[i].c_str(), e + 1, o.episodes);
       const bool recording = i == record_policy && e == 0;
       if (recording) sim->record_telemetry(&recorded);
       const agent::EpisodeStats stats =
-          names[i] == "oracle"
+          can[i].hindsight
               ? oracle[e]
               : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
       if (recording) sim->record_telemetry(nullptr);
@@ -191,115 +287,18 @@ void run_eval(const EvalOptions& o) {
   for (const auto& r : results) {
     if (!o.reference.empty()) {
       if (r.name == o.reference) reference = &r;
-    } else if (is_rule(r.name) && (!reference || mean_score(r) > mean_score(*reference))) {
+    } else if (!r.capabilities.learned && !r.capabilities.hindsight &&
+               (!reference || mean_score(r) > mean_score(*reference))) {
       reference = &r;
     }
   }
   if (!o.reference.empty() && !reference)
     throw InputError("--reference " + o.reference + ": not among --policies " + o.policies);
-  // Whether every episode of r said where it fell short (the env marks when its truth changed).
-  auto has_gaps = [&](const PolicyResult& r) {
-    return r.gap_onset.size() == static_cast<size_t>(o.episodes);
-  };
-  auto versus = [&](const PolicyResult& r) { return agent::paired_difference(r.score, reference->score); };
-
   if (o.json) {
-    nlohmann::json j;
-    j["scenario"] = env->id();
-    j["episodes"] = o.episodes;
-    j["seed"] = o.seed;
-    for (const auto& r : results) {
-      const auto t = agent::mean_interval(r.throughput);
-      const auto s = agent::mean_interval(r.score);
-      const auto m = agent::mean_interval(r.migrations);
-      j["policies"][r.name] = {{"throughput_tokens_per_s", t.mean},
-                               {"throughput_ci95", t.half_width},
-                               {"score", s.mean},
-                               {"score_ci95", s.half_width},
-                               {"migrations_per_episode", m.mean}};
-      auto total = [](const std::map<std::string, int>& by_input) {
-        int n = 0;
-        for (const auto& [name, k] : by_input) n += k;
-        return n;
-      };
-      j["policies"][r.name]["inputs_clipped"] = total(r.clipped);
-      j["policies"][r.name]["inputs_clipped_by_input"] = r.clipped;
-      j["policies"][r.name]["inputs_unseen"] = total(r.unseen);
-      j["policies"][r.name]["inputs_unseen_by_input"] = r.unseen;
-      if (has_gaps(r)) {
-        auto part = [](const std::vector<double>& v) {
-          const auto i = agent::mean_interval(v);
-          return nlohmann::json{{"share", i.mean}, {"ci95", i.half_width}};
-        };
-        j["policies"][r.name]["gap_to_oracle"] = {{"onset", part(r.gap_onset)},
-                                                  {"next", part(r.gap_next)},
-                                                  {"later", part(r.gap_later)}};
-      }
-      if (reference && &r != reference) {
-        const agent::PairedDifference d = versus(r);
-        j["policies"][r.name]["vs_reference"] = {{"score_difference", d.difference.mean},
-                                                 {"ci95", d.difference.half_width},
-                                                 {"verdict", d.verdict()}};
-      }
-    }
-    if (reference) j["reference"] = reference->name;
-    std::cout << j.dump(2) << "\n";
-    return;
+    print_json(o, *env, results, reference);
+  } else {
+    print_table(o, *env, results, reference);
   }
-  std::printf("scenario %s: %d episodes from seed %llu, %d intervals of %.0f s\n\n",
-              env->id().c_str(), o.episodes, static_cast<unsigned long long>(o.seed),
-              env->horizon(), env->interval_s());
-  int width = 12;
-  for (const auto& r : results) width = std::max(width, static_cast<int>(r.name.size()));
-  const std::string vs = reference ? "vs " + reference->name + " (paired)" : "";
-  std::printf("%-*s %26s %22s %12s   %s\n", width, "policy", "throughput (tokens/s)",
-              "score vs oracle", "migrations", vs.c_str());
-  for (const auto& r : results) {
-    const auto t = agent::mean_interval(r.throughput);
-    const auto s = agent::mean_interval(r.score);
-    const auto m = agent::mean_interval(r.migrations);
-    std::string paired = reference == &r ? "reference" : "";
-    if (reference && reference != &r) {
-      const agent::PairedDifference d = versus(r);
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "%+.4f ± %.4f %s", d.difference.mean, d.difference.half_width,
-                    d.verdict());
-      paired = buf;
-    }
-    std::printf("%-*s %14.0f ± %-9.0f %12.3f ± %-7.3f %12.1f   %s\n", width, r.name.c_str(),
-                t.mean, t.half_width, s.mean, s.half_width, m.mean, paired.c_str());
-  }
-  // Where each policy falls short of the oracle (agent::gap_by_change).
-  const bool gaps = std::any_of(results.begin(), results.end(), [&](const PolicyResult& r) {
-    return r.name != "oracle" && has_gaps(r);
-  });
-  if (gaps) {
-    std::printf("\nshortfall against the oracle, as a share of its tokens (mean over episodes):\n");
-    std::printf("%-*s %24s %20s %10s\n", width, "policy", "where the truth changed",
-                "the interval after", "the rest");
-    for (const auto& r : results) {
-      if (r.name == "oracle" || !has_gaps(r)) continue;
-      std::printf("%-*s %24.4f %20.4f %10.4f\n", width, r.name.c_str(),
-                  agent::mean_interval(r.gap_onset).mean, agent::mean_interval(r.gap_next).mean,
-                  agent::mean_interval(r.gap_later).mean);
-    }
-  }
-  auto report = [](const std::string& policy, const std::map<std::string, int>& by_input,
-                   const char* what) {
-    if (by_input.empty()) return;
-    std::string list;
-    int total = 0;
-    for (const auto& [name, n] : by_input) {
-      list += " " + name + "=" + std::to_string(n);
-      total += n;
-    }
-    std::printf("\n%s read %d inputs %s:%s\n", policy.c_str(), total, what, list.c_str());
-  };
-  for (const auto& r : results) {
-    report(r.name, r.clipped, "at the normaliser's clip");
-    report(r.name, r.unseen, "outside the range training produced");
-  }
-  if (!o.plot.empty()) std::printf("\nplot written to %s\n", o.plot.c_str());
 }
 
 }  // namespace
@@ -314,13 +313,11 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--episodes", o->episodes, "Episodes per policy")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the first episode")->capture_default_str();
-  cmd->add_option(
-         "--policies", o->policies,
-         "Comma-separated: rl (the shipped default policy), rl:PATH (a trained checkpoint), "
-         "static, reactive, reactive-tuned, threshold, ski-rental, uniform-dp, oracle; and "
-         "lookahead or lookahead(k=K,h=H,min_gain=G,seed=S) (K futures of H intervals per "
-         "decision, default 32, 12, 1.02 and 1; simulator envs only, slower, so not in the "
-         "default list)")
+  policy::register_learned_policies();
+  cmd->add_option("--policies", o->policies,
+                  "Comma-separated policy ids, NAME or NAME(KEY=VALUE,...), from the policy "
+                  "registry (lookahead is slower and simulator-only, so not in the default "
+                  "list):\n" + policy::describe_policies())
       ->capture_default_str();
   cmd->add_option("--reference", o->reference,
                   "Policy every other is compared with, paired on the same episodes (default: "

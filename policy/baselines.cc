@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "env/observation.h"
-#include "core/error.h"
 
 namespace parapilot::policy {
 
@@ -143,6 +142,10 @@ double switch_cost_intervals(const env::Observation& o, int k) {
              static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
 }
 
+std::unique_ptr<Policy> make_static() { return std::make_unique<StaticPolicy>(); }
+
+std::unique_ptr<Policy> make_uniform_dp() { return std::make_unique<UniformDpPolicy>(); }
+
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options) {
   return std::make_unique<ReactivePolicy>(options, "reactive");
 }
@@ -158,29 +161,16 @@ ReactiveOptions tuned_reactive_options() {
   return o;
 }
 
+std::unique_ptr<Policy> make_reactive_tuned() {
+  return std::make_unique<ReactivePolicy>(tuned_reactive_options(), "reactive-tuned");
+}
+
 std::unique_ptr<Policy> make_threshold(const ThresholdOptions& options) {
   return std::make_unique<ThresholdPolicy>(options);
 }
 
 std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options) {
   return std::make_unique<SkiRentalPolicy>(options);
-}
-
-std::unique_ptr<Policy> make_baseline(const std::string& name) {
-  if (name == "static") return std::make_unique<StaticPolicy>();
-  if (name == "uniform-dp") return std::make_unique<UniformDpPolicy>();
-  if (name == "reactive") return make_reactive({});
-  if (name == "reactive-tuned")
-    return std::make_unique<ReactivePolicy>(tuned_reactive_options(), "reactive-tuned");
-  if (name == "threshold") return make_threshold({});
-  if (name == "ski-rental") return make_ski_rental({});
-  throw InputError("unknown policy \"" + name +
-                   "\" (baselines: static, reactive, reactive-tuned, threshold, ski-rental, "
-                   "uniform-dp; and oracle)");
-}
-
-std::vector<std::string> baseline_names() {
-  return {"static", "reactive", "reactive-tuned", "threshold", "ski-rental", "uniform-dp"};
 }
 
 }  // namespace parapilot::policy

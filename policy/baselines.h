@@ -22,9 +22,10 @@ namespace parapilot::policy {
 // actions come first and costly ones only once a slowdown has lasted. All of them replace a
 // layout believed broken (a lost GPU, out of memory) at once and never act while a switch is
 // staged. reactive-tuned: reactive with its parameters chosen on training seeds
-// (tuned_reactive_options). docs/policy.md gives their sources.
-std::unique_ptr<Policy> make_baseline(const std::string& name);
-std::vector<std::string> baseline_names();
+// (tuned_reactive_options). docs/policy.md gives their sources. They are registered by name in
+// policy/registry.h, which is how the CLI and tests make them from a string.
+std::unique_ptr<Policy> make_static();
+std::unique_ptr<Policy> make_uniform_dp();
 
 /// The cost of switching to candidate k of `o`, in intervals of the current layout's tokens:
 /// the switch pause plus the staged transfer's slowdown (the simulator's model of a switch).
@@ -42,6 +43,8 @@ std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 /// reactive-tuned: the reactive rule with the min_gain, margin and cool-down that
 /// build/benchmarks/policy/tune_reactive chose on the training distribution's seeds.
 ReactiveOptions tuned_reactive_options();
+/// The reactive rule with tuned_reactive_options(), named "reactive-tuned".
+std::unique_ptr<Policy> make_reactive_tuned();
 
 // Parameters of the threshold rule.
 struct ThresholdOptions {

@@ -2,12 +2,14 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include "policy/learned.h"
+#include "policy/registry.h"
 
 namespace parapilot::policy {
 
@@ -64,6 +66,22 @@ std::string default_policy_path() {
     if (fs::is_regular_file(dir / file, ec)) return (dir / file).string();
   }
   return installed.string();
+}
+
+void register_learned_policies() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    PolicyInfo info;
+    info.name = "rl";
+    info.description = "the greedy policy of a trained checkpoint (default: the shipped policy)";
+    info.params = {{"path", ParamType::kText, "", 0, 0, {},
+                    "checkpoint file (default: the shipped policy, default-mixed.ckpt)"}};
+    info.capabilities.learned = true;
+    register_policy(info, [](const PolicyArgs& args, const env::Env*) {
+      const std::string& path = args.text("path");
+      return load_policy(path.empty() ? default_policy_path() : path);
+    });
+  });
 }
 
 }  // namespace parapilot::policy

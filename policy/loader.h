@@ -24,4 +24,9 @@ StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpo
 /// default-mixed.ckpt), so a load names where the file was expected.
 std::string default_policy_path();
 
+/// Registers the learned policy in the policy registry (policy/registry.h): "rl" is the shipped
+/// default policy (default_policy_path), "rl(path=FILE)" the checkpoint FILE, loaded with
+/// load_policy. Idempotent; thread-safe.
+void register_learned_policies();
+
 }  // namespace parapilot::policy

@@ -235,76 +235,15 @@ StatusOr<std::unique_ptr<Policy>> make_lookahead(const env::Env& env,
   return std::unique_ptr<Policy>(std::make_unique<LookaheadPolicy>(env, options));
 }
 
-namespace {
-
-std::optional<LookaheadOptions> parse_or_throw(const std::string& name) {
-  const std::string base = "lookahead";
-  if (name.compare(0, base.size(), base) != 0) return std::nullopt;
+LookaheadOptions lookahead_options(const PolicyArgs& args) {
+  assert(args.info().name == "lookahead");  // precondition
   LookaheadOptions o;
-  if (name.size() == base.size()) return o;
-  if (name[base.size()] != '(') return std::nullopt;
-  if (name.back() != ')') throw InputError("policy \"" + name + "\": options must end with ')'");
-  const std::string list = name.substr(base.size() + 1, name.size() - base.size() - 2);
-  size_t at = 0;
-  while (at <= list.size() && !list.empty()) {
-    const size_t end = std::min(list.find(',', at), list.size());
-    const std::string item = list.substr(at, end - at);
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      throw InputError("policy \"" + name + "\": option \"" + item + "\" is not key=value");
-    }
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "dynamics") {
-      if (value != "own" && value != "family") {
-        throw InputError("policy \"" + name + "\": dynamics must be own or family, not \"" +
-                         value + "\"");
-      }
-      o.family_dynamics = value == "family";
-      at = end + 1;
-      continue;
-    }
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != value.size()) {
-      throw InputError("policy \"" + name + "\": " + key + " = \"" + value + "\" is not a number");
-    }
-    auto whole = [&](double lo, double hi) {
-      if (v != std::floor(v) || v < lo || v > hi) {
-        throw InputError("policy \"" + name + "\": " + key + " must be a whole number in " +
-                         std::to_string(static_cast<long long>(lo)) + ".." +
-                         std::to_string(static_cast<long long>(hi)));
-      }
-      return v;
-    };
-    if (key == "k") {
-      o.futures = static_cast<int>(whole(1, 100000));
-    } else if (key == "h") {
-      o.intervals = static_cast<int>(whole(1, 100000));
-    } else if (key == "seed") {
-      o.seed = static_cast<uint64_t>(whole(0, 9007199254740992.0));  // exact in a double
-    } else if (key == "min_gain") {
-      if (!(v >= 1.0 && v <= 10.0)) {
-        throw InputError("policy \"" + name + "\": min_gain must be in [1, 10]");
-      }
-      o.min_gain = v;
-    } else {
-      throw InputError("policy \"" + name + "\": unknown option \"" + key +
-                       "\" (k, h, min_gain, seed, dynamics)");
-    }
-    at = end + 1;
-  }
+  o.futures = static_cast<int>(args.number("k"));
+  o.intervals = static_cast<int>(args.number("h"));
+  o.min_gain = args.number("min_gain");
+  o.seed = static_cast<uint64_t>(args.number("seed"));
+  o.family_dynamics = args.text("dynamics") == "family";
   return o;
-}
-
-}  // namespace
-
-StatusOr<std::optional<LookaheadOptions>> parse_lookahead(const std::string& name) {
-  return catch_input_error([&] { return parse_or_throw(name); });
 }
 
 }  // namespace parapilot::policy

@@ -14,12 +14,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "core/status.h"
 #include "env/env.h"
 #include "policy/policy.h"
+#include "policy/registry.h"
 
 namespace parapilot::policy {
 
@@ -45,8 +45,9 @@ struct LookaheadOptions {
 StatusOr<std::unique_ptr<Policy>> make_lookahead(const env::Env& env,
                                                  const LookaheadOptions& options);
 
-/// Reads a policy name "lookahead" or "lookahead(k=K,h=H,min_gain=G,seed=S,dynamics=own|family)",
-/// any of the keys given; nullopt for a name that is not lookahead's; kInvalidArgument naming the bad part.
-StatusOr<std::optional<LookaheadOptions>> parse_lookahead(const std::string& name);
+/// The options of a checked "lookahead(k=K,h=H,min_gain=G,seed=S,dynamics=own|family)" id
+/// (policy/registry.h, which declares the keys, their defaults and ranges).
+/// Precondition: args.info().name == "lookahead".
+LookaheadOptions lookahead_options(const PolicyArgs& args);
 
 }  // namespace parapilot::policy

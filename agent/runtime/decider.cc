@@ -37,7 +37,7 @@ Status guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs
 LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader& loader) {
   LoadedPolicy out;
   if (path.empty()) {
-    out.policy = policy::make_baseline("reactive");
+    out.policy = policy::make_reactive({});
     return out;
   }
   if (!loader) {
@@ -53,7 +53,7 @@ LoadedPolicy load_policy_or_reactive(const std::string& path, const PolicyLoader
       out.policy = std::move(*loaded);
     }
   }
-  if (!out.fallback.ok()) out.policy = policy::make_baseline("reactive");
+  if (!out.fallback.ok()) out.policy = policy::make_reactive({});
   return out;
 }
 

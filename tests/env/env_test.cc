@@ -20,6 +20,7 @@
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
 #include "policy/baselines.h"
+#include "policy/registry.h"
 #include "core/error.h"
 #include "strategy/spec_io.h"
 #include "tests/test_util.h"
@@ -221,7 +222,7 @@ TEST_CASE("simulator: the oracle bounds static and reactive, and adapting beats 
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     const auto oracle = ok(agent::run_oracle(*env, seed));
     for (const std::string name : {"static", "reactive"}) {
-      auto policy = parapilot::policy::make_baseline(name);
+      auto policy = ok(parapilot::policy::make_policy(name, env.get()));
       const auto stats = agent::run_episode(*env, *policy, seed);
       CHECK(stats.tokens <= oracle.tokens * 1.0001);
       (name == "static" ? static_total : reactive_total) += stats.tokens;
@@ -236,8 +237,11 @@ TEST_CASE("simulator: every rule is bounded by the oracle and adapts where stati
   std::map<std::string, double> total;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     const auto oracle = ok(agent::run_oracle(*env, seed));
-    for (const std::string& name : parapilot::policy::baseline_names()) {
-      auto policy = parapilot::policy::make_baseline(name);
+    for (const auto& info : parapilot::policy::registered_policies()) {
+      const auto& can = info.capabilities;
+      if (can.learned || can.hindsight || can.needs_planning_view) continue;  // not a rule
+      const std::string& name = info.name;
+      auto policy = ok(parapilot::policy::make_policy(name, env.get()));
       const auto stats = agent::run_episode(*env, *policy, seed);
       CHECK(stats.tokens <= oracle.tokens * 1.0001);
       total[name] += stats.tokens;
@@ -268,7 +272,7 @@ Observation one_candidate(double current_vs_best, double gain, double migration,
 }  // namespace
 
 TEST_CASE("threshold: a switch only when the gain left after paying for it is at least 5%") {
-  auto rule = parapilot::policy::make_baseline("threshold");
+  auto rule = parapilot::policy::make_threshold({});
   // 20% faster and the switch pays back 10x over the run left: 18% after its cost.
   CHECK(rule->act(one_candidate(0.83, 1.2, 0.5, 10)) == 1);
   // 4% faster: below the threshold however cheap.
@@ -282,7 +286,7 @@ TEST_CASE("threshold: a switch only when the gain left after paying for it is at
 }
 
 TEST_CASE("ski-rental: a switch once the throughput lost since the condition began pays for it") {
-  auto rule = parapilot::policy::make_baseline("ski-rental");
+  auto rule = parapilot::policy::make_ski_rental({});
   rule->begin_episode();
   // 10% lost per interval; the switch costs the pause plus a tenth of 2 intervals' staging:
   // about 0.21 intervals, paid after the third interval of the condition.
@@ -303,8 +307,8 @@ TEST_CASE("ski-rental: a switch once the throughput lost since the condition beg
 
 TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the planned layout") {
   auto env = ok(make_env("sim:hetero(gpus=16,horizon=4)"));
-  auto planned = parapilot::policy::make_baseline("static");
-  auto uniform = parapilot::policy::make_baseline("uniform-dp");
+  auto planned = parapilot::policy::make_static();
+  auto uniform = parapilot::policy::make_uniform_dp();
   const auto a = agent::run_episode(*env, *planned, 1);
   const auto b = agent::run_episode(*env, *uniform, 1);
   CHECK(a.throughput_tokens_per_s > 1.2 * b.throughput_tokens_per_s);
@@ -370,7 +374,7 @@ TEST_CASE("simulator: the oracle says when the truth changed, and the shortfall 
   }
   // On generated episodes the three parts are the score's shortfall, computed apart.
   auto env = ok(make_env("sim:mixed(gpus=32,horizon=48)"));
-  auto rule = parapilot::policy::make_baseline("reactive");
+  auto rule = parapilot::policy::make_reactive({});
   int changes = 0;
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     const auto oracle = ok(agent::run_oracle(*env, seed));

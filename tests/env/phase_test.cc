@@ -212,7 +212,7 @@ TEST_CASE("phase: the planner offers compressed layouts only once the decay is m
 
 TEST_CASE("phase: the oracle adopts compression after the decay; static cannot") {
   Scenario s = phase_scenario(96, 64);
-  auto static_policy = parapilot::policy::make_baseline("static");
+  auto static_policy = parapilot::policy::make_static();
   SimEnv env(s, "phase-test");
   const auto fixed = agent::run_episode(env, *static_policy, 6);
   const auto oracle = ok(agent::run_oracle(env, 6));

@@ -10,6 +10,7 @@
 #include "env/sim/sim_env.h"
 #include "policy/baselines.h"
 #include "policy/lookahead.h"
+#include "policy/registry.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
@@ -64,26 +65,37 @@ TEST_CASE("lookahead: refuses an env without dynamics to sample, naming it and w
 }
 
 TEST_CASE("lookahead: options by name, and bad ones refused") {
-  CHECK_FALSE(ok(policy::parse_lookahead("reactive")).has_value());
-  CHECK_FALSE(ok(policy::parse_lookahead("lookaheadx")).has_value());
-  const auto plain = ok(policy::parse_lookahead("lookahead"));
-  REQUIRE(plain);
-  CHECK(plain->futures == policy::LookaheadOptions{}.futures);
-  const auto o = ok(policy::parse_lookahead("lookahead(k=8,h=4,min_gain=1.1,seed=9)"));
-  REQUIRE(o);
-  CHECK(o->futures == 8);
-  CHECK(o->intervals == 4);
-  CHECK(o->min_gain == 1.1);
-  CHECK(o->seed == 9u);
-  CHECK(failure_of(policy::parse_lookahead("lookahead(k=0)")) != "");
-  CHECK(failure_of(policy::parse_lookahead("lookahead(k=2.5)")) != "");
-  CHECK(failure_of(policy::parse_lookahead("lookahead(h=x)")) != "");
-  CHECK(failure_of(policy::parse_lookahead("lookahead(min_gain=0.9)")) != "");
-  CHECK(failure_of(policy::parse_lookahead("lookahead(depth=3)")) != "");
-  CHECK(failure_of(policy::parse_lookahead("lookahead(k=3")) != "");
-  CHECK_FALSE(ok(policy::parse_lookahead("lookahead(dynamics=own)"))->family_dynamics);
-  CHECK(ok(policy::parse_lookahead("lookahead(k=4,dynamics=family)"))->family_dynamics);
-  CHECK(failure_of(policy::parse_lookahead("lookahead(dynamics=true)")).find("dynamics") !=
+  auto options = [](const std::string& id) {
+    return policy::lookahead_options(ok(policy::parse_policy(id)));
+  };
+  CHECK(failure_of(policy::parse_policy("lookaheadx")).find("unknown policy") != std::string::npos);
+  const policy::LookaheadOptions defaults;
+  const auto plain = options("lookahead");
+  CHECK(plain.futures == defaults.futures);
+  CHECK(plain.intervals == defaults.intervals);
+  CHECK(plain.min_gain == defaults.min_gain);
+  CHECK(plain.seed == defaults.seed);
+  CHECK_FALSE(plain.family_dynamics);
+  const auto o = options("lookahead(k=8,h=4,min_gain=1.1,seed=9)");
+  CHECK(o.futures == 8);
+  CHECK(o.intervals == 4);
+  CHECK(o.min_gain == 1.1);
+  CHECK(o.seed == 9u);
+  for (const char* bad : {"lookahead(k=0)", "lookahead(k=2.5)", "lookahead(h=x)",
+                          "lookahead(min_gain=0.9)", "lookahead(k=3"}) {
+    INFO(bad);
+    CHECK(failure_of(policy::parse_policy(bad)).find(bad) != std::string::npos);
+  }
+  // The message names the parameter and what it allows.
+  const std::string k = failure_of(policy::parse_policy("lookahead(k=0)"));
+  CHECK(k.find("parameter k") != std::string::npos);
+  CHECK(k.find("[1, 100000]") != std::string::npos);
+  const std::string unknown = failure_of(policy::parse_policy("lookahead(depth=3)"));
+  CHECK(unknown.find("\"depth\"") != std::string::npos);
+  CHECK(unknown.find("k, h, min_gain, seed, dynamics") != std::string::npos);
+  CHECK_FALSE(options("lookahead(dynamics=own)").family_dynamics);
+  CHECK(options("lookahead(k=4,dynamics=family)").family_dynamics);
+  CHECK(failure_of(policy::parse_policy("lookahead(dynamics=true)")).find("own or family") !=
         std::string::npos);
 }
 
@@ -175,7 +187,7 @@ TEST_CASE("lookahead: recovers a persistent straggler's loss where static cannot
   const Scenario s = persistent_stragglers();
   SimEnv env(s, "sim:persistent-stragglers");
   auto lookahead = ok(policy::make_lookahead(env, {}));
-  auto fixed = policy::make_baseline("static");
+  auto fixed = policy::make_static();
   std::vector<double> la, st;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     const double oracle = ok(agent::run_oracle(env, seed)).throughput_tokens_per_s;

@@ -190,7 +190,7 @@ TEST_CASE("ppo: the shipped default policy loads and is not significantly worse 
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);
   auto env = ok(parapilot::env::make_env("sim:mixed"));
-  auto reactive = parapilot::policy::make_baseline("reactive");
+  auto reactive = parapilot::policy::make_reactive({});
   auto lookahead = ok(parapilot::policy::make_lookahead(*env, {}));
   // Paired on the same seeds: per episode, rl's score against the oracle minus the rule's.
   const int episodes = 10;

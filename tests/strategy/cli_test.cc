@@ -215,6 +215,56 @@ TEST_CASE("eval --json: every policy scored against the oracle; bad scenarios ex
   }
 }
 
+TEST_CASE("policy ids come from the registry: eval and deploy read them, rl:PATH exits 2 with "
+          "the new spelling") {
+  const std::string ckpt = std::string(PARAPILOT_SOURCE_DIR) + "/checkpoints/default-mixed.ckpt";
+  // The shipped policy by its default and by its path: one checkpoint, the same scores.
+  const Run r = run("eval --scenario \"sim:mixed(gpus=16,horizon=4)\" --episodes 1 --policies "
+                    "\"rl,rl(path=" + ckpt + "),static\" --json");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const std::string by_path = "rl(path=" + ckpt + ")";
+  REQUIRE(j["policies"].contains(by_path));
+  CHECK(j["policies"][by_path]["score"] == j["policies"]["rl"]["score"]);
+  CHECK(j["reference"] == "static");  // learned policies are not the default reference
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"eval --scenario straggler --policies static,rl:runs/a.ckpt", "write rl(path=runs/a.ckpt)"},
+      {"eval --scenario straggler --policies nosuch",
+       "unknown policy \"nosuch\" (registered: lookahead, oracle, reactive, reactive-tuned, rl, "
+       "ski-rental, static, threshold, uniform-dp)"},
+      {"eval --scenario straggler --policies 'lookahead(k=0)'",
+       "parameter k = \"0\" must be a whole number in [1, 100000]"},
+      {"eval --scenario straggler --policies 'lookahead(dynamics=x)'", "must be own or family"},
+      {"eval --scenario straggler --policies 'static(k=1)'", "unknown parameter \"k\""},
+      {"deploy --policy rl:runs/a.ckpt", "write rl(path=runs/a.ckpt)"},
+      {"deploy --policy nosuch", "unknown policy \"nosuch\""},
+      {"deploy --policy lookahead", "needs a simulator's planning view"},
+      {"deploy --policy oracle", "needs the future"},
+  };
+  for (const auto& c : cases) {
+    // deploy would run until stopped if it took the policy: a time limit, not a hang.
+    const Run b = run_shell("timeout -s KILL 60 " + std::string(PARAPILOT_BIN) + " " + c.args);
+    INFO(c.args);
+    INFO(b.out);
+    CHECK(b.exit_code == 2);
+    CHECK(b.out.find(c.expected) != std::string::npos);
+  }
+  // The help lists what the registry holds, with each policy's parameters.
+  const Run help = run("eval --help");
+  CHECK(help.exit_code == 0);
+  for (const char* listed :
+       {"reactive-tuned:", "ski-rental:", "uniform-dp:", "oracle:", "rl(path=...):",
+        "lookahead(k=32,h=12,min_gain=1.02,seed=1,dynamics=own):"}) {
+    INFO(listed);
+    CHECK(help.out.find(listed) != std::string::npos);
+  }
+}
+
 TEST_CASE("trace analyze: the sample trace's what-if figures; malformed traces exit 2") {
   const std::string dir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/bytedance-ST/";
   const Run r = run("trace analyze " + dir + "trace-ST.csv --meta " + dir + "meta-ST.yaml --json");
