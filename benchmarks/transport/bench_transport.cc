@@ -28,6 +28,7 @@
 #include "transport/bus.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
+#include "transport/telemetry_keys.h"
 
 #ifdef PARAPILOT_HAVE_ZMQ
 #include <zmq.hpp>
@@ -80,7 +81,7 @@ Telemetry sample(std::uint32_t rank, std::uint64_t step) {
   t.step_end_ns = t.step_start_ns + 950'000;
   t.compute_ms = 0.95;
   t.queue_depth = 2;
-  t.collectives["all_reduce/dp"] = CollectiveStat{0.125, 64u << 20, 4};
+  t.collectives[telemetry_keys::kAllReduceDp] = CollectiveStat{0.125, 64u << 20, 4};
   t.collectives["all_gather/tp"] = CollectiveStat{0.0625, 8u << 20, 24};
   t.layers = {{0, 1.5F, 0.03F, 0}, {1, 2.25F, 0.06F, 0}, {2, 0.5F, 0.01F, 0}};
   return t;

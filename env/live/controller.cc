@@ -7,8 +7,11 @@
 #include <stdexcept>
 
 #include "agent/runtime/migration.h"
+#include "transport/telemetry_keys.h"
 
 namespace parapilot::live {
+
+namespace keys = transport::telemetry_keys;
 
 Controller::Controller(ControllerOptions options) : options_(std::move(options)) {}
 
@@ -95,19 +98,17 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
       s.start_s = std::max(0.0, s.start_s);
       s.end_s = std::max(s.start_s, s.end_s);
       s.compute_ms = t->compute_ms;
-      if (auto mb = t->collectives.find("info/microbatches"); mb != t->collectives.end())
-        s.microbatches = static_cast<int>(mb->second.bytes);
+      if (auto mb = keys::info(*t, keys::kMicrobatches)) s.microbatches = static_cast<int>(*mb);
+      if (auto replica = keys::info(*t, keys::kReplica)) s.dp_rank = static_cast<int>(*replica);
+      if (auto stage = keys::info(*t, keys::kStage)) s.stage = static_cast<int>(*stage);
       for (const auto& [name, c] : t->collectives) {
         if (name.ends_with("/dp")) {
           s.dp_comm.ms += c.ms;
           s.dp_comm.bytes += static_cast<double>(c.bytes);
-        } else if (name == "p2p/pp") {
+        } else if (name == keys::kP2pPp) {
           s.pp_comm = {c.ms, static_cast<double>(c.bytes)};
-        } else if (name == "all_reduce/tp") {
+        } else if (name == keys::kAllReduceTp) {
           s.tp_comm = {c.ms, static_cast<double>(c.bytes)};
-        } else if (name == "info/coords") {  // a hybrid layout's replica and stage
-          s.dp_rank = static_cast<int>(c.bytes);
-          s.stage = static_cast<int>(c.calls);
         }
       }
       recorded_.push_back(s);
@@ -252,8 +253,7 @@ std::vector<double> elastic_shares(const std::vector<transport::Telemetry>& tele
       mbs(static_cast<std::size_t>(world), 0);
   for (const auto& t : telemetry) {
     if (static_cast<int>(t.rank) >= world) continue;
-    auto it = t.collectives.find("info/microbatches");
-    const double n = it == t.collectives.end() ? 1.0 : static_cast<double>(it->second.bytes);
+    const double n = static_cast<double>(keys::info(t, keys::kMicrobatches).value_or(1));
     if (n <= 0) continue;
     ms[t.rank] += t.compute_ms;
     mbs[t.rank] += n;

@@ -35,6 +35,7 @@
 #include "env/live/run_summary.h"
 #include "env/live/worker_bus.h"
 #include "env/trace/telemetry.h"
+#include "transport/telemetry_keys.h"
 #include "core/error.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
@@ -665,35 +666,35 @@ int run_or_throw(const WorkerOptions& o) {
             sync.all_reduce_ms + sync.all_gather_ms + loss_ms + passes->p2p_ms + tp_ms;
         t.compute_ms = std::clamp(wall_ms - wait_ms, compute_ms, std::max(compute_ms, wall_ms));
         t.queue_depth = sync.buckets;
-        t.collectives["wait/dp"] = {sync.all_reduce_ms + sync.all_gather_ms, 0, 1};
-        t.collectives["all_reduce/dp"] = {sync.all_reduce_ms, sync.all_reduce_bytes,
-                                          sync.all_reduce_calls};
+        namespace keys = transport::telemetry_keys;
+        t.collectives[keys::kWaitDp] = {sync.all_reduce_ms + sync.all_gather_ms, 0, 1};
+        t.collectives[keys::kAllReduceDp] = {sync.all_reduce_ms, sync.all_reduce_bytes,
+                                             sync.all_reduce_calls};
         if (sync.all_gather_calls)
-          t.collectives["all_gather/dp"] = {sync.all_gather_ms, sync.all_gather_bytes,
-                                            sync.all_gather_calls};
+          t.collectives[keys::kAllGatherDp] = {sync.all_gather_ms, sync.all_gather_bytes,
+                                               sync.all_gather_calls};
         if (state->pipeline())
-          t.collectives["p2p/pp"] = {passes->p2p_ms, passes->p2p_bytes, passes->p2p_calls};
+          t.collectives[keys::kP2pPp] = {passes->p2p_ms, passes->p2p_bytes, passes->p2p_calls};
         if (tp)
-          t.collectives["all_reduce/tp"] = {tp_ms, tp->all_reduce_bytes - tp_bytes_before,
-                                            tp->all_reduce_calls - tp_calls_before};
-        t.collectives["all_reduce/control"] = {control_ms + loss_ms, 0, 2};
+          t.collectives[keys::kAllReduceTp] = {tp_ms, tp->all_reduce_bytes - tp_bytes_before,
+                                               tp->all_reduce_calls - tp_calls_before};
+        t.collectives[keys::kAllReduceControl] = {control_ms + loss_ms, 0, 2};
         // Microbatches processed and the global loss, for the agent's throughput and reward.
-        t.collectives["info/microbatches"] = {0, static_cast<std::uint64_t>(mine),
-                                              static_cast<std::uint32_t>(total_mb)};
-        t.collectives["info/loss_x1e6"] = {
-            0, static_cast<std::uint64_t>(std::max(0.0, last_loss) * 1e6), 0};
-        t.collectives["info/plan"] = {0, plan_id, 0};
+        keys::set_info(t, keys::kMicrobatches, static_cast<std::uint64_t>(mine));
+        keys::set_info(t, keys::kMicrobatchesTotal, static_cast<std::uint64_t>(total_mb));
+        keys::set_loss(t, last_loss);
+        keys::set_info(t, keys::kPlan, plan_id);
         // The step that switched layouts: its pause and the bytes this rank sent for it.
         if (switched_this_step)
-          t.collectives["switch/layout"] = {switches.back().pause_ms, switches.back().bytes_sent,
-                                            1};
-        // Where the rank sits in a hybrid layout: its replica (bytes) and stage (calls).
+          t.collectives[keys::kSwitchLayout] = {switches.back().pause_ms,
+                                                switches.back().bytes_sent, 1};
+        // Where the rank sits in a hybrid layout.
         if (!layout.pure_data_parallel())
-          t.collectives["info/coords"] = {0, static_cast<std::uint64_t>(me.dp),
-                                          static_cast<std::uint32_t>(me.stage)};
+          keys::set_replica_and_stage(t, static_cast<std::uint64_t>(me.dp),
+                                      static_cast<std::uint64_t>(me.stage));
         // Samples this rank processed: the monitor compares ranks' compute per sample, so a
         // rank given a smaller share does not look faster than it is.
-        t.collectives["info/samples"] = {0, static_cast<std::uint64_t>(mine) * microbatch, 0};
+        keys::set_info(t, keys::kSamples, static_cast<std::uint64_t>(mine) * microbatch);
         t.layers = std::move(layer_stats);
         t.send_time_ns = wall_ns();
         bus->send(t);

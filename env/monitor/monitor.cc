@@ -8,8 +8,11 @@
 #include <optional>
 
 #include "env/monitor/robust_stats.h"
+#include "transport/telemetry_keys.h"
 
 namespace parapilot::monitor {
+
+namespace keys = transport::telemetry_keys;
 
 const char* to_string(MonitorEvent::Kind kind) {
   switch (kind) {
@@ -291,17 +294,17 @@ StepSample to_sample(const transport::Telemetry& t) {
   x.queue_depth = t.queue_depth;
   for (const auto& [name, c] : t.collectives) {
     x.longest_collective_ms = std::max(x.longest_collective_ms, c.ms);
-    if (name == "info/samples") x.samples = static_cast<double>(c.bytes);
-    if (name == "wait/dp") x.wait_ms = c.ms;
-    if (name == "wait/other") {
-      x.other_wait_ms = c.ms;
-      x.other_calls = static_cast<int>(std::min<uint32_t>(c.calls, INT32_MAX));
-    }
-    if (name == "phase/optimizer") x.fixed_ms = c.ms;
     if (name.find("inter") == std::string::npos) continue;
     x.inter_bytes += static_cast<double>(c.bytes);
     x.inter_ms += c.ms;
   }
+  if (auto samples = keys::info(t, keys::kSamples)) x.samples = static_cast<double>(*samples);
+  if (const auto* wait = keys::timing(t, keys::kWaitDp)) x.wait_ms = wait->ms;
+  if (const auto* other = keys::timing(t, keys::kWaitOther)) {
+    x.other_wait_ms = other->ms;
+    x.other_calls = static_cast<int>(std::min<uint32_t>(other->calls, INT32_MAX));
+  }
+  if (const auto* optimizer = keys::timing(t, keys::kPhaseOptimizer)) x.fixed_ms = optimizer->ms;
   x.layers = t.layers;
   return x;
 }
@@ -314,15 +317,16 @@ transport::Telemetry to_telemetry(const StepSample& x) {
   t.step_end_ns = x.end_ns;
   t.compute_ms = x.compute_ms;
   t.queue_depth = static_cast<uint32_t>(x.queue_depth);
-  if (x.samples >= 0) t.collectives["info/samples"] = {0, static_cast<uint64_t>(x.samples), 1};
-  if (x.wait_ms >= 0) t.collectives["wait/dp"] = {x.wait_ms, 0, 1};
+  if (x.samples >= 0) keys::set_info(t, keys::kSamples, static_cast<uint64_t>(x.samples));
+  if (x.wait_ms >= 0) t.collectives[keys::kWaitDp] = {x.wait_ms, 0, 1};
   if (x.other_wait_ms >= 0) {
-    t.collectives["wait/other"] = {x.other_wait_ms, 0,
-                                   static_cast<uint32_t>(std::max(0, x.other_calls))};
+    t.collectives[keys::kWaitOther] = {x.other_wait_ms, 0,
+                                       static_cast<uint32_t>(std::max(0, x.other_calls))};
   }
-  if (x.fixed_ms >= 0) t.collectives["phase/optimizer"] = {x.fixed_ms, 0, 1};
+  if (x.fixed_ms >= 0) t.collectives[keys::kPhaseOptimizer] = {x.fixed_ms, 0, 1};
   if (x.inter_bytes > 0 || x.inter_ms > 0) {
-    t.collectives["all_reduce/dp/inter"] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes), 1};
+    t.collectives[keys::kAllReduceDpInter] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes),
+                                              1};
   }
   t.layers = x.layers;
   return t;

@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from .telemetry_keys import BROADCAST_BUFFERS, script_key
+
 # torch.distributed attribute -> the op it is reported as. Missing attributes (older or newer
 # torch) are skipped.
 _OPS: Dict[str, str] = {
@@ -46,7 +48,6 @@ _OPS: Dict[str, str] = {
     "scatter": "scatter", "scatter_object_list": "scatter",
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
 }
-BUFFERS_KEY = "broadcast/buffers"
 
 _lock = threading.Lock()
 _sessions: List[Any] = []  # open sessions, newest last; the newest records
@@ -112,8 +113,8 @@ def install(session: Any) -> None:
     """Starts recording `session`'s collectives (wraps torch.distributed on first use)."""
     with _lock:
         if not _originals:
-            names = {n: f"{op}/script" for n, op in _OPS.items()}
-            names["_broadcast_coalesced"] = BUFFERS_KEY
+            names = {n: script_key(op) for n, op in _OPS.items()}
+            names["_broadcast_coalesced"] = BROADCAST_BUFFERS
             for name, key in names.items():
                 original = getattr(dist, name, None)
                 if original is None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d  # unwrapped: never timed as script waits
 
 from . import wire
+from .telemetry_keys import ALL_GATHER_DP, ALL_REDUCE_DP
 
 NONE, FP16, TOPK, POWERSGD = (wire.CompressionMethod.NONE, wire.CompressionMethod.FP16,
                               wire.CompressionMethod.TOPK, wire.CompressionMethod.POWERSGD)
@@ -126,7 +127,7 @@ def _fp16_bucket(buf: torch.Tensor, w: float, group, timed) -> torch.futures.Fut
     def back(f):
         buf.copy_(f.value()[0])
         return buf
-    return timed(fut.then(back), "all_reduce/dp", half.numel() * half.element_size())
+    return timed(fut.then(back), ALL_REDUCE_DP, half.numel() * half.element_size())
 
 
 def _mixed_bucket(state, bucket, buf: torch.Tensor,
@@ -156,7 +157,7 @@ def _mixed_bucket(state, bucket, buf: torch.Tensor,
         flat = torch.cat([seg.reshape(-1) for _, seg in items]) * w
         if method == NONE or method == FP16:
             send = flat if method == NONE else flat.to(torch.float16)
-            fut = timed(_allreduce_fut(send, group), "all_reduce/dp",
+            fut = timed(_allreduce_fut(send, group), ALL_REDUCE_DP,
                         send.numel() * send.element_size())
             futs.append(fut)
             finishers.append((items, send))
@@ -205,7 +206,7 @@ def _topk(state: _CompressorState, items, flat: torch.Tensor, ratio: float, time
         for g in gathered:
             dense.index_add_(0, g[k:].view(torch.int32).long(), g[:k].to(dtype))
         return dense
-    return timed(fut.then(densify), "all_gather/dp", packed.numel() * packed.element_size())
+    return timed(fut.then(densify), ALL_GATHER_DP, packed.numel() * packed.element_size())
 
 
 def _psgd_worth(seg: torch.Tensor, rank: int) -> bool:
@@ -239,7 +240,7 @@ def _own_powersgd(state: _CompressorState, p, seg: torch.Tensor, rank: int, w: f
     state.psgd_err[p] = mat - pm @ (pm.t() @ mat)  # the part of this rank's gradient not sent
     seg.copy_((pm @ qn.t()).view_as(seg))
     if rec is not None:
-        rec.comm.append(("all_reduce/dp", (pm.numel() + qn.numel()) * pm.element_size(), t0,
+        rec.comm.append((ALL_REDUCE_DP, (pm.numel() + qn.numel()) * pm.element_size(), t0,
                          clock.mark()))
 
 
@@ -263,4 +264,4 @@ def _torch_powersgd(state, bucket, rank: int, timed):
     fut = psgd.powerSGD_hook(ps, bucket)
     if state.config.uniform_powersgd is None:
         fut.wait()  # other collectives follow: keep the order identical on every rank
-    return timed(fut, "all_reduce/dp", nbytes)
+    return timed(fut, ALL_REDUCE_DP, nbytes)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import wire
+from . import telemetry_keys as keys, wire
 from .compressors import (NONE, FP16, POWERSGD, _CompressorState, _allreduce_fut, _fp16_bucket,
                           _mixed_bucket, _torch_powersgd)
 
@@ -186,16 +186,16 @@ def _step_telemetry(rec: _StepRecord, c: _Clock, rank: int) -> wire.Telemetry:
         s.calls += 1
     for key, intervals in spans.items():
         coll[key].ms = _union_length(intervals)
-    coll["all_reduce/control"] = wire.CollectiveStat(rec.control_ms, 16, 1)
-    coll["phase/forward"] = wire.CollectiveStat(fwd, 0, 1)
-    coll["phase/backward"] = wire.CollectiveStat(bwd, 0, 1)
-    coll["phase/comm_wait"] = wire.CollectiveStat(wait, 0, 1)
-    coll["phase/optimizer"] = wire.CollectiveStat(opt, 0, 1)
-    coll["wait/dp"] = wire.CollectiveStat(wait, 0, 1)
-    coll["wait/other"] = wire.CollectiveStat(other, 0, len(rec.waits))
-    coll["arrive/dp"] = wire.CollectiveStat(arrive, 0, 1)
-    coll["info/plan"] = wire.CollectiveStat(0.0, rec.plan_id, 0)
-    coll["info/samples"] = wire.CollectiveStat(0.0, rec.samples, 0)
+    coll[keys.ALL_REDUCE_CONTROL] = wire.CollectiveStat(rec.control_ms, 16, 1)
+    coll[keys.PHASE_FORWARD] = wire.CollectiveStat(fwd, 0, 1)
+    coll[keys.PHASE_BACKWARD] = wire.CollectiveStat(bwd, 0, 1)
+    coll[keys.PHASE_COMM_WAIT] = wire.CollectiveStat(wait, 0, 1)
+    coll[keys.PHASE_OPTIMIZER] = wire.CollectiveStat(opt, 0, 1)
+    coll[keys.WAIT_DP] = wire.CollectiveStat(wait, 0, 1)
+    coll[keys.WAIT_OTHER] = wire.CollectiveStat(other, 0, len(rec.waits))
+    coll[keys.ARRIVE_DP] = wire.CollectiveStat(arrive, 0, 1)
+    keys.set_info(coll, keys.PLAN, rec.plan_id)
+    keys.set_info(coll, keys.SAMPLES, rec.samples)
     for s in coll.values():
         s.ms = min(max(s.ms, 0.0), cycle, wire.MAX_DURATION_MS)
     return wire.Telemetry(rank=rank, step=rec.step, step_start_ns=rec.start_ns,
@@ -279,7 +279,7 @@ def _hook_body(state: "_HookState", session: "Session", bucket):
             nbytes = buf.numel() * buf.element_size()
 
             def done(f):  # one Python callback per bucket: timing and the result together
-                rec.comm.append(("all_reduce/dp", nbytes, t0, clock.mark()))
+                rec.comm.append((keys.ALL_REDUCE_DP, nbytes, t0, clock.mark()))
                 return f.value()[0]
             return fut.then(done)
         if method == FP16:

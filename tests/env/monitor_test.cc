@@ -9,9 +9,11 @@
 
 #include "env/monitor/monitor.h"
 #include "env/monitor/robust_stats.h"
+#include "transport/telemetry_keys.h"
 
 using namespace parapilot;
 using namespace parapilot::monitor;
+namespace keys = parapilot::transport::telemetry_keys;
 
 namespace {
 
@@ -36,7 +38,7 @@ std::vector<transport::Telemetry> sync_step(uint64_t step, const std::vector<dou
     t.step_start_ns = start;
     t.step_end_ns = start + static_cast<uint64_t>(step_ms * 1e6);
     t.compute_ms = compute_ms[r];
-    t.collectives["all_reduce/dp/inter"] = {last - compute_ms[r] + transfer_ms[r], 100'000'000, 1};
+    t.collectives[keys::kAllReduceDpInter] = {last - compute_ms[r] + transfer_ms[r], 100'000'000, 1};
     t.layers.push_back({0, 1.5f, 0.1f, 0});
     out.push_back(t);
   }
@@ -492,7 +494,7 @@ TEST_CASE("with reported samples, a slow rank given a smaller share still reads 
       for (int r = 0; r < 4; ++r) compute.push_back(samples[r] * (r == 2 ? 30.0 : 10.0));
       for (auto t : sync_step(s, compute, std::vector<double>(4, 5.0))) {
         if (reported)
-          t.collectives["info/samples"] = {0, static_cast<uint64_t>(samples[t.rank]), 0};
+          keys::set_info(t, keys::kSamples, static_cast<uint64_t>(samples[t.rank]));
         CHECK(m.ingest(t).ok());
       }
     }
@@ -521,8 +523,8 @@ TEST_CASE("measured waits in every collective name the rank that arrives last") 
       for (auto t : sync_step(s, {10, 10, 10, 10}, std::vector<double>(4, 60.0))) {
         const double dp[4] = {30, 10, 30, 25};
         const double rest[4] = {20, 20, 20, 1};
-        t.collectives["wait/dp"] = {dp[t.rank], 0, 1};
-        t.collectives["wait/other"] = {other ? rest[t.rank] : 0.0, 0, other ? 1u : 0u};
+        t.collectives[keys::kWaitDp] = {dp[t.rank], 0, 1};
+        t.collectives[keys::kWaitOther] = {other ? rest[t.rank] : 0.0, 0, other ? 1u : 0u};
         CHECK(m.ingest(t).ok());
       }
     }

@@ -31,6 +31,7 @@
 #include "tests/test_util.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
+#include "transport/telemetry_keys.h"
 #endif
 
 using parapilot::testing::failure_of;
@@ -38,6 +39,7 @@ using parapilot::testing::ok;
 
 using namespace parapilot::live;
 using namespace std::chrono_literals;
+namespace keys = parapilot::transport::telemetry_keys;
 
 namespace {
 
@@ -127,9 +129,10 @@ TEST_CASE("telemetry arrives on the bus and an action is applied at an iteration
   REQUIRE(!before.empty());
   for (const auto& t : before) {
     CHECK(t.layers.size() == 2 + 12 + 4);
-    CHECK(t.collectives.count("all_reduce/dp") == 1);
-    CHECK(t.collectives.at("all_reduce/dp").bytes > 0);
-    CHECK(t.collectives.at("info/microbatches").bytes == 4);
+    REQUIRE(keys::timing(t, keys::kAllReduceDp) != nullptr);
+    CHECK(keys::timing(t, keys::kAllReduceDp)->bytes > 0);
+    CHECK(keys::info(t, keys::kMicrobatches) == 4u);
+    CHECK(keys::info(t, keys::kMicrobatchesTotal) == 8u);
   }
   LiveAction a;
   a.shares = {0.75, 0.25};
@@ -140,10 +143,10 @@ TEST_CASE("telemetry arrives on the bus and an action is applied at an iteration
   REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
   bool seen_new_plan = false;
   for (const auto& t : agent.take_telemetry()) {
-    if (t.collectives.at("info/plan").bytes != r->plan_id) continue;
+    if (keys::info(t, keys::kPlan) != r->plan_id) continue;
     seen_new_plan = true;
     CHECK(t.step >= r->switch_at_step);
-    CHECK(t.collectives.at("info/microbatches").bytes == (t.rank == 0 ? 6u : 2u));
+    CHECK(keys::info(t, keys::kMicrobatches) == (t.rank == 0 ? 6u : 2u));
   }
   CHECK(seen_new_plan);
   // A plan that does not fit the model is refused by the ranks and aborted.

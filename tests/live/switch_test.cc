@@ -23,9 +23,11 @@
 
 #include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
+#include "transport/telemetry_keys.h"
 
 using namespace parapilot::live;
 using namespace std::chrono_literals;
+namespace keys = parapilot::transport::telemetry_keys;
 using parapilot::testing::ok;
 
 namespace {
@@ -175,9 +177,10 @@ Switched run_switch(int workers, const std::string& from, const std::string& to,
   REQUIRE(agent.wait_for_step(r->switch_at_step + 2, 60s));
   int reported = 0;
   for (const auto& t : agent.take_telemetry()) {
-    if (!t.collectives.count("switch/layout")) continue;
+    const auto* switched = keys::timing(t, keys::kSwitchLayout);
+    if (!switched) continue;
     CHECK(t.step == r->switch_at_step);
-    CHECK(t.collectives.at("switch/layout").ms >= 0);
+    CHECK(switched->ms >= 0);
     ++reported;
   }
   CHECK(reported == workers);

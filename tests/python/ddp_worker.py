@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import parapilot.pytorch as ppt
-from parapilot import wire
+from parapilot import telemetry_keys as keys, wire
 
 
 def make_model(buffers=False):
@@ -111,15 +111,15 @@ def main():
                     time.sleep(cfg.get("outside_ms", 0) / 1000.0)
                     dist.barrier()
             t = session.last_telemetry
-            records.append({"step": step, "plan": t.collectives["info/plan"].bytes,
+            records.append({"step": step, "plan": keys.info(t.collectives, keys.PLAN),
                             "samples": len(x),
-                            "all_reduce_bytes": t.collectives.get("all_reduce/dp", wire.CollectiveStat()).bytes,
-                            "all_gather_bytes": t.collectives.get("all_gather/dp", wire.CollectiveStat()).bytes,
+                            "all_reduce_bytes": t.collectives.get(keys.ALL_REDUCE_DP, wire.CollectiveStat()).bytes,
+                            "all_gather_bytes": t.collectives.get(keys.ALL_GATHER_DP, wire.CollectiveStat()).bytes,
                             "compute_ms": t.compute_ms, "loss": float(loss),
                             "cycle_ms": (t.step_end_ns - t.step_start_ns) / 1e6,
                             "waits": {k: [c.ms, c.calls] for k, c in t.collectives.items()
                                       if k.startswith("wait/") or k.endswith("/script")
-                                      or k == "broadcast/buffers"}})
+                                      or k == keys.BROADCAST_BUFFERS}})
             if ref is not None:
                 idx = order[i * B:(i + 1) * B]
                 xb, yb = data[idx]

@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import parapilot.pytorch as ppt  # noqa: E402
-from parapilot import wire  # noqa: E402
+from parapilot import telemetry_keys as keys, wire  # noqa: E402
 
 failures = []
 
@@ -75,9 +75,9 @@ def main():
         use(method, parameter)
         losses, walls, t = train(20)
         c = t.collectives
-        comm = c.get("all_reduce/dp", wire.CollectiveStat()).bytes + \
-            c.get("all_gather/dp", wire.CollectiveStat()).bytes
-        fwd, bwd = c["phase/forward"].ms, c["phase/backward"].ms
+        comm = c.get(keys.ALL_REDUCE_DP, wire.CollectiveStat()).bytes + \
+            c.get(keys.ALL_GATHER_DP, wire.CollectiveStat()).bytes
+        fwd, bwd = c[keys.PHASE_FORWARD].ms, c[keys.PHASE_BACKWARD].ms
         wall = (t.step_end_ns - t.step_start_ns) / 1e6
         results[name] = comm
         print(f"  {name:13s} loss {losses[0]:.4f} -> {losses[-1]:.4f}; last step: wall "
@@ -87,7 +87,7 @@ def main():
         check(all(l == l and l < float("inf") for l in losses), f"{name}: finite losses")
         check(fwd > 0 and bwd > 0 and 0 < t.compute_ms <= wall + 1.0,
               f"{name}: CUDA-event timings positive and within the step")
-        check(c["info/samples"].bytes == batch, f"{name}: info/samples = {batch}")
+        check(keys.info(c, keys.SAMPLES) == batch, f"{name}: info/samples = {batch}")
     full = results["none"]
     check(full > 0, "uncompressed gradient bytes counted")
     check(abs(results["fp16"] / full - 0.5) < 0.01, "fp16 sends half the bytes")

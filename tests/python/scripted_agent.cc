@@ -23,6 +23,7 @@
 #include "transport/auth.h"
 #include "transport/bus.h"
 #include "transport/frame.h"
+#include "transport/telemetry_keys.h"
 
 namespace tp = parapilot::transport;
 
@@ -105,9 +106,9 @@ std::vector<tp::Message> canonical_messages() {
   t.send_time_ns = 1700000000012399999ull;
   t.compute_ms = 10.25;
   t.queue_depth = 2;
-  t.collectives["all_reduce/dp"] = {3.5, 4096, 2};
-  t.collectives["all_gather/dp"] = {0.125, 512, 1};
-  t.collectives["info/plan"] = {0, 7, 0};
+  t.collectives[tp::telemetry_keys::kAllReduceDp] = {3.5, 4096, 2};
+  t.collectives[tp::telemetry_keys::kAllGatherDp] = {0.125, 512, 1};
+  tp::telemetry_keys::set_info(t, tp::telemetry_keys::kPlan, 7);
   t.layers = {{0, 1.5f, 0.25f, 0}, {5, 0.0f, 0.0f, 3}};
   out.emplace_back(t);
   tp::PlanPrepare p;

@@ -6,7 +6,7 @@ import time
 import unittest
 
 import harness
-from parapilot import wire
+from parapilot import telemetry_keys as keys, wire
 from parapilot.auth import Secret, SecretError, load_secret, load_secret_from_file
 from parapilot.client import Client
 from parapilot.plans import PlanBook
@@ -19,7 +19,7 @@ def quiet(level, line):
 def telemetry(rank, step):
     now = time.time_ns()
     return wire.Telemetry(rank, step, now - 1000, now, now, 0.5, 0,
-                          {"all_reduce/dp": wire.CollectiveStat(0.25, 1024, 1)})
+                          {keys.ALL_REDUCE_DP: wire.CollectiveStat(0.25, 1024, 1)})
 
 
 class ClientTest(unittest.TestCase):
@@ -54,7 +54,7 @@ class ClientTest(unittest.TestCase):
         steps = [self.agent.wait_for(lambda e: e["event"] == "telemetry")["step"] for _ in range(50)]
         self.assertEqual(steps, list(range(50)))
         last = [e for e in self.agent.log if e["event"] == "telemetry"][-1]
-        self.assertEqual(last["collectives"]["all_reduce/dp"], [0.25, 1024, 1])
+        self.assertEqual(last["collectives"][keys.ALL_REDUCE_DP], [0.25, 1024, 1])
 
     def test_invalid_and_internal_messages_are_refused(self):
         c = self.client()

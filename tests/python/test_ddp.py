@@ -5,6 +5,7 @@ rank, compression cuts bytes as decided, and the agent going away leaves the job
 import unittest
 
 import harness
+from parapilot import telemetry_keys as keys
 
 try:
     import torch  # noqa: F401
@@ -70,17 +71,17 @@ class OfflineTest(unittest.TestCase):
             self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
         for r in res:
             recs = r["records"][4:]
-            self.assertTrue(all(x["waits"]["broadcast/buffers"][1] == 1 for x in recs))
+            self.assertTrue(all(x["waits"][keys.BROADCAST_BUFFERS][1] == 1 for x in recs))
             # The loss all-reduces run between steps: the next step's cycle holds both.
-            self.assertTrue(all(x["waits"]["all_reduce/script"][1] == 2 for x in recs))
-            self.assertEqual(sum(x["waits"].get("barrier/script", [0, 0])[1] for x in recs),
+            self.assertTrue(all(x["waits"][keys.script_key("all_reduce")][1] == 2 for x in recs))
+            self.assertEqual(sum(x["waits"].get(keys.script_key("barrier"), [0, 0])[1] for x in recs),
                              len([x for x in recs if (x["step"] - 1) % 3 == 0]))
             for x in recs:
-                self.assertLessEqual(x["compute_ms"] + x["waits"]["wait/dp"][0] +
-                                     x["waits"]["wait/other"][0], x["cycle_ms"] + 1e-6)
+                self.assertLessEqual(x["compute_ms"] + x["waits"][keys.WAIT_DP][0] +
+                                     x["waits"][keys.WAIT_OTHER][0], x["cycle_ms"] + 1e-6)
             self.assertEqual(r["telemetry_before_first_step"], "None")
         # The healthy ranks spent the slow rank's 40 ms waiting somewhere measured.
-        waited = [med([x["waits"]["wait/dp"][0] + x["waits"]["wait/other"][0]
+        waited = [med([x["waits"][keys.WAIT_DP][0] + x["waits"][keys.WAIT_OTHER][0]
                        for x in r["records"][4:]]) for r in res]
         for rank in range(3):
             self.assertGreater(waited[rank], 20, f"waits per rank {waited}")
@@ -95,7 +96,7 @@ class OfflineTest(unittest.TestCase):
             cycles = [x["cycle_ms"] for x in r["records"][1:]]
             self.assertLess(max(cycles), 150, cycles)
             self.assertEqual(r["gaps_excluded"], 5 + 1)
-            self.assertTrue(all("barrier/script" not in x["waits"] for x in r["records"]))
+            self.assertTrue(all(keys.script_key("barrier") not in x["waits"] for x in r["records"]))
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
@@ -142,8 +143,8 @@ class AgentTest(unittest.TestCase):
         while len(compute) < world or min(len(v) for v in compute.values()) < 3:
             e = self.wait_telemetry(lambda e: True)
             compute.setdefault(e["rank"], []).append(e["compute_ms"])
-            for key in ("all_reduce/dp", "phase/forward", "phase/backward", "phase/optimizer",
-                        "info/plan", "info/samples"):
+            for key in (keys.ALL_REDUCE_DP, keys.PHASE_FORWARD, keys.PHASE_BACKWARD,
+                        keys.PHASE_OPTIMIZER, keys.PLAN, keys.SAMPLES):
                 self.assertIn(key, e["collectives"])
         med = {r: sorted(v)[len(v) // 2] for r, v in compute.items()}
         self.assertGreater(med[2], 15)

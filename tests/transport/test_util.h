@@ -13,6 +13,7 @@
 #include "transport/bus.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
+#include "transport/telemetry_keys.h"
 
 namespace parapilot::transport::testing {
 
@@ -29,7 +30,7 @@ inline Telemetry make_telemetry(std::uint32_t rank, std::uint64_t step) {
   t.send_time_ns = t.step_end_ns + 10;
   t.compute_ms = 0.75;
   t.queue_depth = 3;
-  t.collectives["all_reduce/dp"] = CollectiveStat{0.125, 64u << 20, 4};
+  t.collectives[telemetry_keys::kAllReduceDp] = CollectiveStat{0.125, 64u << 20, 4};
   t.collectives["all_gather/tp"] = CollectiveStat{0.0625, 8u << 20, 24};
   t.layers = {{0, 1.5F, 0.03125F, 0}, {1, 2.25F, 0.0625F, 0}, {2, 0.5F, 0.015625F, 1}};
   return t;

@@ -6,6 +6,7 @@
 
 #include "transport/frame.h"
 #include "transport/messages.h"
+#include "transport/telemetry_keys.h"
 
 using namespace parapilot::transport;
 
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   t.step_start_ns = 1000;
   t.step_end_ns = 2000;
   t.compute_ms = 12.5;
-  t.collectives["all_reduce/dp"] = {3.5, 1 << 20, 2};
+  t.collectives[telemetry_keys::kAllReduceDp] = {3.5, 1 << 20, 2};
   t.layers = {{0, 1.5F, 0.25F, 0}, {1, 2.0F, 0.5F, 1}};
   Hello h;
   h.name = "worker-3";

@@ -1,0 +1,58 @@
+"""python/parapilot/telemetry_keys.py replays tests/data/telemetry_keys/vectors.json, the same
+vectors transport/telemetry_keys.h replays (tests/transport/test_telemetry_keys.cc): both sides
+spell each key and store each fact the same way."""
+
+import json
+import os
+import unittest
+
+from parapilot import telemetry_keys as keys, wire
+
+VECTORS = os.path.join(os.path.dirname(__file__), "..", "data", "telemetry_keys", "vectors.json")
+
+
+def load():
+    with open(VECTORS) as f:
+        return json.load(f)
+
+
+class TelemetryKeysTest(unittest.TestCase):
+    def test_every_key_is_spelled_as_the_vectors_spell_it(self):
+        v = load()
+        constants = {n for n in keys.__all__ if n.isupper()}
+        self.assertEqual(set(v["keys"]), constants)
+        for name, key in v["keys"].items():
+            self.assertEqual(getattr(keys, name), key, name)
+            self.assertEqual(keys.is_info(getattr(keys, name)), key.startswith("info/"), name)
+        for op, key in v["script_keys_python_only"].items():
+            self.assertEqual(keys.script_key(op), key)
+
+    def test_each_fact_is_stored_and_read_back_as_the_vectors_say(self):
+        facts = load()["facts"]
+        self.assertGreaterEqual(len(facts), 8)
+        for f in facts:
+            with self.subTest(f=f):
+                coll = {}
+                if f["set"] == "info":
+                    keys.set_info(coll, f["key"], f["value"])
+                    self.assertEqual(keys.info(coll, f["key"]), f["read"])
+                elif f["set"] == "loss":
+                    keys.set_loss(coll, f["value"])
+                    self.assertAlmostEqual(keys.loss(coll), f["read"], places=9)
+                else:
+                    self.assertEqual(f["set"], "replica_and_stage")
+                    keys.set_replica_and_stage(coll, *f["value"])
+                    self.assertEqual([keys.info(coll, keys.REPLICA), keys.info(coll, keys.STAGE)],
+                                     f["read"])
+                want = {k: wire.CollectiveStat(float(e[0]), e[1], e[2])
+                        for k, e in f["entries"].items()}
+                self.assertEqual(coll, want)
+
+    def test_a_fact_the_telemetry_does_not_carry_reads_as_absent(self):
+        coll = {keys.WAIT_DP: wire.CollectiveStat(1.5, 0, 1)}
+        self.assertIsNone(keys.info(coll, keys.SAMPLES))
+        self.assertIsNone(keys.loss(coll))
+
+
+if __name__ == "__main__":
+    unittest.main()
