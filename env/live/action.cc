@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "env/live/fault_spec.h"
 
 namespace parapilot::live {
 

@@ -1,6 +1,7 @@
 // Actions of the live cluster: what the agent can change in a running data-parallel job at an
-// iteration boundary, the model's layer layout that per-layer choices refer to, the compression
-// selector, and fault-injection specs for local clusters. No libtorch here.
+// iteration boundary, the model's layer layout that per-layer choices refer to, and the
+// compression selector. No libtorch here. (The model is model_config.h, injected faults
+// fault_spec.h.)
 //
 // An action travels on the bus inside PlanPrepare.layout_name as a compact text (encode_action /
 // decode_action, at most 128 bytes: "s=0.75/0.25;c=2n1p27h;k=0.01;r=4;b=1048576;m=2", a layout
@@ -11,11 +12,11 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "env/live/model_config.h"
 #include "transport/messages.h"
 
 namespace parapilot::live {
@@ -92,19 +93,6 @@ StatusOr<std::vector<double>> parse_shares(std::string_view text);
 /// Parses "none", "fp16", "topk", "powersgd" (or a per-layer comma list); kInvalidArgument.
 StatusOr<std::vector<Compression>> parse_compression_list(std::string_view text);
 
-/// The training model of a worker (a byte-level language model).
-struct ModelConfig {
-  std::string kind = "transformer";  ///< "transformer" or "mlp".
-  int layers = 2;                    ///< transformer blocks, or MLP hidden layers.
-  int d_model = 64;                  ///< embedding width.
-  int heads = 4;                     ///< attention heads (transformer).
-  int seq_len = 64;                  ///< bytes per training sequence.
-  int context = 8;                   ///< bytes seen by the MLP per prediction.
-  static constexpr int kVocab = 256;
-};
-/// kInvalidArgument naming the field when a value is out of range.
-Status validate(const ModelConfig& m);
-
 /// One parameter tensor of the model, in the order the worker's model registers them.
 struct LayerShape {
   std::string name;
@@ -136,24 +124,5 @@ struct SelectorOptions {
 std::vector<Compression> select_compression(const std::vector<LayerShape>& layers,
                                             const std::vector<LayerGradSummary>& grads,
                                             const SelectorOptions& options = {});
-
-/// A fault injected into a local cluster (parapilot launch --inject).
-struct FaultSpec {
-  enum class Kind { slow, link_delay, kill };
-  int rank = 0;
-  Kind kind = Kind::slow;
-  double factor = 1;    ///< slow: compute takes this many times as long (>= 1).
-  double delay_ms = 0;  ///< link-delay: added before each collective call.
-  double at_s = 0;      ///< start, seconds after launch.
-  double for_s = std::numeric_limits<double>::infinity();  ///< duration (slow, link-delay).
-  /// slow, link-delay: start at this training step instead of at_s (-1: at_s applies), for
-  /// for_steps steps (-1: to the end). A step does not depend on how fast the host runs.
-  std::int64_t at_step = -1;
-  std::int64_t for_steps = -1;
-};
-/// Parses "rank=2,slow=3x,at=100s,for=60s", "rank=2,slow=3x,at=20steps,for=10steps",
-/// "rank=1,link-delay=20ms", "rank=3,kill,at=50s" (a kill's time is in seconds).
-/// kInvalidArgument quoting the spec and naming the bad key.
-StatusOr<FaultSpec> parse_fault(std::string_view spec);
 
 }  // namespace parapilot::live

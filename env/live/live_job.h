@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "env/live/action.h"
+#include "env/live/model_config.h"
 
 namespace parapilot::live {
 

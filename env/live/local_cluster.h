@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "env/live/action.h"
+#include "env/live/fault_spec.h"
 #include "env/live/controller.h"
 
 namespace parapilot::live {

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "env/live/action.h"
+#include "env/live/fault_spec.h"
 #include "core/error.h"
 #include "tests/test_util.h"
 
