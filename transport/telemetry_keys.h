@@ -25,8 +25,8 @@ namespace parapilot::transport::telemetry_keys {
 inline constexpr char kAllReduceDp[] = "all_reduce/dp";  ///< gradient all-reduce.
 inline constexpr char kAllGatherDp[] = "all_gather/dp";  ///< gradient all-gather (top-k).
 inline constexpr char kAllReduceDpInter[] = "all_reduce/dp/inter";  ///< its inter-node part.
-inline constexpr char kAllReduceTp[] = "all_reduce/tp";  ///< tensor-parallel all-reduces.
-inline constexpr char kP2pPp[] = "p2p/pp";               ///< pipeline sends and receives.
+inline constexpr char kAllReduceTp[] = "all_reduce/tp";            ///< tensor-parallel all-reduces.
+inline constexpr char kP2pPp[] = "p2p/pp";                         ///< pipeline sends and receives.
 inline constexpr char kAllReduceControl[] = "all_reduce/control";  ///< control and loss.
 /// Cycle start to the last gradient bucket ready (the Python client's hooks).
 inline constexpr char kArriveDp[] = "arrive/dp";
@@ -38,16 +38,17 @@ inline constexpr char kWaitOther[] = "wait/other";  ///< in the step's other col
 inline constexpr char kPhaseForward[] = "phase/forward";
 inline constexpr char kPhaseBackward[] = "phase/backward";
 inline constexpr char kPhaseCommWait[] = "phase/comm_wait";
-inline constexpr char kPhaseOptimizer[] = "phase/optimizer";  ///< the part not scaling with samples.
+/// The optimizer step: the part of the step not scaling with samples.
+inline constexpr char kPhaseOptimizer[] = "phase/optimizer";
 /// The step that switched layouts: its pause (ms) and the bytes this rank sent for it (calls 1).
 inline constexpr char kSwitchLayout[] = "switch/layout";
 
 // Facts about the step.
-inline constexpr char kPlan[] = "info/plan";                 ///< plan id the step ran.
-inline constexpr char kSamples[] = "info/samples";           ///< samples this rank processed.
+inline constexpr char kPlan[] = "info/plan";                  ///< plan id the step ran.
+inline constexpr char kSamples[] = "info/samples";            ///< samples this rank processed.
 inline constexpr char kMicrobatches[] = "info/microbatches";  ///< microbatches this rank ran.
 inline constexpr char kMicrobatchesTotal[] = "info/microbatches_total";  ///< ... all ranks ran.
-inline constexpr char kLoss[] = "info/loss_x1e6";            ///< global loss, millionths.
+inline constexpr char kLoss[] = "info/loss_x1e6";   ///< global loss, millionths.
 inline constexpr char kReplica[] = "info/replica";  ///< data-parallel replica (hybrid layouts).
 inline constexpr char kStage[] = "info/stage";      ///< pipeline stage (hybrid layouts).
 

@@ -19,7 +19,8 @@ using parapilot::transport::Telemetry;
 namespace {
 
 nlohmann::json vectors() {
-  const auto path = std::filesystem::path(PARAPILOT_TEST_DATA_DIR) / "telemetry_keys" / "vectors.json";
+  const auto path =
+      std::filesystem::path(PARAPILOT_TEST_DATA_DIR) / "telemetry_keys" / "vectors.json";
   std::ifstream in(path);
   REQUIRE(in.good());
   return nlohmann::json::parse(in);
@@ -28,7 +29,8 @@ nlohmann::json vectors() {
 std::map<std::string, CollectiveStat> entries(const nlohmann::json& j) {
   std::map<std::string, CollectiveStat> out;
   for (const auto& [key, v] : j.items())
-    out[key] = CollectiveStat{v[0].get<double>(), v[1].get<std::uint64_t>(), v[2].get<std::uint32_t>()};
+    out[key] =
+        CollectiveStat{v[0].get<double>(), v[1].get<std::uint64_t>(), v[2].get<std::uint32_t>()};
   return out;
 }
 
@@ -36,19 +38,27 @@ std::map<std::string, CollectiveStat> entries(const nlohmann::json& j) {
 
 TEST_CASE("every key is spelled as the shared vectors spell it") {
   const std::map<std::string, const char*> constants{
-      {"ALL_REDUCE_DP", keys::kAllReduceDp},   {"ALL_GATHER_DP", keys::kAllGatherDp},
+      {"ALL_REDUCE_DP", keys::kAllReduceDp},
+      {"ALL_GATHER_DP", keys::kAllGatherDp},
       {"ALL_REDUCE_DP_INTER", keys::kAllReduceDpInter},
-      {"ALL_REDUCE_TP", keys::kAllReduceTp},   {"P2P_PP", keys::kP2pPp},
+      {"ALL_REDUCE_TP", keys::kAllReduceTp},
+      {"P2P_PP", keys::kP2pPp},
       {"ALL_REDUCE_CONTROL", keys::kAllReduceControl},
-      {"ARRIVE_DP", keys::kArriveDp},          {"BROADCAST_BUFFERS", keys::kBroadcastBuffers},
-      {"WAIT_DP", keys::kWaitDp},              {"WAIT_OTHER", keys::kWaitOther},
-      {"PHASE_FORWARD", keys::kPhaseForward},  {"PHASE_BACKWARD", keys::kPhaseBackward},
+      {"ARRIVE_DP", keys::kArriveDp},
+      {"BROADCAST_BUFFERS", keys::kBroadcastBuffers},
+      {"WAIT_DP", keys::kWaitDp},
+      {"WAIT_OTHER", keys::kWaitOther},
+      {"PHASE_FORWARD", keys::kPhaseForward},
+      {"PHASE_BACKWARD", keys::kPhaseBackward},
       {"PHASE_COMM_WAIT", keys::kPhaseCommWait},
       {"PHASE_OPTIMIZER", keys::kPhaseOptimizer},
-      {"SWITCH_LAYOUT", keys::kSwitchLayout},  {"PLAN", keys::kPlan},
-      {"SAMPLES", keys::kSamples},             {"MICROBATCHES", keys::kMicrobatches},
+      {"SWITCH_LAYOUT", keys::kSwitchLayout},
+      {"PLAN", keys::kPlan},
+      {"SAMPLES", keys::kSamples},
+      {"MICROBATCHES", keys::kMicrobatches},
       {"MICROBATCHES_TOTAL", keys::kMicrobatchesTotal},
-      {"LOSS", keys::kLoss},                   {"REPLICA", keys::kReplica},
+      {"LOSS", keys::kLoss},
+      {"REPLICA", keys::kReplica},
       {"STAGE", keys::kStage}};
   const nlohmann::json v = vectors();
   CHECK(v.at("keys").size() == constants.size());
