@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cstdio>
-#include <cstdlib>
-#include <sstream>
 
 #include "core/error.h"
+#include "transport/plan_name.h"
 #include "strategy/spec_io.h"
 
 namespace parapilot::agent::runtime {
@@ -123,82 +121,50 @@ Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t c) 
   return {};
 }
 
+namespace {
+
+// The name's head: what every layout name starts with.
+transport::LayoutPlanName head_of(const Strategy& s) {
+  transport::LayoutPlanName n;
+  n.dp = s.dp;
+  n.tp = s.tp;
+  n.pp = s.pp;
+  n.microbatch = s.microbatch_size;
+  n.sp = s.sp;
+  n.virtual_stages = s.virtual_stages;
+  n.zero = s.zero;
+  return n;
+}
+
+}  // namespace
+
 std::string layout_name(const Strategy& s) {
-  std::ostringstream out;
-  out << "dp" << s.dp << "-tp" << s.tp << "-pp" << s.pp << "-mb" << s.microbatch_size;
-  if (s.sp) out << "-sp";
-  if (s.virtual_stages > 1) out << "-v" << s.virtual_stages;
-  out << "-z" << s.zero;
-  if (!s.dp_shares.empty()) out << "-elastic";
-  std::string name = out.str();
-  if (name.size() > transport::kMaxNameBytes) name.resize(transport::kMaxNameBytes);
-  return name;
+  transport::LayoutPlanName n = head_of(s);
+  n.elastic = !s.dp_shares.empty();
+  StatusOr<std::string> text = transport::encode_plan_name(n);
+  // A head alone is far below kMaxNameBytes.
+  assert(text.ok());
+  return std::move(text).value();
 }
 
 std::optional<std::string> wire_name(const Strategy& s) {
-  std::ostringstream out;
-  out << "dp" << s.dp << "-tp" << s.tp << "-pp" << s.pp << "-mb" << s.microbatch_size;
-  if (s.sp) out << "-sp";
-  if (s.virtual_stages > 1) out << "-v" << s.virtual_stages;
-  out << "-z" << s.zero;
-  out << ";sc=" << to_string(s.schedule) << ";rc=" << to_string(s.recompute);
-  if (!s.stage_layers.empty()) {
-    out << ";st=";
-    for (size_t i = 0; i < s.stage_layers.size(); ++i) out << (i ? "," : "") << s.stage_layers[i];
-  }
-  if (!s.dp_shares.empty()) {
-    out << ";sh=";
-    for (size_t i = 0; i < s.dp_shares.size();) {
-      size_t j = i;
-      while (j < s.dp_shares.size() && s.dp_shares[j] == s.dp_shares[i]) ++j;
-      out << (i ? "," : "") << s.dp_shares[i];
-      if (j - i > 1) out << '*' << (j - i);
-      i = j;
-    }
-  }
-  bool identity = true;
-  for (size_t i = 0; i < s.gpus.size(); ++i)
-    identity = identity && s.gpus[i] == static_cast<int>(i);
-  if (!identity) {
-    // Device mapping as ranges of consecutive GPUs: "0-2,4-15,3".
-    out << ";g=";
-    for (size_t i = 0; i < s.gpus.size();) {
-      size_t j = i + 1;
-      while (j < s.gpus.size() && s.gpus[j] == s.gpus[j - 1] + 1) ++j;
-      out << (i ? "," : "") << s.gpus[i];
-      if (j - i > 1) out << '-' << s.gpus[j - 1];
-      i = j;
-    }
-  }
   if (s.placement != PlacementOrder::kTpPpDp || !(s.compression == Compression{}) ||
       !s.compression_overrides.empty()) {
     return std::nullopt;  // not carried by wire v1
   }
-  std::string text = out.str();
-  if (text.size() > transport::kMaxNameBytes) return std::nullopt;
-  return text;
+  transport::LayoutPlanName n = head_of(s);
+  n.schedule = to_string(s.schedule);
+  n.recompute = to_string(s.recompute);
+  n.stage_layers = s.stage_layers;
+  n.dp_shares = s.dp_shares;
+  bool identity = true;
+  for (size_t i = 0; i < s.gpus.size(); ++i)
+    identity = identity && s.gpus[i] == static_cast<int>(i);
+  if (!identity) n.gpus = s.gpus;
+  StatusOr<std::string> text = transport::encode_plan_name(n);
+  if (!text.ok()) return std::nullopt;  // too long for wire v1
+  return std::move(text).value();
 }
-
-namespace {
-
-// Parses "a,b*3,c" into integers; false on malformed text.
-bool parse_int_list(const std::string& text, bool run_length, std::vector<int>& out) {
-  std::istringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    int value = 0, count = 1;
-    char tail = 0;
-    const int n = run_length ? std::sscanf(item.c_str(), "%d*%d%c", &value, &count, &tail)
-                             : std::sscanf(item.c_str(), "%d%c", &value, &tail);
-    if (n < 1 || (run_length && n > 2) || (!run_length && n > 1) || count < 1 || count > 1 << 20) {
-      return false;
-    }
-    out.insert(out.end(), static_cast<size_t>(count), value);
-  }
-  return !out.empty();
-}
-
-}  // namespace
 
 std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
                                   const std::string& name) {
@@ -214,57 +180,30 @@ std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
   s.recompute = space.recompute.empty() ? Recompute::kSelective : space.recompute.front();
   s.zero = space.zero.empty() ? 1 : space.zero.front();
   s.schedule = space.schedule.empty() ? Schedule::k1F1B : space.schedule.front();
-  // The parts wire_name() carries.
-  const auto semicolon = name.find(';');
-  if (semicolon != std::string::npos) {
-    const std::string head = name.substr(0, semicolon);
-    int dp = 0, tp = 0, pp = 0, mb = 0;
-    if (std::sscanf(head.c_str(), "dp%d-tp%d-pp%d-mb%d", &dp, &tp, &pp, &mb) == 4 && dp == s.dp &&
-        tp == s.tp && pp == s.pp && mb >= 1) {
-      s.microbatch_size = mb;
-      s.sp = head.find("-sp") != std::string::npos;
-      const auto v = head.find("-v");
-      s.virtual_stages = v == std::string::npos ? 1 : std::atoi(head.c_str() + v + 2);
-      const auto z = head.find("-z");
-      if (z != std::string::npos) s.zero = std::atoi(head.c_str() + z + 2);
+  StatusOr<transport::PlanName> decoded = transport::decode_plan_name(name);
+  if (!decoded.ok() || std::holds_alternative<transport::ActionPlanName>(*decoded)) {
+    return std::nullopt;
+  }
+  const auto* n = std::get_if<transport::LayoutPlanName>(&*decoded);
+  // The parts wire_name() carries; a name without them (a label, or layout_name()'s log form)
+  // leaves the job's defaults.
+  if (n && (n->schedule || n->recompute || !n->stage_layers.empty() || !n->dp_shares.empty() ||
+            !n->gpus.empty())) {
+    if (n->dp == s.dp && n->tp == s.tp && n->pp == s.pp) {
+      s.microbatch_size = n->microbatch;
+      s.sp = n->sp;
+      s.virtual_stages = n->virtual_stages;
+      s.zero = n->zero;
     }
-    std::istringstream fields(name.substr(semicolon + 1));
-    std::string field;
-    while (std::getline(fields, field, ';')) {
-      const auto eq = field.find('=');
-      if (eq == std::string::npos) return std::nullopt;
-      const std::string key = field.substr(0, eq), value = field.substr(eq + 1);
-      if (key == "sc") {
-        bool found = false;
-        for (Schedule x : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
-          if (value == to_string(x)) s.schedule = x, found = true;
-        }
-        if (!found) return std::nullopt;
-      } else if (key == "rc") {
-        bool found = false;
-        for (Recompute x : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-          if (value == to_string(x)) s.recompute = x, found = true;
-        }
-        if (!found) return std::nullopt;
-      } else if (key == "st") {
-        if (!parse_int_list(value, false, s.stage_layers)) return std::nullopt;
-      } else if (key == "sh") {
-        if (!parse_int_list(value, true, s.dp_shares)) return std::nullopt;
-      } else if (key == "g") {
-        std::istringstream in(value);
-        std::string item;
-        while (std::getline(in, item, ',')) {
-          int a = 0, b = 0;
-          char tail = 0;
-          const int n = std::sscanf(item.c_str(), "%d-%d%c", &a, &b, &tail);
-          if (n == 1) b = a;
-          if (n < 1 || n > 2 || a < 0 || b < a || b - a > (1 << 20)) return std::nullopt;
-          for (int g = a; g <= b; ++g) s.gpus.push_back(g);
-        }
-      } else {
-        return std::nullopt;
-      }
+    for (Schedule x : {Schedule::kGPipe, Schedule::k1F1B, Schedule::kInterleaved}) {
+      if (n->schedule == to_string(x)) s.schedule = x;
     }
+    for (Recompute x : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (n->recompute == to_string(x)) s.recompute = x;
+    }
+    s.stage_layers = n->stage_layers;
+    s.dp_shares = n->dp_shares;
+    s.gpus = n->gpus;
     if (find_problem(s, job.scenario.model, job.scenario.cluster)) return std::nullopt;
     return s;
   }

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "transport/plan_name.h"
 #include "env/live/fault_spec.h"
 
 namespace parapilot::live {
@@ -51,26 +52,6 @@ std::int64_t to_int(std::string_view text, const std::string& what) {
   return v;
 }
 
-char compression_code(Compression c) {
-  switch (c) {
-    case Compression::none:
-      return 'n';
-    case Compression::fp16:
-      return 'h';
-    case Compression::topk:
-      return 't';
-    case Compression::powersgd:
-      return 'p';
-  }
-  return 'n';
-}
-
-std::string format_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
 /// Value with a unit suffix: "3x", "20ms", "100s", "1.5".
 double with_unit(std::string_view value, std::string_view unit, const std::string& what) {
   value = trim(value);
@@ -93,6 +74,44 @@ Compression from_wire(transport::CompressionMethod m) {
   throw InputError("unknown compression method " + std::to_string(static_cast<int>(m)));
 }
 
+transport::CompressionMethod to_wire(Compression c) {
+  switch (c) {
+    case Compression::none:
+      return transport::CompressionMethod::none;
+    case Compression::fp16:
+      return transport::CompressionMethod::fp16;
+    case Compression::topk:
+      return transport::CompressionMethod::topk;
+    case Compression::powersgd:
+      return transport::CompressionMethod::powersgd;
+  }
+  return transport::CompressionMethod::none;
+}
+
+transport::ActionPlanName to_plan_name(const LiveAction& a) {
+  transport::ActionPlanName n;
+  n.shares = a.shares;
+  for (Compression c : a.compression) n.compression.push_back(to_wire(c));
+  n.topk_ratio = a.topk_ratio;
+  n.powersgd_rank = a.powersgd_rank;
+  n.bucket_bytes = a.bucket_bytes;
+  n.microbatch = a.microbatch;
+  n.layout = a.layout;
+  return n;
+}
+
+LiveAction from_plan_name(const transport::ActionPlanName& n) {
+  LiveAction a;
+  a.shares = n.shares;
+  for (transport::CompressionMethod c : n.compression) a.compression.push_back(from_wire(c));
+  a.topk_ratio = n.topk_ratio;
+  a.powersgd_rank = n.powersgd_rank;
+  a.bucket_bytes = n.bucket_bytes;
+  a.microbatch = n.microbatch;
+  a.layout = n.layout;
+  return a;
+}
+
 }  // namespace
 
 std::string_view compression_name(Compression c) {
@@ -109,148 +128,23 @@ std::string_view compression_name(Compression c) {
   return "none";
 }
 
-namespace {
-
-std::string encode_or_throw(const LiveAction& a) {
-  std::string out;
-  auto field = [&out](const std::string& f) {
-    if (!out.empty()) out.push_back(';');
-    out.append(f);
-  };
-  if (!a.shares.empty()) {
-    std::string s = "s=";
-    for (std::size_t i = 0; i < a.shares.size(); ++i) {
-      if (i) s.push_back('/');
-      s.append(format_number(a.shares[i]));
-    }
-    field(s);
-  }
-  if (!a.compression.empty()) {
-    std::string s = "c=";
-    for (std::size_t i = 0; i < a.compression.size();) {
-      std::size_t j = i;
-      while (j < a.compression.size() && a.compression[j] == a.compression[i]) ++j;
-      s.append(std::to_string(j - i));
-      s.push_back(compression_code(a.compression[i]));
-      i = j;
-    }
-    field(s);
-  }
-  if (a.topk_ratio > 0) field("k=" + format_number(a.topk_ratio));
-  if (a.powersgd_rank > 0) field("r=" + std::to_string(a.powersgd_rank));
-  if (a.bucket_bytes >= 0) field("b=" + std::to_string(a.bucket_bytes));
-  if (a.microbatch > 0) field("m=" + std::to_string(a.microbatch));
-  if (!a.layout.empty()) {
-    if (a.layout.find(';') != std::string::npos)
-      throw InputError("live action: layout '" + a.layout + "' contains ';'");
-    field("l=" + a.layout);
-  }
-  if (out.empty()) out = "keep";
-  if (out.size() > kMaxActionTextBytes)
-    throw InputError("live action too long for the bus (" + std::to_string(out.size()) + " > " +
-                     std::to_string(kMaxActionTextBytes) + " bytes): " + out);
-  return out;
-}
-
-}  // namespace
-
-namespace {
-
-LiveAction decode_or_throw(std::string_view text) {
-  LiveAction a;
-  if (text == "keep") return a;
-  const std::string where = "live action '" + std::string(text) + "'";
-  for (std::string_view part : split(text, ';')) {
-    if (part.size() < 2 || part[1] != '=')
-      throw InputError(where + ": bad field '" + std::string(part) + "'");
-    const char key = part[0];
-    const std::string_view value = part.substr(2);
-    switch (key) {
-      case 's': {
-        a.shares.clear();
-        for (std::string_view v : split(value, '/')) a.shares.push_back(to_double(v, where + " s"));
-        double sum = 0;
-        for (double v : a.shares) {
-          if (v < 0) throw InputError(where + ": negative share");
-          sum += v;
-        }
-        if (sum <= 0) throw InputError(where + ": shares sum to zero");
-        for (double& v : a.shares) v /= sum;
-        break;
-      }
-      case 'c': {
-        std::size_t i = 0;
-        while (i < value.size()) {
-          std::size_t j = i;
-          while (j < value.size() && value[j] >= '0' && value[j] <= '9') ++j;
-          if (j == i || j >= value.size()) throw InputError(where + ": bad compression run");
-          const std::int64_t n = to_int(value.substr(i, j - i), where + " c");
-          if (n < 1 || n > 65536) throw InputError(where + ": bad compression run length");
-          Compression c{};
-          switch (value[j]) {
-            case 'n':
-              c = Compression::none;
-              break;
-            case 'h':
-              c = Compression::fp16;
-              break;
-            case 't':
-              c = Compression::topk;
-              break;
-            case 'p':
-              c = Compression::powersgd;
-              break;
-            default:
-              throw InputError(where + ": unknown compression code '" + std::string(1, value[j]) +
-                               "'");
-          }
-          a.compression.insert(a.compression.end(), static_cast<std::size_t>(n), c);
-          i = j + 1;
-        }
-        break;
-      }
-      case 'k':
-        a.topk_ratio = to_double(value, where + " k");
-        if (!(a.topk_ratio > 0 && a.topk_ratio <= 1))
-          throw InputError(where + ": k must be in (0, 1]");
-        break;
-      case 'r':
-        a.powersgd_rank = static_cast<int>(to_int(value, where + " r"));
-        if (a.powersgd_rank < 1 || a.powersgd_rank > 1024)
-          throw InputError(where + ": r must be in [1, 1024]");
-        break;
-      case 'b':
-        a.bucket_bytes = to_int(value, where + " b");
-        if (a.bucket_bytes < 0) throw InputError(where + ": b must be >= 0");
-        break;
-      case 'm':
-        a.microbatch = static_cast<int>(to_int(value, where + " m"));
-        if (a.microbatch < 1) throw InputError(where + ": m must be >= 1");
-        break;
-      case 'l':
-        if (value.empty()) throw InputError(where + ": empty layout");
-        a.layout = std::string(value);
-        break;
-      default:
-        throw InputError(where + ": unknown field '" + std::string(1, key) + "'");
-    }
-  }
-  return a;
-}
-
-}  // namespace
-
 bool is_action_text(std::string_view name) {
-  if (name == "keep") return true;
-  return name.size() >= 2 && name[1] == '=' &&
-         std::string_view("sckrbml").find(name[0]) != std::string_view::npos;
+  return transport::plan_name_kind(name) == transport::PlanNameKind::action;
 }
 
 namespace {
 
 LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
                          std::size_t layers) {
-  if (is_action_text(plan.layout_name)) return decode_or_throw(plan.layout_name);
+  StatusOr<transport::PlanName> decoded = transport::decode_plan_name(plan.layout_name);
+  if (!decoded.ok()) throw InputError(decoded.status().message());
+  if (const auto* action = std::get_if<transport::ActionPlanName>(&*decoded))
+    return from_plan_name(*action);
+  // A layout name, or a label: the structured Layout plus what the name carries.
+  const transport::LayoutPlanName name =
+      std::holds_alternative<transport::LayoutPlanName>(*decoded)
+          ? std::get<transport::LayoutPlanName>(*decoded)
+          : transport::LayoutPlanName{};
   const transport::Layout& l = plan.layout;
   const std::string what = "layout '" + plan.layout_name + "'";
   if (static_cast<std::int64_t>(l.dp) * l.tp * l.pp != world_size)
@@ -258,31 +152,24 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
                      std::to_string(l.tp) + " x " + std::to_string(l.pp) + ", but the job has " +
                      std::to_string(world_size) + " ranks");
   const bool hybrid = l.tp != 1 || l.pp != 1;
-  const std::string head = plan.layout_name.substr(0, plan.layout_name.find(';'));
-  if (const std::size_t v = head.find("-v");
-      v != std::string::npos && std::atoi(head.c_str() + v + 2) > 1)
-    throw InputError(what + ": interleaved pipeline stages (" +
-                     head.substr(v + 1, head.find('-', v + 1) - v - 1) +
+  if (name.virtual_stages > 1)
+    throw InputError(what + ": interleaved pipeline stages (v" +
+                     std::to_string(name.virtual_stages) +
                      ") are not run by the workers (1F1B over one stage per rank)");
   std::string stages;
-  for (std::string_view field : split(plan.layout_name, ';')) {
-    if (field.substr(0, 3) == "st=") stages = std::string(field.substr(3));
-    if (field.substr(0, 2) == "g=" && hybrid) {
-      // The workers place ranks in the rank order (tp fastest, then stage, then replica).
-      std::int64_t next = 0;
-      bool identity = true;
-      for (std::string_view item : split(field.substr(2), ',')) {
-        const auto dash = item.find('-');
-        const std::int64_t first = to_int(item.substr(0, dash), what + " g");
-        const std::int64_t last =
-            dash == std::string_view::npos ? first : to_int(item.substr(dash + 1), what + " g");
-        identity = identity && first == next;
-        next = last + 1;
-      }
-      if (!identity || next != world_size)
-        throw InputError(what + ": device map '" + std::string(field.substr(2)) +
-                         "': the workers place a hybrid layout's ranks in the rank order only");
-    }
+  for (std::size_t i = 0; i < name.stage_layers.size(); ++i) {
+    if (i) stages.push_back(',');
+    stages.append(std::to_string(name.stage_layers[i]));
+  }
+  if (hybrid && !name.gpus.empty()) {
+    // The workers place ranks in the rank order (tp fastest, then stage, then replica).
+    bool identity = name.gpus.size() == static_cast<std::size_t>(world_size);
+    for (std::size_t i = 0; identity && i < name.gpus.size(); ++i)
+      identity = name.gpus[i] == static_cast<int>(i);
+    if (!identity)
+      throw InputError(what + ": device map of " + std::to_string(name.gpus.size()) +
+                       " entries: the workers place a hybrid layout's ranks in the rank order "
+                       "only");
   }
   std::string layout_text =
       "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp);
@@ -322,18 +209,10 @@ LiveAction plan_or_throw(const transport::PlanPrepare& plan, int world_size,
   // The device map ";g=..." of the layout name: replica i on rank g[i].
   std::vector<int> device_of(per_replica.size());
   std::iota(device_of.begin(), device_of.end(), 0);
-  for (std::string_view field : split(plan.layout_name, ';')) {
-    if (field.substr(0, 2) != "g=") continue;
-    device_of.clear();
-    for (std::string_view item : split(field.substr(2), ',')) {
-      const auto dash = item.find('-');
-      const std::int64_t first = to_int(item.substr(0, dash), what + " g");
-      const std::int64_t last =
-          dash == std::string_view::npos ? first : to_int(item.substr(dash + 1), what + " g");
-      if (first < 0 || last < first || last >= world_size)
-        throw InputError(what + ": device map entry '" + std::string(item) + "' is out of range");
-      for (std::int64_t g = first; g <= last; ++g) device_of.push_back(static_cast<int>(g));
-    }
+  if (!name.gpus.empty()) device_of = name.gpus;
+  for (int g : device_of) {
+    if (g >= world_size)
+      throw InputError(what + ": device map entry " + std::to_string(g) + " is out of range");
   }
   std::vector<int> sorted = device_of;
   std::sort(sorted.begin(), sorted.end());
@@ -605,11 +484,18 @@ StatusOr<FaultSpec> parse_fault(std::string_view spec) {
 }
 
 StatusOr<std::string> encode_action(const LiveAction& a) {
-  return catch_input_error([&] { return encode_or_throw(a); });
+  return transport::encode_plan_name(to_plan_name(a));
 }
 
 StatusOr<LiveAction> decode_action(std::string_view text) {
-  return catch_input_error([&] { return decode_or_throw(text); });
+  StatusOr<transport::PlanName> decoded = transport::decode_plan_name(text);
+  if (!decoded.ok()) return decoded.status();
+  const auto* action = std::get_if<transport::ActionPlanName>(&*decoded);
+  if (!action) {
+    return Status::invalid_argument("live action '" + std::string(text) +
+                                    "': not an action text (keep, s=..., c=..., l=...)");
+  }
+  return catch_input_error([&] { return from_plan_name(*action); });
 }
 
 StatusOr<LiveAction> action_from_plan(const transport::PlanPrepare& plan, int world_size,

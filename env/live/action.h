@@ -6,7 +6,8 @@
 // An action travels on the bus inside PlanPrepare.layout_name as a compact text (encode_action /
 // decode_action, at most 128 bytes: "s=0.75/0.25;c=2n1p27h;k=0.01;r=4;b=1048576;m=2", a layout
 // change as "l=dp=1,tp=1,pp=4,stages=[1,1,1,1]"), because the
-// wire format has no richer field yet (docs/live.md, "Actions on the bus").
+// wire format has no richer field yet (docs/live.md, "Actions on the bus"). The text's one
+// codec is transport/plan_name.h; these functions map it to and from LiveAction.
 //
 // Thread-safety: plain values and pure functions.
 #pragma once
@@ -57,11 +58,13 @@ inline constexpr std::size_t kMaxActionTextBytes = 128;
 /// Compact text of `a` (see the header comment). kInvalidArgument when it would exceed
 /// kMaxActionTextBytes (too many ranks or too fragmented a compression plan).
 StatusOr<std::string> encode_action(const LiveAction& a);
-/// Parses encode_action's text. kInvalidArgument naming the field on malformed text.
+/// Parses encode_action's text. kInvalidArgument naming the field on malformed text, or
+/// saying so for a text of another kind (a layout name, a label).
 StatusOr<LiveAction> decode_action(std::string_view text);
 
-/// True when `name` is an action text (encode_action's form, "keep" included) rather than a
-/// layout name such as parapilot deploy's "dp8-tp1-pp1-mb1-z1;sc=1f1b;...".
+/// True when `name` is read as an action text (encode_action's form, "keep" included) rather
+/// than a layout name such as parapilot deploy's "dp8-tp1-pp1-mb1-z1;sc=1f1b;..." or a label:
+/// the codec's kind (transport::plan_name_kind), for a command line that takes either.
 bool is_action_text(std::string_view name);
 
 /// The action a PlanPrepare asks of this pure data-parallel job of `world_size` ranks whose

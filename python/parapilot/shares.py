@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from . import wire
+from . import plan_name, wire
 
 if TYPE_CHECKING:
     from .session import Session
@@ -103,30 +103,18 @@ class ShareBatchSampler(Sampler):
 
 def shares_from_layout_name(name: str) -> List[int]:
     """The `sh=` field of a deploy layout name ("dp2-tp1-pp1-mb1-z1;sc=1f1b;sh=3,1*2" -> [3, 1,
-    1]): `parapilot deploy` carries elastic shares there when Layout.dp_shares is empty."""
-    for part in name.split(";")[1:]:
-        if part.startswith("sh="):
-            out: List[int] = []
-            for item in part[3:].split(","):
-                value, _, count = item.partition("*")
-                n = int(count) if count else 1
-                if n < 1 or n > wire.MAX_RANKS:
-                    raise ValueError(f"layout name shares '{part}': bad repeat count")
-                out.extend([int(value)] * n)
-            if any(v < 1 for v in out):
-                raise ValueError(f"layout name shares '{part}': shares must be >= 1")
-            return out
-    return []
+    1]): `parapilot deploy` carries elastic shares there when Layout.dp_shares is empty. []
+    for a name without it (a label, an action text); ValueError (plan_name.PlanNameError)
+    naming the field for a malformed name."""
+    decoded = plan_name.decode(name)
+    return list(decoded.dp_shares) if isinstance(decoded, plan_name.LayoutPlanName) else []
 
 
 def _device_map_from_layout_name(name: str) -> Optional[List[int]]:
-    for part in name.split(";")[1:]:
-        if part.startswith("g="):
-            out: List[int] = []
-            for item in part[2:].split(","):
-                a, _, b = item.partition("-")
-                out.extend(range(int(a), int(b or a) + 1))
-            return out
+    """The `g=` field of a deploy layout name (replica i on GPU g[i]); None without one."""
+    decoded = plan_name.decode(name)
+    if isinstance(decoded, plan_name.LayoutPlanName) and decoded.gpus:
+        return list(decoded.gpus)
     return None
 
 

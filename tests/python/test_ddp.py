@@ -33,12 +33,12 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual(shares_from_layout_name("dp4-tp1-pp1-mb1-z1;sc=1f1b;rc=none;sh=3,1*2,5"),
                          [3, 1, 1, 5])
         self.assertEqual(shares_from_layout_name("dp2-tp1-pp1-mb1-z1;sc=1f1b"), [])
-        p = wire.PlanPrepare(1, wire.Layout(dp=2, dp_shares=[2, 7]), "x;sh=1,1")
+        p = wire.PlanPrepare(1, wire.Layout(dp=2, dp_shares=[2, 7]), "dp2-tp1-pp1-mb1-z1;sh=1,1")
         self.assertEqual(plan_shares(p), [2, 7])  # the structured field wins
         p.layout.dp_shares = []
         self.assertEqual(plan_shares(p), [1, 1])
         with self.assertRaises(ValueError):
-            shares_from_layout_name("a;sh=3*0")
+            shares_from_layout_name("dp1-tp1-pp1-mb1-z1;sh=3*0")
         # Replica i placed on GPU g[i]: each rank keeps its device and takes that replica's share.
         p = wire.PlanPrepare(1, wire.Layout(dp=4), "dp4-tp1-pp1-mb1-z1;sh=4,3,2,1;g=1-3,0")
         self.assertEqual(plan_shares(p), [1, 4, 3, 2])
