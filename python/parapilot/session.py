@@ -39,14 +39,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.distributed import distributed_c10d as c10d  # unwrapped: never timed as script waits
 
-from . import collectives, wire
+from . import collectives, plan_name, wire
 from .auth import Secret, SecretError, load_secret
 from .client import Client, logging_logger
 from .compressors import _describe_methods, _methods_from, _powersgd_states
 from .hooks import (PlanConfig, _Clock, _HookState, _StepRecord, _comm_hook, _step_telemetry,
                     layer_map)
 from .plans import PlanBook
-from .shares import ShareBatchSampler, _device_map_from_layout_name, plan_shares, split_batch
+from .shares import ShareBatchSampler, plan_shares, split_batch
 
 
 OUTLIER_GAP = 5.0  # a gap between steps this many median cycles long is not a step's work
@@ -422,10 +422,12 @@ class Session:
                     f"world size of {lay.dp}, not this job's {w} (start parapilot deploy with "
                     f"--gpus {w}, or a scenario whose cluster has {w} GPUs)")
         try:
+            name = plan_name.decode(p.layout_name)
             shares = plan_shares(p)
-            gpus = _device_map_from_layout_name(p.layout_name)
         except ValueError as e:
             return str(e)
+        # The device map of a deploy layout name (replica i on GPU g[i]); none in other kinds.
+        gpus = name.gpus if isinstance(name, plan_name.LayoutPlanName) and name.gpus else None
         if shares and len(shares) != self.world_size:
             return f"{len(shares)} shares for {self.world_size} ranks"
         if not shares and gpus is not None and gpus != list(range(len(gpus))):
