@@ -687,55 +687,190 @@ class ClassShareSet {
   int size_ = 0;
 };
 
+// A timing kept for reuse by the next evaluations on this thread (Evaluation::find_kept_timing).
+struct KeptTiming {
+  unsigned long long model_id = 0;
+  Strategy strategy;
+  std::vector<uint64_t> conditions;
+  Timing timing;
+};
+
+// Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
+// network transfer (its seconds per byte), and one tensor-parallel collective.
+struct NodeLinks {
+  double intra_p2p_s;
+  double intra_s_per_byte;
+  double inter_s_per_byte;
+  double tp_collective_s;
+};
+
+// Gradient traffic and parameters of one pipeline rank (Evaluation::rank_traffic).
+struct RankTraffic {
+  int layers = 0;
+  double ar_bytes = 0, topk_bytes = 0, powersgd_flops = 0;
+  double params = 0;
+};
+
+// How one pipeline rank's gradient-reduction group spreads over nodes (Evaluation::dp_group).
+struct DpGroupLinks {
+  int nodes_spanned = 0, min_members = 0;
+  double inter_bw = kInf, intra_bw = kInf;
+};
+
 }  // namespace
 
-void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
-  CostBreakdown& out = work.result;
-  const int pp = s.pp;
-  const int v = s.virtual_stages;
-  const ChunkLayout chunks{s.stage_layers.empty() ? nullptr : &s.stage_layers, model_.layers,
-                           s.num_chunks()};
+// One run() of the model: the strategy, conditions and scratch its phases share. The phases are
+// its member functions, called by run() in order; the members named like CostModel's refer to
+// the model's own.
+struct CostModel::Evaluation {
+  // The per-thread buffers of the phases, reused from one evaluation to the next.
+  struct Scratch {
+    std::vector<NodeLinks> node_links;
+    std::vector<int> link_slot;
+    std::vector<int> rank_layers;
+    std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
+    std::vector<int> unclean;  // replicas, ascending, each once
+    std::vector<RankTime> times;
+    std::vector<double> memory_totals;   // per distinct share, per pipeline rank
+    std::vector<RankMemory> rank_memories;  // per pipeline rank
+    std::vector<int> per_node;
+    std::vector<int> class_left;  // per node class: nominal nodes a group spans
+  };
 
+  Evaluation(const CostModel& model, const Strategy& strategy, const Conditions& conditions,
+             Work& w);
+
+  void find_kept_timing();
+  void find_node_links();
+  void list_unclean();
+  void list_visits();
+  void time_visits();
+  double worst_memory_ratio();
+  void reduce_gradients();
+  void assemble_breakdown(double memory_ratio);
+  void fill_pipeline_timings();
+
+  int rank_node(int r, int p, int k) const {
+    return rank_nodes ? rank_nodes[(static_cast<size_t>(p) * dp + r) * cp + k]
+                      : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
+  }
+  NodeLinks links_of(int n, double intra_factor, double inter_factor) const;
+  const NodeLinks& links(int n) const { return scratch.node_links[scratch.link_slot[n]]; }
+  double link_s(int na, int nb) const;
+  double cp_ring_s(int r, int p, const BlockTimes& bt, double slow) const;
+  RankTime rank_time(int r, int p, bool read_speeds) const;
+  RankTraffic rank_traffic(int p) const;
+  DpGroupLinks dp_group(int p);
+  double dp_exposed_s(const RankTime& rt, const RankTraffic& traffic, const DpGroupLinks& group,
+                      int microbatches) const;
+
+  const CostModel& cm;
+  const ModelSpec& model_;
+  const ClusterTopology& topo_;
+  const std::vector<int>& node_class_;
+  const std::vector<int>& class_first_node_;
+  const unsigned long long id_;
+  const Strategy& s;
+  const Conditions& c;
+  Work& work;
+  CostBreakdown& out;
+  Scratch& scratch;
+  const int pp;
+  const int v;
+  const ChunkLayout chunks;
+  BlockTimes blocks[kMaxTypes];
+  double tp_bytes = 0;
+  int tp_collectives = 0;
+  double p2p_bytes = 0;
+  const Layout* layout_info = nullptr;
+  const std::vector<int>* explicit_shares = nullptr;
+  bool symmetric = false;
+  Timing* timing = nullptr;
+  bool timed = false;
+  KeptTiming* filling = nullptr;  // the entry the timing pass fills, keyed once it is complete
+  // rank_node()'s table (the layout's, or null to compute the node) and its dimensions.
+  const int* rank_nodes = nullptr;
+  int dp = 0, cp = 0;
+  bool nominal_nodes = false;
+  bool by_class = false;
+  int uniform_share = 0;
+  // Of the gradient reduction: the critical replica's microbatches and bottleneck rank, the
+  // exposed data-parallel time and the optimizer step.
+  int m = 0;
+  RankTime bottleneck{};
+  double dp_exposed = 0;
+  double optimizer = 0;
+  // One block's weights on one tp rank, for the gradient traffic (reduce_gradients).
+  double block_params = 0, grad_reduce = 0, matrix_params = 0;
+  double mat_rows[4] = {}, mat_cols[4] = {};
+};
+
+CostModel::Evaluation::Evaluation(const CostModel& model, const Strategy& strategy,
+                                  const Conditions& conditions, Work& w)
+    : cm(model),
+      model_(model.model_),
+      topo_(model.topo_),
+      node_class_(model.node_class_),
+      class_first_node_(model.class_first_node_),
+      id_(model.id_),
+      s(strategy),
+      c(conditions),
+      work(w),
+      out(w.result),
+      scratch([]() -> Scratch& {
+        thread_local Scratch per_thread;
+        return per_thread;
+      }()),
+      pp(strategy.pp),
+      v(strategy.virtual_stages),
+      chunks{strategy.stage_layers.empty() ? nullptr : &strategy.stage_layers,
+             model.model_.layers, strategy.num_chunks()} {
   // Block timings per GPU type present (few types; computed once per evaluation).
   assert(topo_.types.size() <= kMaxTypes);
-  BlockTimes blocks[kMaxTypes];
-  for (size_t i = 0; i < topo_.types.size(); ++i) blocks[i] = block_times(static_cast<int>(i), s);
+  for (size_t i = 0; i < topo_.types.size(); ++i)
+    blocks[i] = cm.block_times(static_cast<int>(i), s);
 
   // Tokens of one microbatch on one context-parallel rank.
   const double tokens = static_cast<double>(s.microbatch_size) * model_.seq_len / s.cp;
-  const double tp_bytes = tokens * model_.hidden * 2.0;  // one TP collective's buffer
-  const int tp_collectives =
+  tp_bytes = tokens * model_.hidden * 2.0;  // one TP collective's buffer
+  tp_collectives =
       s.tp > 1 ? 4 + (s.recompute == Recompute::kFull ? 2 : 0) : 0;  // per block per microbatch
-  const double p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
+  p2p_bytes = tp_bytes / s.tp;  // scatter-gather: each tp rank sends its slice
 
   // Replicas are interchangeable when nothing distinguishes them: one layout class (every
   // replica's ranks on the same node classes with the same neighbours), nominal conditions and
   // uniform shares. Then replica 0 stands for all of them. The reference path times them all.
-  const Layout* const layout_info = work.exhaustive ? nullptr : &layout(s);
-  const std::vector<int>* explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
-  const bool symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
-                         work.where->nodes.empty() && !explicit_shares;
+  layout_info = work.exhaustive ? nullptr : &cm.layout(s);
+  explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
+  symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
+              work.where->nodes.empty() && !explicit_shares;
 
-  // The timing pass below reads the strategy's layout, batch split and per-rank work, and the
-  // conditions, but none of the untimed fields: the planner evaluates one strategy several
-  // times over in a row with only those changed (ZeRO stages, gradient compression), so the
-  // last two timings are kept per thread, keyed on the model, the strategy and the conditions'
-  // signature (more entries cost more in lookups than they find). The reference path times
-  // afresh.
-  struct KeptTiming {
-    unsigned long long model_id = 0;
-    Strategy strategy;
-    std::vector<uint64_t> conditions;
-    Timing timing;
-  };
+  // The node of the first GPU of context rank k of (replica r, pipeline rank p): the layout's
+  // table, else computed.
+  rank_nodes = layout_info ? layout_info->rank_nodes.data() : nullptr;
+  dp = s.dp;
+  cp = s.cp;
+
+  nominal_nodes = work.where->nodes.empty();
+  by_class = !symmetric && layout_info;
+  uniform_share = s.global_batch / s.dp;
+}
+
+// The timing pass reads the strategy's layout, batch split and per-rank work, and the
+// conditions, but none of the untimed fields: the planner evaluates one strategy several times
+// over in a row with only those changed (ZeRO stages, gradient compression), so the last two
+// timings are kept per thread, keyed on the model, the strategy and the conditions' signature
+// (more entries cost more in lookups than they find). The reference path times afresh. Sets
+// `timing` to the kept timing found (`timed`), else to the entry the pass is to fill.
+void CostModel::Evaluation::find_kept_timing() {
   constexpr int kKeptTimings = 2;
   thread_local KeptTiming kept[kKeptTimings];
   thread_local int next_kept = 0;
   thread_local std::vector<uint64_t> signature;
   thread_local Timing fresh;
-  Timing* timing = &fresh;
-  bool timed = false;
-  KeptTiming* filling = nullptr;  // the entry the timing pass fills, keyed once it is complete
+  timing = &fresh;
+  timed = false;
+  filling = nullptr;
   if (!work.exhaustive) {
     conditions_signature(c, *work.where, signature);
     for (KeptTiming& entry : kept) {
@@ -756,41 +891,26 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       timing = &filling->timing;
     }
   }
+}
 
-  // The node of the first GPU of context rank k of (replica r, pipeline rank p).
-  // (The lambda holds the layout's table and dp and cp by value: read through references they
-  // are reloaded at every call.)
-  auto rank_node = [&, rank_nodes = layout_info ? layout_info->rank_nodes.data() : nullptr,
-                    dp = s.dp, cp = s.cp](int r, int p, int k) {
-    return rank_nodes ? rank_nodes[(static_cast<size_t>(p) * dp + r) * cp + k]
-                      : topo_.node_of_gpu[s.gpu_of_rank(r, p, 0, k)];
-  };
+NodeLinks CostModel::Evaluation::links_of(int n, double intra_factor, double inter_factor) const {
+  NodeLinks result;
+  const double intra_Bps = topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * intra_factor;
+  result.intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
+  result.intra_s_per_byte = 1.0 / intra_Bps;
+  result.inter_s_per_byte =
+      1.0 / (topo_.nodes[n].inter_GBps * inter_factor * 1e9 * topo_.inter_efficiency);
+  result.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
+  return result;
+}
 
-  // Per node, once per evaluation: p2p time to a GPU of the same node, the node's share of a
-  // network transfer (its seconds per byte), and one tensor-parallel collective.
-  struct NodeLinks {
-    double intra_p2p_s;
-    double intra_s_per_byte;
-    double inter_s_per_byte;
-    double tp_collective_s;
-  };
-  auto links_of = [&](int n, double intra_factor, double inter_factor) {
-    NodeLinks links;
-    const double intra_Bps =
-        topo_.nodes[n].intra_GBps * 1e9 * topo_.intra_efficiency * intra_factor;
-    links.intra_p2p_s = topo_.intra_latency_s + p2p_bytes / intra_Bps;
-    links.intra_s_per_byte = 1.0 / intra_Bps;
-    links.inter_s_per_byte =
-        1.0 / (topo_.nodes[n].inter_GBps * inter_factor * 1e9 * topo_.inter_efficiency);
-    links.tp_collective_s = ring_allreduce_s(s.tp, tp_bytes, intra_Bps, topo_.intra_latency_s);
-    return links;
-  };
-  // Node n's links are node_links[link_slot[n]]. Nodes at nominal bandwidth share their
-  // class's entry (computed once per class: links_of depends on the node only through its
-  // class's bandwidths), each off-nominal node has its own; the reference path gives every
-  // node its own.
-  thread_local std::vector<NodeLinks> node_links;
-  thread_local std::vector<int> link_slot;
+// Node n's links are node_links[link_slot[n]]. Nodes at nominal bandwidth share their class's
+// entry (computed once per class: links_of depends on the node only through its class's
+// bandwidths), each off-nominal node has its own; the reference path gives every node its own.
+// Also counts the transformer blocks each pipeline rank holds (all its chunks).
+void CostModel::Evaluation::find_node_links() {
+  std::vector<NodeLinks>& node_links = scratch.node_links;
+  std::vector<int>& link_slot = scratch.link_slot;
   node_links.clear();
   if (work.exhaustive) {
     link_slot.resize(topo_.nodes.size());
@@ -807,236 +927,242 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
       node_links.push_back(links_of(n, c.intra(n), c.inter(n)));
     }
   }
-  auto links = [&](int n) -> const NodeLinks& { return node_links[link_slot[n]]; };
-  // One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
-  // network end.
-  auto link_s = [&](int na, int nb) {
-    if (na == nb) return links(na).intra_p2p_s;
-    return topo_.inter_latency_s +
-           p2p_bytes * std::max(links(na).inter_s_per_byte, links(nb).inter_s_per_byte);
-  };
 
-  // Ring attention: per block, every context rank passes the keys and values it holds cp - 1
-  // times forward, and keys, values and their gradients (twice the bytes) backward. Each step
-  // runs under the attention of the block that arrived before it; what the attention cannot
-  // hide is exposed. Inside a node the ring runs over NVLink, else at its slowest network end.
-  auto cp_ring_s = [&](int r, int p, const BlockTimes& bt, double slow) {
-    const int first = rank_node(r, p, 0);
-    bool spans = false;
-    double inter_s_per_byte = links(first).inter_s_per_byte;
-    for (int k = 1; k < s.cp; ++k) {
-      const int node = rank_node(r, p, k);
-      spans = spans || node != first;
-      inter_s_per_byte = std::max(inter_s_per_byte, links(node).inter_s_per_byte);
-    }
-    auto step_s = [&](double bytes) {
-      return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
-                   : topo_.intra_latency_s + bytes * links(first).intra_s_per_byte;
-    };
-    return exposed_cp_ring_s(s.cp, step_s(bt.kv_block_bytes), step_s(2.0 * bt.kv_block_bytes),
-                             bt.attention_fwd, bt.attention_bwd, slow,
-                             s.recompute == Recompute::kFull);
-  };
-
-  // Transformer blocks held by each pipeline rank (all its chunks).
-  thread_local std::vector<int> rank_layers;
-  rank_layers.assign(pp, 0);
+  scratch.rank_layers.assign(pp, 0);
   for (int chunk = 0; chunk < s.num_chunks(); ++chunk)
-    rank_layers[chunk % pp] += chunks.count(chunk);
+    scratch.rank_layers[chunk % pp] += chunks.count(chunk);
+}
 
-  // `read_speeds` false: no GPU of the rank is slowed or failed (it runs at speed 1).
-  auto rank_time = [&](int r, int p, bool read_speeds) {
-    RankTime rt{};
-    const int node0 = rank_node(r, p, 0);
-    rt.type = topo_.nodes[node0].type;
-    double slow = 1.0;
-    if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) && read_speeds) {
-      // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
-      // or listed one by one under an explicit placement.
-      const int gpu0 = s.gpu_of_rank(r, p, 0);
-      const bool contiguous = s.gpus.empty();
-      double speed = kInf;
-      for (int k = 0; k < s.cp; ++k) {
-        for (int i = 0; i < s.tp; ++i) {
-          const int g = contiguous ? gpu0 + k * s.tp + i : s.gpu_of_rank(r, p, i, k);
-          if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
-          if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
-        }
-      }
-      slow = speed == kInf ? 1.0 : 1.0 / speed;
-    }
-    rt.slow = slow;
-    const BlockTimes& bt = blocks[rt.type];
-    // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
-    // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
-    // slowest node's collectives set the pace.
-    double tp_collective_s = links(node0).tp_collective_s;
-    for (int k = 1; k < s.cp; ++k) {
-      const int node = rank_node(r, p, k);
-      tp_collective_s = std::max(tp_collective_s, links(node).tp_collective_s);
-    }
-    const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
-                                                          0.5 * bt.linear_gemms_fwd * slow);
-    const int layers = rank_layers[p];
-    if (pp > 1) {
-      // Activations go to the next chunk, input gradients back to the previous one: every
-      // chunk but the last sends forward, every chunk but the first sends backward.
-      const double to_next = link_s(node0, rank_node(r, (p + 1) % pp, 0));
-      const double to_prev = link_s(node0, rank_node(r, (p + pp - 1) % pp, 0));
-      rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
-    }
-    rt.fwd = layers * bt.fwd;
-    rt.bwd = layers * bt.bwd;
-    rt.recompute = layers * bt.recompute;
-    if (p == 0) {
-      rt.fwd += bt.first_fwd;
-      rt.bwd += bt.first_bwd;
-    }
-    if (p == pp - 1) {
-      rt.fwd += bt.last_fwd;
-      rt.bwd += bt.last_bwd;
-    }
-    rt.fwd *= slow;
-    rt.recompute *= slow;
-    rt.bwd = rt.bwd * slow + rt.recompute;
-    rt.tp = layers * tp_collectives * one_collective;
-    if (s.cp > 1) rt.cp = layers * cp_ring_s(r, p, bt, slow);
-    return rt;
-  };
+// One p2p message between GPUs on nodes na and nb: NVLink inside a node, else the slower
+// network end.
+double CostModel::Evaluation::link_s(int na, int nb) const {
+  if (na == nb) return links(na).intra_p2p_s;
+  return topo_.inter_latency_s +
+         p2p_bytes * std::max(links(na).inter_s_per_byte, links(nb).inter_s_per_byte);
+}
 
-  // Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or
-  // failed and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly
-  // like an earlier clean replica with the same share and the same layout class (same node
-  // classes and same node boundaries between pipeline neighbours, rank by rank): it cannot
-  // raise the worst pipeline, memory or capacity found so far and is skipped. Conditions are
-  // sparse, so listing the unclean replicas costs little; the layout's classes are cached.
-  // The ranks holding a slowed or failed GPU are listed too: the others run at speed 1.
-  const bool nominal_nodes = work.where->nodes.empty();
-  const bool by_class = !symmetric && layout_info;
-  const int uniform_share = s.global_batch / s.dp;
-  if (!timed) {
-    thread_local std::vector<int> slowed;   // ranks (r, p) as r * pp + p, ascending, each once
-    thread_local std::vector<int> unclean;  // replicas, ascending, each once
-    if (by_class) {
-      slowed.clear();
-      unclean.clear();
-      for (int g : work.where->gpus) {
-        const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
-        if (rank >= 0) slowed.push_back(rank);
-      }
-      std::sort(slowed.begin(), slowed.end());
-      slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
-      for (int rank : slowed) unclean.push_back(rank / pp);
-      for (int n : work.where->nodes) {
-        if (n >= topo_.num_nodes()) continue;
-        const ClusterTopology::Node& node = topo_.nodes[n];
-        for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
-          const int rank = layout_info->rank_of_gpu[g];
-          if (rank >= 0) unclean.push_back(rank / pp);
-        }
-      }
-      std::sort(unclean.begin(), unclean.end());
-      unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
-    }
-    // The replicas to time, in replica order: all of them on the reference path, replica 0 for
-    // interchangeable ones, else each unclean replica and the first clean one of each layout
-    // class and share. Like replicas come in runs (the layout's runs of one class, split where
-    // the share changes), so the walk goes stretch by stretch, not replica by replica.
-    std::vector<int>& visits = timing->visits;
-    visits.clear();
-    if (symmetric) {
-      visits.push_back(0);
-    } else if (!by_class) {
-      for (int r = 0; r < s.dp; ++r) visits.push_back(r);
-    } else {
-      // (layout class, share) of the clean replicas timed so far.
-      ClassShareSet timed_classes;
-      const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
-      const std::vector<int>& runs = layout_info->class_runs;
-      size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
-      for (size_t k = 0; k + 1 < runs.size(); ++k) {
-        const int run_end = runs[k + 1];
-        const int layout_class = layout_info->replica_class[runs[k]];
-        for (int begin = runs[k], end; begin < run_end; begin = end) {
-          // A stretch [begin, end) of one layout class and one share.
-          const int share = shares ? shares[begin] : uniform_share;
-          end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
-                                                       [&](int x) { return x != share; }) -
-                                          shares)
-                       : run_end;
-          bool clean_met = false;
-          for (int r = begin; r < end;) {
-            if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
-              visits.push_back(r);
-              ++next_unclean;
-              ++r;
-              continue;
-            }
-            if (!clean_met) {
-              // The stretch's first clean replica stands for its other clean ones.
-              clean_met = true;
-              if (timed_classes.insert(layout_class, share)) visits.push_back(r);
-            }
-            // Clean replicas up to the next unclean one are skipped.
-            r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
-          }
-        }
-      }
-    }
-
-    // Pass over the replicas to time: the pipeline time of each, the critical replica and its
-    // rank times, or the first rank on a failed GPU.
-    thread_local std::vector<RankTime> times;  // per pipeline rank
-    times.resize(pp);
-    timing->critical_times.resize(pp);
-    timing->worst_pipeline = -1;
-    timing->critical = 0;
-    timing->failed_visit = -1;
-    size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
-    for (size_t i = 0; i < visits.size() && timing->failed_visit < 0; ++i) {
-      const int r = visits[i];
-      const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
-      const int m = share / s.microbatch_size;
-      double sum = 0, max = 0;
-      for (int p = 0; p < pp; ++p) {
-        // Without classes every rank reads its GPUs' speeds.
-        bool read_speeds = !by_class;
-        if (by_class) {
-          const int rank = r * pp + p;
-          while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
-          read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
-        }
-        RankTime& rt = times[p];
-        rt = rank_time(r, p, read_speeds);
-        if (rt.failed) {
-          timing->failed_visit = static_cast<int>(i);
-          timing->failed_stage = p;
-          break;
-        }
-        sum += rt.total();
-        max = std::max(max, rt.total());
-      }
-      if (timing->failed_visit >= 0) break;
-      const double pipeline = m * max + (sum - max) / v;
-      if (pipeline > timing->worst_pipeline) {
-        timing->worst_pipeline = pipeline;
-        timing->critical = r;
-        times.swap(timing->critical_times);
-      }
-    }
-    if (filling) filling->model_id = id_;
+// Ring attention: per block, every context rank passes the keys and values it holds cp - 1
+// times forward, and keys, values and their gradients (twice the bytes) backward. Each step
+// runs under the attention of the block that arrived before it; what the attention cannot
+// hide is exposed. Inside a node the ring runs over NVLink, else at its slowest network end.
+double CostModel::Evaluation::cp_ring_s(int r, int p, const BlockTimes& bt, double slow) const {
+  const int first = rank_node(r, p, 0);
+  bool spans = false;
+  double inter_s_per_byte = links(first).inter_s_per_byte;
+  for (int k = 1; k < s.cp; ++k) {
+    const int node = rank_node(r, p, k);
+    spans = spans || node != first;
+    inter_s_per_byte = std::max(inter_s_per_byte, links(node).inter_s_per_byte);
   }
+  auto step_s = [&](double bytes) {
+    return spans ? topo_.inter_latency_s + bytes * inter_s_per_byte
+                 : topo_.intra_latency_s + bytes * links(first).intra_s_per_byte;
+  };
+  return exposed_cp_ring_s(s.cp, step_s(bt.kv_block_bytes), step_s(2.0 * bt.kv_block_bytes),
+                           bt.attention_fwd, bt.attention_bwd, slow,
+                           s.recompute == Recompute::kFull);
+}
 
-  // Memory of each rank of the replicas timed, up to a failed one's first failed rank: the
-  // GPU with the least headroom.
-  double worst_memory_ratio = -1;
+// One microbatch on rank (r, p). `read_speeds` false: no GPU of the rank is slowed or failed
+// (it runs at speed 1).
+RankTime CostModel::Evaluation::rank_time(int r, int p, bool read_speeds) const {
+  RankTime rt{};
+  const int node0 = rank_node(r, p, 0);
+  rt.type = topo_.nodes[node0].type;
+  double slow = 1.0;
+  if ((!c.gpu_speed.empty() || !c.gpu_failed.empty()) && read_speeds) {
+    // The stage's tp x cp GPUs are gpu0 .. gpu0 + tp * cp - 1 under the placement orders,
+    // or listed one by one under an explicit placement.
+    const int gpu0 = s.gpu_of_rank(r, p, 0);
+    const bool contiguous = s.gpus.empty();
+    double speed = kInf;
+    for (int k = 0; k < s.cp; ++k) {
+      for (int i = 0; i < s.tp; ++i) {
+        const int g = contiguous ? gpu0 + k * s.tp + i : s.gpu_of_rank(r, p, i, k);
+        if (!c.gpu_failed.empty() && c.gpu_failed[g]) rt.failed = true;
+        if (!c.gpu_speed.empty()) speed = std::min(speed, c.gpu_speed[g]);
+      }
+    }
+    slow = speed == kInf ? 1.0 : 1.0 / speed;
+  }
+  rt.slow = slow;
+  const BlockTimes& bt = blocks[rt.type];
+  // Each collective pairs with half of a pass's linear GEMMs (QKV and projection, or the MLP).
+  // Every tensor-parallel group sits in one node; when the context ranks span nodes, the
+  // slowest node's collectives set the pace.
+  double tp_collective_s = links(node0).tp_collective_s;
+  for (int k = 1; k < s.cp; ++k) {
+    const int node = rank_node(r, p, k);
+    tp_collective_s = std::max(tp_collective_s, links(node).tp_collective_s);
+  }
+  const double one_collective = exposed_tp_collective_s(tp_collective_s, s.tp, s.tp_comm_overlap,
+                                                        0.5 * bt.linear_gemms_fwd * slow);
+  const int layers = scratch.rank_layers[p];
+  if (pp > 1) {
+    // Activations go to the next chunk, input gradients back to the previous one: every
+    // chunk but the last sends forward, every chunk but the first sends backward.
+    const double to_next = link_s(node0, rank_node(r, (p + 1) % pp, 0));
+    const double to_prev = link_s(node0, rank_node(r, (p + pp - 1) % pp, 0));
+    rt.p2p = (v - (p == pp - 1 ? 1 : 0)) * to_next + (v - (p == 0 ? 1 : 0)) * to_prev;
+  }
+  rt.fwd = layers * bt.fwd;
+  rt.bwd = layers * bt.bwd;
+  rt.recompute = layers * bt.recompute;
+  if (p == 0) {
+    rt.fwd += bt.first_fwd;
+    rt.bwd += bt.first_bwd;
+  }
+  if (p == pp - 1) {
+    rt.fwd += bt.last_fwd;
+    rt.bwd += bt.last_bwd;
+  }
+  rt.fwd *= slow;
+  rt.recompute *= slow;
+  rt.bwd = rt.bwd * slow + rt.recompute;
+  rt.tp = layers * tp_collectives * one_collective;
+  if (s.cp > 1) rt.cp = layers * cp_ring_s(r, p, bt, slow);
+  return rt;
+}
+
+// Otherwise replicas still come in classes. A replica none of whose GPUs is slowed or failed
+// and none of whose nodes has a bandwidth factor other than 1 ("clean") times exactly like an
+// earlier clean replica with the same share and the same layout class (same node classes and
+// same node boundaries between pipeline neighbours, rank by rank): it cannot raise the worst
+// pipeline, memory or capacity found so far and is skipped. Conditions are sparse, so listing
+// the unclean replicas costs little; the layout's classes are cached. The ranks holding a
+// slowed or failed GPU are listed too: the others run at speed 1.
+void CostModel::Evaluation::list_unclean() {
+  std::vector<int>& slowed = scratch.slowed;
+  std::vector<int>& unclean = scratch.unclean;
+  if (!by_class) return;
+  slowed.clear();
+  unclean.clear();
+  for (int g : work.where->gpus) {
+    const int rank = g < topo_.num_gpus() ? layout_info->rank_of_gpu[g] : -1;
+    if (rank >= 0) slowed.push_back(rank);
+  }
+  std::sort(slowed.begin(), slowed.end());
+  slowed.erase(std::unique(slowed.begin(), slowed.end()), slowed.end());
+  for (int rank : slowed) unclean.push_back(rank / pp);
+  for (int n : work.where->nodes) {
+    if (n >= topo_.num_nodes()) continue;
+    const ClusterTopology::Node& node = topo_.nodes[n];
+    for (int g = node.first_gpu; g < node.first_gpu + node.gpus; ++g) {
+      const int rank = layout_info->rank_of_gpu[g];
+      if (rank >= 0) unclean.push_back(rank / pp);
+    }
+  }
+  std::sort(unclean.begin(), unclean.end());
+  unclean.erase(std::unique(unclean.begin(), unclean.end()), unclean.end());
+}
+
+// The replicas to time, in replica order: all of them on the reference path, replica 0 for
+// interchangeable ones, else each unclean replica and the first clean one of each layout class
+// and share. Like replicas come in runs (the layout's runs of one class, split where the share
+// changes), so the walk goes stretch by stretch, not replica by replica.
+void CostModel::Evaluation::list_visits() {
+  const std::vector<int>& unclean = scratch.unclean;
+  std::vector<int>& visits = timing->visits;
+  visits.clear();
+  if (symmetric) {
+    visits.push_back(0);
+  } else if (!by_class) {
+    for (int r = 0; r < s.dp; ++r) visits.push_back(r);
+  } else {
+    // (layout class, share) of the clean replicas timed so far.
+    ClassShareSet timed_classes;
+    const int* const shares = explicit_shares ? explicit_shares->data() : nullptr;
+    const std::vector<int>& runs = layout_info->class_runs;
+    size_t next_unclean = 0;  // unclean[next_unclean] is the first unclean replica not visited
+    for (size_t k = 0; k + 1 < runs.size(); ++k) {
+      const int run_end = runs[k + 1];
+      const int layout_class = layout_info->replica_class[runs[k]];
+      for (int begin = runs[k], end; begin < run_end; begin = end) {
+        // A stretch [begin, end) of one layout class and one share.
+        const int share = shares ? shares[begin] : uniform_share;
+        end = shares ? static_cast<int>(std::find_if(shares + begin + 1, shares + run_end,
+                                                     [&](int x) { return x != share; }) -
+                                        shares)
+                     : run_end;
+        bool clean_met = false;
+        for (int r = begin; r < end;) {
+          if (next_unclean < unclean.size() && unclean[next_unclean] == r) {
+            visits.push_back(r);
+            ++next_unclean;
+            ++r;
+            continue;
+          }
+          if (!clean_met) {
+            // The stretch's first clean replica stands for its other clean ones.
+            clean_met = true;
+            if (timed_classes.insert(layout_class, share)) visits.push_back(r);
+          }
+          // Clean replicas up to the next unclean one are skipped.
+          r = next_unclean < unclean.size() ? std::min(unclean[next_unclean], end) : end;
+        }
+      }
+    }
+  }
+}
+
+// Pass over the replicas to time: the pipeline time of each, the critical replica and its rank
+// times, or the first rank on a failed GPU.
+void CostModel::Evaluation::time_visits() {
+  const std::vector<int>& slowed = scratch.slowed;
+  const std::vector<int>& visits = timing->visits;
+  std::vector<RankTime>& times = scratch.times;  // per pipeline rank
+  times.resize(pp);
+  timing->critical_times.resize(pp);
+  timing->worst_pipeline = -1;
+  timing->critical = 0;
+  timing->failed_visit = -1;
+  size_t next_slowed = 0;  // visits ascend: slowed[next_slowed] is the next slowed rank to meet
+  for (size_t i = 0; i < visits.size() && timing->failed_visit < 0; ++i) {
+    const int r = visits[i];
+    const int share = explicit_shares ? (*explicit_shares)[r] : uniform_share;
+    const int microbatches = share / s.microbatch_size;
+    double sum = 0, max = 0;
+    for (int p = 0; p < pp; ++p) {
+      // Without classes every rank reads its GPUs' speeds.
+      bool read_speeds = !by_class;
+      if (by_class) {
+        const int rank = r * pp + p;
+        while (next_slowed < slowed.size() && slowed[next_slowed] < rank) ++next_slowed;
+        read_speeds = next_slowed < slowed.size() && slowed[next_slowed] == rank;
+      }
+      RankTime& rt = times[p];
+      rt = rank_time(r, p, read_speeds);
+      if (rt.failed) {
+        timing->failed_visit = static_cast<int>(i);
+        timing->failed_stage = p;
+        break;
+      }
+      sum += rt.total();
+      max = std::max(max, rt.total());
+    }
+    if (timing->failed_visit >= 0) break;
+    const double pipeline = microbatches * max + (sum - max) / v;
+    if (pipeline > timing->worst_pipeline) {
+      timing->worst_pipeline = pipeline;
+      timing->critical = r;
+      times.swap(timing->critical_times);
+    }
+  }
+  if (filling) filling->model_id = id_;
+}
+
+// Memory of each rank of the replicas timed, up to a failed one's first failed rank: the GPU
+// with the least headroom (its footprint and capacity go to the breakdown). Returns its
+// footprint over its capacity, or -1 when no rank was checked.
+double CostModel::Evaluation::worst_memory_ratio() {
+  double worst_ratio = -1;
   constexpr int kMaxMemoryShares = 8;
   int memory_shares[kMaxMemoryShares];
   int memory_shares_count = 0;
-  thread_local std::vector<double> memory_totals;  // per distinct share, per pipeline rank
-  thread_local std::vector<RankMemory> rank_memories;  // per pipeline rank
+  std::vector<double>& memory_totals = scratch.memory_totals;
+  std::vector<RankMemory>& rank_memories = scratch.rank_memories;
   rank_memories.clear();
-  for (int p = 0; p < pp; ++p) rank_memories.push_back(rank_memory(s, p));
+  for (int p = 0; p < pp; ++p) rank_memories.push_back(cm.rank_memory(s, p));
   const std::vector<int>& visits = timing->visits;
   const size_t visits_read =
       timing->failed_visit >= 0 ? static_cast<size_t>(timing->failed_visit) + 1 : visits.size();
@@ -1062,221 +1188,241 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
         memory_totals.resize(static_cast<size_t>(memory_shares_count) * pp);
         for (int p = 0; p < pp; ++p) {
           memory_totals[memory_slot * pp + p] =
-              memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
+              cm.memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
         }
       }
     }
     const int ranks = static_cast<int>(i) == timing->failed_visit ? timing->failed_stage : pp;
     for (int p = 0; p < ranks; ++p) {
       const double total =
-          memory_slot >= 0
-              ? memory_totals[memory_slot * pp + p]
-              : memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
+          memory_slot >= 0 ? memory_totals[memory_slot * pp + p]
+                           : cm.memory(s, rank_memories[p], share / s.microbatch_size).total_gib();
       const double capacity = topo_.types[topo_.nodes[rank_node(r, p, 0)].type].memory_gib;
       const double ratio = total / capacity;
       // The footprint and capacity of one GPU, the one with the least headroom: on GPUs of
       // different memory sizes the largest footprint may sit on the largest GPU.
-      if (ratio > worst_memory_ratio) {
-        worst_memory_ratio = ratio;
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
         out.memory_gib = total;
         out.memory_capacity_gib = capacity;
       }
     }
   }
-  if (timing->failed_visit >= 0) {
-    out.feasible = false;
-    out.reason = "uses failed GPU(s) in replica " + std::to_string(visits[timing->failed_visit]) +
-                 ", stage " + std::to_string(timing->failed_stage);
-    out.iteration_time_s = kInf;
-    return;
+  return worst_ratio;
+}
+
+// Parameters and gradient traffic of pipeline rank p (all its chunks).
+RankTraffic CostModel::Evaluation::rank_traffic(int p) const {
+  const double h = model_.hidden;
+  const double t = s.tp;
+  RankTraffic traffic;
+  double& ar_bytes = traffic.ar_bytes;
+  // Traffic of n blocks whose gradients travel with compression `comp`.
+  auto add_traffic = [&](int n, const Compression& comp) {
+    switch (comp.kind) {
+      case Compression::Kind::kNone:
+        ar_bytes += n * block_params * grad_reduce;
+        break;
+      case Compression::Kind::kFP16:
+        ar_bytes += n * block_params * 2.0;
+        break;
+      case Compression::Kind::kTopK:
+        traffic.topk_bytes += n * block_params * comp.topk_ratio * 6.0;
+        break;
+      case Compression::Kind::kPowerSGD: {
+        double low_rank = 0;
+        for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
+        ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
+        traffic.powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
+        break;
+      }
+    }
+  };
+  for (int k = 0; k < v; ++k) {
+    const int chunk = k * pp + p;
+    const int n = chunks.count(chunk);
+    traffic.layers += n;
+    if (s.compression_overrides.empty()) {
+      add_traffic(n, s.compression);
+    } else {
+      const int first_layer = chunks.first_layer(chunk);
+      for (int l = first_layer; l < first_layer + n; ++l)
+        add_traffic(1, s.compression_of_layer(l));
+    }
   }
-  const double worst_pipeline = timing->worst_pipeline;
-  const int critical = timing->critical;
+  double params = traffic.layers * block_params;
+  double extra = 0;
+  if (p == 0) extra += static_cast<double>(model_.embedding_params()) / t;
+  if (p == pp - 1) {
+    if (!model_.tied_embeddings)
+      extra += static_cast<double>(model_.output_params()) / t;
+    else if (p != 0)
+      extra += static_cast<double>(model_.vocab) * h / t;
+  }
+  params += extra;
+  ar_bytes += extra * grad_reduce;
+  traffic.params = params;
+  return traffic;
+}
+
+// The data-parallel group of pipeline rank p: how it spreads over nodes sets its bandwidth.
+DpGroupLinks CostModel::Evaluation::dp_group(int p) {
+  const int reducers = s.dp * s.cp;  // ranks holding the same parameters
+  int nodes_spanned = 0, min_members = reducers;
+  double inter_bw = kInf, intra_bw = kInf;
+  if (layout_info) {
+    const Layout::DpGroup& group = layout_info->dp_groups[p];
+    nodes_spanned = group.nodes_spanned;
+    min_members = group.min_members;
+    inter_bw = group.inter_GBps;
+    intra_bw = group.intra_GBps;
+    if (!nominal_nodes) {
+      // The slowest links over the spanned nodes: each off-nominal one's own, and its class's
+      // for every class with a spanned node at nominal bandwidth (a minimum, so the order it is
+      // taken in does not matter). The group spans a node when a context rank of stage p
+      // starts on it.
+      std::vector<int>& class_left = scratch.class_left;
+      inter_bw = intra_bw = kInf;
+      const size_t node_classes = class_first_node_.size();
+      const int* const spanned = layout_info->spanned_classes.data() + p * node_classes;
+      class_left.assign(spanned, spanned + node_classes);
+      for (int n : work.where->nodes) {
+        if (n >= topo_.num_nodes()) continue;
+        const ClusterTopology::Node& node = topo_.nodes[n];
+        bool spans = false;
+        for (int g = node.first_gpu; g < node.first_gpu + node.gpus && !spans; ++g) {
+          const int rank = layout_info->rank_of_gpu[g];
+          if (rank < 0 || rank % pp != p) continue;
+          for (int k = 0; k < s.cp && !spans; ++k) spans = rank_node(rank / pp, p, k) == n;
+        }
+        if (!spans) continue;
+        --class_left[node_class_[n]];
+        inter_bw = std::min(inter_bw, node.inter_GBps * c.inter(n));
+        intra_bw = std::min(intra_bw, node.intra_GBps * c.intra(n));
+      }
+      for (size_t k = 0; k < node_classes; ++k) {
+        if (class_left[k] == 0) continue;
+        const ClusterTopology::Node& node = topo_.nodes[class_first_node_[k]];
+        inter_bw = std::min(inter_bw, node.inter_GBps);
+        intra_bw = std::min(intra_bw, node.intra_GBps);
+      }
+    }
+  } else {
+    std::vector<int>& per_node = scratch.per_node;
+    for (int member = 0; member < reducers; ++member) {
+      const int node = topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)];
+      if (per_node[node]++ == 0) {
+        ++nodes_spanned;
+        inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
+        intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
+      }
+    }
+    for (int member = 0; member < reducers; ++member) {
+      int& count = per_node[topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)]];
+      if (count > 0) min_members = std::min(min_members, count);
+      count = 0;
+    }
+  }
+  return {nodes_spanned, min_members, inter_bw, intra_bw};
+}
+
+// The gradient reduction of one pipeline rank (its timing `rt`, its traffic, its group's
+// links; m microbatches), exposed beyond what overlaps with the backward pass, plus ZeRO's
+// parameter gathers.
+double CostModel::Evaluation::dp_exposed_s(const RankTime& rt, const RankTraffic& traffic,
+                                           const DpGroupLinks& group,
+                                           int microbatches) const {
+  const int reducers = s.dp * s.cp;
+  const double params = traffic.params;
+  double bw, latency;
+  if (group.nodes_spanned == 1) {
+    bw = group.intra_bw * 1e9 * topo_.intra_efficiency;
+    latency = topo_.intra_latency_s;
+  } else {
+    // Each member drives its own NIC; members sharing a node pool their NICs over NVLink.
+    bw = group.min_members * group.inter_bw * 1e9 * topo_.inter_efficiency;
+    if (group.min_members > 1) bw = std::min(bw, group.intra_bw * 1e9 * topo_.intra_efficiency);
+    latency = topo_.inter_latency_s;
+  }
+  const int n = reducers;
+  double grads;
+  double after_backward = 0;  // ZeRO's parameter all-gather after the step
+  if (s.zero >= 1) {
+    grads = ring_gather_s(n, traffic.ar_bytes, bw, latency);  // reduce-scatter
+    after_backward = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
+    if (s.overlap_param_gather) {
+      // Megatron's overlap_param_gather: bucket by bucket under the next forward pass, each
+      // bucket needed only by its own layers; the first bucket waits.
+      const double first_bucket =
+          after_backward * std::min(1.0, kBucketParams / std::max(params, 1.0));
+      after_backward = std::max(after_backward - rt.fwd, first_bucket);
+    }
+  } else {
+    grads = ring_allreduce_s(n, traffic.ar_bytes, bw, latency);
+  }
+  grads += ring_gather_s(n, traffic.topk_bytes * n, bw, latency);  // sparse top-k: all-gather
+  const double flops_Bps =
+      topo_.types[rt.type].peak_tflops * 1e12 * topo_.types[rt.type].gemm_efficiency;
+  grads += traffic.powersgd_flops / flops_Bps * rt.slow;
+  double exposed = grads;
+  if (s.overlap_grad_reduce) {
+    const double last_bucket = grads * std::min(1.0, kBucketParams / std::max(params, 1.0));
+    exposed = std::max(grads - rt.bwd / v, last_bucket);
+  }
+  exposed += after_backward;
+  if (s.zero >= 3) {
+    // Parameters gathered before each forward and backward, prefetched under compute.
+    const double gather = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
+    exposed += microbatches * std::max(0.0, 2.0 * gather - (rt.fwd + rt.bwd));
+  }
+  return exposed;
+}
+
+// Over the critical replica's pipeline ranks: its bottleneck rank, the data-parallel reduction
+// exposed beyond the backward it can hide under, and the optimizer step.
+void CostModel::Evaluation::reduce_gradients() {
   const std::vector<RankTime>& critical_times = timing->critical_times;
-  double optimizer = 0;
-
-  // The critical replica's bottleneck rank gives the breakdown.
-  const int critical_share = explicit_shares ? (*explicit_shares)[critical] : uniform_share;
-  const int m = critical_share / s.microbatch_size;
-  RankTime bottleneck{};
+  const int critical_share =
+      explicit_shares ? (*explicit_shares)[timing->critical] : uniform_share;
+  m = critical_share / s.microbatch_size;
+  bottleneck = RankTime{};
   double bwd_before = 0;  // backward time of the ranks before p (slack for the DP reduction)
+  dp_exposed = 0;
+  optimizer = 0;
 
-  // Data-parallel reduction per pipeline rank, exposed beyond the backward it can hide under.
-  double dp_exposed = 0;
   const double h = model_.hidden;
   const double f = model_.ffn_hidden;
   const double t = s.tp;
   const double kv_per_rank = model_.kv_heads >= s.tp ? static_cast<double>(model_.kv_width()) / t
                                                      : 2.0 * model_.head_dim();
   const bool gated = model_.activation == Activation::kSwiGLU;
-  const double block_params = static_cast<double>(model_.params_per_layer()) / t;
-  const double grad_reduce = grad_bytes_per_param(model_);
+  block_params = static_cast<double>(model_.params_per_layer()) / t;
+  grad_reduce = grad_bytes_per_param(model_);
   // Weight matrices of one block on one tp rank (rows x cols), for PowerSGD.
-  const double mat_rows[4] = {h, h / t, h, f / t};
-  const double mat_cols[4] = {h / t + kv_per_rank, h, (gated ? 2.0 : 1.0) * f / t, h};
-  double matrix_params = 0;
+  const double rows[4] = {h, h / t, h, f / t};
+  const double cols[4] = {h / t + kv_per_rank, h, (gated ? 2.0 : 1.0) * f / t, h};
+  std::copy(rows, rows + 4, mat_rows);
+  std::copy(cols, cols + 4, mat_cols);
+  matrix_params = 0;
   for (int i = 0; i < 4; ++i) matrix_params += mat_rows[i] * mat_cols[i];
 
-  thread_local std::vector<int> per_node;
-  if (!layout_info) per_node.assign(topo_.nodes.size(), 0);
-  thread_local std::vector<int> class_left;  // per node class: nominal nodes a group spans
+  if (!layout_info) scratch.per_node.assign(topo_.nodes.size(), 0);
   for (int p = 0; p < pp; ++p) {
     const RankTime& rt = critical_times[p];
     if (rt.total() > bottleneck.total()) bottleneck = rt;
 
-    // Parameters and gradient traffic of this rank.
-    int layers = 0;
-    double ar_bytes = 0, topk_bytes = 0, powersgd_flops = 0;
-    // Traffic of n blocks whose gradients travel with compression `comp`.
-    auto add_traffic = [&](int n, const Compression& comp) {
-      switch (comp.kind) {
-        case Compression::Kind::kNone:
-          ar_bytes += n * block_params * grad_reduce;
-          break;
-        case Compression::Kind::kFP16:
-          ar_bytes += n * block_params * 2.0;
-          break;
-        case Compression::Kind::kTopK:
-          topk_bytes += n * block_params * comp.topk_ratio * 6.0;
-          break;
-        case Compression::Kind::kPowerSGD: {
-          double low_rank = 0;
-          for (int i = 0; i < 4; ++i) low_rank += (mat_rows[i] + mat_cols[i]) * comp.powersgd_rank;
-          ar_bytes += n * (low_rank + block_params - matrix_params) * grad_reduce;
-          powersgd_flops += n * 6.0 * matrix_params * comp.powersgd_rank;
-          break;
-        }
-      }
-    };
-    for (int k = 0; k < v; ++k) {
-      const int chunk = k * pp + p;
-      const int n = chunks.count(chunk);
-      layers += n;
-      if (s.compression_overrides.empty()) {
-        add_traffic(n, s.compression);
-      } else {
-        const int first_layer = chunks.first_layer(chunk);
-        for (int l = first_layer; l < first_layer + n; ++l)
-          add_traffic(1, s.compression_of_layer(l));
-      }
-    }
-    double params = layers * block_params;
-    double extra = 0;
-    if (p == 0) extra += static_cast<double>(model_.embedding_params()) / t;
-    if (p == pp - 1) {
-      if (!model_.tied_embeddings)
-        extra += static_cast<double>(model_.output_params()) / t;
-      else if (p != 0)
-        extra += static_cast<double>(model_.vocab) * h / t;
-    }
-    params += extra;
-    ar_bytes += extra * grad_reduce;
+    const RankTraffic traffic = rank_traffic(p);
 
     // Optimizer step on the parameters this rank owns; with FP8, then the cast of every block
     // weight it holds to FP8 and its transpose (read 2, write 1 + 1 bytes per parameter).
     const int reducers = s.dp * s.cp;  // ranks holding the same parameters
-    const double owned = s.zero >= 1 ? params / reducers : params;
-    const double fp8_casts = s.fp8 ? layers * block_params * kFp8CastBytesPerParam : 0.0;
+    const double owned = s.zero >= 1 ? traffic.params / reducers : traffic.params;
+    const double fp8_casts = s.fp8 ? traffic.layers * block_params * kFp8CastBytesPerParam : 0.0;
     optimizer = std::max(
         optimizer, (owned * kAdamBytesPerParam + fp8_casts) / blocks[rt.type].hbm_Bps * rt.slow);
 
     if (reducers > 1) {
-      // The DP group of this pipeline rank: how it spreads over nodes sets its bandwidth.
-      int nodes_spanned = 0, min_members = reducers;
-      double inter_bw = kInf, intra_bw = kInf;
-      if (layout_info) {
-        const Layout::DpGroup& group = layout_info->dp_groups[p];
-        nodes_spanned = group.nodes_spanned;
-        min_members = group.min_members;
-        inter_bw = group.inter_GBps;
-        intra_bw = group.intra_GBps;
-        if (!nominal_nodes) {
-          // The slowest links over the spanned nodes: each off-nominal one's own, and its
-          // class's for every class with a spanned node at nominal bandwidth (a minimum, so
-          // the order it is taken in does not matter). The group spans a node when a context
-          // rank of stage p starts on it.
-          inter_bw = intra_bw = kInf;
-          const size_t node_classes = class_first_node_.size();
-          const int* const spanned = layout_info->spanned_classes.data() + p * node_classes;
-          class_left.assign(spanned, spanned + node_classes);
-          for (int n : work.where->nodes) {
-            if (n >= topo_.num_nodes()) continue;
-            const ClusterTopology::Node& node = topo_.nodes[n];
-            bool spans = false;
-            for (int g = node.first_gpu; g < node.first_gpu + node.gpus && !spans; ++g) {
-              const int rank = layout_info->rank_of_gpu[g];
-              if (rank < 0 || rank % pp != p) continue;
-              for (int k = 0; k < s.cp && !spans; ++k) spans = rank_node(rank / pp, p, k) == n;
-            }
-            if (!spans) continue;
-            --class_left[node_class_[n]];
-            inter_bw = std::min(inter_bw, node.inter_GBps * c.inter(n));
-            intra_bw = std::min(intra_bw, node.intra_GBps * c.intra(n));
-          }
-          for (size_t k = 0; k < node_classes; ++k) {
-            if (class_left[k] == 0) continue;
-            const ClusterTopology::Node& node = topo_.nodes[class_first_node_[k]];
-            inter_bw = std::min(inter_bw, node.inter_GBps);
-            intra_bw = std::min(intra_bw, node.intra_GBps);
-          }
-        }
-      } else {
-        for (int member = 0; member < reducers; ++member) {
-          const int node = topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)];
-          if (per_node[node]++ == 0) {
-            ++nodes_spanned;
-            inter_bw = std::min(inter_bw, topo_.nodes[node].inter_GBps * c.inter(node));
-            intra_bw = std::min(intra_bw, topo_.nodes[node].intra_GBps * c.intra(node));
-          }
-        }
-        for (int member = 0; member < reducers; ++member) {
-          int& count =
-              per_node[topo_.node_of_gpu[s.gpu_of_rank(member / s.cp, p, 0, member % s.cp)]];
-          if (count > 0) min_members = std::min(min_members, count);
-          count = 0;
-        }
-      }
-      double bw, latency;
-      if (nodes_spanned == 1) {
-        bw = intra_bw * 1e9 * topo_.intra_efficiency;
-        latency = topo_.intra_latency_s;
-      } else {
-        // Each member drives its own NIC; members sharing a node pool their NICs over NVLink.
-        bw = min_members * inter_bw * 1e9 * topo_.inter_efficiency;
-        if (min_members > 1) bw = std::min(bw, intra_bw * 1e9 * topo_.intra_efficiency);
-        latency = topo_.inter_latency_s;
-      }
-      const int n = reducers;
-      double grads;
-      double after_backward = 0;  // ZeRO's parameter all-gather after the step
-      if (s.zero >= 1) {
-        grads = ring_gather_s(n, ar_bytes, bw, latency);  // reduce-scatter
-        after_backward = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
-        if (s.overlap_param_gather) {
-          // Megatron's overlap_param_gather: bucket by bucket under the next forward pass,
-          // each bucket needed only by its own layers; the first bucket waits.
-          const double first_bucket =
-              after_backward * std::min(1.0, kBucketParams / std::max(params, 1.0));
-          after_backward = std::max(after_backward - rt.fwd, first_bucket);
-        }
-      } else {
-        grads = ring_allreduce_s(n, ar_bytes, bw, latency);
-      }
-      grads += ring_gather_s(n, topk_bytes * n, bw, latency);  // sparse top-k: all-gather
-      const double flops_Bps =
-          topo_.types[rt.type].peak_tflops * 1e12 * topo_.types[rt.type].gemm_efficiency;
-      grads += powersgd_flops / flops_Bps * rt.slow;
-      double exposed = grads;
-      if (s.overlap_grad_reduce) {
-        const double last_bucket = grads * std::min(1.0, kBucketParams / std::max(params, 1.0));
-        exposed = std::max(grads - rt.bwd / v, last_bucket);
-      }
-      exposed += after_backward;
-      if (s.zero >= 3) {
-        // Parameters gathered before each forward and backward, prefetched under compute.
-        const double gather = ring_gather_s(n, params * kWeightBytesPerParam, bw, latency);
-        exposed += m * std::max(0.0, 2.0 * gather - (rt.fwd + rt.bwd));
-      }
+      const double exposed = dp_exposed_s(rt, traffic, dp_group(p), m);
       if (work.timings) work.timings->dp_exposed_s.push_back(exposed);
       dp_exposed = std::max(dp_exposed, exposed - bwd_before);
     } else if (work.timings) {
@@ -1284,8 +1430,11 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
     }
     bwd_before += rt.bwd / v + rt.p2p / (2.0 * v);
   }
+}
 
-  // Assemble the breakdown from the critical replica.
+// The breakdown from the critical replica, with throughput and utilisation.
+void CostModel::Evaluation::assemble_breakdown(double memory_ratio) {
+  const double worst_pipeline = timing->worst_pipeline;
   out.feasible = true;
   out.compute_s = m * (bottleneck.fwd + bottleneck.bwd - bottleneck.recompute);
   out.recompute_s = m * bottleneck.recompute;
@@ -1296,7 +1445,7 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   out.dp_comm_s = dp_exposed;
   out.optimizer_s = optimizer;
   out.iteration_time_s = worst_pipeline + dp_exposed + optimizer;
-  out.fits_in_memory = worst_memory_ratio <= 1.0;
+  out.fits_in_memory = memory_ratio <= 1.0;
   if (!out.fits_in_memory) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "needs %.1f GiB per GPU, more than the %.0f GiB available",
@@ -1324,34 +1473,61 @@ void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
   out.mfu =
       iteration_model_flops(model_, s.global_batch, false) / (peak_sum * out.iteration_time_s);
   out.tokens_per_s = static_cast<double>(s.global_batch) * model_.seq_len / out.iteration_time_s;
+}
 
-  if (work.timings) {
-    PipelineTimings& tl = *work.timings;
-    tl.replica = critical;
-    tl.microbatches = m;
-    tl.optimizer_s = optimizer;
-    const int chunk_count = s.num_chunks();
-    tl.forward_s.assign(chunk_count, 0);
-    tl.backward_s.assign(chunk_count, 0);
-    tl.p2p_s.assign(chunk_count, 0);
-    for (int p = 0; p < pp; ++p) {
-      const RankTime& rt = critical_times[p];
-      int layers = 0;
-      for (int k = 0; k < v; ++k) layers += chunks.count(k * pp + p);
-      for (int k = 0; k < v; ++k) {
-        const int chunk = k * pp + p;
-        const double share = layers ? static_cast<double>(chunks.count(chunk)) / layers : 1.0;
-        // TP collectives and ring-attention transfers run inside each pass, in proportion to
-        // its work.
-        const double collectives = rt.tp + rt.cp;
-        const double tp_fwd = collectives * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
-        tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
-        tl.backward_s[chunk] = (rt.bwd + collectives - tp_fwd) * share;
-        if (chunk + 1 < chunk_count)
-          tl.p2p_s[chunk] = link_s(rank_node(critical, p, 0), rank_node(critical, (p + 1) % pp, 0));
-      }
+// The critical replica's timeline, chunk by chunk, for the Chrome-trace export.
+void CostModel::Evaluation::fill_pipeline_timings() {
+  const int critical = timing->critical;
+  const std::vector<RankTime>& critical_times = timing->critical_times;
+  PipelineTimings& tl = *work.timings;
+  tl.replica = critical;
+  tl.microbatches = m;
+  tl.optimizer_s = optimizer;
+  const int chunk_count = s.num_chunks();
+  tl.forward_s.assign(chunk_count, 0);
+  tl.backward_s.assign(chunk_count, 0);
+  tl.p2p_s.assign(chunk_count, 0);
+  for (int p = 0; p < pp; ++p) {
+    const RankTime& rt = critical_times[p];
+    int layers = 0;
+    for (int k = 0; k < v; ++k) layers += chunks.count(k * pp + p);
+    for (int k = 0; k < v; ++k) {
+      const int chunk = k * pp + p;
+      const double share = layers ? static_cast<double>(chunks.count(chunk)) / layers : 1.0;
+      // TP collectives and ring-attention transfers run inside each pass, in proportion to its
+      // work.
+      const double collectives = rt.tp + rt.cp;
+      const double tp_fwd = collectives * (rt.fwd / std::max(rt.fwd + rt.bwd, 1e-30));
+      tl.forward_s[chunk] = (rt.fwd + tp_fwd) * share;
+      tl.backward_s[chunk] = (rt.bwd + collectives - tp_fwd) * share;
+      if (chunk + 1 < chunk_count)
+        tl.p2p_s[chunk] = link_s(rank_node(critical, p, 0), rank_node(critical, (p + 1) % pp, 0));
     }
   }
+}
+
+void CostModel::run(const Strategy& s, const Conditions& c, Work& work) const {
+  Evaluation e(*this, s, c, work);
+  e.find_kept_timing();
+  e.find_node_links();
+  if (!e.timed) {
+    e.list_unclean();
+    e.list_visits();
+    e.time_visits();
+  }
+  const double worst_memory_ratio = e.worst_memory_ratio();
+  if (e.timing->failed_visit >= 0) {
+    CostBreakdown& out = work.result;
+    out.feasible = false;
+    out.reason = "uses failed GPU(s) in replica " +
+                 std::to_string(e.timing->visits[e.timing->failed_visit]) + ", stage " +
+                 std::to_string(e.timing->failed_stage);
+    out.iteration_time_s = kInf;
+    return;
+  }
+  e.reduce_gradients();
+  e.assemble_breakdown(worst_memory_ratio);
+  if (work.timings) e.fill_pipeline_timings();
 }
 
 void find_off_nominal(const Conditions& c, OffNominal& out) {

@@ -140,6 +140,8 @@ class CostModel {
   // node classes of its slowest network end (its transfers) and of its slowest NVLink (the
   // pace of its ranks' tensor-parallel collectives), each plus 1.
   unsigned long long cp_ring_class(const int* nodes, int cp) const;
+  // One evaluation's phases (cost_model.cc).
+  struct Evaluation;
   void run(const Strategy& s, const Conditions& c, Work& work) const;
 
   ModelSpec model_;
