@@ -34,29 +34,59 @@ StatusOr<ReplayGraph> ReplayGraph::build(const OpTrace& trace) {
   return catch_input_error([&] { return build_or_throw(trace); });
 }
 
-ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
-  const std::vector<OpRecord>& ops = trace.ops;
-  const int pp = std::max(1, trace.meta.pp_size);
-  const int vpp = std::max(1, trace.meta.vpp_size);
-  ReplayGraph g;
+// Builds a ReplayGraph: the trace, the graph so far, and the state the phases share. build()
+// indexes the steps and places the ranks, then adds each step's nodes, dependencies, collective
+// groups, measured durations and topological order, and finally lays the dependencies out.
+struct ReplayGraph::Builder {
+  explicit Builder(const OpTrace& t)
+      : trace(t),
+        ops(t.ops),
+        pp(std::max(1, t.meta.pp_size)),
+        vpp(std::max(1, t.meta.vpp_size)),
+        dp(std::max(1, t.meta.dp_size)),
+        world(std::max(t.meta.world_size, 1)) {}
 
-  // Steps, and the records of each step.
-  std::vector<std::int64_t> steps;
-  steps.reserve(ops.size() / 16 + 1);
-  for (const OpRecord& r : ops) steps.push_back(r.step);
-  std::sort(steps.begin(), steps.end());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  g.steps_ = steps;
-  std::vector<int> record_step(ops.size());
-  std::vector<int> step_count(steps.size() + 1, 0);
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    record_step[i] =
-        static_cast<int>(std::lower_bound(steps.begin(), steps.end(), ops[i].step) - steps.begin());
-    ++step_count[static_cast<std::size_t>(record_step[i]) + 1];
+  ReplayGraph build() {
+    index_steps();
+    place_ranks();
+    g.recorded_step_s_.assign(steps.size(), 0.0);
+    for (std::size_t si = 0; si < steps.size(); ++si) {
+      base = g.num_nodes();
+      workers.clear();
+      groups.clear();
+      group_of.clear();
+      edges_before = edges.size();
+      add_nodes(si);
+      for (Worker& w : workers) add_worker_deps(w);
+      pair_pipeline_ops();
+      group_collectives();
+      measure_durations();
+      order_step(si);
+      for (const Worker& w : workers) {
+        worker_of_rank[static_cast<std::size_t>(w.rank)] = -1;
+        worker_at[static_cast<std::size_t>(slot_of(w.dp, w.stage, w.tpi))] = -1;
+      }
+    }
+    link_deps();
+    return std::move(g);
   }
-  std::partial_sum(step_count.begin(), step_count.end(), step_count.begin());
-  std::vector<int> by_step(ops.size());
-  {
+
+  // Steps, and the records of each step (by_step[step_count[si] .. step_count[si + 1])).
+  void index_steps() {
+    steps.reserve(ops.size() / 16 + 1);
+    for (const OpRecord& r : ops) steps.push_back(r.step);
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    g.steps_ = steps;
+    std::vector<int> record_step(ops.size());
+    step_count.assign(steps.size() + 1, 0);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      record_step[i] = static_cast<int>(std::lower_bound(steps.begin(), steps.end(), ops[i].step) -
+                                        steps.begin());
+      ++step_count[static_cast<std::size_t>(record_step[i]) + 1];
+    }
+    std::partial_sum(step_count.begin(), step_count.end(), step_count.begin());
+    by_step.resize(ops.size());
     std::vector<int> fill(step_count.begin(), step_count.end() - 1);
     for (std::size_t i = 0; i < ops.size(); ++i)
       by_step[static_cast<std::size_t>(fill[static_cast<std::size_t>(record_step[i])]++)] =
@@ -65,17 +95,16 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
 
   // Position of each rank: (dp_rank, stage) of its first record, and its index among the ranks
   // that share them (tensor- or sequence-parallel peers).
-  const int world = std::max(trace.meta.world_size, 1);
-  std::vector<int> rank_dp(static_cast<std::size_t>(world), -1), rank_stage(rank_dp),
-      rank_tpi(rank_dp);
-  for (const OpRecord& r : ops) {
-    if (rank_dp[static_cast<std::size_t>(r.rank)] < 0) {
-      rank_dp[static_cast<std::size_t>(r.rank)] = r.dp_rank;
-      rank_stage[static_cast<std::size_t>(r.rank)] = r.stage;
+  void place_ranks() {
+    rank_dp.assign(static_cast<std::size_t>(world), -1);
+    rank_stage = rank_dp;
+    rank_tpi = rank_dp;
+    for (const OpRecord& r : ops) {
+      if (rank_dp[static_cast<std::size_t>(r.rank)] < 0) {
+        rank_dp[static_cast<std::size_t>(r.rank)] = r.dp_rank;
+        rank_stage[static_cast<std::size_t>(r.rank)] = r.stage;
+      }
     }
-  }
-  int max_tpi = 1;
-  {
     std::map<std::pair<int, int>, int> seen;
     for (int rank = 0; rank < world; ++rank) {
       if (rank_dp[static_cast<std::size_t>(rank)] < 0) continue;
@@ -84,28 +113,15 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
       rank_tpi[static_cast<std::size_t>(rank)] = t;
       max_tpi = std::max(max_tpi, t + 1);
     }
+    worker_at.assign(static_cast<std::size_t>(dp * pp * max_tpi), -1);
+    worker_of_rank.assign(static_cast<std::size_t>(world), -1);
   }
-  const int dp = std::max(1, trace.meta.dp_size);
-  auto slot_of = [&](int d, int s, int t) { return (d * pp + s) * max_tpi + t; };
-  std::vector<int> worker_at(static_cast<std::size_t>(dp * pp * max_tpi), -1);
-  std::vector<int> worker_of_rank(static_cast<std::size_t>(world), -1);
 
-  std::vector<std::pair<int, int>> edges;  // (from node, to node)
-  std::vector<int> group_of;               // per node of the step: group id or -1
-  std::vector<std::vector<int>> groups;
-  std::vector<Worker> workers;
-  g.recorded_step_s_.assign(steps.size(), 0.0);
-
-  for (std::size_t si = 0; si < steps.size(); ++si) {
-    const int base = g.num_nodes();
-    workers.clear();
-    groups.clear();
-    group_of.clear();
-    const std::size_t edges_before = edges.size();
+  // One node per record of step si but kOther, in (rank, type, start, seq_id) order, listed
+  // by type under its rank's worker; also the step's recorded length.
+  void add_nodes(std::size_t si) {
     double first_start = std::numeric_limits<double>::infinity();
     double last_end = -std::numeric_limits<double>::infinity();
-
-    // Records of this step, sorted by (rank, type, start, seq_id).
     std::vector<int> recs(by_step.begin() + step_count[si], by_step.begin() + step_count[si + 1]);
     for (int i : recs) {
       first_start = std::min(first_start, ops[static_cast<std::size_t>(i)].start_s);
@@ -139,119 +155,113 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
       group_of.push_back(-1);
       workers[static_cast<std::size_t>(w)].by_type[type_index(r.type)].push_back(node);
     }
-    auto rec = [&](int node) -> const OpRecord& {
-      return ops[static_cast<std::size_t>(g.record_[static_cast<std::size_t>(node)])];
-    };
-    auto dep = [&](int from, int to) { edges.emplace_back(from, to); };
-    auto new_group = [&](std::initializer_list<int> members) {
-      const int id = static_cast<int>(groups.size());
-      groups.emplace_back(members);
-      for (int m : members) group_of[static_cast<std::size_t>(m - base)] = id;
-      return id;
-    };
-    auto chain = [&](const std::vector<int>& nodes) {
-      for (std::size_t k = 1; k < nodes.size(); ++k) dep(nodes[k - 1], nodes[k]);
-    };
+  }
 
-    // Per-worker dependencies.
-    for (Worker& w : workers) {
-      const auto& fwd = w.by_type[type_index(OpType::kForwardCompute)];
-      const auto& bwd = w.by_type[type_index(OpType::kBackwardCompute)];
-      std::merge(fwd.begin(), fwd.end(), bwd.begin(), bwd.end(), std::back_inserter(w.chain),
-                 [&](int a, int b) {
-                   return std::tie(rec(a).start_s, rec(a).seq_id, rec(a).type) <
-                          std::tie(rec(b).start_s, rec(b).seq_id, rec(b).type);
-                 });
-      chain(w.chain);
-      std::unordered_map<int, int> chain_pos;
-      for (std::size_t k = 0; k < w.chain.size(); ++k) chain_pos[w.chain[k]] = static_cast<int>(k);
+  // Dependencies among one worker's ops: its computes in order, parameter all-gathers before
+  // their chunk's first forward, pipeline transfers around their computes, and what runs after
+  // the last compute.
+  void add_worker_deps(Worker& w) {
+    const auto& fwd = w.by_type[type_index(OpType::kForwardCompute)];
+    const auto& bwd = w.by_type[type_index(OpType::kBackwardCompute)];
+    std::merge(fwd.begin(), fwd.end(), bwd.begin(), bwd.end(), std::back_inserter(w.chain),
+               [&](int a, int b) {
+                 return std::tie(rec(a).start_s, rec(a).seq_id, rec(a).type) <
+                        std::tie(rec(b).start_s, rec(b).seq_id, rec(b).type);
+               });
+    chain(w.chain);
 
-      // Parameter all-gathers run in order; the first forward of their model chunk waits.
-      const auto& ag = w.by_type[type_index(OpType::kParamsAllGather)];
-      chain(ag);
-      for (int a : ag) {
-        int target = w.chain.empty() ? -1 : w.chain.front();
-        for (int f : fwd)
-          if (rec(a).mc >= 0 && rec(f).mc == rec(a).mc) {
-            target = f;
-            break;
-          }
-        if (target >= 0) dep(a, target);
-      }
-
-      // Pipeline sends and receives: each stream in order, matched to computes by position.
-      auto match = [](std::size_t n_comm, std::size_t n_comp, bool recv) -> int {
-        if (n_comm == n_comp) return 0;
-        if (n_comm + 1 == n_comp) return recv ? 1 : 0;
-        return -1;
-      };
-      for (const bool forward : {true, false}) {
-        const auto& comp = forward ? fwd : bwd;
-        const auto& send =
-            w.by_type[type_index(forward ? OpType::kForwardSend : OpType::kBackwardSend)];
-        const auto& recv =
-            w.by_type[type_index(forward ? OpType::kForwardRecv : OpType::kBackwardRecv)];
-        chain(send);
-        chain(recv);
-        if (const int off = match(send.size(), comp.size(), false); off >= 0)
-          for (std::size_t k = 0; k < send.size(); ++k)
-            dep(comp[k + static_cast<std::size_t>(off)], send[k]);
-        if (const int off = match(recv.size(), comp.size(), true); off >= 0) {
-          for (std::size_t k = 0; k < recv.size(); ++k) {
-            const std::size_t c = k + static_cast<std::size_t>(off);
-            dep(recv[k], comp[c]);
-            if (c >= 1) {
-              dep(comp[c - 1], recv[k]);
-            } else if (!forward) {
-              // The first backward receive is posted during the last warm-up forwards.
-              const int pos = chain_pos[comp[0]];
-              if (pos >= 2) dep(w.chain[static_cast<std::size_t>(pos - 2)], recv[k]);
-            }
-          }
+    // Parameter all-gathers run in order; the first forward of their model chunk waits.
+    const auto& ag = w.by_type[type_index(OpType::kParamsAllGather)];
+    chain(ag);
+    for (int a : ag) {
+      int target = w.chain.empty() ? -1 : w.chain.front();
+      for (int f : fwd)
+        if (rec(a).mc >= 0 && rec(f).mc == rec(a).mc) {
+          target = f;
+          break;
         }
-      }
-
-      // After the last compute: gc, layernorm, embedding, gradient reduce-scatter, clip, optimizer.
-      const int last_compute = w.chain.empty() ? -1 : w.chain.back();
-      const double last_compute_end = last_compute >= 0 ? rec(last_compute).end_s() : -1e300;
-      std::vector<int> overlapped;  // reduce-scatters that ran during the backward passes
-      std::vector<int> post;
-      for (const OpType t :
-           {OpType::kGc, OpType::kLayernormGradsAllReduce, OpType::kEmbeddingGradsAllReduce,
-            OpType::kGradsReduceScatter, OpType::kSeparateGradsAllReduce,
-            OpType::kOptimizerClipMainGrad, OpType::kOptimizer}) {
-        if (t == OpType::kSeparateGradsAllReduce || t == OpType::kOptimizerClipMainGrad ||
-            t == OpType::kOptimizer) {
-          if (!overlapped.empty() && overlapped.back() >= 0 && !w.by_type[type_index(t)].empty()) {
-            dep(overlapped.back(), w.by_type[type_index(t)].front());
-            overlapped.push_back(-1);  // attach only once
-          }
-        }
-        for (int n : w.by_type[type_index(t)]) {
-          if (t == OpType::kGradsReduceScatter && rec(n).start_s < last_compute_end - kOverlapEps) {
-            int after = -1;
-            for (int b : bwd)
-              if (rec(b).end_s() <= rec(n).start_s + kOverlapEps) after = b;
-            if (after >= 0) dep(after, n);
-            if (!overlapped.empty() && overlapped.back() >= 0) dep(overlapped.back(), n);
-            overlapped.push_back(n);
-            continue;
-          }
-          post.push_back(n);
-        }
-      }
-      if (last_compute >= 0 && !post.empty()) dep(last_compute, post.front());
-      chain(post);
+      if (target >= 0) dep(a, target);
     }
 
-    // Collective groups.
-    auto worker_node = [&](int d, int s, int t, OpType type, std::size_t k) -> int {
-      if (d < 0 || s < 0 || s >= pp || d >= dp) return -1;
-      const int w = worker_at[static_cast<std::size_t>(slot_of(d, s, t))];
-      if (w < 0) return -1;
-      const auto& list = workers[static_cast<std::size_t>(w)].by_type[type_index(type)];
-      return k < list.size() ? list[k] : -1;
+    add_pipeline_deps(w);
+    add_after_compute_deps(w);
+  }
+
+  // Pipeline sends and receives: each stream in order, matched to computes by position.
+  void add_pipeline_deps(const Worker& w) {
+    const auto& fwd = w.by_type[type_index(OpType::kForwardCompute)];
+    const auto& bwd = w.by_type[type_index(OpType::kBackwardCompute)];
+    std::unordered_map<int, int> chain_pos;
+    for (std::size_t k = 0; k < w.chain.size(); ++k) chain_pos[w.chain[k]] = static_cast<int>(k);
+    auto match = [](std::size_t n_comm, std::size_t n_comp, bool recv) -> int {
+      if (n_comm == n_comp) return 0;
+      if (n_comm + 1 == n_comp) return recv ? 1 : 0;
+      return -1;
     };
+    for (const bool forward : {true, false}) {
+      const auto& comp = forward ? fwd : bwd;
+      const auto& send =
+          w.by_type[type_index(forward ? OpType::kForwardSend : OpType::kBackwardSend)];
+      const auto& recv =
+          w.by_type[type_index(forward ? OpType::kForwardRecv : OpType::kBackwardRecv)];
+      chain(send);
+      chain(recv);
+      if (const int off = match(send.size(), comp.size(), false); off >= 0)
+        for (std::size_t k = 0; k < send.size(); ++k)
+          dep(comp[k + static_cast<std::size_t>(off)], send[k]);
+      if (const int off = match(recv.size(), comp.size(), true); off >= 0) {
+        for (std::size_t k = 0; k < recv.size(); ++k) {
+          const std::size_t c = k + static_cast<std::size_t>(off);
+          dep(recv[k], comp[c]);
+          if (c >= 1) {
+            dep(comp[c - 1], recv[k]);
+          } else if (!forward) {
+            // The first backward receive is posted during the last warm-up forwards.
+            const int pos = chain_pos[comp[0]];
+            if (pos >= 2) dep(w.chain[static_cast<std::size_t>(pos - 2)], recv[k]);
+          }
+        }
+      }
+    }
+  }
+
+  // After the last compute: gc, layernorm, embedding, gradient reduce-scatter, clip, optimizer.
+  void add_after_compute_deps(const Worker& w) {
+    const auto& bwd = w.by_type[type_index(OpType::kBackwardCompute)];
+    const int last_compute = w.chain.empty() ? -1 : w.chain.back();
+    const double last_compute_end = last_compute >= 0 ? rec(last_compute).end_s() : -1e300;
+    std::vector<int> overlapped;  // reduce-scatters that ran during the backward passes
+    std::vector<int> post;
+    for (const OpType t :
+         {OpType::kGc, OpType::kLayernormGradsAllReduce, OpType::kEmbeddingGradsAllReduce,
+          OpType::kGradsReduceScatter, OpType::kSeparateGradsAllReduce,
+          OpType::kOptimizerClipMainGrad, OpType::kOptimizer}) {
+      if (t == OpType::kSeparateGradsAllReduce || t == OpType::kOptimizerClipMainGrad ||
+          t == OpType::kOptimizer) {
+        if (!overlapped.empty() && overlapped.back() >= 0 && !w.by_type[type_index(t)].empty()) {
+          dep(overlapped.back(), w.by_type[type_index(t)].front());
+          overlapped.push_back(-1);  // attach only once
+        }
+      }
+      for (int n : w.by_type[type_index(t)]) {
+        if (t == OpType::kGradsReduceScatter && rec(n).start_s < last_compute_end - kOverlapEps) {
+          int after = -1;
+          for (int b : bwd)
+            if (rec(b).end_s() <= rec(n).start_s + kOverlapEps) after = b;
+          if (after >= 0) dep(after, n);
+          if (!overlapped.empty() && overlapped.back() >= 0) dep(overlapped.back(), n);
+          overlapped.push_back(n);
+          continue;
+        }
+        post.push_back(n);
+      }
+    }
+    if (last_compute >= 0 && !post.empty()) dep(last_compute, post.front());
+    chain(post);
+  }
+
+  // Each pipeline send and the matching receive of the peer stage form a group.
+  void pair_pipeline_ops() {
     for (const Worker& w : workers) {
       for (const bool forward : {true, false}) {
         const OpType send_t = forward ? OpType::kForwardSend : OpType::kBackwardSend;
@@ -266,6 +276,11 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
         }
       }
     }
+  }
+
+  // The k-th collective of a kind joins the group of its peers' k-th; unpaired pipeline ops
+  // (first/last stage no-ops) are their own group.
+  void group_collectives() {
     std::map<std::tuple<int, int, int, int, std::size_t>, int> collective;
     for (const Worker& w : workers) {
       for (const OpType t :
@@ -286,15 +301,15 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
           group_of[static_cast<std::size_t>(list[k] - base)] = it->second;
         }
       }
-      // Unpaired pipeline ops (first/last stage no-ops) are their own group.
       for (const OpType t : {OpType::kForwardSend, OpType::kForwardRecv, OpType::kBackwardSend,
                              OpType::kBackwardRecv})
         for (int n : w.by_type[type_index(t)])
           if (group_of[static_cast<std::size_t>(n - base)] < 0) new_group({n});
     }
+  }
 
-    // Measured durations: local ops their duration; collective members their transfer time.
-    const int n_step = g.num_nodes() - base;
+  // Measured durations: local ops their duration; collective members their transfer time.
+  void measure_durations() {
     g.group_size_.resize(static_cast<std::size_t>(g.num_nodes()), 0);
     g.measured_.resize(static_cast<std::size_t>(g.num_nodes()), 0.0);
     for (int v = base; v < g.num_nodes(); ++v)
@@ -307,8 +322,12 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
         g.measured_[static_cast<std::size_t>(m)] = std::max(0.0, rec(m).end_s() - latest_start);
       }
     }
+  }
 
-    // Topological order of super nodes (a group is one super node).
+  // Topological order of step si's super nodes (a group is one super node). Throws
+  // InputError when its dependencies hold a cycle.
+  void order_step(std::size_t si) {
+    const int n_step = g.num_nodes() - base;
     const int n_groups = static_cast<int>(groups.size());
     auto super_of = [&](int node) {
       const int gid = group_of[static_cast<std::size_t>(node - base)];
@@ -348,24 +367,67 @@ ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) {
       throw InputError(trace.source + ": step " + std::to_string(steps[si]) +
                        ": the ops cannot be ordered (dependency cycle); is the step complete and "
                        "does it follow a supported pipeline schedule?");
-    for (const Worker& w : workers) {
-      worker_of_rank[static_cast<std::size_t>(w.rank)] = -1;
-      worker_at[static_cast<std::size_t>(slot_of(w.dp, w.stage, w.tpi))] = -1;
-    }
   }
 
   // Dependencies in CSR form, by target node.
-  const std::size_t n = static_cast<std::size_t>(g.num_nodes());
-  g.dep_offset_.assign(n + 1, 0);
-  for (const auto& [from, to] : edges) ++g.dep_offset_[static_cast<std::size_t>(to) + 1];
-  std::partial_sum(g.dep_offset_.begin(), g.dep_offset_.end(), g.dep_offset_.begin());
-  g.deps_.resize(edges.size());
-  std::vector<int> fill(g.dep_offset_.begin(), g.dep_offset_.end() - 1);
-  for (const auto& [from, to] : edges)
-    g.deps_[static_cast<std::size_t>(fill[static_cast<std::size_t>(to)]++)] = from;
-  g.order_offset_.insert(g.order_offset_.begin(), 0);
-  return g;
-}
+  void link_deps() {
+    const std::size_t n = static_cast<std::size_t>(g.num_nodes());
+    g.dep_offset_.assign(n + 1, 0);
+    for (const auto& [from, to] : edges) ++g.dep_offset_[static_cast<std::size_t>(to) + 1];
+    std::partial_sum(g.dep_offset_.begin(), g.dep_offset_.end(), g.dep_offset_.begin());
+    g.deps_.resize(edges.size());
+    std::vector<int> fill(g.dep_offset_.begin(), g.dep_offset_.end() - 1);
+    for (const auto& [from, to] : edges)
+      g.deps_[static_cast<std::size_t>(fill[static_cast<std::size_t>(to)]++)] = from;
+    g.order_offset_.insert(g.order_offset_.begin(), 0);
+  }
+
+  const OpRecord& rec(int node) const {
+    return ops[static_cast<std::size_t>(g.record_[static_cast<std::size_t>(node)])];
+  }
+  void dep(int from, int to) { edges.emplace_back(from, to); }
+  int new_group(std::initializer_list<int> members) {
+    const int id = static_cast<int>(groups.size());
+    groups.emplace_back(members);
+    for (int m : members) group_of[static_cast<std::size_t>(m - base)] = id;
+    return id;
+  }
+  void chain(const std::vector<int>& nodes) {
+    for (std::size_t k = 1; k < nodes.size(); ++k) dep(nodes[k - 1], nodes[k]);
+  }
+  int slot_of(int d, int s, int t) const { return (d * pp + s) * max_tpi + t; }
+  // The k-th node of `type` of the worker at (d, s, t) in this step, or -1.
+  int worker_node(int d, int s, int t, OpType type, std::size_t k) const {
+    if (d < 0 || s < 0 || s >= pp || d >= dp) return -1;
+    const int w = worker_at[static_cast<std::size_t>(slot_of(d, s, t))];
+    if (w < 0) return -1;
+    const auto& list = workers[static_cast<std::size_t>(w)].by_type[type_index(type)];
+    return k < list.size() ? list[k] : -1;
+  }
+
+  const OpTrace& trace;
+  const std::vector<OpRecord>& ops;
+  const int pp;
+  const int vpp;
+  const int dp;
+  const int world;
+  ReplayGraph g;
+  std::vector<std::int64_t> steps;
+  std::vector<int> step_count;  // prefix sums: step si's records start at step_count[si]
+  std::vector<int> by_step;     // record indices, grouped by step
+  std::vector<int> rank_dp, rank_stage, rank_tpi;
+  int max_tpi = 1;
+  std::vector<int> worker_at;       // per (dp, stage, tpi) slot: the worker in this step, or -1
+  std::vector<int> worker_of_rank;  // per rank: its worker in this step, or -1
+  std::vector<std::pair<int, int>> edges;  // (from node, to node)
+  std::vector<int> group_of;               // per node of the step: group id or -1
+  std::vector<std::vector<int>> groups;
+  std::vector<Worker> workers;
+  int base = 0;                  // the step's first node
+  std::size_t edges_before = 0;  // the step's first edge
+};
+
+ReplayGraph ReplayGraph::build_or_throw(const OpTrace& trace) { return Builder(trace).build(); }
 
 std::vector<double> ReplayGraph::replay(const std::vector<double>& duration_s) const {
   std::vector<double> start, end;

@@ -54,6 +54,7 @@ class ReplayGraph {
                              std::vector<double>& end_s) const;
 
  private:
+  struct Builder;  // build_or_throw's phases (replay.cc)
   static ReplayGraph build_or_throw(const OpTrace& trace);
   std::vector<int> record_;
   std::vector<int> step_index_;
