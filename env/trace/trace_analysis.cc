@@ -160,21 +160,13 @@ ComputeModel compute_model(const OpTrace& trace) {
   return cm;
 }
 
-}  // namespace
-
-StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOptions& options) {
-  StatusOr<ReplayGraph> built = ReplayGraph::build(trace);
-  if (!built.ok()) return built.status();
-  const ReplayGraph& graph = *built;
-  TraceAnalysis a;
-  a.meta = trace.meta;
+// Typical durations: the mean per op type for computation (and gc, optimizer), the median of
+// the transfer time per op type for communication. Returns every node's typical duration and
+// sets the measured and ideal step times and the slowdown between them.
+std::vector<double> replay_typical(const OpTrace& trace, const ReplayGraph& graph,
+                                   TraceAnalysis& a) {
   const int n = graph.num_nodes();
-  a.steps = graph.num_steps();
-  a.recorded_step_s = mean(graph.recorded_step_s());
   const std::vector<double>& measured = graph.measured();
-
-  // Typical durations: the mean per op type for computation (and gc, optimizer), the median
-  // of the transfer time per op type for communication.
   std::vector<std::vector<double>> pool(kNumOpTypes);
   for (int v = 0; v < n; ++v)
     pool[ti(trace.ops[static_cast<std::size_t>(graph.record(v))].type)].push_back(
@@ -184,17 +176,26 @@ StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOption
     typical[static_cast<std::size_t>(t)] = is_communication(static_cast<OpType>(t))
                                                ? median(pool[static_cast<std::size_t>(t)])
                                                : mean(pool[static_cast<std::size_t>(t)]);
-  auto rec = [&](int v) -> const OpRecord& {
-    return trace.ops[static_cast<std::size_t>(graph.record(v))];
-  };
   std::vector<double> ideal(static_cast<std::size_t>(n));
-  for (int v = 0; v < n; ++v) ideal[static_cast<std::size_t>(v)] = typical[ti(rec(v).type)];
+  for (int v = 0; v < n; ++v)
+    ideal[static_cast<std::size_t>(v)] =
+        typical[ti(trace.ops[static_cast<std::size_t>(graph.record(v))].type)];
 
   a.measured_step_s = mean(graph.replay(measured));
   a.ideal_step_s = mean(graph.replay(ideal));
   a.slowdown = a.ideal_step_s > 0 ? a.measured_step_s / a.ideal_step_s : 1.0;
+  return ideal;
+}
 
-  // What-if attribution: ideal everywhere except the group, which keeps its measured durations.
+// What-if attribution: ideal everywhere except the group (a stage, a replica, a rank, an op
+// type group), which keeps its measured durations.
+void attribute_slowdowns(const OpTrace& trace, const ReplayGraph& graph,
+                         const std::vector<double>& ideal, TraceAnalysis& a) {
+  const int n = graph.num_nodes();
+  const std::vector<double>& measured = graph.measured();
+  auto rec = [&](int v) -> const OpRecord& {
+    return trace.ops[static_cast<std::size_t>(graph.record(v))];
+  };
   auto attribute = [&](auto key_of, auto& out) {
     using Key = typename std::decay_t<decltype(out)>::key_type;
     std::map<Key, std::vector<int>> members;
@@ -210,13 +211,17 @@ StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOption
   attribute([](const OpRecord& r) { return static_cast<int>(r.dp_rank); }, a.dp_rank_slowdown);
   attribute([](const OpRecord& r) { return static_cast<int>(r.rank); }, a.rank_slowdown);
   attribute([](const OpRecord& r) { return optype_group(r.type); }, a.optype_slowdown);
+}
 
-  // Cause: replay with each compute op at its stage's typical duration (A), then at its
-  // worker's mean (B); ideal -> A is the partitioning, A -> B the workers, B -> measured the rest.
-  const ComputeModel cm = compute_model(trace);
+// Replays with each compute op at its stage's typical duration (A), then at its worker's mean
+// (B): ideal -> A is the partitioning, A -> B the workers, B -> measured the rest. Also each
+// stage's compute per microbatch and the microbatches per step.
+void split_factors(const OpTrace& trace, const ReplayGraph& graph, const ComputeModel& cm,
+                   const std::vector<double>& ideal, TraceAnalysis& a) {
+  const int n = graph.num_nodes();
   std::vector<double> stage_level = ideal, worker_level = ideal;
   for (int v = 0; v < n; ++v) {
-    const OpRecord& r = rec(v);
+    const OpRecord& r = trace.ops[static_cast<std::size_t>(graph.record(v))];
     if (!is_compute(r.type)) continue;
     const int k = r.type == OpType::kForwardCompute ? 0 : 1;
     stage_level[static_cast<std::size_t>(v)] =
@@ -231,23 +236,23 @@ StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOption
     a.worker_factor = t_worker / t_stage;
     a.diffuse_factor = a.measured_step_s / t_worker;
   }
-  const int pp = trace.meta.pp_size, dp = trace.meta.dp_size;
+  const int pp = trace.meta.pp_size;
   for (int s = 0; s < pp; ++s) a.stage_compute_s.push_back(cm.stage_microbatch_s(s));
-  {
-    std::vector<int> fwd_per_worker;
-    std::map<std::pair<std::int64_t, int>, int> count;
-    for (const OpRecord& r : trace.ops)
-      if (r.type == OpType::kForwardCompute) ++count[{r.step, r.rank}];
-    for (const auto& [key, c] : count) fwd_per_worker.push_back(c);
-    std::vector<double> as_double(fwd_per_worker.begin(), fwd_per_worker.end());
-    a.microbatches = std::max(1, static_cast<int>(std::lround(median(as_double))) / cm.vpp);
-  }
+  std::vector<int> fwd_per_worker;
+  std::map<std::pair<std::int64_t, int>, int> count;
+  for (const OpRecord& r : trace.ops)
+    if (r.type == OpType::kForwardCompute) ++count[{r.step, r.rank}];
+  for (const auto& [key, c] : count) fwd_per_worker.push_back(c);
+  std::vector<double> as_double(fwd_per_worker.begin(), fwd_per_worker.end());
+  a.microbatches = std::max(1, static_cast<int>(std::lround(median(as_double))) / cm.vpp);
+}
 
-  // Cause and stragglers. The largest factor names the cause, provided it is borne out by
-  // the ranks: a worker cause needs a few ranks (at most one position in eight) computing clearly
-  // slower than their stage and mattering on their own; a stage cause needs a stage computing more
-  // per microbatch than the median stage and mattering on its own. Otherwise the next factor is
-  // tried; diffuse needs no such evidence.
+// Cause and stragglers. The largest factor names the cause, provided it is borne out by the
+// ranks: a worker cause needs a few ranks (at most one position in eight) computing clearly
+// slower than their stage and mattering on their own; a stage cause needs a stage computing
+// more per microbatch than the median stage and mattering on its own. Otherwise the next factor
+// is tried; diffuse needs no such evidence.
+void find_cause(const ComputeModel& cm, TraceAnalysis& a) {
   const double bar = 1 + std::max(0.01, 0.3 * (a.slowdown - 1));
   const std::vector<double>& stage_s = a.stage_compute_s;
   const double stage_median = median(stage_s);
@@ -295,111 +300,123 @@ StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOption
   if (a.cause == "stage-imbalance") a.stragglers = by_stage;
   std::sort(a.stragglers.begin(), a.stragglers.end(),
             [](const Straggler& x, const Straggler& y) { return x.slowdown > y.slowdown; });
+}
 
-  // Remedy.
+// Remedy: move stage boundaries so that each stage's compute (at its measured per-layer cost)
+// evens out.
+void propose_repartition(const TraceAnalysis& a, const AnalysisOptions& options, Remedy& r) {
+  const int pp = a.meta.pp_size;
+  const int m = a.microbatches;
+  const std::vector<double>& stage_s = a.stage_compute_s;
+  r.kind = "repartition-stages";
+  r.layers_assumed = options.layers <= 0;
+  const int total = r.layers_assumed ? kAssumedLayersPerStage * pp : options.layers;
+  for (int s = 0; s < pp; ++s) r.current_layers.push_back(total / pp + (s < total % pp ? 1 : 0));
+  std::vector<double> unit;
+  for (int s = 0; s < pp; ++s)
+    for (int l = 0; l < r.current_layers[static_cast<std::size_t>(s)]; ++l)
+      unit.push_back(stage_s[static_cast<std::size_t>(s)] /
+                     r.current_layers[static_cast<std::size_t>(s)]);
+  r.current_stage_s = stage_s;
+  if (static_cast<int>(unit.size()) < pp) {
+    r.kind = "none";
+    r.description = "fewer layers than stages; cannot re-partition";
+    return;
+  }
+  r.proposed_layers = balanced_split(unit, pp);
+  std::size_t u = 0;
+  for (int s = 0; s < pp; ++s) {
+    double t = 0;
+    for (int l = 0; l < r.proposed_layers[static_cast<std::size_t>(s)]; ++l) t += unit[u++];
+    r.proposed_stage_s.push_back(t);
+  }
+  r.predicted_step_s =
+      a.measured_step_s - pipeline_time(stage_s, m) + pipeline_time(r.proposed_stage_s, m);
+  std::string d = "move stage boundaries to layers per stage [";
+  d.append(join(r.proposed_layers)).append("]");
+  if (r.layers_assumed)
+    d.append(" (assumes ")
+        .append(std::to_string(kAssumedLayersPerStage))
+        .append(" equal layers per stage today; pass --layers for the real count)");
+  d.append(
+       "; per-layer cost is each stage's forward+backward time divided by its layers; "
+       "pipeline estimate (m-1)*max+sum: ")
+      .append(num(pipeline_time(stage_s, m)))
+      .append(" s -> ")
+      .append(num(pipeline_time(r.proposed_stage_s, m)))
+      .append(" s");
+  r.description = d;
+}
+
+// Remedy: give the data-parallel replicas microbatches in proportion to their speed.
+void propose_rebalance(const TraceAnalysis& a, const ComputeModel& cm, Remedy& r) {
+  const int pp = a.meta.pp_size, dp = a.meta.dp_size;
+  const int m = a.microbatches;
+  const std::vector<double>& stage_s = a.stage_compute_s;
+  r.kind = "rebalance-dp-shares";
+  // Per replica, forward + backward per microbatch on each of its stages.
+  std::vector<std::vector<double>> replica(
+      static_cast<std::size_t>(dp), std::vector<double>(static_cast<std::size_t>(pp), 0.0));
+  std::vector<std::vector<int>> seen(replica.size(),
+                                     std::vector<int>(static_cast<std::size_t>(pp), 0));
+  for (const WorkerStats& w : cm.workers) {
+    if (w.count[0] + w.count[1] == 0) continue;
+    replica[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)] =
+        std::max(replica[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)],
+                 cm.worker_microbatch_s(w.rank));
+    seen[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)] = 1;
+  }
+  for (std::size_t d = 0; d < replica.size(); ++d)
+    for (int s = 0; s < pp; ++s)
+      if (!seen[d][static_cast<std::size_t>(s)])
+        replica[d][static_cast<std::size_t>(s)] = stage_s[static_cast<std::size_t>(s)];
+  auto replica_time = [&](std::size_t d, int k) { return pipeline_time(replica[d], k); };
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const auto& t : replica) fastest = std::min(fastest, *std::max_element(t.begin(), t.end()));
+  double now = 0;
+  for (std::size_t d = 0; d < replica.size(); ++d) {
+    r.current_microbatches.push_back(m);
+    r.replica_speed.push_back(fastest / *std::max_element(replica[d].begin(), replica[d].end()));
+    now = std::max(now, replica_time(d, m));
+  }
+  // Hand out the replicas' microbatches one at a time to whoever finishes it soonest.
+  r.proposed_microbatches.assign(replica.size(), 1);
+  for (int left = m * dp - dp; left > 0; --left) {
+    std::size_t pick = 0;
+    for (std::size_t d = 1; d < replica.size(); ++d)
+      if (replica_time(d, r.proposed_microbatches[d] + 1) <
+          replica_time(pick, r.proposed_microbatches[pick] + 1))
+        pick = d;
+    ++r.proposed_microbatches[pick];
+  }
+  double after = 0;
+  for (std::size_t d = 0; d < replica.size(); ++d)
+    after = std::max(after, replica_time(d, r.proposed_microbatches[d]));
+  r.predicted_step_s = a.measured_step_s - now + after;
+  std::string d = "give the data-parallel replicas microbatches in proportion to their speed: [";
+  d.append(join(r.proposed_microbatches))
+      .append("] instead of ")
+      .append(std::to_string(m))
+      .append(" each (slowest replica's pipeline ")
+      .append(num(now))
+      .append(" s -> ")
+      .append(num(after))
+      .append(" s); or move the slow rank to a healthy GPU");
+  r.description = d;
+}
+
+// The remedy for the cause found, or none with the reason.
+void propose_remedy(const ComputeModel& cm, const AnalysisOptions& options, TraceAnalysis& a) {
+  const int pp = a.meta.pp_size, dp = a.meta.dp_size;
   Remedy& r = a.remedy;
   r.current_step_s = r.predicted_step_s = a.measured_step_s;
-  const int m = a.microbatches;
-  auto repartition = [&] {
-    r.kind = "repartition-stages";
-    r.layers_assumed = options.layers <= 0;
-    const int total = r.layers_assumed ? kAssumedLayersPerStage * pp : options.layers;
-    for (int s = 0; s < pp; ++s) r.current_layers.push_back(total / pp + (s < total % pp ? 1 : 0));
-    std::vector<double> unit;
-    for (int s = 0; s < pp; ++s)
-      for (int l = 0; l < r.current_layers[static_cast<std::size_t>(s)]; ++l)
-        unit.push_back(stage_s[static_cast<std::size_t>(s)] /
-                       r.current_layers[static_cast<std::size_t>(s)]);
-    r.current_stage_s = stage_s;
-    if (static_cast<int>(unit.size()) < pp) {
-      r.kind = "none";
-      r.description = "fewer layers than stages; cannot re-partition";
-      return;
-    }
-    r.proposed_layers = balanced_split(unit, pp);
-    std::size_t u = 0;
-    for (int s = 0; s < pp; ++s) {
-      double t = 0;
-      for (int l = 0; l < r.proposed_layers[static_cast<std::size_t>(s)]; ++l) t += unit[u++];
-      r.proposed_stage_s.push_back(t);
-    }
-    r.predicted_step_s =
-        a.measured_step_s - pipeline_time(stage_s, m) + pipeline_time(r.proposed_stage_s, m);
-    std::string d = "move stage boundaries to layers per stage [";
-    d.append(join(r.proposed_layers)).append("]");
-    if (r.layers_assumed)
-      d.append(" (assumes ")
-          .append(std::to_string(kAssumedLayersPerStage))
-          .append(" equal layers per stage today; pass --layers for the real count)");
-    d.append(
-         "; per-layer cost is each stage's forward+backward time divided by its layers; "
-         "pipeline estimate (m-1)*max+sum: ")
-        .append(num(pipeline_time(stage_s, m)))
-        .append(" s -> ")
-        .append(num(pipeline_time(r.proposed_stage_s, m)))
-        .append(" s");
-    r.description = d;
-  };
-  auto rebalance = [&] {
-    r.kind = "rebalance-dp-shares";
-    // Per replica, forward + backward per microbatch on each of its stages.
-    std::vector<std::vector<double>> replica(
-        static_cast<std::size_t>(dp), std::vector<double>(static_cast<std::size_t>(pp), 0.0));
-    std::vector<std::vector<int>> seen(replica.size(),
-                                       std::vector<int>(static_cast<std::size_t>(pp), 0));
-    for (const WorkerStats& w : cm.workers) {
-      if (w.count[0] + w.count[1] == 0) continue;
-      replica[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)] =
-          std::max(replica[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)],
-                   cm.worker_microbatch_s(w.rank));
-      seen[static_cast<std::size_t>(w.dp)][static_cast<std::size_t>(w.stage)] = 1;
-    }
-    for (std::size_t d = 0; d < replica.size(); ++d)
-      for (int s = 0; s < pp; ++s)
-        if (!seen[d][static_cast<std::size_t>(s)])
-          replica[d][static_cast<std::size_t>(s)] = stage_s[static_cast<std::size_t>(s)];
-    auto replica_time = [&](std::size_t d, int k) { return pipeline_time(replica[d], k); };
-    double fastest = std::numeric_limits<double>::infinity();
-    for (const auto& t : replica)
-      fastest = std::min(fastest, *std::max_element(t.begin(), t.end()));
-    double now = 0;
-    for (std::size_t d = 0; d < replica.size(); ++d) {
-      r.current_microbatches.push_back(m);
-      r.replica_speed.push_back(fastest / *std::max_element(replica[d].begin(), replica[d].end()));
-      now = std::max(now, replica_time(d, m));
-    }
-    // Hand out the replicas' microbatches one at a time to whoever finishes it soonest.
-    r.proposed_microbatches.assign(replica.size(), 1);
-    for (int left = m * dp - dp; left > 0; --left) {
-      std::size_t pick = 0;
-      for (std::size_t d = 1; d < replica.size(); ++d)
-        if (replica_time(d, r.proposed_microbatches[d] + 1) <
-            replica_time(pick, r.proposed_microbatches[pick] + 1))
-          pick = d;
-      ++r.proposed_microbatches[pick];
-    }
-    double after = 0;
-    for (std::size_t d = 0; d < replica.size(); ++d)
-      after = std::max(after, replica_time(d, r.proposed_microbatches[d]));
-    r.predicted_step_s = a.measured_step_s - now + after;
-    std::string d = "give the data-parallel replicas microbatches in proportion to their speed: [";
-    d.append(join(r.proposed_microbatches))
-        .append("] instead of ")
-        .append(std::to_string(m))
-        .append(" each (slowest replica's pipeline ")
-        .append(num(now))
-        .append(" s -> ")
-        .append(num(after))
-        .append(" s); or move the slow rank to a healthy GPU");
-    r.description = d;
-  };
   if (a.cause == "stage-imbalance") {
-    repartition();
+    propose_repartition(a, options, r);
   } else if (a.cause == "worker") {
     if (dp > 1)
-      rebalance();
+      propose_rebalance(a, cm, r);
     else if (pp > 1)
-      repartition();
+      propose_repartition(a, options, r);
   }
   if (r.kind.empty() || r.kind == "none") {
     r.kind = "none";
@@ -421,6 +438,24 @@ StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOption
       r.description = d;
     }
   }
+}
+
+}  // namespace
+
+StatusOr<TraceAnalysis> analyze_trace(const OpTrace& trace, const AnalysisOptions& options) {
+  StatusOr<ReplayGraph> built = ReplayGraph::build(trace);
+  if (!built.ok()) return built.status();
+  const ReplayGraph& graph = *built;
+  TraceAnalysis a;
+  a.meta = trace.meta;
+  a.steps = graph.num_steps();
+  a.recorded_step_s = mean(graph.recorded_step_s());
+  const std::vector<double> ideal = replay_typical(trace, graph, a);
+  attribute_slowdowns(trace, graph, ideal, a);
+  const ComputeModel cm = compute_model(trace);
+  split_factors(trace, graph, cm, ideal, a);
+  find_cause(cm, a);
+  propose_remedy(cm, options, a);
   return a;
 }
 
