@@ -100,8 +100,9 @@ void print_agent_summary(const std::string& log_path, int seq_len) {
   }
 }
 
-void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
-  // Validate everything before starting a process.
+// Checks the launch flags before any process starts (InputError naming the flag) and returns
+// the faults to inject.
+std::vector<live::FaultSpec> check_launch_flags(const LaunchOptions& o) {
   if (o.workers < 1) throw InputError("--workers " + std::to_string(o.workers) + ": must be >= 1");
   std::vector<live::FaultSpec> faults;
   for (const auto& spec : o.inject) faults.push_back(take(live::parse_fault(spec)));
@@ -118,7 +119,14 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   if (!deploy && (!o.agent_policy.empty() || o.agent_interval_steps != 5))
     throw InputError("--agent-policy and --agent-interval-steps need --agent deploy");
   if (o.agent_interval_steps < 1) throw InputError("--agent-interval-steps: must be >= 1");
-  std::map<std::int64_t, std::vector<live::LiveAction>> schedule;
+  return faults;
+}
+
+using ActionSchedule = std::map<std::int64_t, std::vector<live::LiveAction>>;
+
+// The scripted actions (--action STEP:ACTION) by step; InputError on a malformed one.
+ActionSchedule parse_schedule(const LaunchOptions& o) {
+  ActionSchedule schedule;
   for (const auto& a : o.actions) {
     const auto colon = a.find(':');
     if (colon == std::string::npos) throw InputError("--action '" + a + "': expected STEP:ACTION");
@@ -138,14 +146,14 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
   if (o.agent != "builtin" &&
       (!schedule.empty() || o.elastic_every > 0 || o.auto_compress_at >= 0))
     throw InputError("--action, --elastic-every and --auto-compress-at need --agent builtin");
-  worker_args.insert(worker_args.begin(), {"--backend", o.backend});
-  // Without the builtin agent, each worker records its own rows; they are merged at the end.
-  const std::string rank_record =
-      o.record.empty() || o.agent == "builtin" ? "" : o.record + ".rank{rank}.csv";
-  if (!rank_record.empty()) worker_args.insert(worker_args.end(), {"--record", rank_record});
-  if (o.agent != "builtin" && o.agent != "none" && !deploy)
-    worker_args.insert(worker_args.end(), {"--agent", o.agent});
-  // Parse the worker flags once here so that bad ones fail now with exit code 2.
+  return schedule;
+}
+
+// Parses the worker flags once here so that bad ones fail now with exit code 2, and checks the
+// scripted layout switches against them. Returns the workers' options.
+live::WorkerOptions check_worker_flags(const LaunchOptions& o,
+                                       const std::vector<std::string>& worker_args,
+                                       const ActionSchedule& schedule) {
   live::WorkerOptions wo;
   wo.world_size = o.workers;
   {
@@ -167,64 +175,54 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
           throw InputError("--action " + std::to_string(step) + ":" + a.layout + ": " +
                            checked.status().message());
       }
-  const auto layers = live::model_layers(wo.model);
+  return wo;
+}
 
-  live::LocalClusterOptions co;
-  co.workers = o.workers;
-  co.worker_command = {"/proc/self/exe", "worker"};
-  co.worker_args = worker_args;
-  co.faults = faults;
-  co.host_agent = o.agent == "builtin";
-  co.log_dir = o.log_dir;
+// --agent deploy: writes the job file into the log folder (or a fresh temporary one) and sets
+// the command that starts `parapilot deploy` beside the workers. Returns the job's folder.
+std::string set_up_deploy_agent(const LaunchOptions& o, const live::WorkerOptions& wo,
+                                live::LocalClusterOptions& co) {
   std::string job_dir;
-  if (deploy) {
-    if (!o.log_dir.empty()) {
-      job_dir = o.log_dir;
-      std::filesystem::create_directories(job_dir);
-    } else {
-      char dir[] = "/tmp/parapilot-job-XXXXXX";
-      if (!::mkdtemp(dir)) throw std::runtime_error("cannot create a folder for the job file");
-      job_dir = dir;
-    }
-    // With hybrid switches the agent's planner searches every tensor-parallel degree that
-    // splits the heads and every pipeline depth the blocks allow, over all the workers.
-    live::JobSwitches switches;
-    if (o.agent_switches == "hybrid") {
-      if (wo.model.kind != "transformer")
-        throw InputError("--agent-switches hybrid: the " + wo.model.kind +
-                         " model trains data parallel only");
-      switches.tp.clear();
-      switches.pp.clear();
-      for (int d = 1; d <= o.workers; ++d) {
-        if (o.workers % d != 0) continue;
-        if (wo.model.heads % d == 0) switches.tp.push_back(d);
-        if (d <= wo.model.layers) switches.pp.push_back(d);
-      }
-    }
-    const std::string job_file =
-        take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir, switches));
-    co.agent_command = {"/proc/self/exe", "deploy",
-                        "--scenario", job_file,
-                        "--initial-layout", wo.layout.empty() ? "uniform-dp" : wo.layout,
-                        "--interval-steps", std::to_string(o.agent_interval_steps),
-                        "--cooldown", "1"};
-    if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});
-    co.agent_log = job_dir + "/agent.log";  // read back for the summary at the end
+  if (!o.log_dir.empty()) {
+    job_dir = o.log_dir;
+    std::filesystem::create_directories(job_dir);
+  } else {
+    char dir[] = "/tmp/parapilot-job-XXXXXX";
+    if (!::mkdtemp(dir)) throw std::runtime_error("cannot create a folder for the job file");
+    job_dir = dir;
   }
-  const std::unique_ptr<live::LocalCluster> started = take(live::LocalCluster::start(co));
-  live::LocalCluster& cluster = *started;
-  live::Controller* agent = cluster.controller();
-  if (deploy)
-    std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml, "
-                "log %s)\n",
-                o.workers, o.backend.c_str(), cluster.agent_port(), job_dir.c_str(),
-                co.agent_log.c_str());
-  else
-    std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
-                agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str()
-                      : "");
-  std::fflush(stdout);
+  // With hybrid switches the agent's planner searches every tensor-parallel degree that
+  // splits the heads and every pipeline depth the blocks allow, over all the workers.
+  live::JobSwitches switches;
+  if (o.agent_switches == "hybrid") {
+    if (wo.model.kind != "transformer")
+      throw InputError("--agent-switches hybrid: the " + wo.model.kind +
+                       " model trains data parallel only");
+    switches.tp.clear();
+    switches.pp.clear();
+    for (int d = 1; d <= o.workers; ++d) {
+      if (o.workers % d != 0) continue;
+      if (wo.model.heads % d == 0) switches.tp.push_back(d);
+      if (d <= wo.model.layers) switches.pp.push_back(d);
+    }
+  }
+  const std::string job_file =
+      take(live::write_job_scenario(wo.model, o.workers, wo.global_batch, job_dir, switches));
+  co.agent_command = {"/proc/self/exe", "deploy",
+                      "--scenario", job_file,
+                      "--initial-layout", wo.layout.empty() ? "uniform-dp" : wo.layout,
+                      "--interval-steps", std::to_string(o.agent_interval_steps),
+                      "--cooldown", "1"};
+  if (!o.agent_policy.empty()) co.agent_command.insert(co.agent_command.end(), {"--policy", o.agent_policy});
+  co.agent_log = job_dir + "/agent.log";  // read back for the summary at the end
+  return job_dir;
+}
 
+// Watches the workers until they end, one fails or the timeout passes; with the builtin agent,
+// applies the scripted actions, elastic shares and adaptive compression as their steps come.
+void drive_cluster(const LaunchOptions& o, live::LocalCluster& cluster, ActionSchedule& schedule,
+                   const std::vector<live::LayerShape>& layers) {
+  live::Controller* agent = cluster.controller();
   std::vector<transport::Telemetry> window;
   std::int64_t next_elastic = o.elastic_every;
   bool compressed = false;
@@ -269,6 +267,89 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     }
     std::this_thread::sleep_for(20ms);
   }
+}
+
+// Without the builtin agent each worker recorded its own rows: merges them into --record, in
+// (step, rank) order, and removes the per-rank files.
+void merge_rank_records(const LaunchOptions& o, const std::string& rank_record) {
+  std::vector<trace::TelemetrySample> rows;
+  for (int r = 0; r < o.workers; ++r) {
+    std::string path = rank_record;
+    path.replace(path.find("{rank}"), 6, std::to_string(r));
+    try {
+      auto t = take(trace::read_telemetry(path));
+      rows.insert(rows.end(), t.samples.begin(), t.samples.end());
+      std::filesystem::remove(path);
+    } catch (const std::exception& e) {
+      std::printf("rank %d recorded no telemetry (%s)\n", r, e.what());
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.step != b.step ? a.step < b.step : a.rank < b.rank;
+  });
+  check(write_file_atomically(o.record,
+                              [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
+  std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
+}
+
+// The builtin agent's events and measured throughput, and its telemetry into --record.
+void report_builtin_agent(const LaunchOptions& o, const live::WorkerOptions& wo,
+                          live::Controller& agent) {
+  for (const auto& e : agent.events()) std::printf("event: %s\n", e.c_str());
+  const auto rows = agent.recorded();
+  std::int64_t last = 0;
+  for (const auto& r : rows) last = std::max(last, r.step);
+  if (last >= 2) {
+    const double sps = live::measured_steps_per_s(rows, 1, last);
+    std::printf("throughput: %.2f steps/s, %.0f tokens/s (steps 1..%lld)\n", sps,
+                sps * wo.global_batch * wo.model.seq_len, static_cast<long long>(last));
+  }
+  if (!o.record.empty()) {
+    check(write_file_atomically(
+        o.record, [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
+    std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
+  }
+}
+
+void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
+  // Validate everything before starting a process.
+  const std::vector<live::FaultSpec> faults = check_launch_flags(o);
+  const bool deploy = o.agent == "deploy";
+  ActionSchedule schedule = parse_schedule(o);
+  worker_args.insert(worker_args.begin(), {"--backend", o.backend});
+  // Without the builtin agent, each worker records its own rows; they are merged at the end.
+  const std::string rank_record =
+      o.record.empty() || o.agent == "builtin" ? "" : o.record + ".rank{rank}.csv";
+  if (!rank_record.empty()) worker_args.insert(worker_args.end(), {"--record", rank_record});
+  if (o.agent != "builtin" && o.agent != "none" && !deploy)
+    worker_args.insert(worker_args.end(), {"--agent", o.agent});
+  const live::WorkerOptions wo = check_worker_flags(o, worker_args, schedule);
+  const auto layers = live::model_layers(wo.model);
+
+  live::LocalClusterOptions co;
+  co.workers = o.workers;
+  co.worker_command = {"/proc/self/exe", "worker"};
+  co.worker_args = worker_args;
+  co.faults = faults;
+  co.host_agent = o.agent == "builtin";
+  co.log_dir = o.log_dir;
+  std::string job_dir;
+  if (deploy) job_dir = set_up_deploy_agent(o, wo, co);
+  const std::unique_ptr<live::LocalCluster> started = take(live::LocalCluster::start(co));
+  live::LocalCluster& cluster = *started;
+  live::Controller* agent = cluster.controller();
+  if (deploy)
+    std::printf("launched %d workers (%s), parapilot deploy on 127.0.0.1:%d (job %s/job.toml, "
+                "log %s)\n",
+                o.workers, o.backend.c_str(), cluster.agent_port(), job_dir.c_str(),
+                co.agent_log.c_str());
+  else
+    std::printf("launched %d workers (%s)%s\n", o.workers, o.backend.c_str(),
+                agent ? (", agent bus on 127.0.0.1:" + std::to_string(agent->port())).c_str()
+                      : "");
+  std::fflush(stdout);
+
+  drive_cluster(o, cluster, schedule, layers);
   // A failed rank: the others stop on their next collective (or its timeout, or the rendezvous
   // timeout when it failed before training started); terminate whoever is left after that.
   const double grace = std::max(wo.collective_timeout_s, wo.rendezvous_timeout_s) + 10;
@@ -278,26 +359,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     std::printf("%s\n", e.describe().c_str());
     ok = ok && e.exited && e.signal == 0 && e.code == 0;
   }
-  if (!rank_record.empty()) {
-    std::vector<trace::TelemetrySample> rows;
-    for (int r = 0; r < o.workers; ++r) {
-      std::string path = rank_record;
-      path.replace(path.find("{rank}"), 6, std::to_string(r));
-      try {
-        auto t = take(trace::read_telemetry(path));
-        rows.insert(rows.end(), t.samples.begin(), t.samples.end());
-        std::filesystem::remove(path);
-      } catch (const std::exception& e) {
-        std::printf("rank %d recorded no telemetry (%s)\n", r, e.what());
-      }
-    }
-    std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-      return a.step != b.step ? a.step < b.step : a.rank < b.rank;
-    });
-    check(write_file_atomically(o.record,
-                                [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
-    std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
-  }
+  if (!rank_record.empty()) merge_rank_records(o, rank_record);
   if (deploy) {
     std::fflush(stdout);
     const int code = cluster.stop_agent();
@@ -306,22 +368,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
     print_agent_summary(co.agent_log, wo.model.seq_len);
     ok = ok && code == 0;
   }
-  if (agent) {
-    for (const auto& e : agent->events()) std::printf("event: %s\n", e.c_str());
-    const auto rows = agent->recorded();
-    std::int64_t last = 0;
-    for (const auto& r : rows) last = std::max(last, r.step);
-    if (last >= 2) {
-      const double sps = live::measured_steps_per_s(rows, 1, last);
-      std::printf("throughput: %.2f steps/s, %.0f tokens/s (steps 1..%lld)\n", sps,
-                  sps * wo.global_batch * wo.model.seq_len, static_cast<long long>(last));
-    }
-    if (!o.record.empty()) {
-      check(write_file_atomically(
-          o.record, [&](std::ostream& out) { trace::write_telemetry(rows, out); }));
-      std::printf("telemetry recorded to %s (%zu rows)\n", o.record.c_str(), rows.size());
-    }
-  }
+  if (agent) report_builtin_agent(o, wo, *agent);
   std::fflush(stdout);
   if (!ok) std::exit(1);
 }
