@@ -142,85 +142,60 @@ std::vector<double> DataParallelDecider::steps_since(uint64_t first) const {
   return out;
 }
 
-DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool staging) {
-  DataParallelDecision d;
-  ++since_switch_;
-  // The shares in force, as the ranks report them (a job may start on its own shares).
-  if (static_cast<int>(b.rank_samples.size()) == o_.ranks) {
-    std::vector<int> seen(o_.ranks);
-    int sum = 0;
-    for (int r = 0; r < o_.ranks; ++r) sum += seen[r] = static_cast<int>(b.rank_samples[r]);
-    if (sum == o_.global_batch && *std::min_element(seen.begin(), seen.end()) >= 1 && !verifying_ &&
-        !staging) {
-      counts_ = seen;
-    }
-  }
-  std::vector<double> recent = steps_since(verifying_ ? verify_from_ : 0);
-  if (static_cast<int>(recent.size()) > o_.verify_steps) {
-    recent.erase(recent.begin(), recent.end() - o_.verify_steps);
-  }
-  const auto [now_ms, now_se] = centre(recent);
-  d.current_step_ms = now_ms;
-  d.counts = counts_;
-  if (staging) {
-    d.reason = "a switch is in flight";
+// The switch being verified, once its steps are in: reverted when it (or the switches since the
+// fastest shares measured) made steps slower beyond noise, else held.
+DataParallelDecision DataParallelDecider::judge_last_switch(DataParallelDecision d, double now_ms,
+                                                            double now_se) {
+  const std::vector<double> after = steps_since(verify_from_);
+  if (static_cast<int>(after.size()) < o_.verify_steps) {
+    d.reason = fmt("measuring the last switch: %.0f of %.0f steps",
+                   static_cast<double>(after.size()), static_cast<double>(o_.verify_steps));
     return d;
   }
-  if (verifying_) {
-    const std::vector<double> after = steps_since(verify_from_);
-    if (static_cast<int>(after.size()) < o_.verify_steps) {
-      d.reason = fmt("measuring the last switch: %.0f of %.0f steps",
-                     static_cast<double>(after.size()), static_cast<double>(o_.verify_steps));
-      return d;
-    }
-    verifying_ = false;
-    const double bound = revert_bound(before_ms_, before_se_, now_se);
-    const double best_bound = revert_bound(best_ms_, best_se_, now_se);
-    // Judged against the shares just left, and against the fastest shares measured since the
-    // job last changed: switches that each stay within noise of the one before must not add up
-    // to a job slower than it was.
-    const bool worse_than_before = before_ms_ > 0 && now_ms > before_ms_ * (1 + bound);
-    const bool worse_than_best = best_ms_ > 0 && best_counts_ != previous_counts_ &&
-                                 now_ms > best_ms_ * (1 + best_bound);
-    if (worse_than_before || worse_than_best) {
-      d.kind = DataParallelDecision::Kind::revert;
-      const bool to_best = worse_than_best && best_ms_ < before_ms_;
-      d.counts = to_best ? best_counts_ : previous_counts_;
-      d.reason = to_best
-                     ? fmt("the switches since the fastest shares measured made steps slower: "
-                           "%.1f ms now vs %.1f ms on %s (+%.0f%%, beyond the noise bound of "
-                           "%.0f%%)",
-                           now_ms, best_ms_, counts_text(best_counts_).c_str(),
-                           100 * (now_ms / best_ms_ - 1), 100 * best_bound)
-                     : fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
-                           "(+%.0f%%, beyond the noise bound of %.0f%%)",
-                           now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
-      cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
-      since_switch_ = 0;
-      return d;
-    }
-    cooldown_ = o_.cooldown_intervals;
-    judged_ms_ = now_ms;
-    judged_se_ = now_se;
-    if (best_ms_ <= 0 || now_ms < best_ms_) remember_best(now_ms, now_se);
-    d.reason =
-        fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms, before_ms_);
+  verifying_ = false;
+  const double bound = revert_bound(before_ms_, before_se_, now_se);
+  const double best_bound = revert_bound(best_ms_, best_se_, now_se);
+  // Judged against the shares just left, and against the fastest shares measured since the
+  // job last changed: switches that each stay within noise of the one before must not add up
+  // to a job slower than it was.
+  const bool worse_than_before = before_ms_ > 0 && now_ms > before_ms_ * (1 + bound);
+  const bool worse_than_best = best_ms_ > 0 && best_counts_ != previous_counts_ &&
+                               now_ms > best_ms_ * (1 + best_bound);
+  if (worse_than_before || worse_than_best) {
+    d.kind = DataParallelDecision::Kind::revert;
+    const bool to_best = worse_than_best && best_ms_ < before_ms_;
+    d.counts = to_best ? best_counts_ : previous_counts_;
+    d.reason = to_best
+                   ? fmt("the switches since the fastest shares measured made steps slower: "
+                         "%.1f ms now vs %.1f ms on %s (+%.0f%%, beyond the noise bound of "
+                         "%.0f%%)",
+                         now_ms, best_ms_, counts_text(best_counts_).c_str(),
+                         100 * (now_ms / best_ms_ - 1), 100 * best_bound)
+                   : fmt("the last switch made steps slower: %.1f ms after vs %.1f ms before "
+                         "(+%.0f%%, beyond the noise bound of %.0f%%)",
+                         now_ms, before_ms_, 100 * (now_ms / before_ms_ - 1), 100 * bound);
+    cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
+    since_switch_ = 0;
     return d;
   }
-  if (since_switch_ <= cooldown_) {
-    d.reason = fmt("cool-down: %.0f of %.0f decisions since the last switch",
-                   static_cast<double>(since_switch_), static_cast<double>(cooldown_));
-    return d;
-  }
-  if (static_cast<int>(steps_.size()) < o_.verify_steps) {
-    d.reason = fmt("measuring the job: %.0f of %.0f steps after its first %.0f",
-                   static_cast<double>(steps_.size()), static_cast<double>(o_.verify_steps),
-                   static_cast<double>(o_.warmup_steps));
-    return d;
-  }
-  track_best(now_ms, now_se);
-  std::vector<double> per_sample(o_.ranks, 0.0), fixed(o_.ranks, 0.0), se(o_.ranks, 0.0);
-  std::string missing;
+  cooldown_ = o_.cooldown_intervals;
+  judged_ms_ = now_ms;
+  judged_se_ = now_se;
+  if (best_ms_ <= 0 || now_ms < best_ms_) remember_best(now_ms, now_se);
+  d.reason =
+      fmt("the last switch held: %.1f ms per step after vs %.1f ms before", now_ms, before_ms_);
+  return d;
+}
+
+// Each rank's compute per sample (and its standard error), and its fixed part per step when the
+// ranks report one; `missing` lists the ranks with no measurement yet or on a lost GPU.
+DataParallelDecider::RankLevels DataParallelDecider::rank_levels(const monitor::Beliefs& b) const {
+  RankLevels levels{std::vector<double>(o_.ranks, 0.0), std::vector<double>(o_.ranks, 0.0),
+                    std::vector<double>(o_.ranks, 0.0), {}};
+  std::vector<double>& per_sample = levels.per_sample;
+  std::vector<double>& fixed = levels.fixed;
+  std::vector<double>& se = levels.se;
+  std::string& missing = levels.missing;
   for (int r = 0; r < o_.ranks; ++r) {
     const double level = r < static_cast<int>(b.rank_compute_ms.size()) ? b.rank_compute_ms[r] : 0;
     const bool lost = !b.conditions.gpu_failed.empty() && b.conditions.gpu_failed[r];
@@ -241,10 +216,18 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
       se[r] = level_se / counts_[r];
     }
   }
-  if (!missing.empty()) {
-    d.reason = "no compute measurement yet from rank(s) " + missing;
-    return d;
-  }
+  return levels;
+}
+
+// With every rank measured: the balanced shares, and a rebalance when its predicted gain clears
+// the bar, the ranks' arrival order agrees and enough decisions in a row confirm it.
+DataParallelDecision DataParallelDecider::plan_rebalance(DataParallelDecision d,
+                                                         const monitor::Beliefs& b,
+                                                         RankLevels levels, double now_ms,
+                                                         double now_se) {
+  std::vector<double>& per_sample = levels.per_sample;
+  std::vector<double>& fixed = levels.fixed;
+  const std::vector<double>& se = levels.se;
   const double median_ms = monitor::median(per_sample);
   const double median_fixed = monitor::median(fixed);
   const double median_se = monitor::median(se);
@@ -331,6 +314,51 @@ DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool
   pending_before_se_ = now_se;
   since_switch_ = 0;
   return d;
+}
+
+DataParallelDecision DataParallelDecider::decide(const monitor::Beliefs& b, bool staging) {
+  DataParallelDecision d;
+  ++since_switch_;
+  // The shares in force, as the ranks report them (a job may start on its own shares).
+  if (static_cast<int>(b.rank_samples.size()) == o_.ranks) {
+    std::vector<int> seen(o_.ranks);
+    int sum = 0;
+    for (int r = 0; r < o_.ranks; ++r) sum += seen[r] = static_cast<int>(b.rank_samples[r]);
+    if (sum == o_.global_batch && *std::min_element(seen.begin(), seen.end()) >= 1 && !verifying_ &&
+        !staging) {
+      counts_ = seen;
+    }
+  }
+  std::vector<double> recent = steps_since(verifying_ ? verify_from_ : 0);
+  if (static_cast<int>(recent.size()) > o_.verify_steps) {
+    recent.erase(recent.begin(), recent.end() - o_.verify_steps);
+  }
+  const auto [now_ms, now_se] = centre(recent);
+  d.current_step_ms = now_ms;
+  d.counts = counts_;
+  if (staging) {
+    d.reason = "a switch is in flight";
+    return d;
+  }
+  if (verifying_) return judge_last_switch(std::move(d), now_ms, now_se);
+  if (since_switch_ <= cooldown_) {
+    d.reason = fmt("cool-down: %.0f of %.0f decisions since the last switch",
+                   static_cast<double>(since_switch_), static_cast<double>(cooldown_));
+    return d;
+  }
+  if (static_cast<int>(steps_.size()) < o_.verify_steps) {
+    d.reason = fmt("measuring the job: %.0f of %.0f steps after its first %.0f",
+                   static_cast<double>(steps_.size()), static_cast<double>(o_.verify_steps),
+                   static_cast<double>(o_.warmup_steps));
+    return d;
+  }
+  track_best(now_ms, now_se);
+  RankLevels levels = rank_levels(b);
+  if (!levels.missing.empty()) {
+    d.reason = "no compute measurement yet from rank(s) " + levels.missing;
+    return d;
+  }
+  return plan_rebalance(std::move(d), b, std::move(levels), now_ms, now_se);
 }
 
 std::string DataParallelDecider::arrival_disagrees(const monitor::Beliefs& b,

@@ -121,6 +121,16 @@ class DataParallelDecider {
 
  private:
   std::vector<double> steps_since(uint64_t first) const;
+  // decide()'s phases: judging the switch being verified; each rank's measured levels; planning
+  // a rebalance from them.
+  DataParallelDecision judge_last_switch(DataParallelDecision d, double now_ms, double now_se);
+  struct RankLevels {
+    std::vector<double> per_sample, fixed, se;  // per rank, ms
+    std::string missing;                        // the ranks not measured, comma-separated
+  };
+  RankLevels rank_levels(const monitor::Beliefs& b) const;
+  DataParallelDecision plan_rebalance(DataParallelDecision d, const monitor::Beliefs& b,
+                                      RankLevels levels, double now_ms, double now_se);
   // The relative slowdown beyond which a step time is worse than `reference_ms`.
   double revert_bound(double reference_ms, double reference_se, double now_se) const;
   void remember_best(double ms, double se);
