@@ -248,6 +248,11 @@ struct Monitor::State {
   void close(uint64_t step, StepAgg& agg, Clock::time_point trigger,
              std::vector<std::pair<uint64_t, Clock::time_point>>& out);
   void refresh_beliefs(uint64_t step, int missing, int expected_count);
+  // refresh_beliefs' phases, in order: the ranks' speeds against their groups' references, the
+  // ranks' beliefs and events, the nodes' bandwidths and events.
+  void measure_speeds();
+  int update_rank_beliefs(uint64_t step, Clock::time_point now);
+  void update_node_beliefs(uint64_t step, Clock::time_point now);
 };
 
 Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
@@ -554,9 +559,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   out.emplace_back(step, trigger);
 }
 
-void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
+// Each measured rank's speed before the band (raw_speeds; 0 for a rank not measured), its peer
+// group's reference level (group_reference) and each group's dead band (group_band).
+void Monitor::State::measure_speeds() {
   const int n = o.ranks;
-  const Clock::time_point now = Clock::now();
   // group_medians' items are written in place, at most one per rank (nodes <= ranks): `items`
   // holds room for them all, `count` says how many the current list has.
   group_items.resize(n);
@@ -606,6 +612,14 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
       }
     }
   }
+}
+
+// Each rank's beliefs from its statistics, and the slow-rank and recovery events its speed
+// crossing the thresholds raises (reference: the speed references measure_speeds found).
+// Returns the ranks live.
+int Monitor::State::update_rank_beliefs(uint64_t step, Clock::time_point now) {
+  const int n = o.ranks;
+  const std::vector<double>& reference = group_reference;
   Beliefs& b = beliefs;
   b.conditions.gpu_failed.clear();
   b.slow_ranks.clear();
@@ -665,10 +679,19 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
     if (st.slow) b.slow_ranks.push_back(r);
   }
   b.fixed_apart = sync_measured > 0 && 2 * sync_apart > sync_measured;
+  return live;
+}
+
+// Each node's bandwidth relative to its peer group, and the congestion and recovery events it
+// raises crossing the thresholds.
+void Monitor::State::update_node_beliefs(uint64_t step, Clock::time_point now) {
   // Bandwidth: each node's median over its ranks, relative to the median node of its peer group
   // (the group of its first rank: nodes of another GPU type have other NICs).
+  const int n = o.ranks;
+  Beliefs& b = beliefs;
+  std::pair<int, double>* const items = group_items.data();
+  size_t count = 0;
   node_level.assign(nodes, 0.0);
-  count = 0;
   auto node_group = [&](int node) { return group_index[std::min(n - 1, node * o.gpus_per_node)]; };
   // A node's rates are written in place, at most one per rank of the node.
   node_rates.resize(o.gpus_per_node);
@@ -717,6 +740,15 @@ void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_co
   for (int node = 0; node < nodes; ++node) {
     if (node_congested[node]) b.congested_nodes.push_back(node);
   }
+}
+
+void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
+  const int n = o.ranks;
+  const Clock::time_point now = Clock::now();
+  measure_speeds();
+  const int live = update_rank_beliefs(step, now);
+  update_node_beliefs(step, now);
+  Beliefs& b = beliefs;
   b.live_ranks = any_connected ? live : n;
   b.missing_fraction = expected_count > 0 ? static_cast<double>(missing) / expected_count : 0.0;
   b.last_closed_step = step;
