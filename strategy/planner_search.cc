@@ -148,40 +148,119 @@ std::vector<int> Search::global_batches(int dp, int mb, int unit) const {
   return {};
 }
 
-void Search::add_shapes(int placement_index) {
-  const Placement& pl = scratch_.placements[placement_index];
-  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, cp = pl.cp;
-  const int seq = model_.seq_len / cp;  // the tokens of a sequence one context rank holds
-  const int layers = model_.layers;
-
-  thread_local std::vector<bool> sps;
+// The values of each shape axis the space allows (sequence parallelism, recompute, ZeRO stage,
+// schedule) for tensor-parallel degree tp: the listed ones, else all. Per thread; valid until
+// the calling thread's next call.
+const Search::ShapeAxes& Search::shape_axes(int tp) const {
+  thread_local ShapeAxes axes;
+  std::vector<bool>& sps = axes.sps;
   sps = space_.sp;
   if (sps.empty()) sps = {false, true};
   // Sequence parallelism splits inside a tensor-parallel group: without one (tp = 1) it does
   // not exist, so a space asking only for sp = true still allows tp = 1 layouts.
   if (tp == 1) sps = {false};
-  thread_local std::vector<Recompute> rcs;
+  std::vector<Recompute>& rcs = axes.rcs;
   rcs = space_.recompute;
   if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  thread_local std::vector<int> zeros;
+  std::vector<int>& zeros = axes.zeros;
   zeros = space_.zero;
   if (zeros.empty()) zeros = {0, 1, 2, 3};
-  thread_local std::vector<Schedule> schedules;
+  std::vector<Schedule>& schedules = axes.schedules;
   schedules = space_.schedule;
   if (schedules.empty()) schedules = {Schedule::k1F1B, Schedule::kInterleaved};
-  // GPipe runs as fast as 1F1B in the cost model and never needs less memory.
-  const bool has_1f1b =
-      std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
+  return axes;
+}
 
+// Per (recompute, microbatch) of one sp on placement pl: each run of like replicas' sum of
+// 1 / beta and fastest beta (run i is replicas like_begin[i] .. like_begin[i + 1] - 1), and the
+// sum over replicas of the former, which every schedule and v share; looked up in `cache` first.
+const Search::RateCache::Rates& Search::rates_of(const Placement& pl,
+                                                 const std::vector<int>& like_begin,
+                                                 RateCache& cache, bool sp, Recompute rc,
+                                                 int mb) {
+  using Rates = RateCache::Rates;
+  const int pp = pl.pp, tp = pl.tp, cp = pl.cp;
+  const int like_runs = static_cast<int>(like_begin.size()) - 1;
   bool type_used[8];
   for (int k = 0; k < 8; ++k) type_used[k] = (pl.types_used >> k & 1u) != 0;
   const std::vector<int>& slot_link = pl.slot_link;
   const std::vector<int>& link_node = pl.link_node;
   thread_local std::vector<double> link_tp_s;
   link_tp_s.resize(link_node.size());
-  thread_local std::vector<int> vs;
-  // (microbatch, global batch) pairs of one v, the same for every ZeRO stage and recompute.
+  for (const Rates& e : cache.rates) {
+    if (e.rc == rc && e.mb == mb) return e;
+  }
+  if (pp == 1) {  // one v only: nothing to share
+    cache.rates.clear();
+    cache.store.clear();
+  }
+  const BlockCosts* type_costs[8] = {};
+  for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
+    if (type_used[t]) type_costs[t] = &block_costs(static_cast<int>(t), tp, cp, mb, sp, rc);
+  }
+  const std::vector<Group>& groups = scratch_.groups[tp * cp];
+  for (size_t n = 0; n < link_node.size(); ++n) {
+    link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
+  }
+  const size_t at = cache.store.size();
+  cache.store.resize(at + 2 * static_cast<size_t>(like_runs));
+  double sum_rate = 0;
+  for (int i = 0; i < like_runs; ++i) {
+    const int r = like_begin[i];
+    double rate = 0, beta_min = kInf;
+    for (int p = 0; p < pp; ++p) {
+      const int slot = r * pp + p;
+      const BlockCosts& bc = *type_costs[pl.type[slot]];
+      const double beta = bc.block_s * pl.slow[slot] + link_tp_s[slot_link[slot]] +
+                          cp_ring_per_block_s(groups[pl.group[slot]], bc, cp, pl.slow[slot], rc);
+      rate += 1.0 / beta;
+      beta_min = std::min(beta_min, beta);
+    }
+    cache.store[at + 2 * i] = rate;
+    cache.store[at + 2 * i + 1] = beta_min;
+    for (int member = r; member < like_begin[i + 1]; ++member) sum_rate += rate;
+  }
+  cache.rates.push_back(Rates{rc, mb, sum_rate, at});
+  return cache.rates.back();
+}
+
+// The (microbatch, global batch) pairs of dp replicas taking microbatches in multiples of unit:
+// microbatch sizes listed, or every divisor of the largest batch in play. Per thread; valid
+// until the calling thread's next call.
+const std::vector<std::pair<int, int>>& Search::batches_of(int dp, int unit) const {
   thread_local std::vector<std::pair<int, int>> batches;
+  batches.clear();
+  auto add_batches = [&](int mb) {
+    for (int batch : global_batches(dp, mb, unit)) batches.emplace_back(mb, batch);
+  };
+  if (!space_.microbatch_size.empty()) {
+    for (int mb : space_.microbatch_size) add_batches(mb);
+  } else {
+    const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
+    for (int mb = 1; mb * dp * unit <= b; ++mb) {
+      if (space_.global_batch_max > 0 || b % mb == 0) add_batches(mb);
+      if (space_.global_batch_max > 0 && mb >= 64) break;
+    }
+  }
+  return batches;
+}
+
+void Search::add_shapes(int placement_index) {
+  const Placement& pl = scratch_.placements[placement_index];
+  const int dp = pl.dp, pp = pl.pp, tp = pl.tp, cp = pl.cp;
+  const int seq = model_.seq_len / cp;  // the tokens of a sequence one context rank holds
+  const int layers = model_.layers;
+
+  const ShapeAxes& axes = shape_axes(tp);
+  const std::vector<bool>& sps = axes.sps;
+  const std::vector<Recompute>& rcs = axes.rcs;
+  const std::vector<int>& zeros = axes.zeros;
+  const std::vector<Schedule>& schedules = axes.schedules;
+  // GPipe runs as fast as 1F1B in the cost model and never needs less memory.
+  const bool has_1f1b =
+      std::find(schedules.begin(), schedules.end(), Schedule::k1F1B) != schedules.end();
+
+  thread_local std::vector<int> vs;
   // Bounds of one v, per (recompute, pair): the same for every ZeRO stage.
   thread_local std::vector<double> bounds;
   // The placement's runs of like replicas (Placement::like_replica): run i is replicas
@@ -194,61 +273,15 @@ void Search::add_shapes(int placement_index) {
   }
   const int like_runs = static_cast<int>(like_begin.size());
   like_begin.push_back(dp);
-  // Per (recompute, microbatch) of one sp: each run's sum of 1 / beta and fastest beta, and
-  // the sum over replicas of the former, which every schedule and v share.
-  struct Rates {
-    Recompute rc;
-    int mb;
-    double sum_rate;
-    size_t at;  // rate_store[at + 2i] = run i's rate, rate_store[at + 2i + 1] its beta_min
-  };
-  thread_local std::vector<Rates> rates;
-  thread_local std::vector<double> rate_store;
-  auto rates_of = [&](bool sp, Recompute rc, int mb) -> const Rates& {
-    for (const Rates& e : rates) {
-      if (e.rc == rc && e.mb == mb) return e;
-    }
-    if (pp == 1) {  // one v only: nothing to share
-      rates.clear();
-      rate_store.clear();
-    }
-    const BlockCosts* type_costs[8] = {};
-    for (size_t t = 0; t < topo_.types.size() && t < 8; ++t) {
-      if (type_used[t]) type_costs[t] = &block_costs(static_cast<int>(t), tp, cp, mb, sp, rc);
-    }
-    const std::vector<Group>& groups = scratch_.groups[tp * cp];
-    for (size_t n = 0; n < link_node.size(); ++n) {
-      link_tp_s[n] = tp_comm_per_block_s(link_node[n], tp, cp, mb, rc);
-    }
-    const size_t at = rate_store.size();
-    rate_store.resize(at + 2 * static_cast<size_t>(like_runs));
-    double sum_rate = 0;
-    for (int i = 0; i < like_runs; ++i) {
-      const int r = like_begin[i];
-      double rate = 0, beta_min = kInf;
-      for (int p = 0; p < pp; ++p) {
-        const int slot = r * pp + p;
-        const BlockCosts& bc = *type_costs[pl.type[slot]];
-        const double beta = bc.block_s * pl.slow[slot] + link_tp_s[slot_link[slot]] +
-                            cp_ring_per_block_s(groups[pl.group[slot]], bc, cp, pl.slow[slot], rc);
-        rate += 1.0 / beta;
-        beta_min = std::min(beta_min, beta);
-      }
-      rate_store[at + 2 * i] = rate;
-      rate_store[at + 2 * i + 1] = beta_min;
-      for (int member = r; member < like_begin[i + 1]; ++member) sum_rate += rate;
-    }
-    rates.push_back(Rates{rc, mb, sum_rate, at});
-    return rates.back();
-  };
-
+  thread_local RateCache cache;
+  using Rates = RateCache::Rates;
   for (bool sp : sps) {
     if (sp && (tp == 1 || seq % tp != 0)) continue;
     if (!sp && tp > 1 && space_.sp.empty() && seq % tp == 0) {
       continue;  // sequence parallelism: less memory and less element-wise time, same traffic
     }
-    rates.clear();
-    rate_store.clear();
+    cache.rates.clear();
+    cache.store.clear();
     for (Schedule sched : schedules) {
       if (sched == Schedule::kGPipe && has_1f1b) continue;
       vs.assign(1, 1);
@@ -265,20 +298,7 @@ void Search::add_shapes(int placement_index) {
       }
       for (int v : vs) {
         const int unit = sched == Schedule::kInterleaved ? pp : 1;
-        // Microbatch sizes: listed, or every divisor of the largest batch in play.
-        batches.clear();
-        auto add_batches = [&](int mb) {
-          for (int batch : global_batches(dp, mb, unit)) batches.emplace_back(mb, batch);
-        };
-        if (!space_.microbatch_size.empty()) {
-          for (int mb : space_.microbatch_size) add_batches(mb);
-        } else {
-          const int b = space_.global_batch > 0 ? space_.global_batch : space_.global_batch_max;
-          for (int mb = 1; mb * dp * unit <= b; ++mb) {
-            if (space_.global_batch_max > 0 || b % mb == 0) add_batches(mb);
-            if (space_.global_batch_max > 0 && mb >= 64) break;
-          }
-        }
+        const std::vector<std::pair<int, int>>& batches = batches_of(dp, unit);
         bounds.clear();
         bool have_bounds = false;
         for (int zero : zeros) {
@@ -299,8 +319,8 @@ void Search::add_shapes(int placement_index) {
                 // of microbatches (see docs/planner.md).
                 // The rates depend on the microbatch, not the batch.
                 if (!have_rates || mb != last_mb) {
-                  const Rates& e = rates_of(sp, rc, mb);
-                  const double* rate_beta = rate_store.data() + e.at;
+                  const Rates& e = rates_of(pl, like_begin, cache, sp, rc, mb);
+                  const double* rate_beta = cache.store.data() + e.at;
                   sum_rate = e.sum_rate;
                   weighted = 0;
                   slowest_unit_s = 0;
@@ -379,12 +399,11 @@ void Search::record(Track& track, const Shape& shape, Outcome& outcome, bool las
   }
 }
 
-bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, int unit) {
-  const int dp = pl.dp, pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
-  const int layers = model_.layers;
+// split_pipeline's replica runs: each rank's cost per microbatch (fixed + per block) for every
+// run of replicas whose costs are equal rank by rank, under pipeline_.max_blocks.
+const Search::ReplicaRuns& Search::replica_runs(const Shape& shape, const Placement& pl) {
+  const int pp = pl.pp, tp = shape.tp, v = shape.v, mb = shape.mb;
   const std::vector<int>& max_blocks = pipeline_.max_blocks;
-  std::vector<int>& counts = pipeline_.counts;
-  counts.assign(pp, 0);
   // Per (replica, rank): time = fixed + per_block * blocks, for one microbatch.
   const double p2p_bytes =
       static_cast<double>(mb) * model_.seq_len / shape.cp * model_.hidden * 2.0 / tp;
@@ -408,8 +427,9 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
   // which partition_blocks would drop as dominated, and their shares come out alike.
   // costs only grows: the rows in use, costs[0 .. at), are written before they are read, and
   // growing it leader by leader would value-initialise each new row first.
-  thread_local std::vector<RankCost> costs;
-  thread_local std::vector<int> run_begin;
+  thread_local ReplicaRuns replica_runs;
+  std::vector<RankCost>& costs = replica_runs.costs;
+  std::vector<int>& run_begin = replica_runs.run_begin;
   const size_t leader_rows = pl.cost_leaders.size() * static_cast<size_t>(pp);
   if (costs.size() < leader_rows) costs.resize(leader_rows);
   run_begin.clear();
@@ -446,8 +466,20 @@ bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, 
       at += pp;
     }
   }
-  const int runs = static_cast<int>(run_begin.size());
-  run_begin.push_back(dp);
+  replica_runs.runs = static_cast<int>(run_begin.size());
+  run_begin.push_back(pl.dp);
+  return replica_runs;
+}
+
+bool Search::split_pipeline(const Shape& shape, const Placement& pl, int total, int unit) {
+  const int dp = pl.dp, pp = pl.pp, v = shape.v;
+  const int layers = model_.layers;
+  std::vector<int>& counts = pipeline_.counts;
+  counts.assign(pp, 0);
+  const ReplicaRuns& replica_costs = replica_runs(shape, pl);
+  const std::vector<RankCost>& costs = replica_costs.costs;
+  const std::vector<int>& run_begin = replica_costs.run_begin;
+  const int runs = replica_costs.runs;
 
   // Stretches of consecutive replicas of one run (`run`) that hold the same microbatch count
   // (`micro`), in replica order.
@@ -688,6 +720,115 @@ std::vector<Candidate> Search::finish(const Track& track) {
   return ranked;
 }
 
+// Every placement of one (tp, cp) and its shapes; make_groups(tp, cp) has run. max_node: the
+// most GPUs of a node; max_pp: the deepest pipeline searched.
+void Search::add_pair(int tp, int cp, int max_node, int max_pp) {
+  const int unit = tp * cp;
+  const int groups = static_cast<int>(scratch_.groups[unit].size());
+  if (groups == 0) return;
+  // Healthy group count: pipeline depths that divide it are the defaults.
+  int healthy = 0;
+  if (unit <= max_node) {
+    for (const auto& n : topo_.nodes) healthy += n.gpus / unit;
+  } else {
+    for (const auto& n : topo_.nodes) healthy += n.gpus / max_node;
+    healthy /= unit / max_node;
+  }
+  std::vector<int> pps = space_.pp;
+  if (pps.empty()) {
+    for (int pp = 1; pp <= max_pp; ++pp) {
+      if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
+    }
+  }
+  for (int pp : pps) {
+    if (pp > max_pp || pp > groups || pp > model_.layers) continue;
+    std::vector<int> dps = space_.dp;
+    if (dps.empty()) dps.push_back(groups / pp);
+    for (int dp : dps) {
+      if (dp < 1 || dp * pp > groups) continue;
+      const size_t first = placement_count_;
+      add_placements(tp, cp, pp, dp);
+      for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
+    }
+  }
+}
+
+// Branch and bound over shapes_[from, end): best bound first; a track stops once no remaining
+// shape can enter its top K. A shape is evaluated once, whichever tracks take it. Most shapes
+// are pruned unread: a heap yields them in bound order (ties in the order they were added, as
+// a stable sort would) without sorting them all.
+void Search::branch_and_bound(size_t from) {
+  thread_local std::vector<std::pair<double, int>> order;  // (bound, index)
+  const size_t n = shapes_.size() - from;
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    order[i] = {shapes_[from + i].upper_tokens_per_s, static_cast<int>(from + i)};
+  }
+  auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  };
+  std::make_heap(order.begin(), order.end(), later);
+  for (Track& track : tracks_) track.done = false;
+  for (size_t i = 0; i < n; ++i) {
+    std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
+    const Shape& shape = shapes_[order[n - 1 - i].second];
+    bool taken = false, all_done = true;
+    // The tracks that take the shape, and the lowest throughput that could matter to one.
+    Track* takers[2];  // tracks_ holds one or two
+    assert(tracks_.size() <= 2);
+    int taker_count = 0;
+    double floor = kInf;
+    for (Track& track : tracks_) {
+      if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
+      all_done = all_done && track.done;
+      if (track.done || !track.covers(shape)) continue;
+      taken = true;
+      if (auto it = track.no_fit_mb.find(fit_key(shape));
+          it != track.no_fit_mb.end() && shape.mb >= it->second) {
+        continue;
+      }
+      takers[taker_count++] = &track;
+      floor = std::min(floor, track.keep_kth);
+    }
+    if (taker_count > 0) {
+      Outcome outcome = evaluate_shape(shape, floor);
+      for (int t = 0; t < taker_count; ++t) {
+        record(*takers[t], shape, outcome, t == taker_count - 1);
+      }
+    }
+    if (all_done) {
+      pruned_ += static_cast<long>(n - i);
+      break;
+    }
+    if (!taken) ++pruned_;
+  }
+}
+
+// The candidates of the first track, or with the ZeRO-0 track the faster of each family's
+// variants, best first (the first track's on a tie), at most top_k.
+std::vector<Candidate> Search::rank_candidates(bool with_zero0) {
+  std::vector<Candidate> ranked = finish(tracks_[0]);
+  if (with_zero0) {
+    // The faster of each family's variants, best first (the first track's on a tie).
+    std::vector<Candidate> all = std::move(ranked);
+    const std::vector<Candidate> zero0 = finish(tracks_[1]);
+    all.insert(all.end(), zero0.begin(), zero0.end());
+    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+      return a.cost.tokens_per_s > b.cost.tokens_per_s;
+    });
+    ranked.clear();
+    for (const Candidate& cand : all) {
+      if (static_cast<int>(ranked.size()) == req_.top_k) break;
+      const Family family = family_of(cand.strategy);
+      const bool same_family = std::any_of(ranked.begin(), ranked.end(), [&](const Candidate& o) {
+        return family_of(o.strategy) == family;
+      });
+      if (!same_family) ranked.push_back(cand);
+    }
+  }
+  return ranked;
+}
+
 PlanResult Search::run() {
   const auto start = std::chrono::steady_clock::now();
   const int gpus = topo_.num_gpus();
@@ -749,37 +890,6 @@ PlanResult Search::run() {
       }
     }
 
-  // Every placement of one (tp, cp) and its shapes; make_groups(tp, cp) has run.
-  auto add_pair = [&](int tp, int cp) {
-    const int unit = tp * cp;
-    const int groups = static_cast<int>(scratch_.groups[unit].size());
-    if (groups == 0) return;
-    // Healthy group count: pipeline depths that divide it are the defaults.
-    int healthy = 0;
-    if (unit <= max_node) {
-      for (const auto& n : topo_.nodes) healthy += n.gpus / unit;
-    } else {
-      for (const auto& n : topo_.nodes) healthy += n.gpus / max_node;
-      healthy /= unit / max_node;
-    }
-    std::vector<int> pps = space_.pp;
-    if (pps.empty()) {
-      for (int pp = 1; pp <= max_pp; ++pp) {
-        if (healthy % pp == 0 || groups % pp == 0) pps.push_back(pp);
-      }
-    }
-    for (int pp : pps) {
-      if (pp > max_pp || pp > groups || pp > model_.layers) continue;
-      std::vector<int> dps = space_.dp;
-      if (dps.empty()) dps.push_back(groups / pp);
-      for (int dp : dps) {
-        if (dp < 1 || dp * pp > groups) continue;
-        const size_t first = placement_count_;
-        add_placements(tp, cp, pp, dp);
-        for (size_t i = first; i < placement_count_; ++i) add_shapes(static_cast<int>(i));
-      }
-    }
-  };
 
   // Each track ranks its families as a search over its layouts alone would.
   tracks_.emplace_back();
@@ -794,60 +904,10 @@ PlanResult Search::run() {
   const bool compressing = space_.compression && !req_.gradients.empty();
   for (Track& track : tracks_) track.keep = compressing ? 2 * track.top_k : track.top_k;
 
-  // Branch and bound over shapes_[from, end): best bound first; a track stops once no remaining
-  // shape can enter its top K. A shape is evaluated once, whichever tracks take it. Most shapes
-  // are pruned unread: a heap yields them in bound order (ties in the order they were added, as
-  // a stable sort would) without sorting them all.
-  auto branch_and_bound = [&](size_t from) {
-    thread_local std::vector<std::pair<double, int>> order;  // (bound, index)
-    const size_t n = shapes_.size() - from;
-    order.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      order[i] = {shapes_[from + i].upper_tokens_per_s, static_cast<int>(from + i)};
-    }
-    auto later = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
-      return a.first < b.first || (a.first == b.first && a.second > b.second);
-    };
-    std::make_heap(order.begin(), order.end(), later);
-    for (Track& track : tracks_) track.done = false;
-    for (size_t i = 0; i < n; ++i) {
-      std::pop_heap(order.begin(), order.end() - static_cast<long>(i), later);
-      const Shape& shape = shapes_[order[n - 1 - i].second];
-      bool taken = false, all_done = true;
-      // The tracks that take the shape, and the lowest throughput that could matter to one.
-      Track* takers[2];  // tracks_ holds one or two
-      assert(tracks_.size() <= 2);
-      int taker_count = 0;
-      double floor = kInf;
-      for (Track& track : tracks_) {
-        if (!track.done && shape.upper_tokens_per_s <= track.kth) track.done = true;
-        all_done = all_done && track.done;
-        if (track.done || !track.covers(shape)) continue;
-        taken = true;
-        if (auto it = track.no_fit_mb.find(fit_key(shape));
-            it != track.no_fit_mb.end() && shape.mb >= it->second) {
-          continue;
-        }
-        takers[taker_count++] = &track;
-        floor = std::min(floor, track.keep_kth);
-      }
-      if (taker_count > 0) {
-        Outcome outcome = evaluate_shape(shape, floor);
-        for (int t = 0; t < taker_count; ++t) {
-          record(*takers[t], shape, outcome, t == taker_count - 1);
-        }
-      }
-      if (all_done) {
-        pruned_ += static_cast<long>(n - i);
-        break;
-      }
-      if (!taken) ++pruned_;
-    }
-  };
 
   for (const auto& [tp, cp] : in_node) {
     make_groups(tp, cp);
-    add_pair(tp, cp);
+    add_pair(tp, cp, max_node, max_pp);
   }
   branch_and_bound(0);
   // Stages of whole nodes, after the search inside nodes has set every track's K-th best: a
@@ -859,30 +919,11 @@ PlanResult Search::run() {
   for (const auto& [tp, cp] : across_nodes) {
     make_groups(tp, cp);
     if (pair_bound(tp, cp) <= floor) continue;
-    add_pair(tp, cp);
+    add_pair(tp, cp, max_node, max_pp);
   }
   branch_and_bound(across_from);
 
-  std::vector<Candidate> ranked = finish(tracks_[0]);
-  if (with_zero0) {
-    // The faster of each family's variants, best first (the first track's on a tie).
-    std::vector<Candidate> all = std::move(ranked);
-    const std::vector<Candidate> zero0 = finish(tracks_[1]);
-    all.insert(all.end(), zero0.begin(), zero0.end());
-    std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
-      return a.cost.tokens_per_s > b.cost.tokens_per_s;
-    });
-    ranked.clear();
-    for (const Candidate& cand : all) {
-      if (static_cast<int>(ranked.size()) == req_.top_k) break;
-      const Family family = family_of(cand.strategy);
-      const bool same_family = std::any_of(ranked.begin(), ranked.end(), [&](const Candidate& o) {
-        return family_of(o.strategy) == family;
-      });
-      if (!same_family) ranked.push_back(cand);
-    }
-  }
-  result.candidates = std::move(ranked);
+  result.candidates = rank_candidates(with_zero0);
 
   result.evaluated = evaluated_;
   result.pruned = pruned_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strategy/cost_model.h"
+#include "strategy/partitioner.h"
 #include "strategy/planner.h"
 #include "strategy/space.h"
 
@@ -241,6 +242,33 @@ class Search {
   double pair_bound(int tp, int cp);
   void add_placements(int tp, int cp, int pp, int dp);
   void add_shapes(int placement_index);
+  // add_shapes' pieces: the values of each axis, the replica runs' rates (cached per sp), the
+  // (microbatch, global batch) pairs.
+  struct ShapeAxes {
+    std::vector<bool> sps;
+    std::vector<Recompute> rcs;
+    std::vector<int> zeros;
+    std::vector<Schedule> schedules;
+  };
+  const ShapeAxes& shape_axes(int tp) const;
+  struct RateCache {
+    struct Rates {
+      Recompute rc;
+      int mb;
+      double sum_rate;
+      size_t at;  // store[at + 2i] = run i's rate, store[at + 2i + 1] its beta_min
+    };
+    std::vector<Rates> rates;
+    std::vector<double> store;
+  };
+  const RateCache::Rates& rates_of(const Placement& pl, const std::vector<int>& like_begin,
+                                   RateCache& cache, bool sp, Recompute rc, int mb);
+  const std::vector<std::pair<int, int>>& batches_of(int dp, int unit) const;
+  // run()'s phases: the placements and shapes of one (tp, cp); branch and bound over
+  // shapes_[from, end); the final ranking of the tracks' candidates.
+  void add_pair(int tp, int cp, int max_node, int max_pp);
+  void branch_and_bound(size_t from);
+  std::vector<Candidate> rank_candidates(bool with_zero0);
   Placement& new_placement(int tp, int cp, int pp, int dp);
   const Placement& detailed(int placement_index);
   // Boundaries and shares of `shape`, then its cost; kBelow, not costed, when its pipeline
@@ -250,6 +278,15 @@ class Search {
   // pipeline_.max_blocks (total microbatches in multiples of unit), into pipeline_; false when
   // no boundaries fit the block limits.
   bool split_pipeline(const Shape& shape, const Placement& pl, int total, int unit);
+  // split_pipeline's first phase: the rank costs of each run of like replicas (run k is replicas
+  // run_begin[k] .. run_begin[k + 1] - 1, its costs costs[k * pp .. (k + 1) * pp)). Per thread;
+  // valid until the calling thread's next call.
+  struct ReplicaRuns {
+    std::vector<RankCost> costs;
+    std::vector<int> run_begin;  // runs + 1 entries, the last dp
+    int runs = 0;
+  };
+  const ReplicaRuns& replica_runs(const Shape& shape, const Placement& pl);
   static SearchScratch& thread_scratch() {
     thread_local SearchScratch scratch;
     return scratch;
