@@ -272,39 +272,9 @@ unsigned long long gpus_hash(const std::vector<int>& gpus) {
 
 }  // namespace
 
-const CostModel::Layout& CostModel::layout(const Strategy& s) const {
-  // A planner search costs layouts of a few dozen placements in turn: enough entries for all.
-  constexpr int kEntries = 64;
-  thread_local Layout cache[kEntries];
-  thread_local int next_entry = 0;
-  thread_local int last_found = 0;  // the entry returned last
-  const unsigned long long hash = gpus_hash(s.gpus);
-  auto is_of_s = [&](const Layout& entry) {
-    return entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
-           entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
-           entry.placement == s.placement && entry.gpus == s.gpus;
-  };
-  // The planner evaluates a layout several times in a row (its ZeRO and compression
-  // variants): the entry returned last is tried before the scan.
-  if (is_of_s(cache[last_found])) return cache[last_found];
-  for (int i = 0; i < kEntries; ++i) {
-    if (i != last_found && is_of_s(cache[i])) {
-      last_found = i;
-      return cache[i];
-    }
-  }
-  last_found = next_entry;
-  Layout& l = cache[next_entry];
-  next_entry = (next_entry + 1) % kEntries;
-  l.model_id = id_;
-  l.dp = s.dp;
-  l.tp = s.tp;
-  l.pp = s.pp;
-  l.cp = s.cp;
-  l.placement = s.placement;
-  l.gpus = s.gpus;
-  l.gpus_hash = hash;
-
+// The GPU and node of every rank of l's layout (strategy s): rank_of_gpu, rank_nodes and the
+// sum of the peaks of the GPUs used.
+void CostModel::place_ranks(Layout& l, const Strategy& s) const {
   // Loop bounds in locals: the stores below cannot then alias them.
   const int dp = s.dp, pp = s.pp, tp = s.tp, cp = s.cp;
   const int stage_gpus = tp * cp;
@@ -359,6 +329,15 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   }
   l.peak_flops = peak_flops;
 
+}
+
+// The layout class of each replica of l (replica_class), their runs (class_runs) and whether
+// there is one (one_class): see Layout.
+void CostModel::classify_replicas(Layout& l) const {
+  const int dp = l.dp, pp = l.pp, cp = l.cp;
+  const int* const rank_nodes = l.rank_nodes.data();
+  const int* const node_class = node_class_.data();
+  const size_t stage_stride = static_cast<size_t>(dp) * cp;  // from stage p to p + 1 in rank_nodes
   // Link pattern of each rank, replica r's ranks at keys[r * key_words], filled stage by stage
   // (rank_nodes holds a stage's replicas together). With context parallelism each rank has a
   // second word: its ring's link class.
@@ -366,8 +345,6 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   const int key_words = pp * words;
   thread_local std::vector<unsigned long long> keys;
   keys.resize(static_cast<size_t>(dp) * key_words);
-  const int* const node_class = node_class_.data();
-  const size_t stage_stride = static_cast<size_t>(dp) * cp;  // from stage p to p + 1 in rank_nodes
   for (int p = 0; p < pp; ++p) {
     const int* const here = rank_nodes + p * stage_stride;
     const int* const next = rank_nodes + (p + 1 < pp ? p + 1 : 0) * stage_stride;
@@ -420,6 +397,15 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
   l.one_class = l.class_runs.size() == 1;  // one run, of replica 0's class
   l.class_runs.push_back(dp);
 
+}
+
+// How each pipeline rank's gradient-reduction group spreads over nodes (dp_groups,
+// spanned_nodes, spanned_classes).
+void CostModel::find_dp_groups(Layout& l) const {
+  const int dp = l.dp, pp = l.pp, cp = l.cp;
+  const int* const rank_nodes = l.rank_nodes.data();
+  const int* const node_class = node_class_.data();
+  const size_t stage_stride = static_cast<size_t>(dp) * cp;  // from stage p to p + 1 in rank_nodes
   // Each member adds at most one node to spanned_nodes: it is sized for all of them, written
   // through a pointer and trimmed after. A group's counts and slowest links are kept in locals
   // (stores through the vectors would be reloaded at every member).
@@ -465,6 +451,44 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     group.end_node = spanned_count;
   }
   l.spanned_nodes.resize(spanned_count);
+}
+
+const CostModel::Layout& CostModel::layout(const Strategy& s) const {
+  // A planner search costs layouts of a few dozen placements in turn: enough entries for all.
+  constexpr int kEntries = 64;
+  thread_local Layout cache[kEntries];
+  thread_local int next_entry = 0;
+  thread_local int last_found = 0;  // the entry returned last
+  const unsigned long long hash = gpus_hash(s.gpus);
+  auto is_of_s = [&](const Layout& entry) {
+    return entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
+           entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
+           entry.placement == s.placement && entry.gpus == s.gpus;
+  };
+  // The planner evaluates a layout several times in a row (its ZeRO and compression
+  // variants): the entry returned last is tried before the scan.
+  if (is_of_s(cache[last_found])) return cache[last_found];
+  for (int i = 0; i < kEntries; ++i) {
+    if (i != last_found && is_of_s(cache[i])) {
+      last_found = i;
+      return cache[i];
+    }
+  }
+  last_found = next_entry;
+  Layout& l = cache[next_entry];
+  next_entry = (next_entry + 1) % kEntries;
+  l.model_id = id_;
+  l.dp = s.dp;
+  l.tp = s.tp;
+  l.pp = s.pp;
+  l.cp = s.cp;
+  l.placement = s.placement;
+  l.gpus = s.gpus;
+  l.gpus_hash = hash;
+
+  place_ranks(l, s);
+  classify_replicas(l);
+  find_dp_groups(l);
   return l;
 }
 
