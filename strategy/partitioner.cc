@@ -291,14 +291,14 @@ bool chain_reach(const std::vector<double>& prefix, const std::vector<double>& f
 
 }  // namespace
 
-bool partition_chain(const std::vector<double>& layer_cost_s,
-                     const std::vector<double>& stage_factor,
-                     const std::vector<double>& stage_fixed_s, const std::vector<int>& max_layers,
-                     std::vector<int>& layers_per_stage, double* bottleneck_s) {
+std::optional<ChainPartition> partition_chain(const std::vector<double>& layer_cost_s,
+                                              const std::vector<double>& stage_factor,
+                                              const std::vector<double>& stage_fixed_s,
+                                              const std::vector<int>& max_layers) {
   const int layers = static_cast<int>(layer_cost_s.size());
   const int stages = static_cast<int>(stage_factor.size());
   assert(stage_fixed_s.size() == stage_factor.size() && max_layers.size() == stage_factor.size());
-  if (stages < 1 || stages > layers) return false;
+  if (stages < 1 || stages > layers) return std::nullopt;
   std::vector<double> prefix(layers + 1, 0.0);
   for (int l = 0; l < layers; ++l) prefix[l + 1] = prefix[l] + layer_cost_s[l];
   std::vector<char> reach(static_cast<size_t>(stages + 1) * (layers + 1));
@@ -308,7 +308,8 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
   for (int s = 0; s < stages; ++s) {
     hi = std::max(hi, stage_fixed_s[s] + stage_factor[s] * prefix[layers]);
   }
-  if (!chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, hi, reach, diff)) return false;
+  if (!chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, hi, reach, diff))
+    return std::nullopt;
   for (int step = 0; step < kBisectionSteps && hi - lo > 1e-15 * hi; ++step) {
     const double mid = lo + (hi - lo) / 2;
     if (mid <= lo || mid >= hi) break;
@@ -320,6 +321,8 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
   chain_reach(prefix, stage_factor, stage_fixed_s, max_layers, hi, reach, diff);
 
   // Walk back from the last stage, choosing any reachable start that keeps the stage <= hi.
+  ChainPartition result;
+  std::vector<int>& layers_per_stage = result.layers_per_stage;
   layers_per_stage.assign(stages, 0);
   const int width = layers + 1;
   int end = layers;
@@ -341,8 +344,8 @@ bool partition_chain(const std::vector<double>& layer_cost_s,
         std::max(bottleneck, stage_fixed_s[s] + stage_factor[s] * (prefix[end] - prefix[start]));
     end = start;
   }
-  *bottleneck_s = bottleneck;
-  return true;
+  result.bottleneck_s = bottleneck;
+  return result;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <climits>
+#include <optional>
 #include <vector>
 
 namespace parapilot {
@@ -43,12 +44,15 @@ std::vector<int> chunk_layers(const std::vector<int>& blocks_per_rank, int virtu
 // stages in a fixed order: stage s takes a contiguous range, at least one layer, at most
 // max_layers[s] layers, and runs in stage_fixed_s[s] + stage_factor[s] * (sum of its layers'
 // costs). Minimises the slowest stage exactly (bisection with a greedy-prefix feasibility test,
-// which is exact for contiguous chains). Returns false when no partition fits max_layers;
-// otherwise fills layers_per_stage and *bottleneck_s.
-bool partition_chain(const std::vector<double>& layer_cost_s,
-                     const std::vector<double>& stage_factor,
-                     const std::vector<double>& stage_fixed_s, const std::vector<int>& max_layers,
-                     std::vector<int>& layers_per_stage, double* bottleneck_s);
+// which is exact for contiguous chains). Returns nullopt when no partition fits max_layers.
+struct ChainPartition {
+  std::vector<int> layers_per_stage;
+  double bottleneck_s = 0;  // the slowest stage's time
+};
+std::optional<ChainPartition> partition_chain(const std::vector<double>& layer_cost_s,
+                                              const std::vector<double>& stage_factor,
+                                              const std::vector<double>& stage_fixed_s,
+                                              const std::vector<int>& max_layers);
 
 // Elastic data parallel: integer microbatch counts m[r] (multiples of `unit`, at least `unit`,
 // summing to `total`) minimising max_r (m[r] * per_microbatch_s[r] + fixed_s[r]), i.e. the

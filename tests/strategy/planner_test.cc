@@ -216,13 +216,12 @@ TEST_CASE("planner: partition_chain with per-layer costs equals brute force") {
       }
       brute = std::min(brute, worst);
     });
-    std::vector<int> out;
-    double bottleneck = 0;
     CAPTURE(trial);
-    const bool ok = partition_chain(cost, factor, fixed, max_layers, out, &bottleneck);
-    REQUIRE(ok == std::isfinite(brute));
-    if (!ok) continue;
-    CHECK(bottleneck == doctest::Approx(brute).epsilon(1e-12));
+    const std::optional<ChainPartition> partition = partition_chain(cost, factor, fixed, max_layers);
+    REQUIRE(partition.has_value() == std::isfinite(brute));
+    if (!partition) continue;
+    const std::vector<int>& out = partition->layers_per_stage;
+    CHECK(partition->bottleneck_s == doctest::Approx(brute).epsilon(1e-12));
     int sum = 0;
     for (int s = 0; s < stages; ++s) {
       CHECK(out[s] >= 1);
