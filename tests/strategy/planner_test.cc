@@ -217,7 +217,8 @@ TEST_CASE("planner: partition_chain with per-layer costs equals brute force") {
       brute = std::min(brute, worst);
     });
     CAPTURE(trial);
-    const std::optional<ChainPartition> partition = partition_chain(cost, factor, fixed, max_layers);
+    const std::optional<ChainPartition> partition =
+        partition_chain(cost, factor, fixed, max_layers);
     REQUIRE(partition.has_value() == std::isfinite(brute));
     if (!partition) continue;
     const std::vector<int>& out = partition->layers_per_stage;
