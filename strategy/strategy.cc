@@ -40,10 +40,8 @@ std::optional<StrategyProblem> problem(std::string key, std::string reason) {
 
 std::string str(int v) { return std::to_string(v); }
 
-}  // namespace
-
-std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& model,
-                                            const ClusterSpec& cluster) {
+// Degrees, the GPU count and how the model's heads and sequence divide among them.
+std::optional<StrategyProblem> degree_problem(const Strategy& s, const ModelSpec& model, const ClusterSpec& cluster) {
   if (s.dp < 1) return problem("dp", "must be >= 1");
   if (s.tp < 1) return problem("tp", "must be >= 1");
   if (s.pp < 1) return problem("pp", "must be >= 1");
@@ -99,7 +97,11 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
                              " to divide the sequence each context-parallel rank holds (" +
                              str(model.seq_len / s.cp) + ")");
   }
+  return std::nullopt;
+}
 
+// Where the ranks sit: tensor-parallel groups inside a node, FP8 where the GPUs have it.
+std::optional<StrategyProblem> placement_problem(const Strategy& s, const ClusterSpec& cluster) {
   // Tensor-parallel groups must stay inside one node; FP8 needs FP8 tensor cores on every GPU
   // the layout uses.
   ClusterTopology topo(cluster);
@@ -124,7 +126,11 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
       }
     }
   }
+  return std::nullopt;
+}
 
+// The pipeline schedule, ZeRO with pipelines, and the stage boundaries.
+std::optional<StrategyProblem> schedule_problem(const Strategy& s, const ModelSpec& model) {
   if (s.schedule == Schedule::kInterleaved) {
     if (s.pp < 2) return problem("schedule", "the interleaved schedule needs pp >= 2");
     if (s.virtual_stages < 2) {
@@ -158,7 +164,11 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
                      "covers " + str(sum) + " layers but the model has " + str(model.layers));
     }
   }
+  return std::nullopt;
+}
 
+// The global batch over replicas and microbatches (uniform or elastic shares).
+std::optional<StrategyProblem> batch_problem(const Strategy& s) {
   if (s.dp_shares.empty()) {
     if (s.global_batch % (s.microbatch_size * s.dp) != 0) {
       return problem("global_batch", "global_batch = " + str(s.global_batch) +
@@ -195,7 +205,11 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
       }
     }
   }
+  return std::nullopt;
+}
 
+// Gradient compression settings and their layer ranges.
+std::optional<StrategyProblem> compression_problem(const Strategy& s, const ModelSpec& model) {
   auto check_compression = [&](const Compression& c) -> std::optional<StrategyProblem> {
     if (c.kind == Compression::Kind::kTopK && !(c.topk_ratio > 0 && c.topk_ratio < 1)) {
       return problem("compression", "topk ratio must be in (0, 1)");
@@ -215,6 +229,17 @@ std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& 
     if (auto p = check_compression(o.compression)) return p;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<StrategyProblem> find_problem(const Strategy& s, const ModelSpec& model,
+                                            const ClusterSpec& cluster) {
+  if (auto p = degree_problem(s, model, cluster)) return p;
+  if (auto p = placement_problem(s, cluster)) return p;
+  if (auto p = schedule_problem(s, model)) return p;
+  if (auto p = batch_problem(s)) return p;
+  return compression_problem(s, model);
 }
 
 const char* to_string(Schedule schedule) {

@@ -324,6 +324,75 @@ double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng) {
   return lognormal(d.repair_median_s, d.repair_sigma, rng);
 }
 
+namespace {
+
+// The scenario's workload phases into `truth` (no randomness): a global-batch ramp, the
+// gradient regimes before and after the learning-rate decay, a long-context stage; each
+// change is an event at its interval.
+void add_workload_phases(const Scenario& s, int gpus, Truth& truth) {
+  const int H = s.horizon;
+  char text[160];
+  // Phase: a global-batch ramp over the first part of the run.
+  const int final_batch = final_global_batch(s);
+  truth.global_batch.assign(H, final_batch);
+  if (s.phase.batch_start_fraction < 1) {
+    const int steps = s.phase.batch_ramp_steps;
+    const int start = std::min(
+        final_batch,
+        std::max(gpus, static_cast<int>(s.phase.batch_start_fraction * final_batch) / gpus * gpus));
+    const int ramp_end =
+        std::clamp(static_cast<int>(std::lround(s.phase.batch_ramp_fraction * H)), 0, H);
+    int previous = 0;
+    for (int k = 0; k <= steps && start < final_batch; ++k) {
+      const int from = k == 0 ? 0 : static_cast<int>(static_cast<int64_t>(ramp_end) * k / steps);
+      const int batch = k == steps
+                            ? final_batch
+                            : std::clamp((start + (final_batch - start) * k / steps) / gpus * gpus,
+                                         start, final_batch);
+      for (int i = from; i < H; ++i) truth.global_batch[i] = batch;
+      if (batch != previous && from < H) {
+        std::snprintf(text, sizeof text, "global batch %d", batch);
+        truth.events.emplace_back(from, text);
+      }
+      previous = batch;
+    }
+  }
+  // Phase: gradients compress better after the learning-rate decay.
+  if (s.phase.compression) {
+    const int layers = s.model.layers;
+    auto regime = [&](double topk_error, double powersgd_error) {
+      GradientStats g;
+      g.topk_ratio = s.phase.topk_ratio;
+      g.topk_energy.assign(layers, 1.0 - topk_error);
+      g.powersgd_rank = s.phase.powersgd_rank;
+      g.lowrank_residual.assign(layers, powersgd_error);
+      g.error_budget = s.phase.error_budget;
+      return g;
+    };
+    truth.gradient_regimes = {regime(s.phase.topk_error_before, s.phase.powersgd_error_before),
+                              regime(s.phase.topk_error_after, s.phase.powersgd_error_after)};
+    const int decay = std::clamp(static_cast<int>(s.phase.decay_at_fraction * H), 0, H);
+    truth.gradient_regime.assign(H, 0);
+    for (int i = decay; i < H; ++i) truth.gradient_regime[i] = 1;
+    if (decay < H) {
+      std::snprintf(text, sizeof text,
+                    "learning-rate decay: top-k error %.2f -> %.2f, PowerSGD %.2f -> %.2f",
+                    s.phase.topk_error_before, s.phase.topk_error_after,
+                    s.phase.powersgd_error_before, s.phase.powersgd_error_after);
+      truth.events.emplace_back(decay, text);
+    }
+  }
+  // Phase: a long-context stage multiplies the sequence length.
+  if (s.phase.seq_len_factor > 1) {
+    const int at = std::clamp(static_cast<int>(s.phase.at_fraction * H), 0, H);
+    for (int i = at; i < H; ++i) truth.seq_len[i] = s.model.seq_len * s.phase.seq_len_factor;
+    std::snprintf(text, sizeof text, "sequence length x%d", s.phase.seq_len_factor);
+    if (at < H) truth.events.emplace_back(at, text);
+  }
+}
+
+}  // namespace
+
 Truth generate_truth(const Scenario& s, uint64_t seed) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 0x5851F42D4C957F2DULL);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
@@ -401,63 +470,7 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
       std::snprintf(text, sizeof text, "GPU %d lost for %.0f min", gpu, (end - start) / 60);
     truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
   }
-  // Phase: a global-batch ramp over the first part of the run.
-  const int final_batch = final_global_batch(s);
-  truth.global_batch.assign(H, final_batch);
-  if (s.phase.batch_start_fraction < 1) {
-    const int steps = s.phase.batch_ramp_steps;
-    const int start = std::min(
-        final_batch,
-        std::max(gpus, static_cast<int>(s.phase.batch_start_fraction * final_batch) / gpus * gpus));
-    const int ramp_end =
-        std::clamp(static_cast<int>(std::lround(s.phase.batch_ramp_fraction * H)), 0, H);
-    int previous = 0;
-    for (int k = 0; k <= steps && start < final_batch; ++k) {
-      const int from = k == 0 ? 0 : static_cast<int>(static_cast<int64_t>(ramp_end) * k / steps);
-      const int batch = k == steps
-                            ? final_batch
-                            : std::clamp((start + (final_batch - start) * k / steps) / gpus * gpus,
-                                         start, final_batch);
-      for (int i = from; i < H; ++i) truth.global_batch[i] = batch;
-      if (batch != previous && from < H) {
-        std::snprintf(text, sizeof text, "global batch %d", batch);
-        truth.events.emplace_back(from, text);
-      }
-      previous = batch;
-    }
-  }
-  // Phase: gradients compress better after the learning-rate decay.
-  if (s.phase.compression) {
-    const int layers = s.model.layers;
-    auto regime = [&](double topk_error, double powersgd_error) {
-      GradientStats g;
-      g.topk_ratio = s.phase.topk_ratio;
-      g.topk_energy.assign(layers, 1.0 - topk_error);
-      g.powersgd_rank = s.phase.powersgd_rank;
-      g.lowrank_residual.assign(layers, powersgd_error);
-      g.error_budget = s.phase.error_budget;
-      return g;
-    };
-    truth.gradient_regimes = {regime(s.phase.topk_error_before, s.phase.powersgd_error_before),
-                              regime(s.phase.topk_error_after, s.phase.powersgd_error_after)};
-    const int decay = std::clamp(static_cast<int>(s.phase.decay_at_fraction * H), 0, H);
-    truth.gradient_regime.assign(H, 0);
-    for (int i = decay; i < H; ++i) truth.gradient_regime[i] = 1;
-    if (decay < H) {
-      std::snprintf(text, sizeof text,
-                    "learning-rate decay: top-k error %.2f -> %.2f, PowerSGD %.2f -> %.2f",
-                    s.phase.topk_error_before, s.phase.topk_error_after,
-                    s.phase.powersgd_error_before, s.phase.powersgd_error_after);
-      truth.events.emplace_back(decay, text);
-    }
-  }
-  // Phase: a long-context stage multiplies the sequence length.
-  if (s.phase.seq_len_factor > 1) {
-    const int at = std::clamp(static_cast<int>(s.phase.at_fraction * H), 0, H);
-    for (int i = at; i < H; ++i) truth.seq_len[i] = s.model.seq_len * s.phase.seq_len_factor;
-    std::snprintf(text, sizeof text, "sequence length x%d", s.phase.seq_len_factor);
-    if (at < H) truth.events.emplace_back(at, text);
-  }
+  add_workload_phases(s, gpus, truth);
 
   for (int i = 0; i < H; ++i) {
     Conditions& c = truth.conditions[i];

@@ -66,6 +66,12 @@ struct SimulatedCluster::Impl {
   }
   void layout_changed();
   Conditions true_conditions(uint64_t s) const;
+  // The phases of one lockstep step s (step()), in order.
+  void handle_control(uint64_t s);     // each rank's inbox at the boundary; the agent's loss
+  void agree_on_commit(uint64_t s);    // the commit agreement: everyone switches or nobody
+  double train(uint64_t s, std::vector<monitor::StepSample>& samples);  // returns the step's ms
+  void send_reports(uint64_t s, const std::vector<monitor::StepSample>& samples,
+                    uint64_t start_ns);
   void send(Rank& r, const Message& m) {
     if (r.client) r.client->send(m);
   }
@@ -230,12 +236,9 @@ uint64_t SimulatedCluster::current_step() const {
   return impl_->step;
 }
 
-void SimulatedCluster::step() {
-  Impl& m = *impl_;
-  std::lock_guard lock(m.mutex);
-  const uint64_t s = m.step;
-
-  // 1. Control messages, handled at the iteration boundary.
+void SimulatedCluster::Impl::handle_control(uint64_t s) {
+  Impl& m = *this;
+  // Control messages, handled at the iteration boundary.
   for (auto& rp : m.ranks) {
     Rank& r = *rp;
     if (!r.alive) continue;
@@ -300,8 +303,11 @@ void SimulatedCluster::step() {
     r.book->drop_uncommitted();
     if (r.id == 0 && r.book->size() < held_before) m.log("agent lost: staged plan dropped");
   }
+}
 
-  // 2. The commit agreement at this boundary (transport/plan_book.h): the newest plan some live
+void SimulatedCluster::Impl::agree_on_commit(uint64_t s) {
+  Impl& m = *this;
+  // The commit agreement at this boundary (transport/plan_book.h): the newest plan some live
   // rank holds a commit for (MAX), switched to only if every live rank holds it (AND).
   uint64_t due = 0;
   for (auto& rp : m.ranks) {
@@ -335,9 +341,12 @@ void SimulatedCluster::step() {
       m.log("plan " + std::to_string(due) + ": commit missed at step " + std::to_string(s));
     }
   }
+}
 
-  // 3. Train one step on every live rank.
-  const Conditions truth = m.true_conditions(s);
+double SimulatedCluster::Impl::train(uint64_t s, std::vector<monitor::StepSample>& samples) {
+  Impl& m = *this;
+  // Train one step on every live rank.
+  const Conditions now = m.true_conditions(s);
   const int n = m.o.ranks;
   std::vector<uint8_t> alive(n, 0);
   bool staging = false;
@@ -347,20 +356,24 @@ void SimulatedCluster::step() {
     alive[g] = 1;
     r.book->for_each([&](uint64_t, const Staged&) { staging = true; });
   }
-  const uint64_t start_ns = m.clock_ns;
-  std::vector<monitor::StepSample> samples;
   const double step_ms =
-      m.telemetry->generate(truth, s, start_ns, m.o.telemetry_noise, m.rng, samples, &alive);
-  const CostBreakdown b = m.job->planner->cost_model().evaluate(m.layout, truth);
+      m.telemetry->generate(now, s, m.clock_ns, m.o.telemetry_noise, m.rng, samples, &alive);
+  const CostBreakdown b = m.job->planner->cost_model().evaluate(m.layout, now);
   double tps = b.feasible && b.fits_in_memory ? b.tokens_per_s : 0.0;
   if (staging) tps *= 1.0 - m.job->scenario.staging_slowdown;
   const double tokens = static_cast<double>(m.job->global_batch) * m.job->scenario.model.seq_len;
   m.report.tokens += tokens;
   m.report.sim_seconds += tps > 0 ? tokens / tps : 0.0;
   m.report.tokens_per_s_by_step.push_back(tps);
+  return step_ms;
+}
 
-  // 4. Telemetry and PlanReady of every live rank.
-  for (int g = 0; g < n; ++g) {
+void SimulatedCluster::Impl::send_reports(uint64_t s,
+                                           const std::vector<monitor::StepSample>& samples,
+                                           uint64_t start_ns) {
+  Impl& m = *this;
+  // Telemetry and PlanReady of every live rank.
+  for (int g = 0; g < m.o.ranks; ++g) {
     Rank& r = *m.ranks[g];
     if (!r.alive) continue;
     std::vector<uint64_t> done;  // staging complete: PlanReady (once; the book ignores repeats)
@@ -381,6 +394,18 @@ void SimulatedCluster::step() {
     m.send(r, t);
     ++m.report.telemetry_sent;
   }
+}
+
+void SimulatedCluster::step() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const uint64_t s = m.step;
+  m.handle_control(s);
+  m.agree_on_commit(s);
+  const uint64_t start_ns = m.clock_ns;
+  std::vector<monitor::StepSample> samples;
+  const double step_ms = m.train(s, samples);
+  m.send_reports(s, samples, start_ns);
   m.clock_ns += static_cast<uint64_t>(step_ms * 1e6);
   ++m.step;
 }
