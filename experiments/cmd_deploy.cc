@@ -220,7 +220,7 @@ void run_deploy(const DeployFlags& f) {
   if (!(f.min_gain >= 1)) throw InputError("--min-gain: must be >= 1");
   rt::AgentOptions o;
   if (!f.scenario.empty()) {
-    o.job = take(rt::make_job(f.scenario, f.gpus));
+    o.job = take(make_job(f.scenario, f.gpus));
     if (Status st = o.job->start_layout(f.initial_layout).status(); !st.ok())
       throw InputError("--initial-layout " + st.message());
   } else {
@@ -325,7 +325,7 @@ void run_deploy(const DeployFlags& f) {
                       {"max_rss_mib", usage.max_rss_bytes / (1 << 20)}};
   // Where the job ended and how fast it ran before the first switch and after the last.
   if (now.dp > 0 && now.num_gpus() > 0 && now.global_batch > 0) {
-    j["layout"] = rt::layout_name(now);
+    j["layout"] = layout_name(now);
     if (!now.dp_shares.empty()) {
       std::string shares;
       for (int c : now.dp_shares) shares += (shares.empty() ? "" : ",") + std::to_string(c);
@@ -408,7 +408,7 @@ void run_simcluster(const SimFlags& f) {
       {"commits", r.commits},
       {"aborts_seen_by_ranks", r.aborts},
       {"missed_commits", r.missed_commits},
-      {"layout", rt::layout_name(r.layout)},
+      {"layout", layout_name(r.layout)},
       {"live_ranks", r.live_ranks},
       {"sim_seconds", r.sim_seconds},
       {"tokens_per_s", r.sim_seconds > 0 ? r.tokens / r.sim_seconds : 0.0},

@@ -31,7 +31,7 @@
 
 #include "agent/runtime/decider.h"
 #include "agent/runtime/dp_decider.h"
-#include "agent/runtime/job.h"
+#include "env/job.h"
 #include "agent/runtime/migration.h"
 #include "env/monitor/monitor.h"
 #include "transport/bus.h"

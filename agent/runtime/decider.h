@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "policy/baselines.h"
-#include "agent/runtime/job.h"
+#include "env/job.h"
 #include "env/monitor/monitor.h"
 #include "env/observation.h"
 

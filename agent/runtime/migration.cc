@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "agent/runtime/job.h"
+#include "env/job.h"
 
 namespace parapilot::agent::runtime {
 

@@ -140,10 +140,10 @@ class LiveEnv final : public env::Env {
       std::string model = str_param(id, "model", "");
       if (looks_like_path(model)) model = std::filesystem::absolute(model).string();
       job_ = take(
-          rt::make_job(take(write_job_scenario(model, workers_, global_batch_, job_dir_)), 0));
+          make_job(take(write_job_scenario(model, workers_, global_batch_, job_dir_)), 0));
     } else {
       job_ = take(
-          rt::make_job(take(write_job_scenario(model_, workers_, global_batch_, job_dir_)), 0));
+          make_job(take(write_job_scenario(model_, workers_, global_batch_, job_dir_)), 0));
     }
   }
   ~LiveEnv() override {
@@ -316,7 +316,7 @@ class LiveEnv final : public env::Env {
   ModelConfig model_;
   bool torch_ = false;
   std::string exe_, worker_arg_, log_dir_, job_dir_, script_, script_args_, python_;
-  std::shared_ptr<const rt::Job> job_;
+  std::shared_ptr<const Job> job_;
   std::shared_ptr<Handoff> handoff_;
   std::unique_ptr<rt::DeployAgent> agent_;
   std::unique_ptr<LocalCluster> cluster_;

@@ -13,9 +13,6 @@
 
 namespace parapilot::env {
 
-using agent::runtime::from_wire;
-using agent::runtime::layout_name;
-using agent::runtime::make_job;
 
 namespace {
 

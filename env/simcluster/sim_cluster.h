@@ -34,12 +34,11 @@
 #include <string>
 #include <vector>
 
-#include "agent/runtime/job.h"
+#include "env/job.h"
 #include "transport/bus.h"
 
 namespace parapilot::env {
 
-using agent::runtime::Job;
 
 struct SlowdownInjection {
   uint32_t rank = 0;

@@ -1,7 +1,9 @@
-// Job: what the agent knows about the training job it watches — the model, the cluster, the
-// planner's search space (all from a simulator scenario: a family name or a scenario TOML, the
-// same file the job was launched with), the global batch, the start layouts, and the mapping
-// between planner layouts (Strategy) and the bus's wire Layout.
+// Job: the description of a training job that the deploy agent watches and that the simulated
+// and live clusters run — the model, the cluster, the planner's search space (all from a
+// simulator scenario: a family name or a scenario TOML, the same file the job was launched
+// with), the global batch, the start layouts, and the mapping between planner layouts
+// (Strategy) and the bus's wire Layout. It lives below both the agent and the envs that play
+// a job's ranks, so that they share one description.
 //
 // A Job is immutable after make_job() and safe to share between threads (Planner::plan is const
 // and thread-safe).
@@ -15,7 +17,7 @@
 #include "strategy/planner.h"
 #include "transport/messages.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot {
 
 struct Job {
   env::Scenario scenario;
@@ -64,4 +66,4 @@ Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t cap
 std::optional<Strategy> from_wire(const transport::Layout& layout, const Job& job,
                                   const std::string& name = "");
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot

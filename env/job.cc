@@ -1,4 +1,4 @@
-#include "agent/runtime/job.h"
+#include "env/job.h"
 
 #include <algorithm>
 #include <cassert>
@@ -7,7 +7,7 @@
 #include "transport/plan_name.h"
 #include "strategy/spec_io.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot {
 
 StatusOr<Strategy> Job::start_layout(const std::string& name) const {
   if (name == "planned") return planned_initial;
@@ -214,4 +214,4 @@ std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
   return s;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot
