@@ -214,4 +214,11 @@ std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
   return s;
 }
 
+transport::PlanPrepare plan_prepare_for(const Strategy& s) {
+  transport::PlanPrepare p;
+  p.layout = to_wire(s);
+  p.layout_name = wire_name(s).value_or(layout_name(s));
+  return p;
+}
+
 }  // namespace parapilot

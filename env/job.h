@@ -52,6 +52,10 @@ std::string layout_name(const Strategy& s);
 /// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on wire v1). Both
 /// names are written by transport/plan_name.h's codec.
 std::optional<std::string> wire_name(const Strategy& s);
+/// The PlanPrepare that switches a job to `s`: its wire Layout and, in layout_name, its
+/// wire_name (or, when that does not fit, its short name). plan_id and deadline_ms are the
+/// executor's to set (transport/plan_executor.h).
+transport::PlanPrepare plan_prepare_for(const Strategy& s);
 /// Why a job that announced `capabilities` (transport::Capability bits) cannot make the switch
 /// from `from` to `to`: a degree or knob it cannot switch (a tensor- or pipeline-parallel degree
 /// changed in either direction, stage boundaries moved), or a switch that changes only

@@ -52,7 +52,10 @@ struct DeployAgent::Impl {
   std::atomic<monitor::Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
   std::unique_ptr<DataParallelDecider> dp;  // a learned job, once known
-  std::unique_ptr<MigrationExecutor> executor;
+  std::unique_ptr<transport::PlanExecutor> executor;
+  // The layout of each plan in flight, by plan id (prepare_switch, on_outcome).
+  std::mutex targets_mutex;
+  std::map<uint64_t, Strategy> targets;
   std::unique_ptr<transport::Server> server;
   std::unique_ptr<MetricsHttpServer> metrics;
   std::thread ticker;
@@ -87,7 +90,10 @@ struct DeployAgent::Impl {
   void on_disconnect(transport::PeerId id, std::string_view reason);
   void on_message(transport::PeerId id, transport::Message&& m);
   void on_step(uint64_t step, monitor::Clock::time_point last_arrival);
-  void on_outcome(const MigrationOutcome& r);
+  // Starts the switch of `ranks` to `target` (PlanExecutor::prepare), remembering its layout.
+  bool prepare_switch(const Strategy& target, const std::set<uint32_t>& ranks,
+                      transport::PlanExecutor::Clock::time_point now);
+  void on_outcome(const transport::PlanOutcome& outcome);
   void on_job_info(transport::PeerId id, const transport::JobInfo& info);
   void decide_learned(uint64_t step, monitor::Clock::time_point last_arrival, monitor::Clock::time_point start,
                       bool staging, const monitor::Beliefs& beliefs,
@@ -346,7 +352,7 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
       if (!held.empty()) ++stats.held_back;
       staging_predicted_s = std::max(0.0, d.target->migration_s - kSwitchPauseS);
     }
-    if (held.empty()) prepared = executor->prepare(d.target->strategy, ranks, decided);
+    if (held.empty()) prepared = prepare_switch(d.target->strategy, ranks, decided);
   }
   record_decision(last_arrival, callback_start, decide_start, decided, monitor::Clock::now(), prepared);
   if (!d.inputs.clipped.empty() || !d.inputs.unseen.empty()) {
@@ -395,7 +401,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       for (uint32_t r : ranks) {
         if (r < d.counts.size()) members.insert(r);
       }
-      prepared = executor->prepare(shares_layout(d.counts, global_batch), members, decided);
+      prepared = prepare_switch(shares_layout(d.counts, global_batch), members, decided);
     }
   }
   record_decision(last_arrival, start, start, decided, monitor::Clock::now(), prepared);
@@ -424,7 +430,27 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
   log(j.dump());
 }
 
-void DeployAgent::Impl::on_outcome(const MigrationOutcome& r) {
+bool DeployAgent::Impl::prepare_switch(const Strategy& target, const std::set<uint32_t>& ranks,
+                                       transport::PlanExecutor::Clock::time_point now) {
+  // Held across the prepare so that an outcome arriving at once finds the layout recorded.
+  std::lock_guard lock(targets_mutex);
+  uint64_t plan_id = 0;
+  if (!executor->prepare(plan_prepare_for(target), ranks, now, &plan_id)) return false;
+  targets[plan_id] = target;
+  return true;
+}
+
+void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
+  MigrationOutcome r;
+  static_cast<transport::PlanOutcome&>(r) = outcome;
+  {
+    std::lock_guard lock(targets_mutex);
+    auto it = targets.find(outcome.plan_id);
+    if (it != targets.end()) {
+      r.target = std::move(it->second);
+      targets.erase(it);
+    }
+  }
   bool revert = false;
   {
     std::lock_guard lock(mutex);
@@ -614,12 +640,12 @@ StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) 
   } else {
     m.stats.policy = "measured-shares";
   }
-  m.executor = std::make_unique<MigrationExecutor>(
+  m.executor = std::make_unique<transport::PlanExecutor>(
       m.o.migration,
       [&m](const transport::Message& msg) {
         if (m.server) m.server->broadcast(msg);
       },
-      [&m](const MigrationOutcome& r) { m.on_outcome(r); });
+      [&m](const transport::PlanOutcome& r) { m.on_outcome(r); });
   if (m.monitor_owner) {
     m.monitor_owner->set_step_callback(
         [&m](uint64_t step, monitor::Clock::time_point t) { m.on_step(step, t); });
@@ -739,7 +765,7 @@ bool DeployAgent::request_switch(const Strategy& target) {
     std::lock_guard lock(impl_->mutex);
     ranks = impl_->live;
   }
-  return impl_->executor->prepare(target, ranks, monitor::Clock::now());
+  return impl_->prepare_switch(target, ranks, monitor::Clock::now());
 }
 
 }  // namespace parapilot::agent::runtime

@@ -1,6 +1,6 @@
 // DeployAgent: the deploy daemon. Runs the bus server the job's ranks connect to, feeds their
 // telemetry to the Monitor, decides once per decision interval (every `interval_steps` closed
-// steps), and drives the MigrationExecutor's two-phase switch.
+// steps), and drives the switch protocol's agent side (transport/plan_executor.h).
 //
 // Two kinds of job:
 // * Described: AgentOptions::job (a scenario: model, cluster, search space). The Decider plans
@@ -32,7 +32,7 @@
 #include "agent/runtime/decider.h"
 #include "agent/runtime/dp_decider.h"
 #include "env/job.h"
-#include "agent/runtime/migration.h"
+#include "transport/plan_executor.h"
 #include "env/monitor/monitor.h"
 #include "transport/bus.h"
 
@@ -54,9 +54,14 @@ struct AgentOptions {
   uint16_t metrics_port = 0;
   int interval_steps = 10;  ///< closed steps per decision.
   DeciderOptions decider;
-  MigrationOptions migration;
+  transport::PlanExecutorOptions migration;
   monitor::MonitorOptions monitor;  ///< ranks, gpus_per_node and peer groups are filled from the job.
   std::function<void(const std::string&)> log;  ///< JSON lines; empty: stderr.
+};
+
+/// How a switch the agent started ended: the protocol's outcome and the layout it switched to.
+struct MigrationOutcome : transport::PlanOutcome {
+  Strategy target;
 };
 
 struct AgentStats {

@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "agent/runtime/migration.h"
+#include "transport/plan_executor.h"
 #include "transport/telemetry_keys.h"
 
 namespace parapilot::live {
@@ -37,7 +37,7 @@ Status Controller::listen() {
     on_message(peer, std::move(m));
   };
   h.on_disconnect = [this](transport::PeerId peer, std::string_view reason) {
-    std::shared_ptr<agent::runtime::MigrationExecutor> executor;
+    std::shared_ptr<transport::PlanExecutor> executor;
     int rank = -1;
     {
       std::lock_guard lock(mu_);
@@ -54,7 +54,7 @@ Status Controller::listen() {
     }
     if (executor) {
       executor->on_rank_lost(static_cast<std::uint32_t>(rank),
-                             agent::runtime::MigrationExecutor::Clock::now());
+                             transport::PlanExecutor::Clock::now());
     }
   };
   auto server = transport::make_tcp_server(std::move(so), std::move(h));
@@ -82,7 +82,7 @@ bool Controller::wait_for_ranks(int n, std::chrono::milliseconds timeout) {
 }
 
 void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
-  std::shared_ptr<agent::runtime::MigrationExecutor> executor;
+  std::shared_ptr<transport::PlanExecutor> executor;
   std::uint64_t newest = 0;
   {
     std::lock_guard lock(mu_);
@@ -126,7 +126,7 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
     cv_.notify_all();
   }
   if (!executor) return;
-  const auto now = agent::runtime::MigrationExecutor::Clock::now();
+  const auto now = transport::PlanExecutor::Clock::now();
   if (auto* r = std::get_if<transport::PlanReady>(&m)) executor->on_ready(*r, newest, now);
   if (auto* a = std::get_if<transport::Ack>(&m)) executor->on_ack(*a, now);
 }
@@ -134,25 +134,25 @@ void Controller::on_message(transport::PeerId peer, transport::Message&& m) {
 StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
                                         std::chrono::milliseconds timeout,
                                         std::uint64_t not_before_step) {
-  using agent::runtime::MigrationEnd;
-  using agent::runtime::MigrationExecutor;
-  using agent::runtime::MigrationOutcome;
+  using transport::PlanEnd;
+  using transport::PlanExecutor;
+  using transport::PlanOutcome;
   transport::PlanPrepare prep;
   prep.layout.dp = static_cast<std::uint32_t>(options_.world_size);
   StatusOr<std::string> name = encode_action(action);
   if (!name.ok()) return name.status();
   prep.layout_name = std::move(name).value();
 
-  agent::runtime::MigrationOptions mo;
+  transport::PlanExecutorOptions mo;
   mo.prepare_deadline_ms = static_cast<std::uint32_t>(timeout.count());
   mo.ack_timeout_ms = static_cast<std::uint32_t>(timeout.count());
   mo.commit_margin_steps = 1;  // the switch lands two steps past the newest step seen
   mo.commit_lead_ms = 0;
   mo.min_switch_step = not_before_step;
-  std::optional<MigrationOutcome> outcome;
-  auto executor = std::make_shared<MigrationExecutor>(
+  std::optional<PlanOutcome> outcome;
+  auto executor = std::make_shared<PlanExecutor>(
       mo, [this](const transport::Message& msg) { server_->broadcast(msg); },
-      [this, &outcome](const MigrationOutcome& o) {
+      [this, &outcome](const PlanOutcome& o) {
         std::lock_guard lock(mu_);
         outcome = o;
         cv_.notify_all();
@@ -168,7 +168,7 @@ StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
     executor_.reset();
   };
   if (static_cast<int>(members.size()) < options_.world_size ||
-      !executor->prepare(prep, members, MigrationExecutor::Clock::now())) {
+      !executor->prepare(prep, members, PlanExecutor::Clock::now())) {
     unhook();
     return Status::unavailable("not every rank is connected: " + std::to_string(members.size()) +
                                " of " + std::to_string(options_.world_size));
@@ -179,25 +179,25 @@ StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
     cv_.wait_for(lock, std::chrono::milliseconds(20));
     if (outcome) break;
     lock.unlock();
-    executor->tick(MigrationExecutor::Clock::now());
+    executor->tick(PlanExecutor::Clock::now());
     lock.lock();
   }
-  const MigrationOutcome done = *outcome;
+  const PlanOutcome done = *outcome;
   executor_.reset();
   if (!done.committed)
     events_.push_back("plan " + std::to_string(done.plan_id) + " aborted: " + done.reason);
   lock.unlock();
   switch (done.end) {
-    case MigrationEnd::committed:
+    case PlanEnd::committed:
       return AppliedPlan{done.plan_id, done.switch_at_step};
-    case MigrationEnd::acks_missing:
+    case PlanEnd::acks_missing:
       return Status::unavailable("committed, but not every rank acknowledged the switch in time (" +
                                  done.reason + ")");
-    case MigrationEnd::refused:
-    case MigrationEnd::missed:
+    case PlanEnd::refused:
+    case PlanEnd::missed:
       return Status::rejected(done.reason);
-    case MigrationEnd::timed_out:
-    case MigrationEnd::rank_lost:
+    case PlanEnd::timed_out:
+    case PlanEnd::rank_lost:
       return Status::unavailable(done.reason);
   }
   return Status::internal("unknown migration end");

@@ -12,7 +12,7 @@
 // carry what only the C++ workers run (bucket size, microbatch, compression settings). The
 // action travels as text in PlanPrepare::layout_name (encode_action), which carries what the
 // wire Layout has no field for (bucket size, microbatch). The protocol itself is the deploy
-// agent's: a MigrationExecutor (agent/runtime/migration.h) per apply(), with plan ids from the
+// agent's: a PlanExecutor (transport/plan_executor.h) per apply(), with plan ids from the
 // clock and the commit two steps past the newest step seen.
 //
 // Thread-safety: all members may be called from any thread.
@@ -33,8 +33,8 @@
 #include "env/trace/telemetry.h"
 #include "transport/bus.h"
 
-namespace parapilot::agent::runtime {
-class MigrationExecutor;
+namespace parapilot::transport {
+class PlanExecutor;
 }
 
 namespace parapilot::live {
@@ -102,7 +102,7 @@ class Controller {
   std::vector<std::string> events_;
   std::vector<int> finished_, lost_;
   // The switch in flight (apply() runs one at a time); called outside mu_.
-  std::shared_ptr<agent::runtime::MigrationExecutor> executor_;
+  std::shared_ptr<transport::PlanExecutor> executor_;
   std::unique_ptr<transport::Server> server_;
 };
 

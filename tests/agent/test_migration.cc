@@ -33,7 +33,7 @@ struct Rig {
   std::mutex lines_mutex;
   uint64_t stepped = 0;  // steps this test ran, counted independently of the cluster
 
-  explicit Rig(MigrationOptions mo = {}, uint32_t stage_steps = 2) {
+  explicit Rig(transport::PlanExecutorOptions mo = {}, uint32_t stage_steps = 2) {
     SimClusterOptions so;
     so.scenario = "straggler";
     so.ranks = 16;
@@ -102,7 +102,7 @@ void check_agent_matches_cluster(Rig& rig, const SimClusterReport& r) {
 }  // namespace
 
 TEST_CASE("a committed switch loses no step and applies none twice") {
-  MigrationOptions mo;
+  transport::PlanExecutorOptions mo;
   mo.commit_margin_steps = 20;
   Rig rig(mo);
   rig.steps(10);
@@ -146,7 +146,7 @@ TEST_CASE("a rank refusing to stage aborts the switch; everyone stays on the old
 }
 
 TEST_CASE("a PlanReady timeout aborts the switch") {
-  MigrationOptions mo;
+  transport::PlanExecutorOptions mo;
   mo.prepare_deadline_ms = 100;
   Rig rig(mo, /*stage_steps=*/1000000);
   rig.steps(3);
@@ -193,7 +193,7 @@ TEST_CASE("a worker killed mid-switch aborts it and the rest continue on the old
 }
 
 TEST_CASE("a commit that reaches only some ranks still switches every rank that staged it") {
-  MigrationOptions mo;
+  transport::PlanExecutorOptions mo;
   mo.commit_margin_steps = 20;
   Rig rig(mo);
   rig.cluster->drop_commit(5);
@@ -214,7 +214,7 @@ TEST_CASE("a commit that reaches only some ranks still switches every rank that 
 }
 
 TEST_CASE("a plan some rank no longer holds at the boundary switches none of them") {
-  MigrationOptions mo;
+  transport::PlanExecutorOptions mo;
   mo.commit_margin_steps = 20;
   Rig rig(mo);
   rig.cluster->lose_staged(5);
@@ -243,21 +243,21 @@ TEST_CASE("the commit lands at the step the caller asks for when that is later t
   // newest + 1 + commit_margin_steps (here 5 + 1 + 1) or at min_switch_step, the later.
   for (const auto& [floor, want] : {std::pair<uint64_t, uint64_t>{0, 7}, {4, 7}, {40, 40}}) {
     CAPTURE(floor);
-    MigrationOptions mo;
+    transport::PlanExecutorOptions mo;
     mo.commit_margin_steps = 1;
     mo.commit_lead_ms = 0;
     mo.min_switch_step = floor;
     std::vector<transport::PlanCommit> commits;
-    MigrationExecutor ex(
+    transport::PlanExecutor ex(
         mo,
         [&](const transport::Message& m) {
           if (const auto* c = std::get_if<transport::PlanCommit>(&m)) commits.push_back(*c);
         },
-        [](const MigrationOutcome&) {});
+        [](const transport::PlanOutcome&) {});
     transport::PlanPrepare plan;
     plan.layout.dp = 2;
     uint64_t id = 0;
-    const auto now = MigrationExecutor::Clock::now();
+    const auto now = transport::PlanExecutor::Clock::now();
     REQUIRE(ex.prepare(plan, {0, 1}, now, &id));
     ex.on_ready(transport::PlanReady{id, 0, true, ""}, 5, now);
     CHECK(commits.empty());  // one rank is not ready yet

@@ -1,19 +1,18 @@
-#include "agent/runtime/migration.h"
+#include "transport/plan_executor.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "env/job.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::transport {
 
 namespace {
-double ms_between(MigrationExecutor::Clock::time_point a, MigrationExecutor::Clock::time_point b) {
+double ms_between(PlanExecutor::Clock::time_point a, PlanExecutor::Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 }  // namespace
 
-MigrationExecutor::MigrationExecutor(MigrationOptions options, Send send, Done on_done)
+PlanExecutor::PlanExecutor(PlanExecutorOptions options, Send send, Done on_done)
     : o_(options), send_(std::move(send)), done_(std::move(on_done)) {
   // Ids from the wall clock (microseconds): a restarted agent never reuses a recent id.
   next_plan_id_ = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
@@ -21,27 +20,12 @@ MigrationExecutor::MigrationExecutor(MigrationOptions options, Send send, Done o
                                             .count());
 }
 
-bool MigrationExecutor::prepare(const Strategy& target, const std::set<uint32_t>& ranks,
-                                Clock::time_point now, uint64_t* plan_id) {
-  transport::PlanPrepare p;
-  p.layout = to_wire(target);
-  p.layout_name = wire_name(target).value_or(layout_name(target));
-  return start(std::move(p), target, ranks, now, plan_id);
-}
-
-bool MigrationExecutor::prepare(transport::PlanPrepare plan, const std::set<uint32_t>& ranks,
-                                Clock::time_point now, uint64_t* plan_id) {
-  return start(std::move(plan), Strategy{}, ranks, now, plan_id);
-}
-
-bool MigrationExecutor::start(transport::PlanPrepare plan, Strategy target,
-                              const std::set<uint32_t>& ranks, Clock::time_point now,
-                              uint64_t* plan_id) {
+bool PlanExecutor::prepare(PlanPrepare plan, const std::set<uint32_t>& ranks, Clock::time_point now,
+                           uint64_t* plan_id) {
   std::lock_guard lock(mutex_);
   if (phase_ != Phase::idle || ranks.empty()) return false;
   phase_ = Phase::preparing;
   plan_id_ = next_plan_id_++;
-  target_ = std::move(target);
   members_ = ranks;
   waiting_ = ranks;
   started_ = now;
@@ -53,22 +37,21 @@ bool MigrationExecutor::start(transport::PlanPrepare plan, Strategy target,
   return true;
 }
 
-void MigrationExecutor::finish(MigrationEnd end, std::string reason, Clock::time_point now,
-                               std::optional<MigrationOutcome>& out) {
-  const bool committed = end == MigrationEnd::committed || end == MigrationEnd::acks_missing;
-  MigrationOutcome r;
+void PlanExecutor::finish(PlanEnd end, std::string reason, Clock::time_point now,
+                               std::optional<PlanOutcome>& out) {
+  const bool committed = end == PlanEnd::committed || end == PlanEnd::acks_missing;
+  PlanOutcome r;
   r.plan_id = plan_id_;
   r.committed = committed;
   r.end = end;
   r.reason = std::move(reason);
-  r.target = target_;
   r.switch_at_step = switch_at_;
   r.prepare_ms = phase_ == Phase::committing ? ms_between(started_, prepared_) : 0.0;
   r.total_ms = ms_between(started_, now);
   if (!committed) {
-    transport::PlanAbort a;
+    PlanAbort a;
     a.plan_id = plan_id_;
-    a.reason = r.reason.substr(0, transport::kMaxTextBytes);
+    a.reason = r.reason.substr(0, kMaxTextBytes);
     send_(a);
   }
   phase_ = Phase::idle;
@@ -77,18 +60,18 @@ void MigrationExecutor::finish(MigrationEnd end, std::string reason, Clock::time
   out = std::move(r);
 }
 
-void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t newest_step,
+void PlanExecutor::on_ready(const PlanReady& ready, uint64_t newest_step,
                                  Clock::time_point now, double step_wall_ms) {
-  std::optional<MigrationOutcome> out;
+  std::optional<PlanOutcome> out;
   {
     std::lock_guard lock(mutex_);
     if (phase_ == Phase::idle || ready.plan_id != plan_id_ || !members_.count(ready.rank)) return;
     if (!ready.ok) {
       const std::string why = "rank " + std::to_string(ready.rank) + ": " + ready.detail;
       if (phase_ == Phase::committing)
-        finish(MigrationEnd::missed, "commit missed, nobody switched (" + why + ")", now, out);
+        finish(PlanEnd::missed, "commit missed, nobody switched (" + why + ")", now, out);
       else
-        finish(MigrationEnd::refused, why, now, out);
+        finish(PlanEnd::refused, why, now, out);
     } else if (phase_ == Phase::preparing) {
       waiting_.erase(ready.rank);
       if (waiting_.empty()) {
@@ -102,40 +85,40 @@ void MigrationExecutor::on_ready(const transport::PlanReady& ready, uint64_t new
         switch_at_ = std::max<uint64_t>(newest_step + 1 + margin, o_.min_switch_step);
         waiting_ = members_;
         deadline_ = now + std::chrono::milliseconds(o_.ack_timeout_ms);
-        send_(transport::PlanCommit{plan_id_, switch_at_});
+        send_(PlanCommit{plan_id_, switch_at_});
       }
     }
   }
   if (out && done_) done_(*out);
 }
 
-void MigrationExecutor::on_ack(const transport::Ack& ack, Clock::time_point now) {
-  std::optional<MigrationOutcome> out;
+void PlanExecutor::on_ack(const Ack& ack, Clock::time_point now) {
+  std::optional<PlanOutcome> out;
   {
     std::lock_guard lock(mutex_);
-    if (phase_ != Phase::committing || ack.acked != transport::MessageType::plan_commit ||
+    if (phase_ != Phase::committing || ack.acked != MessageType::plan_commit ||
         ack.id != plan_id_) {
       return;
     }
     waiting_.erase(ack.rank);
-    if (waiting_.empty()) finish(MigrationEnd::committed, "", now, out);
+    if (waiting_.empty()) finish(PlanEnd::committed, "", now, out);
   }
   if (out && done_) done_(*out);
 }
 
-void MigrationExecutor::on_rank_lost(uint32_t rank, Clock::time_point now) {
-  std::optional<MigrationOutcome> out;
+void PlanExecutor::on_rank_lost(uint32_t rank, Clock::time_point now) {
+  std::optional<PlanOutcome> out;
   {
     std::lock_guard lock(mutex_);
     if (phase_ == Phase::idle || !members_.count(rank)) return;
     if (phase_ == Phase::preparing) {
-      finish(MigrationEnd::rank_lost, "rank " + std::to_string(rank) + " lost while staging", now,
+      finish(PlanEnd::rank_lost, "rank " + std::to_string(rank) + " lost while staging", now,
              out);
     } else {
       members_.erase(rank);
       waiting_.erase(rank);
       if (waiting_.empty()) {
-        finish(MigrationEnd::committed, "rank " + std::to_string(rank) + " lost after the commit",
+        finish(PlanEnd::committed, "rank " + std::to_string(rank) + " lost after the commit",
                now, out);
       }
     }
@@ -143,8 +126,8 @@ void MigrationExecutor::on_rank_lost(uint32_t rank, Clock::time_point now) {
   if (out && done_) done_(*out);
 }
 
-void MigrationExecutor::tick(Clock::time_point now) {
-  std::optional<MigrationOutcome> out;
+void PlanExecutor::tick(Clock::time_point now) {
+  std::optional<PlanOutcome> out;
   {
     std::lock_guard lock(mutex_);
     if (phase_ == Phase::idle || now < deadline_) return;
@@ -158,29 +141,29 @@ void MigrationExecutor::tick(Clock::time_point now) {
       missing.append(std::to_string(r));
     }
     if (phase_ == Phase::preparing) {
-      finish(MigrationEnd::timed_out, "timeout waiting for PlanReady from ranks " + missing, now,
+      finish(PlanEnd::timed_out, "timeout waiting for PlanReady from ranks " + missing, now,
              out);
     } else {
-      finish(MigrationEnd::acks_missing, "no Ack from ranks " + missing, now, out);
+      finish(PlanEnd::acks_missing, "no Ack from ranks " + missing, now, out);
     }
   }
   if (out && done_) done_(*out);
 }
 
-bool MigrationExecutor::busy() const {
+bool PlanExecutor::busy() const {
   std::lock_guard lock(mutex_);
   return phase_ != Phase::idle;
 }
 
-double MigrationExecutor::staging_elapsed_s(Clock::time_point now) const {
+double PlanExecutor::staging_elapsed_s(Clock::time_point now) const {
   std::lock_guard lock(mutex_);
   return phase_ == Phase::idle ? 0.0 : ms_between(started_, now) / 1000.0;
 }
 
-std::optional<uint64_t> MigrationExecutor::plan_in_flight() const {
+std::optional<uint64_t> PlanExecutor::plan_in_flight() const {
   std::lock_guard lock(mutex_);
   if (phase_ == Phase::idle) return std::nullopt;
   return plan_id_;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::transport

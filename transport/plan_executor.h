@@ -1,4 +1,4 @@
-// Migration executor: the agent's side of the two-phase layout switch (docs/architecture.md, "The
+// Plan executor: the agent's side of the two-phase layout switch (docs/architecture.md, "The
 // switch protocol"): PlanPrepare to every live rank -> each stages the new layout in the
 // background while training continues -> PlanReady from every rank -> PlanCommit at an iteration
 // boundary a few steps ahead -> Ack from every rank. A PlanReady{ok=false}, a rank lost before
@@ -21,12 +21,11 @@
 #include <set>
 #include <string>
 
-#include "strategy/strategy.h"
 #include "transport/messages.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::transport {
 
-struct MigrationOptions {
+struct PlanExecutorOptions {
   uint32_t prepare_deadline_ms = 30000;  ///< every PlanReady must arrive within this.
   uint32_t commit_margin_steps = 3;      ///< switch_at_step = newest step + 1 + at least this...
   uint32_t commit_lead_ms = 500;         ///< ...and at least this much wall time of steps ahead.
@@ -35,7 +34,7 @@ struct MigrationOptions {
 };
 
 /// How a switch ended.
-enum class MigrationEnd {
+enum class PlanEnd {
   committed,     ///< every member acked (or was lost after the commit).
   acks_missing,  ///< committed; some Ack did not arrive in time (reason names the ranks).
   refused,       ///< a member answered PlanReady{ok=false} before the commit.
@@ -44,38 +43,33 @@ enum class MigrationEnd {
   missed,        ///< after the commit, the ranks found the plan not held by every rank.
 };
 
-struct MigrationOutcome {
+struct PlanOutcome {
   uint64_t plan_id = 0;
   bool committed = false;  ///< end is committed or acks_missing: the ranks switched.
-  MigrationEnd end = MigrationEnd::committed;
+  PlanEnd end = PlanEnd::committed;
   std::string reason;  ///< why aborted, or notes (missing acks) when committed.
-  Strategy target;  ///< prepare's target (default-constructed for a prepare of a wire plan).
   uint64_t switch_at_step = 0;
   double prepare_ms = 0;  ///< PlanPrepare -> last PlanReady.
   double total_ms = 0;    ///< PlanPrepare -> last Ack (or abort).
 };
 
-class MigrationExecutor {
+class PlanExecutor {
  public:
   using Clock = std::chrono::steady_clock;
-  using Send = std::function<void(const transport::Message&)>;  ///< broadcast to every rank.
-  using Done = std::function<void(const MigrationOutcome&)>;
+  using Send = std::function<void(const Message&)>;  ///< broadcast to every rank.
+  using Done = std::function<void(const PlanOutcome&)>;
 
-  MigrationExecutor(MigrationOptions options, Send send, Done on_done);
+  PlanExecutor(PlanExecutorOptions options, Send send, Done on_done);
 
-  /// Starts a switch of `ranks` to `target`. False (and nothing sent) while one is in flight or
-  /// when `ranks` is empty. Returns the plan id through `plan_id` when given.
-  bool prepare(const Strategy& target, const std::set<uint32_t>& ranks, Clock::time_point now,
-               uint64_t* plan_id = nullptr);
-  /// The same for a plan given in its wire form (`plan`'s layout and layout_name; the executor
-  /// sets its plan_id and deadline_ms), for a job whose plans are not Strategy layouts (the
-  /// live cluster's builtin controller).
-  bool prepare(transport::PlanPrepare plan, const std::set<uint32_t>& ranks,
+  /// Starts a switch of `ranks` to `plan` (its layout and layout_name; the executor sets its
+  /// plan_id and deadline_ms). False (and nothing sent) while one is in flight or when `ranks`
+  /// is empty. Returns the plan id through `plan_id` when given.
+  bool prepare(PlanPrepare plan, const std::set<uint32_t>& ranks,
                Clock::time_point now, uint64_t* plan_id = nullptr);
   /// `step_wall_ms`: the job's current wall time per step (0: unknown), for commit_lead_ms.
-  void on_ready(const transport::PlanReady& ready, uint64_t newest_step, Clock::time_point now,
+  void on_ready(const PlanReady& ready, uint64_t newest_step, Clock::time_point now,
                 double step_wall_ms = 0);
-  void on_ack(const transport::Ack& ack, Clock::time_point now);
+  void on_ack(const Ack& ack, Clock::time_point now);
   void on_rank_lost(uint32_t rank, Clock::time_point now);
   /// Checks deadlines.
   void tick(Clock::time_point now);
@@ -87,23 +81,20 @@ class MigrationExecutor {
 
  private:
   enum class Phase { idle, preparing, committing };
-  bool start(transport::PlanPrepare plan, Strategy target, const std::set<uint32_t>& ranks,
-             Clock::time_point now, uint64_t* plan_id);
-  void finish(MigrationEnd end, std::string reason, Clock::time_point now,
-              std::optional<MigrationOutcome>& out);
+  void finish(PlanEnd end, std::string reason, Clock::time_point now,
+              std::optional<PlanOutcome>& out);
 
-  MigrationOptions o_;
+  PlanExecutorOptions o_;
   Send send_;
   Done done_;
   mutable std::mutex mutex_;
   Phase phase_ = Phase::idle;
   uint64_t next_plan_id_;
   uint64_t plan_id_ = 0;
-  Strategy target_;
   std::set<uint32_t> waiting_;  // ranks whose PlanReady / Ack is outstanding
   std::set<uint32_t> members_;  // ranks in this plan
   uint64_t switch_at_ = 0;
   Clock::time_point started_, prepared_, deadline_;
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::transport
