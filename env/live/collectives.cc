@@ -10,9 +10,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
-#endif
 
 namespace parapilot::live {
 
@@ -141,66 +139,6 @@ class GlooPointToPoint final : public PointToPoint {
   std::vector<c10::intrusive_ptr<c10d::Work>> sends_;
 };
 
-#ifdef PARAPILOT_HAVE_NCCL
-class NcclCollectives final : public Collectives {
- public:
-  NcclCollectives(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
-                  double timeout_s)
-      : rank_(rank), size_(size) {
-    auto set = [store](const std::string& k, const std::vector<std::uint8_t>& v) {
-      store->set(k, v);
-    };
-    auto get = [store](const std::string& k) { return store->get(k); };
-    comm_ =
-        std::make_unique<NcclComm>(rank, size, device, "parapilot/nccl_id", set, get, timeout_s);
-  }
-  int rank() const override { return rank_; }
-  int world_size() const override { return size_; }
-  Status all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors)
-      if (Status st = reduce(t, false); !st.ok()) return st;
-    return {};
-  }
-  Status all_reduce_max(at::Tensor& tensor) override { return reduce(tensor, true); }
-  StatusOr<std::vector<at::Tensor>> all_gather(const at::Tensor& input) override {
-    // All-gather as a sum all-reduce of a zero-padded [world, n] buffer (small top-k payloads).
-    at::Tensor buf = at::zeros({size_, input.numel()}, input.options().dtype(at::kFloat));
-    buf[rank_].copy_(input.reshape({-1}).to(at::kFloat));
-    if (Status st = reduce(buf, false); !st.ok()) return st;
-    std::vector<at::Tensor> out;
-    for (int r = 0; r < size_; ++r)
-      out.push_back(buf[r].to(input.scalar_type()).view(input.sizes()));
-    return out;
-  }
-  Status broadcast(std::vector<at::Tensor>& tensors) override {
-    for (auto& t : tensors) {
-      if (rank_ != 0) t.zero_();
-      if (Status st = reduce(t, false); !st.ok()) return st;
-    }
-    return {};
-  }
-  std::string backend() const override { return "nccl"; }
-
- private:
-  // float16 and int64 are reduced in their own type; everything else through float32.
-  Status reduce(at::Tensor& t, bool max) {
-    const at::ScalarType type = t.scalar_type();
-    const NcclComm::Type wire = type == at::kHalf   ? NcclComm::Type::float16
-                                : type == at::kLong ? NcclComm::Type::int64
-                                                    : NcclComm::Type::float32;
-    at::Tensor c = wire == NcclComm::Type::float32 ? t.to(at::kFloat).contiguous() : t.contiguous();
-    try {
-      comm_->all_reduce(c.data_ptr(), static_cast<std::size_t>(c.numel()), wire, max);
-    } catch (const std::exception& e) {
-      return Status::collective_failed(e.what());
-    }
-    if (!c.is_same(t)) t.copy_(c);
-    return {};
-  }
-  int rank_, size_;
-  std::unique_ptr<NcclComm> comm_;
-};
-#endif
 
 }  // namespace
 
@@ -212,21 +150,32 @@ StatusOr<std::unique_ptr<Collectives>> make_gloo_collectives(c10::intrusive_ptr<
   return std::unique_ptr<Collectives>(std::make_unique<GlooCollectives>(*pg, rank, size));
 }
 
-#ifdef PARAPILOT_HAVE_NCCL
-StatusOr<std::unique_ptr<Collectives>> make_nccl_collectives(c10::intrusive_ptr<c10d::Store> store,
-                                                             int rank, int size, int device,
-                                                             double timeout_s) {
-  try {
-    return std::unique_ptr<Collectives>(
-        std::make_unique<NcclCollectives>(store, rank, size, device, timeout_s));
-  } catch (const c10::Error& e) {
-    return Status::collective_failed(std::string("nccl setup failed: ") +
-                                     e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return Status::collective_failed(std::string("nccl setup failed: ") + e.what());
+StatusOr<std::unique_ptr<Collectives>> make_collectives(const BackendInfo& backend,
+                                                        c10::intrusive_ptr<c10d::Store> store,
+                                                        int rank, int size,
+                                                        const GroupOptions& options, int device) {
+  if (!backend.built) return collective_backends().find_built(backend.name).status();
+  switch (backend.kind) {
+    case BackendKind::gloo:
+      return make_gloo_collectives(std::move(store), rank, size, options);
+    case BackendKind::nccl:
+      return make_nccl_collectives(std::move(store), rank, size, device, options.timeout_s);
+    case BackendKind::local:
+      if (size != 1)
+        return Status::invalid_argument("collective backend 'local' holds one rank, not " +
+                                        std::to_string(size));
+      return make_local_collectives();
   }
+  return Status::internal("collective backend '" + backend.name + "' has no factory");
 }
-#endif
+
+StatusOr<int> backend_device(const BackendInfo& backend, int local_rank) {
+  if (!backend.needs_cuda) return 0;
+  std::string why;
+  const int gpus = cuda_device_count(&why);
+  if (gpus == 0) return Status::unavailable(why);
+  return local_rank % gpus;
+}
 
 StatusOr<std::unique_ptr<PointToPoint>> make_gloo_point_to_point(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GroupOptions& options) {

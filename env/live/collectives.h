@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "core/status.h"
+#include "env/live/collective_backends.h"
 #include "env/live/grad_sync.h"
 
 namespace parapilot::live {
@@ -36,14 +37,27 @@ StatusOr<std::unique_ptr<Collectives>> make_gloo_collectives(c10::intrusive_ptr<
                                                              int rank, int size,
                                                              const GroupOptions& options);
 
-#ifdef PARAPILOT_HAVE_NCCL
 /// An NCCL communicator of `size` ranks on CUDA device `device`; its unique id travels through
 /// `store`. Reductions copy host tensors through the device: float32, float16 and int64 (the
-/// control tensor) are reduced in their own type. kCollectiveFailed on NCCL's or CUDA's error.
+/// control tensor) are reduced in their own type. kCollectiveFailed on NCCL's or CUDA's error;
+/// kRejected naming the backend in a build without NCCL.
 StatusOr<std::unique_ptr<Collectives>> make_nccl_collectives(c10::intrusive_ptr<c10d::Store> store,
                                                              int rank, int size, int device,
                                                              double timeout_s);
-#endif
+
+/// A group of `size` ranks on `backend` (collective_backends.h), as the backend's own factory
+/// above makes it; `device` is the CUDA device of a backend that needs CUDA (backend_device).
+/// kRejected naming the backend when it is not built here; kInvalidArgument for a local
+/// group of more than one rank; else the backend's failure.
+StatusOr<std::unique_ptr<Collectives>> make_collectives(const BackendInfo& backend,
+                                                        c10::intrusive_ptr<c10d::Store> store,
+                                                        int rank, int size,
+                                                        const GroupOptions& options, int device);
+
+/// The CUDA device a rank with LOCAL_RANK `local_rank` binds on `backend`: 0 when the backend
+/// needs no CUDA, else local_rank modulo the visible devices. kUnavailable with the reason when
+/// no device is visible (or the build has no CUDA).
+StatusOr<int> backend_device(const BackendInfo& backend, int local_rank);
 
 /// Point-to-point transfers between the ranks of a group (a replica's pipeline stages).
 /// Sends do not wait for the receiver, so two neighbours that send to each other before either

@@ -13,6 +13,8 @@ StatusOr<std::unique_ptr<LayoutState>> LayoutState::build(const LiveLayout& layo
   s->coords_ = coords_of(layout, rank);
   s->options_ = o;
   const int world_size = layout.world_size();
+  const StatusOr<BackendInfo> backend = collective_backends().find_built(o.backend);
+  if (!backend.ok()) return backend.status();
 
   // Groups, in the one order every rank follows.
   for (const GroupSpec& g : layout_groups(layout)) {
@@ -32,14 +34,8 @@ StatusOr<std::unique_ptr<LayoutState>> LayoutState::build(const LiveLayout& layo
     if (size == world_size) {
       used = &world;
     } else {
-      StatusOr<std::unique_ptr<Collectives>> c = Status::internal("no backend");
-#ifdef PARAPILOT_HAVE_NCCL
-      if (o.backend == "nccl")
-        c = make_nccl_collectives(group_store(store, g.name), me, size, o.device,
-                                  o.groups.timeout_s);
-#endif
-      if (o.backend != "nccl")
-        c = make_gloo_collectives(group_store(store, g.name), me, size, o.groups);
+      StatusOr<std::unique_ptr<Collectives>> c =
+          make_collectives(*backend, group_store(store, g.name), me, size, o.groups, o.device);
       if (!c.ok()) return c.status();
       owned = std::move(*c);
       used = owned.get();

@@ -29,7 +29,8 @@ struct LayoutStateOptions {
   std::uint64_t seed = 1;          ///< model initialisation and PowerSGD bases (same on all ranks).
   std::string optimizer = "adam";  ///< "adam" or "sgd".
   double lr = 3e-3;
-  std::string backend = "gloo";  ///< "gloo" or "nccl" (DP and TP groups; pipelines use Gloo).
+  /// DP and TP groups' backend (collective_backends.h; pipelines use Gloo).
+  std::string backend = "gloo";
   int device = 0;                ///< nccl: the CUDA device.
   GroupOptions groups;
 };
@@ -44,7 +45,8 @@ class LayoutState {
   /// Builds `rank`'s part of `layout` (valid for options.model: parse_layout). Groups are built
   /// over `store` in layout_groups() order (a group of the whole world reuses `world`, which
   /// must outlive the state); `store` may be null when the layout has no group. The failed
-  /// rendezvous's Status (kCollectiveFailed).
+  /// rendezvous's Status (kCollectiveFailed); the registry's when options.backend is unknown or
+  /// not built here.
   static StatusOr<std::unique_ptr<LayoutState>> build(const LiveLayout& layout, int rank,
                                                       Collectives& world,
                                                       c10::intrusive_ptr<c10d::Store> store,

@@ -14,6 +14,7 @@
 
 #include "agent/runtime/agent.h"
 #include "env/env.h"
+#include "env/live/collective_backends.h"
 #include "env/live/controller.h"
 #include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
@@ -92,9 +93,17 @@ class CallerPolicy final : public policy::Policy {
 class LiveEnv final : public env::Env {
  public:
   explicit LiveEnv(const env::EnvId& id) : id_(id) {
-    if (id.variant != "gloo" && id.variant != "nccl" && id.variant != "torch")
-      throw InputError("env live:" + id.variant + ": the variant must be gloo, nccl or torch");
+    // A collective backend chosen by name (collective_backends.h), or a torch script.
     torch_ = id.variant == "torch";
+    if (!torch_ && !collective_backends().find_selectable(id.variant).ok()) {
+      std::string variants;
+      for (const std::string& name : collective_backends().selectable_names()) {
+        if (!variants.empty()) variants += ", ";
+        variants += name;
+      }
+      throw InputError("env live:" + id.variant + ": the variant must be " + variants +
+                       " or torch");
+    }
     if (torch_) {
       env::reject_unknown(id, {"script", "nproc", "args", "python", "model", "global_batch",
                                "seq_len", "interval_steps", "horizon", "log_dir"});

@@ -33,6 +33,7 @@
 
 #include "core/status.h"
 #include "env/live/checkpoint.h"
+#include "env/live/collective_backends.h"
 #include "env/live/collectives.h"
 #include "env/live/layout.h"
 #include "env/live/layout_stager.h"
@@ -102,6 +103,7 @@ struct WorkerRun {
   const std::string tag;
 
   // load_inputs
+  BackendInfo backend;  ///< o.backend's (collective_backends.h)
   std::string corpus;
   std::int64_t seq_bytes = 0;
   at::Tensor corpus_t;

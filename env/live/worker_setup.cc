@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "env/live/checkpoint.h"
+#include "env/live/collective_backends.h"
 #include "env/live/layout.h"
 #include "env/live/worker.h"
 #include "core/error.h"
@@ -46,8 +47,10 @@ namespace {
 
 void validate_or_throw(const WorkerOptions& o) {
   check(validate(o.model));
-  if (o.backend != "gloo" && o.backend != "nccl")
-    throw InputError("--backend: '" + o.backend + "' is not a backend (gloo, nccl)");
+  if (const Status st = collective_backends().find_selectable(o.backend).status(); !st.ok())
+    throw InputError("--backend: " + st.message());
+  if (const Status st = collective_backends().find_built(o.backend).status(); !st.ok())
+    throw InputError("--backend: " + st.message());
   if (o.global_batch < 1) throw InputError("--global-batch: must be >= 1");
   if (o.microbatch < 1 || o.global_batch % o.microbatch != 0)
     throw InputError("--microbatch: must be >= 1 and divide --global-batch");

@@ -13,8 +13,9 @@ namespace {
 
 // The bus thread's check of a plan: what it asks is possible for this job (the layout it runs
 // is read from `current`).
-StatusOr<LiveAction> read_plan(const WorkerOptions& o, CurrentLayout& current,
-                               std::size_t n_layers, const transport::PlanPrepare& p) {
+StatusOr<LiveAction> read_plan(const WorkerOptions& o, const BackendInfo& backend,
+                               CurrentLayout& current, std::size_t n_layers,
+                               const transport::PlanPrepare& p) {
   // The control reduction carries plan ids as int64.
   if (p.plan_id > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
     return Status::rejected("plan id " + std::to_string(p.plan_id) + " exceeds 2^63 - 1");
@@ -29,7 +30,7 @@ StatusOr<LiveAction> read_plan(const WorkerOptions& o, CurrentLayout& current,
     if (*to == now) {
       a.layout.clear();  // the layout it runs: nothing to stage
     } else {
-      if (o.backend != "gloo")
+      if (!backend.switches_layouts)
         return Status::rejected("layout '" + a.layout +
                                 "': the workers switch layouts on the Gloo backend only");
       a.layout = layout_text(*to);
@@ -52,7 +53,8 @@ StatusOr<LiveAction> read_plan(const WorkerOptions& o, CurrentLayout& current,
 }
 
 // What the job tells the agent it is and can do.
-transport::JobInfo job_info(const WorkerOptions& o, const std::vector<LayerShape>& layers) {
+transport::JobInfo job_info(const WorkerOptions& o, const BackendInfo& backend,
+                            const std::vector<LayerShape>& layers) {
   transport::JobInfo job;
   job.rank = static_cast<std::uint32_t>(o.rank);
   job.world_size = static_cast<std::uint32_t>(o.world_size);
@@ -60,7 +62,7 @@ transport::JobInfo job_info(const WorkerOptions& o, const std::vector<LayerShape
   job.capabilities =
       transport::kCapDpShares | transport::kCapCompression | transport::kCapMicroBatches;
   // Layouts switch on Gloo (layout_switch.h), for the transformer (the MLP is data parallel).
-  if (o.backend == "gloo" && o.model.kind == "transformer")
+  if (backend.switches_layouts && o.model.kind == "transformer")
     job.capabilities |= transport::kCapTensor | transport::kCapPipeline;
   job.framework = "parapilot-worker";
   for (const LayerShape& l : layers) {
@@ -131,16 +133,16 @@ void connect_to_agent(WorkerRun& run) {
   run.stager = std::make_shared<LayoutStager>(o.rank, o.switch_transfer == "streamed");
   if (o.agent.empty()) return;
   const auto stage_delay = std::chrono::milliseconds(static_cast<std::int64_t>(o.stage_delay_ms));
-  auto check_plan = [&o, &current = run.current,
+  auto check_plan = [&o, &backend = run.backend, &current = run.current,
                      n_layers = run.layers.size()](const transport::PlanPrepare& p) {
-    return read_plan(o, current, n_layers, p);
+    return read_plan(o, backend, current, n_layers, p);
   };
   auto stage = [&run, weak = std::weak_ptr<LayoutStager>(run.stager), stage_delay](
                    std::uint64_t id, const LiveAction& a, WorkerBus::Done done) {
     stage_async(run, weak, stage_delay, id, a, std::move(done));
   };
   run.bus = take(WorkerBus::connect(o.agent, o.secret_file, o.rank, check_plan,
-                                    job_info(o, run.layers), stage));
+                                    job_info(o, run.backend, run.layers), stage));
   run.bus->wait_connected(10000);
 }
 

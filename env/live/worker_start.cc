@@ -11,9 +11,6 @@
 #include "env/live/checkpoint_state.h"
 #include "env/live/corpus.h"
 #include "env/live/worker_run.h"
-#ifdef PARAPILOT_HAVE_NCCL
-#include "env/live/nccl_comm.h"
-#endif
 
 namespace parapilot::live {
 
@@ -36,6 +33,7 @@ bool WorkerRun::collective_ok(const Status& st) {
 
 void load_inputs(WorkerRun& run) {
   const WorkerOptions& o = run.o;
+  run.backend = take(collective_backends().find_built(o.backend));
   run.corpus = load_corpus(o.corpus);
   run.seq_bytes = o.model.seq_len + 1;
   if (static_cast<std::int64_t>(run.corpus.size()) < run.seq_bytes + 1)
@@ -67,7 +65,7 @@ std::optional<int> make_world_group(WorkerRun& run) {
   const std::string& tag = run.tag;
   run.group_options.timeout_s = o.collective_timeout_s;
   run.group_options.master_addr = o.master_addr;
-  if (o.world_size == 1 && o.backend == "gloo" && std::getenv("MASTER_PORT") == nullptr) {
+  if (o.world_size == 1 && run.backend.alone_in_process && std::getenv("MASTER_PORT") == nullptr) {
     run.coll = make_local_collectives();
     return std::nullopt;
   }
@@ -88,21 +86,12 @@ std::optional<int> make_world_group(WorkerRun& run) {
                  o.master_addr.c_str(), o.master_port, e.what());
     return kWorkerCollectiveFailed;
   }
-  StatusOr<std::unique_ptr<Collectives>> made = Status::internal("no backend");
-  if (o.backend == "nccl") {
-#ifdef PARAPILOT_HAVE_NCCL
-    std::string why;
-    const int gpus = cuda_device_count(&why);
-    if (gpus == 0) throw InputError("--backend nccl: " + why);
-    run.device = o.local_rank % gpus;
-    made = make_nccl_collectives(run.store, o.rank, o.world_size, run.device,
-                                 o.collective_timeout_s);
-#else
-    throw InputError("--backend nccl: this build has no NCCL (CMake found no CUDA/NCCL)");
-#endif
-  } else {
-    made = make_gloo_collectives(run.store, o.rank, o.world_size, run.group_options);
-  }
+  // A backend that needs CUDA binds LOCAL_RANK modulo the visible devices.
+  const StatusOr<int> device = backend_device(run.backend, o.local_rank);
+  if (!device.ok()) throw InputError("--backend " + o.backend + ": " + device.status().message());
+  run.device = *device;
+  StatusOr<std::unique_ptr<Collectives>> made =
+      make_collectives(run.backend, run.store, o.rank, o.world_size, run.group_options, run.device);
   if (!made.ok()) {
     std::fprintf(stderr, "%s: %s\n", tag.c_str(), made.status().message().c_str());
     return kWorkerCollectiveFailed;
