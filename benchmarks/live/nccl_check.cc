@@ -120,14 +120,13 @@ int main(int argc, char** argv) {
   for (int r = 0; r < ranks; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      std::string why;
-      const int devices = parapilot::live::cuda_device_count(&why);
-      if (devices == 0) {
-        std::printf("rank %d: %s\n", r, why.c_str());
+      const auto devices = parapilot::live::cuda_device_count();
+      if (!devices.ok()) {
+        std::printf("rank %d: %s\n", r, devices.status().message().c_str());
         std::fflush(stdout);
         ::_exit(2);
       }
-      const int code = run_rank(r, ranks, devices, dir, mib);
+      const int code = run_rank(r, ranks, *devices, dir, mib);
       std::fflush(stdout);
       ::_exit(code);
     }

@@ -171,10 +171,9 @@ StatusOr<std::unique_ptr<Collectives>> make_collectives(const BackendInfo& backe
 
 StatusOr<int> backend_device(const BackendInfo& backend, int local_rank) {
   if (!backend.needs_cuda) return 0;
-  std::string why;
-  const int gpus = cuda_device_count(&why);
-  if (gpus == 0) return Status::unavailable(why);
-  return local_rank % gpus;
+  const StatusOr<int> gpus = cuda_device_count();
+  if (!gpus.ok()) return gpus.status();
+  return local_rank % *gpus;
 }
 
 StatusOr<std::unique_ptr<PointToPoint>> make_gloo_point_to_point(

@@ -157,13 +157,13 @@ void GradientSync::set_basis(std::size_t i, const at::Tensor& q) {
   if (q.defined() && q.sizes() == powersgd_[i]->basis().sizes()) powersgd_[i]->set_basis(q);
 }
 
-void GradientSync::configure(const std::vector<Compression>& compression, double topk_ratio,
-                             int powersgd_rank, std::int64_t bucket_bytes) {
+Status GradientSync::configure(const std::vector<Compression>& compression, double topk_ratio,
+                               int powersgd_rank, std::int64_t bucket_bytes) {
   std::vector<Compression> next = compression;
   if (next.empty()) next.assign(layers_.size(), Compression::none);
   if (next.size() != layers_.size())
-    throw std::invalid_argument("compression plan has " + std::to_string(next.size()) +
-                                " layers; the model has " + std::to_string(layers_.size()));
+    return Status::invalid_argument("compression plan has " + std::to_string(next.size()) +
+                                    " layers; the model has " + std::to_string(layers_.size()));
   const bool params_changed = topk_ratio != topk_ratio_ || powersgd_rank != powersgd_rank_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     // A matrix with fewer than 2 dimensions cannot be factored: PowerSGD falls back to fp16.
@@ -176,6 +176,7 @@ void GradientSync::configure(const std::vector<Compression>& compression, double
   topk_ratio_ = topk_ratio;
   powersgd_rank_ = powersgd_rank;
   bucket_bytes_ = bucket_bytes;
+  return {};
 }
 
 StatusOr<SyncStats> GradientSync::sync(std::vector<at::Tensor>& grads, Collectives& c,

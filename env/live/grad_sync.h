@@ -116,8 +116,9 @@ class GradientSync {
  public:
   /// `seed` must be the same on every rank (PowerSGD's initial bases).
   GradientSync(std::vector<LayerShape> layers, std::uint64_t seed);
-  /// Applies the per-layer compression (empty: all none) and its parameters.
-  void configure(const std::vector<Compression>& compression, double topk_ratio, int powersgd_rank,
+  /// Applies the per-layer compression (empty: all none) and its parameters. kInvalidArgument
+  /// (nothing changed) when `compression` is neither empty nor one entry per layer.
+  Status configure(const std::vector<Compression>& compression, double topk_ratio, int powersgd_rank,
                  std::int64_t bucket_bytes);
   /// In place: grads[i] becomes the sum over ranks (as compressed). `before_call` runs before
   /// each collective call (fault injection: link delay).

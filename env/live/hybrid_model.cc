@@ -44,8 +44,9 @@ TensorParallelGroup* group_of(torch::autograd::AutogradContext* ctx) {
   return reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
 }
 
-// In place sum over the TP group, timed; a failure unwinds as TensorParallelError.
+// In place sum over the TP group, timed; a failure is kept in g.failure (and later sums skipped).
 void tp_all_reduce(TensorParallelGroup& g, at::Tensor& t) {
+  if (!g.failure.ok()) return;
   const auto t0 = Clock::now();
   std::vector<at::Tensor> one{t};
   const Status st = g.group->all_reduce_sum(one);
@@ -54,7 +55,7 @@ void tp_all_reduce(TensorParallelGroup& g, at::Tensor& t) {
   g.all_reduce_bytes += ring_all_reduce_bytes(
       static_cast<std::uint64_t>(t.numel()) * static_cast<std::uint64_t>(t.element_size()),
       g.group->world_size());
-  if (!st.ok()) throw TensorParallelError(st);
+  if (!st.ok()) g.failure = st;
 }
 
 // f: identity forward, all-reduce of the gradient backward (before a column-parallel layer).

@@ -49,12 +49,10 @@ struct TensorParallelGroup {
   double all_reduce_ms = 0;
   std::uint64_t all_reduce_bytes = 0;  ///< bytes this rank sent (ring all-reduce).
   std::uint32_t all_reduce_calls = 0;
-};
-
-/// Thrown inside forward or backward when a TP all-reduce fails (the pipeline turns it into the
-/// collective's Status).
-struct TensorParallelError : std::runtime_error {
-  explicit TensorParallelError(const Status& s) : std::runtime_error(s.message()) {}
+  /// The first failed all-reduce's Status (forward and backward cannot return one): later
+  /// all-reduces are skipped, leaving the tensors as they are, and the pipeline step returns it
+  /// after the pass (pipeline.h). Not reset: a group is not usable after a failure.
+  Status failure;
 };
 
 /// This rank's part of the model under `layout`.

@@ -22,14 +22,12 @@ void check_nccl(ncclResult_t r, const char* what) {
 
 }  // namespace
 
-int cuda_device_count(std::string* why) {
+StatusOr<int> cuda_device_count() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("no usable GPU: ") + cudaGetErrorString(e);
-    return 0;
-  }
-  if (n == 0 && why) *why = "no GPU visible (cudaGetDeviceCount = 0)";
+  if (e != cudaSuccess)
+    return Status::unavailable(std::string("no usable GPU: ") + cudaGetErrorString(e));
+  if (n == 0) return Status::unavailable("no GPU visible (cudaGetDeviceCount = 0)");
   return n;
 }
 

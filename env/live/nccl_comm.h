@@ -14,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace parapilot::live {
 
-/// Number of visible CUDA devices; 0 with `why` set when none (or no driver).
-int cuda_device_count(std::string* why);
+/// Number of visible CUDA devices (at least 1). kUnavailable saying why when none is usable (no
+/// driver, none visible; in a build without CUDA, nccl_missing.cc says that).
+StatusOr<int> cuda_device_count();
 
 class NcclComm {
  public:

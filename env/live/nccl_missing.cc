@@ -6,9 +6,8 @@
 
 namespace parapilot::live {
 
-int cuda_device_count(std::string* why) {
-  if (why) *why = "this build has no CUDA (CMake found no CUDA/NCCL)";
-  return 0;
+StatusOr<int> cuda_device_count() {
+  return Status::unavailable("this build has no CUDA (CMake found no CUDA/NCCL)");
 }
 
 StatusOr<std::unique_ptr<Collectives>> make_nccl_collectives(c10::intrusive_ptr<c10d::Store>, int,

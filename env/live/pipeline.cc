@@ -24,9 +24,16 @@ struct InFlight {
   at::Tensor output;  // the activation sent on, or the scaled loss on the last stage
 };
 
-StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
-                                         TensorParallelGroup* tp, const PipelineStepOptions& o,
-                                         const std::function<at::Tensor(int)>& batch) {
+// A TP all-reduce that failed during a pass (hybrid_model.h), as the step's Status.
+Status tp_status(const TensorParallelGroup* tp) {
+  if (!tp || tp->failure.ok()) return {};
+  return Status::collective_failed("tensor-parallel all-reduce failed: " + tp->failure.message());
+}
+
+StatusOr<PipelineStepStats> run_step(StageModel& model, PointToPoint* pipe,
+                                     TensorParallelGroup* tp, const PipelineStepOptions& o,
+                                     const std::function<at::Tensor(int)>& batch) {
+  if (Status st = tp_status(tp); !st.ok()) return st;
   PipelineStepStats s;
   const int stage = pipe ? pipe->rank() : 0;
   const int stages = pipe ? pipe->size() : 1;
@@ -81,6 +88,7 @@ StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
           s.loss += f.output.item<double>();
         }
       });
+      if (Status st = tp_status(tp); !st.ok()) return st;
       if (!model.last_stage())
         if (Status st = send(f.output, stage + 1, tag(op.microbatch, 0)); !st.ok()) return st;
     } else {
@@ -95,6 +103,7 @@ StatusOr<PipelineStepStats> run_or_throw(StageModel& model, PointToPoint* pipe,
         else
           torch::autograd::backward({f.output}, {grad_out});
       });
+      if (Status st = tp_status(tp); !st.ok()) return st;
       if (!model.first_stage())
         if (Status st = send(f.input.grad(), stage - 1, tag(op.microbatch, 1)); !st.ok()) return st;
       f = InFlight{};
@@ -114,11 +123,7 @@ StatusOr<PipelineStepStats> run_pipeline_step(StageModel& model, PointToPoint* p
                                               TensorParallelGroup* tp,
                                               const PipelineStepOptions& options,
                                               const std::function<at::Tensor(int)>& batch) {
-  try {
-    return run_or_throw(model, pipe, tp, options, batch);
-  } catch (const TensorParallelError& e) {
-    return Status::collective_failed(std::string("tensor-parallel all-reduce failed: ") + e.what());
-  }
+  return run_step(model, pipe, tp, options, batch);
 }
 
 }  // namespace parapilot::live

@@ -148,8 +148,8 @@ void configure_plan(WorkerRun& run) {
     if (run.full_compression.size() == 1)
       run.full_compression.assign(run.layers.size(), run.full_compression[0]);
   }
-  run.gsync->configure(run.state->local_entries(run.full_compression), o.topk_ratio,
-                       o.powersgd_rank, o.bucket_bytes);
+  check(run.gsync->configure(run.state->local_entries(run.full_compression), o.topk_ratio,
+                             o.powersgd_rank, o.bucket_bytes));
   run.topk_ratio = o.topk_ratio;
   run.powersgd_rank = o.powersgd_rank;
   run.bucket_bytes = o.bucket_bytes;

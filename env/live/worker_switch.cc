@@ -80,8 +80,8 @@ bool switch_layout(WorkerRun& run, const LiveAction& a, std::uint64_t next_plan)
     transfer.reset();
   });
   const double release_ms = seconds_since(tr) * 1000;
-  run.gsync->configure(run.state->local_entries(run.full_compression), run.topk_ratio,
-                       run.powersgd_rank, run.bucket_bytes);
+  check(run.gsync->configure(run.state->local_entries(run.full_compression), run.topk_ratio,
+                             run.powersgd_rank, run.bucket_bytes));
   SwitchRecord rec;
   rec.plan_id = next_plan;
   rec.at_step = step;
@@ -139,8 +139,8 @@ bool apply_plan(WorkerRun& run, std::uint64_t next_plan) {
   if (!a->layout.empty()) {
     if (!switch_layout(run, *a, next_plan)) return false;
   } else {
-    run.gsync->configure(run.state->local_entries(run.full_compression), run.topk_ratio,
-                         run.powersgd_rank, run.bucket_bytes);
+    check(run.gsync->configure(run.state->local_entries(run.full_compression), run.topk_ratio,
+                               run.powersgd_rank, run.bucket_bytes));
   }
   run.plan_id = next_plan;
   return true;

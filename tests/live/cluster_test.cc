@@ -284,12 +284,12 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
 #ifndef PARAPILOT_HAVE_NCCL
   skip("this build has no CUDA/NCCL (CMake found none)");
 #else
-  std::string why;
-  const int gpus = cuda_device_count(&why);
-  if (gpus == 0) {
-    skip(why);
+  const auto visible = cuda_device_count();
+  if (!visible.ok()) {
+    skip(visible.status().message());
     return;
   }
+  const int gpus = *visible;
   {
     // The boundary's control reduction on one NCCL rank: a deploy-sized plan id went through
     // float32 here once and came back as another id.

@@ -58,8 +58,14 @@ TEST_CASE("GradientSync on one rank: dense layers unchanged, fp16 rounded, bytes
   at::manual_seed(5);
   std::vector<LayerShape> layers{{"a", {64, 32}}, {"b", {32}}, {"c", {16, 16}}, {"d", {200}}};
   GradientSync sync(layers, 1);
-  sync.configure({Compression::none, Compression::fp16, Compression::powersgd, Compression::topk},
-                 0.1, 2, 1024);
+  // A plan for another number of layers is refused, and changes nothing.
+  const parapilot::Status refused = sync.configure({Compression::fp16}, 0.1, 2, 1024);
+  CHECK(refused.code() == parapilot::StatusCode::kInvalidArgument);
+  CHECK(refused.message() == "compression plan has 1 layers; the model has 4");
+  REQUIRE(sync.configure({Compression::none, Compression::fp16, Compression::powersgd,
+                          Compression::topk},
+                         0.1, 2, 1024)
+              .ok());
   std::vector<at::Tensor> grads;
   for (const auto& l : layers) grads.push_back(at::randn(l.shape));
   std::vector<at::Tensor> before;
@@ -82,7 +88,7 @@ TEST_CASE("GradientSync: what a layer owes outlives a change of its compression"
   auto local = make_local_collectives();
   std::vector<LayerShape> layers{{"a", {40, 30}}, {"b", {500}}};
   GradientSync sync(layers, 1);
-  sync.configure({Compression::topk, Compression::topk}, 0.05, 2, 0);
+  REQUIRE(sync.configure({Compression::topk, Compression::topk}, 0.05, 2, 0).ok());
   CHECK(!sync.owed(0).defined());  // no step yet: nothing owed
   std::vector<at::Tensor> grads{at::randn({40, 30}), at::randn({500})};
   REQUIRE(sync.sync(grads, *local).ok());
@@ -93,7 +99,7 @@ TEST_CASE("GradientSync: what a layer owes outlives a change of its compression"
   // a: top-k -> PowerSGD: the compressor starts from the residual (what it sends plus its new
   // residual is the new gradient plus what was owed). b: top-k -> none: the next dense sync
   // adds what was owed to the gradient, once.
-  sync.configure({Compression::powersgd, Compression::none}, 0.05, 2, 0);
+  REQUIRE(sync.configure({Compression::powersgd, Compression::none}, 0.05, 2, 0).ok());
   CHECK(at::equal(sync.owed(0), owed_a));
   CHECK(at::equal(sync.owed(1), owed_b));
   std::vector<at::Tensor> next{at::randn({40, 30}), at::randn({500})};
@@ -113,7 +119,7 @@ TEST_CASE("GradientSync: owed and PowerSGD's basis set from outside, kept or mad
   auto local = make_local_collectives();
   std::vector<LayerShape> layers{{"a", {24, 16}}};
   GradientSync sync(layers, 3);
-  sync.configure({Compression::powersgd}, 0.05, 2, 0);
+  REQUIRE(sync.configure({Compression::powersgd}, 0.05, 2, 0).ok());
   const at::Tensor owed = at::randn({24, 16}), q = at::randn({16, 2});
   sync.set_owed(0, owed);
   sync.set_basis(0, q);
@@ -136,18 +142,18 @@ TEST_CASE("GradientSync: owed and PowerSGD's basis set from outside, kept or mad
   CHECK(at::allclose(g[0] + sync.owed(0), given + owed, 1e-5, 1e-5));
   const at::Tensor kept = sync.basis(0).clone();
   // A top-k ratio change keeps the basis (its shape n x rank is the same) ...
-  sync.configure({Compression::powersgd}, 0.2, 2, 0);
+  REQUIRE(sync.configure({Compression::powersgd}, 0.2, 2, 0).ok());
   CHECK(at::equal(sync.basis(0), kept));
   std::vector<at::Tensor> g2{at::randn({24, 16})};
   REQUIRE(sync.sync(g2, *local).ok());
   // ... a rank change cannot: the new compressor makes its own, n x 3.
-  sync.configure({Compression::powersgd}, 0.2, 3, 0);
+  REQUIRE(sync.configure({Compression::powersgd}, 0.2, 3, 0).ok());
   std::vector<at::Tensor> g3{at::randn({24, 16})};
   REQUIRE(sync.sync(g3, *local).ok());
   CHECK(sync.basis(0).sizes() == at::IntArrayRef({16, 3}));
   // A basis of the wrong shape is not taken.
   GradientSync other(layers, 3);
-  other.configure({Compression::powersgd}, 0.05, 2, 0);
+  REQUIRE(other.configure({Compression::powersgd}, 0.05, 2, 0).ok());
   other.set_basis(0, at::randn({16, 5}));
   std::vector<at::Tensor> g4{at::randn({24, 16})};
   REQUIRE(other.sync(g4, *local).ok());
