@@ -1,4 +1,4 @@
-// parapilot deploy: the agent daemon beside a running job (agent/runtime/agent.h).
+// parapilot deploy: the agent daemon beside a running job (agent/deploy/agent.h).
 // parapilot simcluster: N simulated ranks speaking the bus protocol (env/simcluster/sim_cluster.h).
 #include <signal.h>
 #include <unistd.h>
@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/runtime/agent.h"
-#include "agent/runtime/metrics.h"
+#include "agent/deploy/agent.h"
+#include "agent/deploy/metrics.h"
 #include "env/simcluster/sim_cluster.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"
@@ -28,7 +28,7 @@ namespace parapilot::cli {
 
 namespace {
 
-namespace rt = agent::runtime;
+namespace rt = agent::deploy;
 
 transport::Secret load_secret(const std::string& file) {
   auto secret = file.empty() ? transport::load_secret_from_env("PARAPILOT_SECRET")

@@ -9,7 +9,7 @@
 #include <memory>
 #include <sstream>
 
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "policy/loader.h"
 #include "policy/registry.h"
 #include "env/sim/sim_env.h"

@@ -19,7 +19,7 @@
 #include "core/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
 #include "env/live/layout.h"
-#include "env/live/live_env.h"
+#include "agent/deploy/live_env.h"
 #include "env/live/live_job.h"
 #include "env/live/local_cluster.h"
 #include "env/live/worker.h"
@@ -378,7 +378,7 @@ void run_launch(const LaunchOptions& o, std::vector<std::string> worker_args) {
 
 void add_launch_command(CLI::App& app) {
 #ifdef PARAPILOT_HAVE_LIVE
-  live::register_live_envs();
+  agent::deploy::register_live_envs();
   auto options = std::make_shared<LaunchOptions>();
   CLI::App* cmd = app.add_subcommand(
       "launch",

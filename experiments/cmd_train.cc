@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "agent/ppo.h"
+#include "agent/train/ppo.h"
 #include "checkpoints/checkpoint.h"
 #include "experiments/cli_common.h"
 #include "experiments/commands.h"

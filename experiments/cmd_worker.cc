@@ -6,7 +6,7 @@
 #include "experiments/commands.h"
 #include "core/error.h"
 #ifdef PARAPILOT_HAVE_LIVE
-#include "env/live/live_env.h"
+#include "agent/deploy/live_env.h"
 #include "env/live/worker.h"
 #endif
 
@@ -14,7 +14,7 @@ namespace parapilot::cli {
 
 void add_worker_command(CLI::App& app) {
 #ifdef PARAPILOT_HAVE_LIVE
-  live::register_live_envs();
+  agent::deploy::register_live_envs();
   auto options = std::make_shared<live::WorkerOptions>();
   CLI::App* cmd = app.add_subcommand(
       "worker",

@@ -34,14 +34,14 @@
 #include <nlohmann/json.hpp>
 
 #include "policy/loader.h"
-#include "agent/runtime/agent.h"
-#include "agent/runtime/metrics.h"
+#include "agent/deploy/agent.h"
+#include "agent/deploy/metrics.h"
 #include "env/simcluster/sim_cluster.h"
 #include "benchmarks/report.h"
 #include "core/error.h"
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::agent::deploy;
 using namespace parapilot::env;
 
 namespace {

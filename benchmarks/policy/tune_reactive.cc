@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "env/env.h"
 #include "policy/baselines.h"
 #include "core/error.h"

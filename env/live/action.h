@@ -72,7 +72,7 @@ bool is_action_text(std::string_view name);
 ///  - layout_name is an action text (launch's builtin agent): that action;
 ///  - otherwise (parapilot deploy) the structured Layout: dp x tp x pp must be world_size; the
 ///    action's layout is "dp=D,tp=T,pp=P" plus the stage list of the name's ";st=" field
-///    (blocks per stage, agent/runtime/job.cc wire_name) when it has one (the worker checks
+///    (blocks per stage, agent/deploy/job.cc wire_name) when it has one (the worker checks
 ///    the rest: tp dividing the heads, stages summing to the blocks). Refused: an interleaved
 ///    schedule (a "-vN" name with N > 1), or a device map (";g=") other than the rank order
 ///    when tp or pp > 1. Its dp_shares (samples per replica; empty = equal) become the shares;

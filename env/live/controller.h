@@ -6,7 +6,7 @@
 // with (elastic shares from measured compute speed; per-layer gradient statistics for the
 // compression selector). No libtorch here.
 //
-// It is not the deploy agent (agent/runtime/agent.h, `parapilot deploy`) and decides nothing
+// It is not the deploy agent (agent/deploy/agent.h, `parapilot deploy`) and decides nothing
 // itself: no Monitor, policy, JobInfo handling or metrics. Its caller picks each action and when
 // to apply it (launch's scripted and elastic actions, the live tests' protocol checks), which
 // carry what only the C++ workers run (bucket size, microbatch, compression settings). The

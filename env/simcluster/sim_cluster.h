@@ -4,7 +4,7 @@
 // agent can be driven at 1024+ ranks without GPUs.
 //
 // It plays the ranks of the job a deploy agent serves, so it takes the agent's own description
-// of that job (agent/runtime/job.h: the scenario, the planner, the wire mapping of layouts)
+// of that job (agent/deploy/job.h: the scenario, the planner, the wire mapping of layouts)
 // rather than a second one.
 //
 // Ranks step in lockstep (one driver thread, as a synchronous job does). Per step each rank

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/runtime/decider.h"
+#include "agent/deploy/decider.h"
 #include "env/sim/sim_env.h"
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -13,7 +13,7 @@ using parapilot::testing::ok;
 using parapilot::testing::failure_of;
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::agent::deploy;
 
 namespace {
 

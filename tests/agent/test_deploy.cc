@@ -10,15 +10,15 @@
 #include <thread>
 #include <vector>
 
-#include "agent/runtime/agent.h"
-#include "agent/runtime/metrics.h"
+#include "agent/deploy/agent.h"
+#include "agent/deploy/metrics.h"
 #include "env/simcluster/sim_cluster.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::ok;
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::agent::deploy;
 using namespace parapilot::env;
 using namespace std::chrono_literals;
 

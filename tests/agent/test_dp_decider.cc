@@ -8,15 +8,15 @@
 #include <random>
 #include <thread>
 
-#include "agent/runtime/agent.h"
-#include "agent/runtime/dp_decider.h"
+#include "agent/deploy/agent.h"
+#include "agent/deploy/dp_decider.h"
 #include "env/monitor/robust_stats.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::ok;
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::agent::deploy;
 using namespace std::chrono_literals;
 
 namespace {

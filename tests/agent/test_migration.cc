@@ -12,14 +12,14 @@
 #include <variant>
 #include <vector>
 
-#include "agent/runtime/agent.h"
+#include "agent/deploy/agent.h"
 #include "env/simcluster/sim_cluster.h"
 #include "tests/test_util.h"
 
 using parapilot::testing::ok;
 
 using namespace parapilot;
-using namespace parapilot::agent::runtime;
+using namespace parapilot::agent::deploy;
 using namespace parapilot::env;
 using namespace std::chrono_literals;
 

@@ -12,7 +12,7 @@
 #include <random>
 #include <sstream>
 
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "env/env.h"
 #include "env/observation.h"
 #include "env/sim/sim_env.h"

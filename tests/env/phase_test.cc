@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "policy/baselines.h"
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "env/sim/sim_env.h"
 #include "core/error.h"
 #include "strategy/planner.h"

@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "env/env.h"
-#include "agent/evaluate.h"
-#include "env/live/live_env.h"
+#include "agent/train/evaluate.h"
+#include "agent/deploy/live_env.h"
 #include "env/observation.h"
 #include "policy/loader.h"
 #include "env/live/local_cluster.h"
@@ -185,8 +185,8 @@ TEST_CASE("a killed worker is reported and the others stop on the collective tim
 
 TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner candidates the "
           "workers can switch, a committed switch, a measured reward") {
-  register_live_envs();
-  register_live_envs();  // idempotent
+  parapilot::agent::deploy::register_live_envs();
+  parapilot::agent::deploy::register_live_envs();  // idempotent
   auto env = ok(parapilot::env::make_env(
       "live:gloo(workers=2,interval_steps=6,horizon=4,slow_rank=1,slow_factor=3,layers=1,"
       "d_model=32,seq_len=16,global_batch=8,exe=/proc/self/exe,worker_arg=--live-worker)"));
@@ -250,7 +250,7 @@ TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner c
 
 TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside the range its "
           "training produced") {
-  register_live_envs();
+  parapilot::agent::deploy::register_live_envs();
   auto env = ok(parapilot::env::make_env(
       "live:gloo(workers=2,interval_steps=10,horizon=6,slow_rank=1,slow_factor=4,slow_at=1,"
       "layers=2,d_model=64,heads=4,seq_len=64,global_batch=16,exe=/proc/self/exe,"
@@ -346,7 +346,7 @@ TEST_CASE("live:torch runs a PyTorch DDP script through the same agent and proto
   std::string path = python_dir;
   if (!saved.empty()) path += ":" + saved;
   ::setenv("PYTHONPATH", path.c_str(), 1);
-  register_live_envs();
+  parapilot::agent::deploy::register_live_envs();
   auto env = ok(parapilot::env::make_env(
       "live:torch(script=" + std::string(PARAPILOT_SOURCE_DIR) +
       "/examples/pytorch_ddp.py,python=" + python + ",nproc=2,global_batch=64,horizon=4,"

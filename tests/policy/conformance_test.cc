@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "env/env.h"
 #include "policy/loader.h"
 #include "tests/test_util.h"

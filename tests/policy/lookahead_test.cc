@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 #include "env/registry.h"
 #include "env/sim/sim_env.h"
 #include "policy/baselines.h"

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "policy/baselines.h"
-#include "agent/evaluate.h"
-#include "agent/ppo.h"
+#include "agent/train/evaluate.h"
+#include "agent/train/ppo.h"
 #include "policy/loader.h"
 #include "policy/lookahead.h"
 #include "checkpoints/checkpoint.h"

@@ -1,4 +1,4 @@
-#include "agent/runtime/decider.h"
+#include "agent/deploy/decider.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 Status guardrail_for(const Candidate& target, const CostBreakdown& under_beliefs, bool staging,
                      int intervals_since_commit, int cooldown_intervals) {
@@ -336,4 +336,4 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   return d;
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -1,5 +1,5 @@
 // The live cluster as an Env (env/env.h): "live:gloo(workers=2, interval_steps=10, horizon=20,
-// slow_rank=1, slow_factor=3)". The env is the deploy agent (agent/runtime/agent.h) beside a
+// slow_rank=1, slow_factor=3)". The env is the deploy agent (agent/deploy/agent.h) beside a
 // local cluster of real training workers (LocalCluster), with the env's caller as its policy:
 // the same Monitor beliefs, build_observation, planner candidates (restricted to what the workers
 // can switch: the job described by live_job.h), guardrails and switch protocol that `parapilot
@@ -22,9 +22,9 @@
 // worker_arg ("worker"; the test programs use "--live-worker"), log_dir.
 #pragma once
 
-namespace parapilot::live {
+namespace parapilot::agent::deploy {
 
 /// Registers "live" with the Env registry (idempotent). The CLI calls it at start-up.
 void register_live_envs();
 
-}  // namespace parapilot::live
+}  // namespace parapilot::agent::deploy

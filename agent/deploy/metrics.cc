@@ -1,4 +1,4 @@
-#include "agent/runtime/metrics.h"
+#include "agent/deploy/metrics.h"
 
 #include <sys/resource.h>
 
@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -145,4 +145,4 @@ StatusOr<std::string> http_get(uint16_t port, const std::string& path) {
   }
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -1,4 +1,4 @@
-#include "agent/ppo.h"
+#include "agent/train/ppo.h"
 
 #include <algorithm>
 #include <chrono>

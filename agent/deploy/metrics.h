@@ -11,7 +11,7 @@
 
 #include "core/status.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 /// CPU time (user + system) and peak resident memory of this process (getrusage).
 struct ProcessUsage {
@@ -41,4 +41,4 @@ class MetricsHttpServer {
 /// Fetches http://127.0.0.1:port/path (tests and tools); the body, or an error.
 StatusOr<std::string> http_get(uint16_t port, const std::string& path = "/metrics");
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -1,4 +1,4 @@
-#include "agent/runtime/dp_decider.h"
+#include "agent/deploy/dp_decider.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "env/monitor/robust_stats.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 namespace {
 
@@ -447,4 +447,4 @@ void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t swi
 
 void DataParallelDecider::aborted() { since_switch_ = 0; }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

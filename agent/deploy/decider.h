@@ -30,7 +30,7 @@
 #include "env/monitor/monitor.h"
 #include "env/observation.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 /// Makes a policy::Policy from a checkpoint path, or says why it cannot (the file is missing,
 /// unreadable or of another feature schema). The RL loader lives outside this torch-free
@@ -144,4 +144,4 @@ class Decider {
   std::thread planner_;
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

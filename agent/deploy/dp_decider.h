@@ -40,7 +40,7 @@
 
 #include "env/monitor/monitor.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 struct DataParallelOptions {
   int ranks = 0;               ///< world size (required, >= 1).
@@ -158,4 +158,4 @@ class DataParallelDecider {
   double judged_ms_ = 0, judged_se_ = 0;  // the shares in force, when last measured
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -1,4 +1,4 @@
-#include "agent/evaluate.h"
+#include "agent/train/evaluate.h"
 
 #include <cassert>
 #include <cmath>

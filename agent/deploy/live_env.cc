@@ -1,4 +1,4 @@
-#include "env/live/live_env.h"
+#include "agent/deploy/live_env.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/runtime/agent.h"
+#include "agent/deploy/agent.h"
 #include "env/env.h"
 #include "env/live/collective_backends.h"
 #include "env/live/controller.h"
@@ -22,16 +22,16 @@
 #include "core/error.h"
 #include "strategy/spec_io.h"
 
-namespace parapilot::live {
+namespace parapilot::agent::deploy {
 
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using namespace live;  // the local cluster and the job it runs
 using env::double_param;
 using env::int_param;
 using env::str_param;
-namespace rt = agent::runtime;
 
 /// Where the agent's decisions meet the env's caller: the agent's policy hands each decision's
 /// observation over and waits for the caller's action (step()), so the action applies to that
@@ -181,7 +181,7 @@ class LiveEnv final : public env::Env {
       events_.clear();
     }
     interval_ = 0;
-    rt::AgentOptions ao;
+    AgentOptions ao;
     ao.job = job_;
     const transport::Secret secret = random_secret();
     ao.secret = secret;
@@ -197,7 +197,7 @@ class LiveEnv final : public env::Env {
       return std::make_unique<CallerPolicy>(h);
     };
     ao.log = [this](const std::string& line) { record(line); };
-    agent_ = take(rt::DeployAgent::start(std::move(ao)));
+    agent_ = take(DeployAgent::start(std::move(ao)));
 
     LocalClusterOptions o;
     o.workers = workers_;
@@ -250,13 +250,13 @@ class LiveEnv final : public env::Env {
 
   env::StepResult step(int action) override {
     if (!agent_) throw std::logic_error("env live: step() before reset()");
-    const rt::AgentStats before = agent_->stats();
+    const AgentStats before = agent_->stats();
     handoff_->act(action);
     env::StepResult res;
     auto next = handoff_->next(600s);
     res.info.interval = ++interval_;
     res.truncated = interval_ >= horizon_;
-    const rt::AgentStats after = agent_->stats();
+    const AgentStats after = agent_->stats();
     res.info.migration_started = after.switches_decided > before.switches_decided;
     res.info.migration_committed = after.migrations_committed > before.migrations_committed;
     const monitor::Beliefs b = agent_->monitor()->beliefs();
@@ -327,7 +327,7 @@ class LiveEnv final : public env::Env {
   std::string exe_, worker_arg_, log_dir_, job_dir_, script_, script_args_, python_;
   std::shared_ptr<const Job> job_;
   std::shared_ptr<Handoff> handoff_;
-  std::unique_ptr<rt::DeployAgent> agent_;
+  std::unique_ptr<DeployAgent> agent_;
   std::unique_ptr<LocalCluster> cluster_;
   std::atomic<int> interval_{0};  // read by the agent's log callback
   double interval_s_ = 0;
@@ -348,4 +348,4 @@ void register_live_envs() {
   });
 }
 
-}  // namespace parapilot::live
+}  // namespace parapilot::agent::deploy

@@ -1,4 +1,4 @@
-#include "agent/runtime/agent.h"
+#include "agent/deploy/agent.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/runtime/metrics.h"
+#include "agent/deploy/metrics.h"
 #include "env/monitor/robust_stats.h"
 #include "core/error.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 namespace {
 
@@ -768,4 +768,4 @@ bool DeployAgent::request_switch(const Strategy& target) {
   return impl_->prepare_switch(target, ranks, monitor::Clock::now());
 }
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -29,14 +29,14 @@
 #include <string>
 #include <vector>
 
-#include "agent/runtime/decider.h"
-#include "agent/runtime/dp_decider.h"
+#include "agent/deploy/decider.h"
+#include "agent/deploy/dp_decider.h"
 #include "env/job.h"
 #include "transport/plan_executor.h"
 #include "env/monitor/monitor.h"
 #include "transport/bus.h"
 
-namespace parapilot::agent::runtime {
+namespace parapilot::agent::deploy {
 
 struct AgentOptions {
   std::shared_ptr<const Job> job;     ///< empty: learn the job from the ranks' JobInfo.
@@ -139,4 +139,4 @@ class DeployAgent {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace parapilot::agent::runtime
+}  // namespace parapilot::agent::deploy

@@ -1,0 +1,1 @@
+#include "env/env.h"

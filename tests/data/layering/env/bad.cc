@@ -1,0 +1,2 @@
+#include "env/env.h"
+#include "agent/deploy/agent.h"
