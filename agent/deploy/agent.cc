@@ -20,14 +20,6 @@ namespace parapilot::agent::deploy {
 
 namespace {
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i =
-      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
-  return v[i];
-}
-
 template <class T>
 void push_bounded(std::vector<T>& v, T x, size_t cap) {
   if (v.size() >= cap) v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(cap / 10));
@@ -362,14 +354,10 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
     stats.features_unseen += d.inputs.unseen.size();
     for (int i : d.inputs.unseen) ++stats.features_unseen_by_input[env::input_name(i)];
   }
-  nlohmann::json j = nlohmann::json::parse(d.log_line, nullptr, false);
-  if (j.is_object()) {
-    j["telemetry_rejected"] = rejected;
-    if (!held.empty()) j["held_back"] = held;
-    log(j.dump());
-  } else {
-    log(d.log_line);
-  }
+  nlohmann::json j = std::move(d.record);
+  j["telemetry_rejected"] = rejected;
+  if (!held.empty()) j["held_back"] = held;
+  log(j.dump());
 }
 
 void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point last_arrival,
@@ -512,97 +500,20 @@ void DeployAgent::Impl::record_decision(monitor::Clock::time_point last_arrival,
 
 std::string DeployAgent::Impl::render() const {
   const monitor::Monitor* mon = monitor.load();
-  const monitor::MonitorCounters mc = mon ? mon->counters() : monitor::MonitorCounters{};
-  const monitor::Beliefs b = mon ? mon->beliefs() : monitor::Beliefs{};
-  AgentStats s;
+  MetricsSnapshot m;
+  m.counters = mon ? mon->counters() : monitor::MonitorCounters{};
+  m.beliefs = mon ? mon->beliefs() : monitor::Beliefs{};
   {
     std::lock_guard lock(mutex);
-    s = stats;
-    s.connected_ranks = static_cast<int>(live.size());
+    m.stats = stats;
+    m.stats.connected_ranks = static_cast<int>(live.size());
   }
-  const ProcessUsage usage = process_usage();
-  std::ostringstream out;
-  auto metric = [&](const char* name, const char* type, const char* help) {
-    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
-  };
-  metric("parapilot_decisions_total", "counter", "Decisions taken, by action.");
-  out << "parapilot_decisions_total{action=\"keep\"} " << s.decisions - s.switches_decided << '\n';
-  out << "parapilot_decisions_total{action=\"switch\"} " << s.switches_decided << '\n';
-  metric("parapilot_features_clipped_total", "counter",
-         "Policy inputs read at the normaliser's clip (saturated), by input.");
-  out << "parapilot_features_clipped_total " << s.features_clipped << '\n';
-  for (const auto& [name, n] : s.features_clipped_by_input) {
-    out << "parapilot_features_clipped_total{input=\"" << name << "\"} " << n << '\n';
-  }
-  metric("parapilot_features_unseen_total", "counter",
-         "Policy inputs outside the range training produced, by input.");
-  out << "parapilot_features_unseen_total " << s.features_unseen << '\n';
-  for (const auto& [name, n] : s.features_unseen_by_input) {
-    out << "parapilot_features_unseen_total{input=\"" << name << "\"} " << n << '\n';
-  }
-  metric("parapilot_migrations_total", "counter", "Layout switches, by outcome.");
-  out << "parapilot_migrations_total{outcome=\"committed\"} " << s.migrations_committed << '\n';
-  out << "parapilot_migrations_total{outcome=\"aborted\"} " << s.migrations_aborted << '\n';
-  metric("parapilot_migration_aborts_total", "counter", "Layout switches aborted.");
-  out << "parapilot_migration_aborts_total " << s.migrations_aborted << '\n';
-  metric("parapilot_reverts_total", "counter", "Switches undone after they measured slower.");
-  out << "parapilot_reverts_total " << s.reverts_committed << '\n';
-  metric("parapilot_stragglers_detected_total", "counter", "Slow-rank detections.");
-  out << "parapilot_stragglers_detected_total " << s.stragglers_detected << '\n';
-  metric("parapilot_congested_links_detected_total", "counter", "Congested-link detections.");
-  out << "parapilot_congested_links_detected_total " << s.congested_links_detected << '\n';
-  metric("parapilot_ranks_lost_total", "counter", "Ranks that disconnected.");
-  out << "parapilot_ranks_lost_total " << s.ranks_lost << '\n';
-  metric("parapilot_connected_ranks", "gauge", "Ranks connected now.");
-  out << "parapilot_connected_ranks " << s.connected_ranks << '\n';
-  metric("parapilot_telemetry_accepted_total", "counter", "Telemetry samples used.");
-  out << "parapilot_telemetry_accepted_total " << mc.accepted << '\n';
-  metric("parapilot_telemetry_rejected_total", "counter", "Telemetry samples rejected, by reason.");
-  for (const auto& [reason, n] : mc.rejected_by_reason) {
-    out << "parapilot_telemetry_rejected_total{reason=\"" << reason << "\"} " << n << '\n';
-  }
-  metric("parapilot_telemetry_outliers_total", "counter", "Samples not averaged in (outliers).");
-  out << "parapilot_telemetry_outliers_total " << mc.outliers << '\n';
-  metric("parapilot_policy_fallback", "gauge",
-         "1 when the reactive baseline stands in for the requested policy.");
-  out << "parapilot_policy_fallback{policy=\"" << s.policy << "\"} " << (s.fallback ? 1 : 0)
-      << '\n';
-  metric("parapilot_decision_latency_ms", "summary",
-         "Last telemetry of an interval to the decision, milliseconds.");
-  out << "parapilot_decision_latency_ms{quantile=\"0.5\"} " << quantile(s.decision_latency_ms, 0.5)
-      << '\n';
-  out << "parapilot_decision_latency_ms{quantile=\"0.99\"} "
-      << quantile(s.decision_latency_ms, 0.99) << '\n';
-  out << "parapilot_decision_latency_ms_count " << s.decision_latency_ms.size() << '\n';
-  metric("parapilot_rank_steps_per_second", "gauge", "Per-rank training steps per second.");
-  for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
-    out << "parapilot_rank_steps_per_second{rank=\"" << r << "\"} " << b.rank_steps_per_s[r]
-        << '\n';
-  }
+  m.usage = process_usage();
   if (o.job) {
-    const double tokens_per_step =
+    m.tokens_per_rank_step =
         static_cast<double>(o.job->global_batch) * o.job->scenario.model.seq_len / o.job->gpus();
-    metric("parapilot_rank_tokens_per_second", "gauge",
-           "Per-rank tokens per second (equal shares).");
-    for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
-      out << "parapilot_rank_tokens_per_second{rank=\"" << r << "\"} "
-          << b.rank_steps_per_s[r] * tokens_per_step << '\n';
-    }
   }
-  metric("parapilot_rank_samples", "gauge", "Samples in each rank's last step.");
-  for (size_t r = 0; r < b.rank_samples.size(); ++r) {
-    out << "parapilot_rank_samples{rank=\"" << r << "\"} " << b.rank_samples[r] << '\n';
-  }
-  metric("parapilot_rank_speed", "gauge",
-         "Believed per-rank compute speed (1 = as fast as peers).");
-  for (size_t r = 0; r < b.conditions.gpu_speed.size(); ++r) {
-    out << "parapilot_rank_speed{rank=\"" << r << "\"} " << b.conditions.gpu_speed[r] << '\n';
-  }
-  metric("process_cpu_seconds_total", "counter", "CPU time of the agent process.");
-  out << "process_cpu_seconds_total " << usage.cpu_s << '\n';
-  metric("process_max_resident_memory_bytes", "gauge", "Peak resident memory of the agent.");
-  out << "process_max_resident_memory_bytes " << usage.max_rss_bytes << '\n';
-  return out.str();
+  return render_prometheus(m);
 }
 
 DeployAgent::DeployAgent() : impl_(std::make_unique<Impl>()) {}

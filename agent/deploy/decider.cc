@@ -332,7 +332,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   };
   j["features_clipped"] = names(d.inputs.clipped);
   j["features_unseen"] = names(d.inputs.unseen);
-  d.log_line = j.dump();
+  d.record = std::move(j);
   return d;
 }
 

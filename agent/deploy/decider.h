@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "policy/baselines.h"
 #include "env/job.h"
 #include "env/monitor/monitor.h"
@@ -80,7 +82,10 @@ struct Decision {
   env::Observation observation;
   /// Inputs the policy read at its clip or never saw in training (Policy::check_inputs).
   policy::InputReport inputs;
-  std::string log_line;  ///< one JSON object, no newline.
+  /// The decision's log record (event "decision"): the evidence, beliefs, current layout,
+  /// candidates, the policy's action and the choice. The agent adds its own fields and writes
+  /// it as one line.
+  nlohmann::json record;
 };
 
 class Decider {

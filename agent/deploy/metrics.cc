@@ -1,5 +1,8 @@
 #include "agent/deploy/metrics.h"
 
+#include <algorithm>
+#include <sstream>
+
 #include <sys/resource.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -143,6 +146,106 @@ StatusOr<std::string> http_get(uint16_t port, const std::string& path) {
   } catch (const std::exception& e) {
     return Status::unavailable(e.what());
   }
+}
+
+namespace {
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+std::string render_prometheus(const MetricsSnapshot& m) {
+  const AgentStats& s = m.stats;
+  const monitor::MonitorCounters& mc = m.counters;
+  const monitor::Beliefs& b = m.beliefs;
+  const ProcessUsage& usage = m.usage;
+  std::ostringstream out;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  metric("parapilot_decisions_total", "counter", "Decisions taken, by action.");
+  out << "parapilot_decisions_total{action=\"keep\"} " << s.decisions - s.switches_decided << '\n';
+  out << "parapilot_decisions_total{action=\"switch\"} " << s.switches_decided << '\n';
+  metric("parapilot_features_clipped_total", "counter",
+         "Policy inputs read at the normaliser's clip (saturated), by input.");
+  out << "parapilot_features_clipped_total " << s.features_clipped << '\n';
+  for (const auto& [name, n] : s.features_clipped_by_input) {
+    out << "parapilot_features_clipped_total{input=\"" << name << "\"} " << n << '\n';
+  }
+  metric("parapilot_features_unseen_total", "counter",
+         "Policy inputs outside the range training produced, by input.");
+  out << "parapilot_features_unseen_total " << s.features_unseen << '\n';
+  for (const auto& [name, n] : s.features_unseen_by_input) {
+    out << "parapilot_features_unseen_total{input=\"" << name << "\"} " << n << '\n';
+  }
+  metric("parapilot_migrations_total", "counter", "Layout switches, by outcome.");
+  out << "parapilot_migrations_total{outcome=\"committed\"} " << s.migrations_committed << '\n';
+  out << "parapilot_migrations_total{outcome=\"aborted\"} " << s.migrations_aborted << '\n';
+  metric("parapilot_migration_aborts_total", "counter", "Layout switches aborted.");
+  out << "parapilot_migration_aborts_total " << s.migrations_aborted << '\n';
+  metric("parapilot_reverts_total", "counter", "Switches undone after they measured slower.");
+  out << "parapilot_reverts_total " << s.reverts_committed << '\n';
+  metric("parapilot_stragglers_detected_total", "counter", "Slow-rank detections.");
+  out << "parapilot_stragglers_detected_total " << s.stragglers_detected << '\n';
+  metric("parapilot_congested_links_detected_total", "counter", "Congested-link detections.");
+  out << "parapilot_congested_links_detected_total " << s.congested_links_detected << '\n';
+  metric("parapilot_ranks_lost_total", "counter", "Ranks that disconnected.");
+  out << "parapilot_ranks_lost_total " << s.ranks_lost << '\n';
+  metric("parapilot_connected_ranks", "gauge", "Ranks connected now.");
+  out << "parapilot_connected_ranks " << s.connected_ranks << '\n';
+  metric("parapilot_telemetry_accepted_total", "counter", "Telemetry samples used.");
+  out << "parapilot_telemetry_accepted_total " << mc.accepted << '\n';
+  metric("parapilot_telemetry_rejected_total", "counter", "Telemetry samples rejected, by reason.");
+  for (const auto& [reason, n] : mc.rejected_by_reason) {
+    out << "parapilot_telemetry_rejected_total{reason=\"" << reason << "\"} " << n << '\n';
+  }
+  metric("parapilot_telemetry_outliers_total", "counter", "Samples not averaged in (outliers).");
+  out << "parapilot_telemetry_outliers_total " << mc.outliers << '\n';
+  metric("parapilot_policy_fallback", "gauge",
+         "1 when the reactive baseline stands in for the requested policy.");
+  out << "parapilot_policy_fallback{policy=\"" << s.policy << "\"} " << (s.fallback ? 1 : 0)
+      << '\n';
+  metric("parapilot_decision_latency_ms", "summary",
+         "Last telemetry of an interval to the decision, milliseconds.");
+  out << "parapilot_decision_latency_ms{quantile=\"0.5\"} " << quantile(s.decision_latency_ms, 0.5)
+      << '\n';
+  out << "parapilot_decision_latency_ms{quantile=\"0.99\"} "
+      << quantile(s.decision_latency_ms, 0.99) << '\n';
+  out << "parapilot_decision_latency_ms_count " << s.decision_latency_ms.size() << '\n';
+  metric("parapilot_rank_steps_per_second", "gauge", "Per-rank training steps per second.");
+  for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
+    out << "parapilot_rank_steps_per_second{rank=\"" << r << "\"} " << b.rank_steps_per_s[r]
+        << '\n';
+  }
+  if (m.tokens_per_rank_step > 0) {
+    const double tokens_per_step = m.tokens_per_rank_step;
+    metric("parapilot_rank_tokens_per_second", "gauge",
+           "Per-rank tokens per second (equal shares).");
+    for (size_t r = 0; r < b.rank_steps_per_s.size(); ++r) {
+      out << "parapilot_rank_tokens_per_second{rank=\"" << r << "\"} "
+          << b.rank_steps_per_s[r] * tokens_per_step << '\n';
+    }
+  }
+  metric("parapilot_rank_samples", "gauge", "Samples in each rank's last step.");
+  for (size_t r = 0; r < b.rank_samples.size(); ++r) {
+    out << "parapilot_rank_samples{rank=\"" << r << "\"} " << b.rank_samples[r] << '\n';
+  }
+  metric("parapilot_rank_speed", "gauge",
+         "Believed per-rank compute speed (1 = as fast as peers).");
+  for (size_t r = 0; r < b.conditions.gpu_speed.size(); ++r) {
+    out << "parapilot_rank_speed{rank=\"" << r << "\"} " << b.conditions.gpu_speed[r] << '\n';
+  }
+  metric("process_cpu_seconds_total", "counter", "CPU time of the agent process.");
+  out << "process_cpu_seconds_total " << usage.cpu_s << '\n';
+  metric("process_max_resident_memory_bytes", "gauge", "Peak resident memory of the agent.");
+  out << "process_max_resident_memory_bytes " << usage.max_rss_bytes << '\n';
+  return out.str();
 }
 
 }  // namespace parapilot::agent::deploy

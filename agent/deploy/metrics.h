@@ -1,7 +1,8 @@
-// Prometheus text-format metrics of the deploy agent, and a minimal HTTP endpoint serving them
-// (GET /metrics, Boost.Beast, bound to loopback unless told otherwise).
+// Prometheus text-format metrics of the deploy agent (render_prometheus), and a minimal HTTP
+// endpoint serving them (GET /metrics, Boost.Beast, bound to loopback unless told otherwise).
 //
-// Thread-safety: MetricsHttpServer serves from its own thread and calls `render` there.
+// Thread-safety: render_prometheus is a pure function; MetricsHttpServer serves from its own
+// thread and calls `render` there.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,9 @@
 #include <memory>
 #include <string>
 
+#include "agent/deploy/agent.h"
 #include "core/status.h"
+#include "env/monitor/monitor.h"
 
 namespace parapilot::agent::deploy {
 
@@ -19,6 +22,20 @@ struct ProcessUsage {
   double max_rss_bytes = 0;
 };
 ProcessUsage process_usage();
+
+/// What the metrics are rendered from: one consistent copy of the agent's figures.
+struct MetricsSnapshot {
+  AgentStats stats;
+  monitor::MonitorCounters counters;
+  monitor::Beliefs beliefs;
+  ProcessUsage usage;
+  double tokens_per_rank_step = 0;  ///< a described job's tokens per rank and step; 0: unknown.
+};
+
+/// The agent's metrics in the Prometheus text format (version 0.0.4): decisions, switches,
+/// telemetry accepted and rejected, decision latency, per-rank levels and speeds, process CPU
+/// and memory. Every metric has its # HELP and # TYPE lines.
+std::string render_prometheus(const MetricsSnapshot& snapshot);
 
 class MetricsHttpServer {
  public:

@@ -186,7 +186,7 @@ TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON l
   REQUIRE(first.target);
   CHECK(first.target->cost.fits_in_memory);
   CHECK(first.predicted_gain > 1.0);
-  const auto j = nlohmann::json::parse(first.log_line);
+  const nlohmann::json& j = first.record;
   CHECK(j["event"] == "decision");
   CHECK(j["choice"] == layout_name(first.target->strategy));
   CHECK(j["evidence"][0] == "slow_rank rank 3: compute-only 300 ms");
@@ -194,7 +194,7 @@ TEST_CASE("decisions: a switch, then the cool-down; every decision is one JSON l
   CHECK(j["predicted_gain"].get<double>() > 1.0);
   CHECK(j.contains("migration_s"));
   CHECK(j["beliefs"]["slow_ranks"][0] == 3);
-  CHECK(first.log_line.find('\n') == std::string::npos);
+  CHECK(j.dump().find('\n') == std::string::npos);
 
   // While staging: keep.
   const Decision staging = d.decide(19, true, 10, {});
