@@ -60,7 +60,7 @@ std::unique_ptr<Env> make_or_throw(const std::string& id) {
     }
     factory = it->second;
   }
-  return factory(parsed);
+  return take(factory(parsed));
 }
 
 }  // namespace

@@ -26,9 +26,10 @@ using EnvId = ParsedId;
 // kInvalidArgument naming the id when malformed.
 StatusOr<EnvId> parse_env_id(const std::string& id);
 
-// Makes the env of a parsed id. A factory refuses a bad id or parameter by throwing InputError
-// (the helpers below do), which make_env returns as kInvalidArgument.
-using EnvFactory = std::function<std::unique_ptr<Env>(const EnvId&)>;
+// Makes the env of a parsed id, or kInvalidArgument naming the bad id or parameter; it never
+// throws. The parameter helpers below are parser pieces that throw InputError: a factory built
+// on them wraps its body in catch_input_error (core/error.h), as the built-in ones do.
+using EnvFactory = std::function<StatusOr<std::unique_ptr<Env>>(const EnvId&)>;
 
 // Registers a factory under a name. Precondition: no factory has that name yet.
 void register_env(const std::string& name, EnvFactory factory);

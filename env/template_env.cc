@@ -1,5 +1,6 @@
 #include "env/template_env.h"
 
+#include "core/error.h"
 #include "env/registry.h"
 
 namespace parapilot::env {
@@ -42,10 +43,12 @@ std::optional<OracleResult> BanditEnv::oracle() {
   return o;
 }
 
-std::unique_ptr<Env> make_bandit_env(const EnvId& id) {
-  reject_unknown(id, {"horizon", "best"});
-  return std::make_unique<BanditEnv>(int_param(id, "horizon", 16, 1, 1 << 20),
-                                     int_param(id, "best", 3, 0, kNumActions - 1), 0.1);
+StatusOr<std::unique_ptr<Env>> make_bandit_env(const EnvId& id) {
+  return catch_input_error([&]() -> std::unique_ptr<Env> {
+    reject_unknown(id, {"horizon", "best"});
+    return std::make_unique<BanditEnv>(int_param(id, "horizon", 16, 1, 1 << 20),
+                                       int_param(id, "best", 3, 0, kNumActions - 1), 0.1);
+  });
 }
 
 }  // namespace parapilot::env

@@ -36,6 +36,7 @@ class BanditEnv : public Env {
 };
 
 // The "bandit" factory the registry holds: parameters horizon (16) and best (3).
-std::unique_ptr<Env> make_bandit_env(const EnvId& id);
+// kInvalidArgument naming a bad parameter.
+StatusOr<std::unique_ptr<Env>> make_bandit_env(const EnvId& id);
 
 }  // namespace parapilot::env

@@ -342,8 +342,9 @@ class LiveEnv final : public env::Env {
 void register_live_envs() {
   static std::once_flag once;
   std::call_once(once, [] {
-    env::register_env("live", [](const env::EnvId& id) -> std::unique_ptr<env::Env> {
-      return std::make_unique<LiveEnv>(id);
+    env::register_env("live", [](const env::EnvId& id) -> StatusOr<std::unique_ptr<env::Env>> {
+      return catch_input_error(
+          [&]() -> std::unique_ptr<env::Env> { return std::make_unique<LiveEnv>(id); });
     });
   });
 }

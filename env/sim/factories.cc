@@ -11,9 +11,11 @@
 
 namespace parapilot::env {
 
+namespace {
+
 // Recorded reality: per-rank speeds of a per-op trace or telemetry recording become the
 // hidden conditions, one recorded interval per decision interval.
-std::unique_ptr<Env> make_trace_env(const EnvId& id) {
+std::unique_ptr<Env> make_trace_env_or_throw(const EnvId& id) {
   reject_unknown(id, {"meta", "model", "gpu", "steps_per_interval", "interval_s"});
   if (id.variant.empty()) {
     throw InputError("env trace: name a trace file (trace:PATH(meta=META))");
@@ -54,7 +56,6 @@ std::unique_ptr<Env> make_trace_env(const EnvId& id) {
   return std::make_unique<SimEnv>(std::move(s), "trace:" + id.variant, std::move(truth));
 }
 
-namespace {
 
 // The id's beliefs=monitor|exact (TelemetryModel::exact_beliefs); false when not given.
 bool exact_beliefs(const EnvId& id, const std::string& canonical) {
@@ -67,9 +68,8 @@ bool exact_beliefs(const EnvId& id, const std::string& canonical) {
   return *exact;
 }
 
-}  // namespace
 
-std::unique_ptr<Env> make_sim_env(const EnvId& id) {
+std::unique_ptr<Env> make_sim_env_or_throw(const EnvId& id) {
   if (id.variant.empty()) {
     throw InputError(
         "env sim: name a scenario family (sim:straggler), a scenario .toml or the training "
@@ -107,6 +107,16 @@ std::unique_ptr<Env> make_sim_env(const EnvId& id) {
   s.horizon = int_param(id, "horizon", s.horizon, 1, 1 << 20);
   s.telemetry.exact_beliefs = exact_beliefs(id, canonical);
   return std::make_unique<SimEnv>(std::move(s), canonical);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Env>> make_trace_env(const EnvId& id) {
+  return catch_input_error([&] { return make_trace_env_or_throw(id); });
+}
+
+StatusOr<std::unique_ptr<Env>> make_sim_env(const EnvId& id) {
+  return catch_input_error([&] { return make_sim_env_or_throw(id); });
 }
 
 }  // namespace parapilot::env

@@ -166,7 +166,8 @@ class SimEnv : public Env, private PlanningView {
 // The registry's factories (env/registry.cc): "sim:FAMILY(gpus=N,horizon=H)" or
 // "sim:PATH.toml(horizon=H)", and "trace:PATH(meta=M,model=...,gpu=...,steps_per_interval=...,
 // interval_s=...)" replaying a per-op trace or a telemetry recording as the hidden conditions.
-std::unique_ptr<Env> make_sim_env(const EnvId& id);
-std::unique_ptr<Env> make_trace_env(const EnvId& id);
+// kInvalidArgument naming the bad parameter or file.
+StatusOr<std::unique_ptr<Env>> make_sim_env(const EnvId& id);
+StatusOr<std::unique_ptr<Env>> make_trace_env(const EnvId& id);
 
 }  // namespace parapilot::env

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -16,6 +18,7 @@
 #include "env/env.h"
 #include "env/observation.h"
 #include "env/sim/sim_env.h"
+#include "env/template_env.h"
 #include "env/sim/step_telemetry.h"
 #include "env/trace/telemetry.h"
 #include "env/trace/trace_analysis.h"
@@ -138,6 +141,23 @@ TEST_CASE("env ids: parameters, scenario files and errors") {
   CHECK(failure_of(make_env("sim:straggler(gpus=abc)")) != "");
   CHECK(failure_of(make_env("sim:straggler(colour=red)")) != "");
   CHECK(failure_of(make_env("sim:straggler(gpus")) != "");
+}
+
+TEST_CASE("env factories return a Status naming a bad parameter, and never throw") {
+  const auto refusal = [](const std::function<StatusOr<std::unique_ptr<Env>>()>& make) {
+    std::optional<StatusOr<std::unique_ptr<Env>>> made;
+    CHECK_NOTHROW(made.emplace(make()));
+    REQUIRE(made);
+    REQUIRE_FALSE(made->ok());
+    CHECK(made->status().code() == StatusCode::kInvalidArgument);
+    return made->status().message();
+  };
+  CHECK(refusal([] { return make_bandit_env(ok(parse_env_id("bandit(best=99)"))); })
+            .find("best") != std::string::npos);
+  CHECK(refusal([] { return make_sim_env(ok(parse_env_id("sim:straggler(gpus=abc)"))); })
+            .find("gpus") != std::string::npos);
+  CHECK(refusal([] { return make_trace_env(ok(parse_env_id("trace:/no/such.csv"))); }) != "");
+  CHECK(ok(make_bandit_env(ok(parse_env_id("bandit(best=2)")))) != nullptr);
 }
 
 TEST_CASE("scenario files: a cluster of any size, and gpus must agree with it") {
