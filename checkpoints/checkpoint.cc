@@ -51,7 +51,7 @@ uint32_t checksum_of(const std::string& bytes, size_t n) {
   return crc32c(std::span(reinterpret_cast<const std::uint8_t*>(bytes.data()), n));
 }
 
-std::string metadata_json(const Checkpoint& c) {
+std::string metadata_json(const PolicyCheckpoint& c) {
   std::ostringstream out;
   {
     cereal::JSONOutputArchive ar(out);
@@ -64,7 +64,7 @@ std::string metadata_json(const Checkpoint& c) {
   return out.str();
 }
 
-void parse_metadata(const std::string& json, Checkpoint& c) {
+void parse_metadata(const std::string& json, PolicyCheckpoint& c) {
   std::istringstream in(json);
   cereal::JSONInputArchive ar(in);
   ar(cereal::make_nvp("feature_schema", c.feature_schema), cereal::make_nvp("env_id", c.env_id),
@@ -84,7 +84,7 @@ void parse_metadata(const std::string& json, Checkpoint& c) {
 
 }  // namespace
 
-Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+Status write_checkpoint(const std::string& path, const PolicyCheckpoint& checkpoint) {
   const std::string meta = metadata_json(checkpoint);
   std::string file;
   file.reserve(kHeaderBytes + meta.size() + checkpoint.model.size() + checkpoint.optimizer.size() +
@@ -106,7 +106,7 @@ Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   return {};
 }
 
-StatusOr<Checkpoint> read_checkpoint(const std::string& path) {
+StatusOr<PolicyCheckpoint> read_checkpoint(const std::string& path) {
   const std::string where = "checkpoint " + path + ": ";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -144,7 +144,7 @@ StatusOr<Checkpoint> read_checkpoint(const std::string& path) {
                      "; this build's policy reads version " +
                      std::to_string(policy::kFeatureSchemaVersion) + " (retrain the policy)");
   }
-  Checkpoint c;
+  PolicyCheckpoint c;
   try {
     parse_metadata(file.substr(kHeaderBytes, meta_len), c);
   } catch (const std::exception& e) {

@@ -25,7 +25,9 @@ namespace parapilot::checkpoints {
 
 inline constexpr uint32_t kFormatVersion = 2;  // 2: CRC32C (was CRC-32 in 1)
 
-struct Checkpoint {
+/// A trained policy and what resuming its training needs (the live worker's training state
+/// is another thing: env/live/checkpoint.h, TrainingState).
+struct PolicyCheckpoint {
   uint32_t feature_schema = policy::kFeatureSchemaVersion;
   std::string env_id;                     // the env (or comma-separated envs) it was trained on
   std::string config;                     // the training config, as written by the trainer (JSON)
@@ -39,10 +41,10 @@ struct Checkpoint {
 
 // Writes `checkpoint` to `path` atomically. kInvalidArgument naming `path` when it cannot be
 // written; then the old file, if any, is untouched and no temporary file is left.
-Status write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+Status write_checkpoint(const std::string& path, const PolicyCheckpoint& checkpoint);
 // Reads and validates a checkpoint. kNotFound when `path` does not exist; kInvalidArgument
 // naming `path` when it is unreadable, truncated, corrupted (checksum), of another format
 // version or of another feature schema.
-StatusOr<Checkpoint> read_checkpoint(const std::string& path);
+StatusOr<PolicyCheckpoint> read_checkpoint(const std::string& path);
 
 }  // namespace parapilot::checkpoints

@@ -190,7 +190,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
            static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
   };
   if (o.resume) {
-    const checkpoints::Checkpoint c = take(checkpoints::read_checkpoint(last));
+    const checkpoints::PolicyCheckpoint c = take(checkpoints::read_checkpoint(last));
     if (scenario_given && env_ids_of(o.scenario) != c.env_id) {
       throw InputError("--resume: " + last + " was trained on " + c.env_id + ", not " +
                        env_ids_of(o.scenario));
@@ -259,7 +259,7 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
         << r.learning_rate << ',' << cpu_s() << '\n';
     log.flush();
     if (r.update % o.checkpoint_every == 0 || final_update) {
-      const checkpoints::Checkpoint c = trainer->checkpoint({{"validation_score", last_score},
+      const checkpoints::PolicyCheckpoint c = trainer->checkpoint({{"validation_score", last_score},
                                                              {"best_validation_score", best_score},
                                                              {"cpu_s", cpu_s()},
                                                              {"mean_reward", r.mean_reward}});

@@ -16,7 +16,7 @@ namespace parapilot::policy {
 namespace {
 
 // The actor-critic's hidden width, from the training config stored beside the weights.
-StatusOr<int> network_width(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<int> network_width(const checkpoints::PolicyCheckpoint& checkpoint) {
   const nlohmann::json j = nlohmann::json::parse(checkpoint.config, nullptr, false);
   if (!j.is_object() || !j.contains("ppo") || !j["ppo"].is_object() ||
       !j["ppo"].contains("hidden") || !j["ppo"]["hidden"].is_number_integer()) {
@@ -29,7 +29,7 @@ StatusOr<int> network_width(const checkpoints::Checkpoint& checkpoint) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::PolicyCheckpoint& checkpoint) {
   const StatusOr<int> width = network_width(checkpoint);
   if (!width.ok()) return width.status();
   NetworkOptions o;
@@ -47,7 +47,7 @@ StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpo
 }
 
 StatusOr<std::unique_ptr<Policy>> load_policy(const std::string& path) {
-  const StatusOr<checkpoints::Checkpoint> c = checkpoints::read_checkpoint(path);
+  const StatusOr<checkpoints::PolicyCheckpoint> c = checkpoints::read_checkpoint(path);
   if (!c.ok()) return c.status();
   StatusOr<std::unique_ptr<Policy>> policy = make_learned_policy(*c);
   if (!policy.ok()) return Status(policy.status().code(), path + ": " + policy.status().message());

@@ -15,7 +15,7 @@ namespace parapilot::policy {
 /// file is missing or invalid, kInvalidArgument naming the file when it holds no usable policy.
 StatusOr<std::unique_ptr<Policy>> load_policy(const std::string& path);
 /// The same from a checkpoint already read: kInvalidArgument when it does not hold a policy.
-StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::Checkpoint& checkpoint);
+StatusOr<std::unique_ptr<Policy>> make_learned_policy(const checkpoints::PolicyCheckpoint& checkpoint);
 
 /// The shipped default policy (trained on the mixed family): $PARAPILOT_DEFAULT_POLICY when
 /// set, else share/parapilot/default-mixed.ckpt found from the running binary's directory or

@@ -111,7 +111,7 @@ void load_tensors(const std::string& where, const std::function<void()>& load) {
 
 }  // namespace
 
-StatusOr<PpoConfig> config_of(const checkpoints::Checkpoint& checkpoint) {
+StatusOr<PpoConfig> config_of(const checkpoints::PolicyCheckpoint& checkpoint) {
   PpoConfig c;
   try {
     std::istringstream in(checkpoint.config);
@@ -199,7 +199,7 @@ StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::start(const PpoConfig& config)
   });
 }
 
-StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::resume(const checkpoints::Checkpoint& checkpoint,
+StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::resume(const checkpoints::PolicyCheckpoint& checkpoint,
                                                          int64_t total_steps_override) {
   return catch_input_error([&] {
     std::unique_ptr<PpoTrainer> trainer(new PpoTrainer());
@@ -208,7 +208,7 @@ StatusOr<std::unique_ptr<PpoTrainer>> PpoTrainer::resume(const checkpoints::Chec
   });
 }
 
-void PpoTrainer::resume_from(const checkpoints::Checkpoint& checkpoint,
+void PpoTrainer::resume_from(const checkpoints::PolicyCheckpoint& checkpoint,
                              int64_t total_steps_override) {
   PpoConfig config = take(config_of(checkpoint));
   if (total_steps_override > 0) config.total_steps = total_steps_override;
@@ -412,9 +412,9 @@ ValidationReport PpoTrainer::validate() {
   return report;
 }
 
-checkpoints::Checkpoint PpoTrainer::checkpoint(const std::map<std::string, double>& metrics) const {
+checkpoints::PolicyCheckpoint PpoTrainer::checkpoint(const std::map<std::string, double>& metrics) const {
   const State& s = *s_;
-  checkpoints::Checkpoint c;
+  checkpoints::PolicyCheckpoint c;
   c.env_id = s.config.env_ids;
   c.config = config_json(s.config);
   c.step = s.step;

@@ -85,7 +85,7 @@ class PpoTrainer {
   // `total_steps_override` (> 0); that changes the learning-rate schedule. kInvalidArgument
   // when the checkpoint holds no optimizer state (an inference-only policy), an unreadable
   // config or tensors, or a config start() would refuse.
-  static StatusOr<std::unique_ptr<PpoTrainer>> resume(const checkpoints::Checkpoint& checkpoint,
+  static StatusOr<std::unique_ptr<PpoTrainer>> resume(const checkpoints::PolicyCheckpoint& checkpoint,
                                                       int64_t total_steps_override = 0);
   ~PpoTrainer();
   PpoTrainer(const PpoTrainer&) = delete;
@@ -104,7 +104,7 @@ class PpoTrainer {
   ValidationReport validate();
 
   // A checkpoint of the current state; `metrics` are stored with it.
-  checkpoints::Checkpoint checkpoint(const std::map<std::string, double>& metrics) const;
+  checkpoints::PolicyCheckpoint checkpoint(const std::map<std::string, double>& metrics) const;
   // All network parameters, flattened (for tests comparing runs).
   std::vector<float> parameters() const;
   // The current greedy policy (a snapshot; later updates do not change it).
@@ -113,11 +113,11 @@ class PpoTrainer {
  private:
   struct State;
   PpoTrainer();
-  void resume_from(const checkpoints::Checkpoint& checkpoint, int64_t total_steps_override);
+  void resume_from(const checkpoints::PolicyCheckpoint& checkpoint, int64_t total_steps_override);
   std::unique_ptr<State> s_;
 };
 
 // The config stored in a checkpoint: kInvalidArgument when unreadable.
-StatusOr<PpoConfig> config_of(const checkpoints::Checkpoint& checkpoint);
+StatusOr<PpoConfig> config_of(const checkpoints::PolicyCheckpoint& checkpoint);
 
 }  // namespace parapilot::agent

@@ -55,7 +55,7 @@ std::int64_t product(const std::vector<std::int64_t>& v) {
 // (per entry: the residual's and the basis's elements). Throws InputError naming the entry and
 // what is wrong.
 void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>& want,
-                         const std::string& where, Checkpoint& c,
+                         const std::string& where, TrainingState& c,
                          std::vector<std::pair<std::int64_t, std::int64_t>>& sizes) {
   const std::string bad = where + " has a malformed error-feedback table (";
   const nlohmann::json& f = h["feedback"];
@@ -87,7 +87,7 @@ void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>&
                        std::to_string(previous) + "; the layers must increase)");
     previous = static_cast<int>(layer);
     const LayerShape& l = want[static_cast<std::size_t>(layer)];
-    Checkpoint::TensorFeedback fb;
+    TrainingState::TensorFeedback fb;
     fb.layer = static_cast<int>(layer);
     sizes.push_back({t["residual"].get<bool>() ? replicas * l.numel() : 0, 0});
     for (const nlohmann::json& d : t["basis"]) {
@@ -113,7 +113,7 @@ void read_feedback_table(const nlohmann::json& h, const std::vector<LayerShape>&
 }
 
 void read_or_throw(const std::string& dir, const ModelConfig& model, const std::string& optimizer,
-                   bool header_only, Checkpoint& c) {
+                   bool header_only, TrainingState& c) {
   const std::string what = "--load-state " + dir + ": ";
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -237,7 +237,7 @@ std::string checkpoint_path(const std::string& dir) {
   return (std::filesystem::path(dir) / "parapilot-state.bin").string();
 }
 
-Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
+Status write_checkpoint(const std::string& dir, const TrainingState& c) {
   const std::string what = "--save-state " + dir + ": ";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -279,10 +279,10 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c) {
   return {};
 }
 
-StatusOr<Checkpoint> read_checkpoint(const std::string& dir, const ModelConfig& model,
+StatusOr<TrainingState> read_checkpoint(const std::string& dir, const ModelConfig& model,
                                      const std::string& optimizer, bool header_only) {
   return catch_input_error([&] {
-    Checkpoint c;
+    TrainingState c;
     read_or_throw(dir, model, optimizer, header_only, c);
     return c;
   });

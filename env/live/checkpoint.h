@@ -27,7 +27,8 @@
 
 namespace parapilot::live {
 
-struct Checkpoint {
+/// What a checkpoint folder holds: the whole model's training state, layout-independent.
+struct TrainingState {
   ModelConfig model;
   std::string optimizer = "adam";  ///< "adam" or "sgd".
   /// The step the resumed job trains first (the data order continues from it).
@@ -58,7 +59,7 @@ std::string checkpoint_path(const std::string& dir);
 /// Writes `c` into `dir` (created when missing) atomically: a reader finds the old checkpoint
 /// or the new one, never a mix. Precondition: the tensors match model_layers(c.model).
 /// kInvalidArgument naming the folder when it cannot be written.
-Status write_checkpoint(const std::string& dir, const Checkpoint& c);
+Status write_checkpoint(const std::string& dir, const TrainingState& c);
 
 /// Reads `dir`'s checkpoint and checks it fits a job of `model` with `optimizer`.
 /// kInvalidArgument starting "--load-state DIR: " and saying what is wrong when: the folder or
@@ -70,7 +71,7 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& c);
 /// (truncated); the checksum fails.
 /// With `header_only` the payload is neither read nor checksummed (the tensors stay empty) but
 /// its size is still checked against the file's.
-StatusOr<Checkpoint> read_checkpoint(const std::string& dir, const ModelConfig& model,
+StatusOr<TrainingState> read_checkpoint(const std::string& dir, const ModelConfig& model,
                                      const std::string& optimizer, bool header_only = false);
 
 }  // namespace parapilot::live

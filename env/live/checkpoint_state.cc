@@ -33,7 +33,7 @@ std::vector<float> values_of(const at::Tensor& t) {
 
 }  // namespace
 
-StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
+StatusOr<TrainingState> gather_checkpoint(LayoutState& state, Collectives& world,
                                        const ModelConfig& model, const std::string& optimizer,
                                        std::uint64_t next_step) {
   torch::NoGradGuard no_grad;
@@ -72,12 +72,12 @@ StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
   // What compression owes, one slot per replica (a resume under as many gets its own back).
   const StatusOr<FeedbackState> owed = gather_feedback(state, world, state.layout().dp);
   if (!owed.ok()) return owed.status();
-  Checkpoint c;
+  TrainingState c;
   for (std::size_t l = 0; l < full.size(); ++l) {
     const at::Tensor& residual = owed->residual[l];
     const at::Tensor& basis = owed->basis[l];
     if (!residual.defined() && !basis.defined()) continue;
-    Checkpoint::TensorFeedback fb;
+    TrainingState::TensorFeedback fb;
     fb.layer = static_cast<int>(l);
     if (residual.defined()) fb.residual = values_of(residual);
     if (basis.defined()) {
@@ -102,7 +102,7 @@ StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
   return c;
 }
 
-void install_checkpoint(LayoutState& state, const Checkpoint& c) {
+void install_checkpoint(LayoutState& state, const TrainingState& c) {
   torch::NoGradGuard no_grad;
   const std::vector<LayerShape> full = model_layers(c.model);
   const std::vector<at::Tensor>& params = state.model().parameters();
@@ -124,7 +124,7 @@ void install_checkpoint(LayoutState& state, const Checkpoint& c) {
   owed.slots = c.feedback_replicas;
   owed.residual.resize(full.size());
   owed.basis.resize(full.size());
-  for (const Checkpoint::TensorFeedback& fb : c.feedback) {
+  for (const TrainingState::TensorFeedback& fb : c.feedback) {
     const auto layer = static_cast<std::size_t>(fb.layer);
     if (!fb.residual.empty()) {
       std::vector<std::int64_t> shape{c.feedback_replicas};

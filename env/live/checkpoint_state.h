@@ -1,4 +1,4 @@
-// A LayoutState to and from a layout-independent Checkpoint (checkpoint.h), libtorch side: the
+// A LayoutState to and from a layout-independent TrainingState (checkpoint.h), libtorch side: the
 // save gathers every rank's shards of the parameters and of Adam's moments into full tensors;
 // the load gives each rank its own shards of them under its layout (layout.h rank_shards).
 //
@@ -20,7 +20,7 @@ namespace parapilot::live {
 /// values are exact. Then what the compressors owe, one slot per replica, and PowerSGD's
 /// bases (gather_feedback; exact too). Every rank of the world must call it. The failed
 /// all-reduce's Status.
-StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
+StatusOr<TrainingState> gather_checkpoint(LayoutState& state, Collectives& world,
                                        const ModelConfig& model, const std::string& optimizer,
                                        std::uint64_t next_step);
 
@@ -29,6 +29,6 @@ StatusOr<Checkpoint> gather_checkpoint(LayoutState& state, Collectives& world,
 /// count); gives its compressors their part of what `c` owes (install_feedback: under the
 /// saved number of replicas each its own residuals, else the folded sums). Precondition: `c`
 /// was read for state's model and optimizer (read_checkpoint).
-void install_checkpoint(LayoutState& state, const Checkpoint& c);
+void install_checkpoint(LayoutState& state, const TrainingState& c);
 
 }  // namespace parapilot::live

@@ -68,7 +68,7 @@ struct WorkerOptions {
   /// JSON run summary (env/live/run_summary.h; rank 0 writes it; every rank must be given it:
   /// all take part in the reduction of the switches' figures).
   std::string summary_json;
-  /// Checkpoint folder (env/live/checkpoint.h): at the end every rank takes part in gathering
+  /// Checkpoint folder (env/live/checkpoint.h, a TrainingState): at the end every rank takes part in gathering
   /// the whole model's parameters, optimizer state and error feedback (feedback_state.h),
   /// which rank 0 writes with the next step.
   std::string save_state;

@@ -47,7 +47,7 @@ void dump_params(WorkerRun& run) {
 // The checkpoint: the whole model and optimizer state, gathered (every rank takes part).
 void save_state(WorkerRun& run) {
   const WorkerOptions& o = run.o;
-  const StatusOr<Checkpoint> saved =
+  const StatusOr<TrainingState> saved =
       gather_checkpoint(*run.state, *run.coll, o.model, o.optimizer, run.step);
   if (run.collective_ok(saved.status()) && o.rank == 0) {
     check(write_checkpoint(o.save_state, *saved));

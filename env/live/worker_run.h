@@ -109,7 +109,7 @@ struct WorkerRun {
   at::Tensor corpus_t;
   LiveLayout layout;
   std::vector<LayerShape> layers;
-  std::optional<Checkpoint> resumed;
+  std::optional<TrainingState> resumed;
   std::uint64_t first_step = 0;
 
   // join_job

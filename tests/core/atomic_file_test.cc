@@ -51,8 +51,8 @@ int killed_while_writing(std::size_t limit, F write) {
   return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
 }
 
-checkpoints::Checkpoint policy_checkpoint(const std::string& env_id, std::size_t model_bytes) {
-  checkpoints::Checkpoint c;
+checkpoints::PolicyCheckpoint policy_checkpoint(const std::string& env_id, std::size_t model_bytes) {
+  checkpoints::PolicyCheckpoint c;
   c.env_id = env_id;
   c.config = "{}";
   c.model = std::string(model_bytes, 'm');
@@ -88,7 +88,7 @@ TEST_CASE("atomic file: an unwritable place is a Status naming the path, and not
 TEST_CASE("policy checkpoint: a save killed mid-write leaves the previous checkpoint loadable") {
   const std::string dir = temp_dir("checkpoint");
   const std::string path = dir + "/policy.ckpt";
-  const checkpoints::Checkpoint first = policy_checkpoint("sim:first", 4096);
+  const checkpoints::PolicyCheckpoint first = policy_checkpoint("sim:first", 4096);
   REQUIRE(checkpoints::write_checkpoint(path, first).ok());
   const int signal = killed_while_writing(1 << 16, [&] {
     (void)checkpoints::write_checkpoint(path, policy_checkpoint("sim:second", 1 << 20));

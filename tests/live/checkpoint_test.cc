@@ -272,7 +272,7 @@ TEST_CASE(
 
   // The checkpoint holds both replicas' residuals of every tensor, and PowerSGD's bases: one
   // per TP piece of a split tensor, one for a replicated one.
-  Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
+  TrainingState c = ok(read_checkpoint(ck, four_blocks(), "adam"));
   CHECK(c.feedback_replicas == 2);
   CHECK(c.feedback.size() == model_layers(four_blocks()).size());
   std::set<std::int64_t> pieces;
@@ -336,7 +336,7 @@ TEST_CASE(
     return folder;
   };
   auto refusal = [&](const std::string& folder) {
-    const parapilot::StatusOr<Checkpoint> r = read_checkpoint(folder, four_blocks(), "adam");
+    const parapilot::StatusOr<TrainingState> r = read_checkpoint(folder, four_blocks(), "adam");
     REQUIRE(!r.ok());
     CHECK(r.status().code() == parapilot::StatusCode::kInvalidArgument);
     return r.status().message();
@@ -391,7 +391,7 @@ TEST_CASE(
     magic = "parapilot-state 1";
     const std::string why = refusal(variant([](nlohmann::json&) {}));
     CHECK_MESSAGE(why.find("has no error-feedback table") != std::string::npos, why);
-    Checkpoint c = ok(read_checkpoint(ck, four_blocks(), "adam"));
+    TrainingState c = ok(read_checkpoint(ck, four_blocks(), "adam"));
     REQUIRE(!c.feedback.empty());
     c.feedback.clear();
     c.feedback_replicas = 0;
@@ -407,7 +407,7 @@ TEST_CASE(
     std::filesystem::create_directories(dir + "/v1");
     std::ofstream(checkpoint_path(dir + "/v1"), std::ios::binary)
         << "parapilot-state 1\n" << v1.dump() << '\n' << rest;
-    const Checkpoint old = ok(read_checkpoint(dir + "/v1", four_blocks(), "adam"));
+    const TrainingState old = ok(read_checkpoint(dir + "/v1", four_blocks(), "adam"));
     CHECK(old.feedback.empty());
     CHECK(old.params == c.params);
     magic = "parapilot-state 2";

@@ -1,4 +1,4 @@
-// Checkpoint files: round trip, checksum, truncation, format and schema versions.
+// PolicyCheckpoint files: round trip, checksum, truncation, format and schema versions.
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -45,8 +45,8 @@ void reseal(std::string& bytes) {
                                       bytes.size() - 4)));
 }
 
-cp::Checkpoint sample() {
-  cp::Checkpoint c;
+cp::PolicyCheckpoint sample() {
+  cp::PolicyCheckpoint c;
   c.env_id = "sim:mixed";
   c.config = "{\"ppo\": {}}";
   c.step = 12345;
@@ -74,11 +74,11 @@ std::string expect_error(const std::string& path) {
 
 TEST_CASE("checkpoint: round trip keeps every field") {
   const std::string path = temp_path("round-trip.ckpt");
-  const cp::Checkpoint c = sample();
+  const cp::PolicyCheckpoint c = sample();
   REQUIRE(cp::write_checkpoint(path, c).ok());
   const auto read = cp::read_checkpoint(path);
   REQUIRE(read.ok());
-  const cp::Checkpoint& r = *read;
+  const cp::PolicyCheckpoint& r = *read;
   CHECK(r.env_id == c.env_id);
   CHECK(r.config == c.config);
   CHECK(r.step == c.step);

@@ -159,7 +159,7 @@ TEST_CASE("ppo: a switch penalty above the best arm's advantage makes staying th
 
 TEST_CASE("ppo: a checkpoint trained before switch penalties reads as trained without one") {
   const auto started = ok(ag::PpoTrainer::start(bandit_config()));
-  cp::Checkpoint checkpoint = started->checkpoint({});
+  cp::PolicyCheckpoint checkpoint = started->checkpoint({});
   // The config as written before the field existed: the same JSON without its last member.
   std::string& config = checkpoint.config;
   const size_t field = config.find("\"switch_penalty\"");
