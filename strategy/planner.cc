@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "strategy/migration.h"
+#include "strategy/migration_cost.h"
 #include "strategy/planner_search.h"
 
 namespace parapilot {

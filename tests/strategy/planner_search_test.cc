@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "strategy/cost_formulas.h"
-#include "strategy/migration.h"
+#include "strategy/migration_cost.h"
 #include "strategy/planner_search.h"
 
 using namespace parapilot;

@@ -1,4 +1,4 @@
-#include "strategy/migration.h"
+#include "strategy/migration_cost.h"
 
 #include <algorithm>
 
