@@ -208,7 +208,7 @@ struct ChunkLayout {
 }  // namespace
 
 // What a layout (dp x pp x tp ranks on given GPUs) fixes regardless of conditions.
-struct CostModel::Layout {
+struct CostModel::Placement {
   unsigned long long model_id = 0;
   int dp = 0, tp = 0, pp = 0, cp = 0;
   PlacementOrder placement = PlacementOrder::kTpPpDp;
@@ -274,7 +274,7 @@ unsigned long long gpus_hash(const std::vector<int>& gpus) {
 
 // The GPU and node of every rank of l's layout (strategy s): rank_of_gpu, rank_nodes and the
 // sum of the peaks of the GPUs used.
-void CostModel::place_ranks(Layout& l, const Strategy& s) const {
+void CostModel::place_ranks(Placement& l, const Strategy& s) const {
   // Loop bounds in locals: the stores below cannot then alias them.
   const int dp = s.dp, pp = s.pp, tp = s.tp, cp = s.cp;
   const int stage_gpus = tp * cp;
@@ -332,8 +332,8 @@ void CostModel::place_ranks(Layout& l, const Strategy& s) const {
 }
 
 // The layout class of each replica of l (replica_class), their runs (class_runs) and whether
-// there is one (one_class): see Layout.
-void CostModel::classify_replicas(Layout& l) const {
+// there is one (one_class): see Placement.
+void CostModel::classify_replicas(Placement& l) const {
   const int dp = l.dp, pp = l.pp, cp = l.cp;
   const int* const rank_nodes = l.rank_nodes.data();
   const int* const node_class = node_class_.data();
@@ -401,7 +401,7 @@ void CostModel::classify_replicas(Layout& l) const {
 
 // How each pipeline rank's gradient-reduction group spreads over nodes (dp_groups,
 // spanned_nodes, spanned_classes).
-void CostModel::find_dp_groups(Layout& l) const {
+void CostModel::find_dp_groups(Placement& l) const {
   const int dp = l.dp, pp = l.pp, cp = l.cp;
   const int* const rank_nodes = l.rank_nodes.data();
   const int* const node_class = node_class_.data();
@@ -442,7 +442,7 @@ void CostModel::find_dp_groups(Layout& l) const {
       min_members = std::min(min_members, count);
       count = 0;
     }
-    Layout::DpGroup& group = l.dp_groups[p];
+    Placement::DpGroup& group = l.dp_groups[p];
     group.nodes_spanned = spanned_count - first_node;
     group.min_members = min_members;
     group.inter_GBps = inter_GBps;
@@ -453,14 +453,14 @@ void CostModel::find_dp_groups(Layout& l) const {
   l.spanned_nodes.resize(spanned_count);
 }
 
-const CostModel::Layout& CostModel::layout(const Strategy& s) const {
+const CostModel::Placement& CostModel::placement(const Strategy& s) const {
   // A planner search costs layouts of a few dozen placements in turn: enough entries for all.
   constexpr int kEntries = 64;
-  thread_local Layout cache[kEntries];
+  thread_local Placement cache[kEntries];
   thread_local int next_entry = 0;
   thread_local int last_found = 0;  // the entry returned last
   const unsigned long long hash = gpus_hash(s.gpus);
-  auto is_of_s = [&](const Layout& entry) {
+  auto is_of_s = [&](const Placement& entry) {
     return entry.gpus_hash == hash && entry.model_id == id_ && entry.dp == s.dp &&
            entry.tp == s.tp && entry.pp == s.pp && entry.cp == s.cp &&
            entry.placement == s.placement && entry.gpus == s.gpus;
@@ -475,7 +475,7 @@ const CostModel::Layout& CostModel::layout(const Strategy& s) const {
     }
   }
   last_found = next_entry;
-  Layout& l = cache[next_entry];
+  Placement& l = cache[next_entry];
   next_entry = (next_entry + 1) % kEntries;
   l.model_id = id_;
   l.dp = s.dp;
@@ -806,7 +806,7 @@ struct CostModel::Evaluation {
   double tp_bytes = 0;
   int tp_collectives = 0;
   double p2p_bytes = 0;
-  const Layout* layout_info = nullptr;
+  const Placement* layout_info = nullptr;
   const std::vector<int>* explicit_shares = nullptr;
   bool symmetric = false;
   Timing* timing = nullptr;
@@ -864,7 +864,7 @@ CostModel::Evaluation::Evaluation(const CostModel& model, const Strategy& strate
   // Replicas are interchangeable when nothing distinguishes them: one layout class (every
   // replica's ranks on the same node classes with the same neighbours), nominal conditions and
   // uniform shares. Then replica 0 stands for all of them. The reference path times them all.
-  layout_info = work.exhaustive ? nullptr : &cm.layout(s);
+  layout_info = work.exhaustive ? nullptr : &cm.placement(s);
   explicit_shares = s.dp_shares.empty() ? nullptr : &s.dp_shares;
   symmetric = layout_info && layout_info->one_class && work.where->gpus.empty() &&
               work.where->nodes.empty() && !explicit_shares;
@@ -1295,7 +1295,7 @@ DpGroupLinks CostModel::Evaluation::dp_group(int p) {
   int nodes_spanned = 0, min_members = reducers;
   double inter_bw = kInf, intra_bw = kInf;
   if (layout_info) {
-    const Layout::DpGroup& group = layout_info->dp_groups[p];
+    const Placement::DpGroup& group = layout_info->dp_groups[p];
     nodes_spanned = group.nodes_spanned;
     min_members = group.min_members;
     inter_bw = group.inter_GBps;

@@ -126,14 +126,14 @@ class CostModel {
  private:
   struct BlockTimes;
   struct Work;
-  struct Layout;
+  struct Placement;
   // What a layout's replicas share regardless of conditions (cached per thread; the
   // reference returned stays valid until the calling thread's next call).
-  const Layout& layout(const Strategy& s) const;
-  // layout()'s phases, filling a new cache entry in this order.
-  void place_ranks(Layout& l, const Strategy& s) const;
-  void classify_replicas(Layout& l) const;
-  void find_dp_groups(Layout& l) const;
+  const Placement& placement(const Strategy& s) const;
+  // placement()'s phases, filling a new cache entry in this order.
+  void place_ranks(Placement& l, const Strategy& s) const;
+  void classify_replicas(Placement& l) const;
+  void find_dp_groups(Placement& l) const;
   BlockTimes block_times(int type, const Strategy& s) const;
   struct RankMemory;
   // memory() split in two: what does not depend on the replica's share, then the rest for a
