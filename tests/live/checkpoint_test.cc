@@ -1,8 +1,9 @@
 // The worker's run summary (--summary-json) after a real layout switch, and the
 // stop-checkpoint-relaunch-load baseline (--save-state, --load-state): a job stopped under one
 // layout and resumed under another ends where the never-stopped job does, and a bad checkpoint
-// is refused with exit code 2 naming what is wrong. Real 1-2 process Gloo clusters on loopback
-// (the test program starts itself as the workers); no assertion depends on machine speed.
+// is refused with exit code 2 naming what is wrong. Real 1-4 process Gloo clusters on loopback
+// (the test program starts itself as the workers), the resume also at another world size; no
+// assertion depends on machine speed.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -181,6 +182,26 @@ TEST_CASE(
     const double diff = relative_difference(read_floats(out), whole);
     MESSAGE("dp=2 for 6 steps, then " << layout << " for 6: " << diff
                                       << " from the never-stopped dp=2 job");
+    CHECK(diff < 1e-4);
+  }
+
+  // Resumed at another world size: 4 workers take their shards of the 2-worker job's state
+  // (dp=4, or dp=2 x pp=2) and continue at step 6, within summation order of the job that
+  // never stopped.
+  for (const char* text : {"dp=4", "dp=2,pp=2"}) {
+    const std::string layout = text;
+    CAPTURE(layout);
+    const std::string name = layout == "dp=4" ? "/w4dp" : "/w4hybrid";
+    run_job(4,
+            {"--layout", layout, "--steps", "12", "--load-state", ck, "--dump-params",
+             dir + name + ".bin", "--summary-json", dir + name + ".json"},
+            dir + name);
+    const nlohmann::json w = read_json(dir + name + ".json");
+    CHECK(w["first_step"] == 6);
+    CHECK(w["steps"] == 6);
+    const double diff = relative_difference(read_floats(dir + name + ".bin"), whole);
+    MESSAGE("2 workers for 6 steps, then 4 workers (" << layout << ") for 6: " << diff
+                                                    << " from the never-stopped dp=2 job");
     CHECK(diff < 1e-4);
   }
   std::filesystem::remove_all(dir);
