@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <doctest/doctest.h>
+#include "env/live/checkpoint.h"
 #include "env/live/controller.h"
 #include "env/live/layout.h"
 #include "env/live/local_cluster.h"
@@ -404,6 +405,48 @@ TEST_CASE("layout switch streamed ahead of the boundary equals moving the state 
   REQUIRE(boundary.params.size() == streamed.params.size());
   REQUIRE(!streamed.params.empty());
   CHECK(boundary.params == streamed.params);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "layout switch at step 30 equals stopping there, saving and relaunching under the new "
+    "layout: parameters and both Adam moments, bit for bit") {
+  // dp=2,tp=2 -> dp=4, switched live at step 30 of 40, against the same job stopped after step
+  // 29 with --save-state and relaunched under dp=4 with --load-state. Both end with
+  // --save-state, so the whole training state is compared: every parameter, Adam's exp_avg and
+  // exp_avg_sq, Adam's step count and the next step. (Saved one step earlier, the restart
+  // differs in all three.)
+  const std::string dir = temp_dir("switch-vs-restart");
+  constexpr std::int64_t kSteps = 40;
+  constexpr std::uint64_t kSwitchStep = 30;
+  const Switched live = run_switch(4, "dp=2,tp=2", "dp=4", dir + "/live",
+                                   {"--save-state", dir + "/live-end"}, kSteps, kSwitchStep);
+  REQUIRE(live.switch_at == kSwitchStep);
+  REQUIRE(live.steps == kSteps);
+  auto run = [&](const std::string& layout, std::vector<std::string> extra,
+                 const std::string& logs) {
+    std::vector<std::string> args = four_block_args();
+    args.insert(args.end(), {"--layout", layout});
+    args.insert(args.end(), extra.begin(), extra.end());
+    check_all_finished(ok(LocalCluster::start(cluster(4, args, false, logs)))->wait(120), logs);
+  };
+  run("dp=2,tp=2", {"--steps", std::to_string(kSwitchStep), "--save-state", dir + "/at-switch"},
+      dir + "/first");
+  run("dp=4",
+      {"--steps", std::to_string(kSteps), "--load-state", dir + "/at-switch", "--save-state",
+       dir + "/restart-end"},
+      dir + "/second");
+  const TrainingState a = ok(read_checkpoint(dir + "/live-end", four_blocks(), "adam"));
+  const TrainingState b = ok(read_checkpoint(dir + "/restart-end", four_blocks(), "adam"));
+  CHECK(a.next_step == static_cast<std::uint64_t>(kSteps));
+  CHECK(b.next_step == a.next_step);
+  CHECK(a.adam_step == b.adam_step);
+  REQUIRE(!a.params.empty());
+  REQUIRE(!a.exp_avg.empty());
+  REQUIRE(!a.exp_avg_sq.empty());
+  CHECK(a.params == b.params);
+  CHECK(a.exp_avg == b.exp_avg);
+  CHECK(a.exp_avg_sq == b.exp_avg_sq);
   std::filesystem::remove_all(dir);
 }
 
