@@ -450,6 +450,66 @@ TEST_CASE(
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("layout switch there and back (dp=2,tp=2 -> dp=4 -> dp=2,tp=2) ends where the job that "
+          "never switched does") {
+  // Two live switches, each with its state moved: the job returns to its first layout, and its
+  // parameters and both Adam moments at step 40 are within summation order of the job that
+  // never left it (the ten steps under dp=4 add the same terms in another order).
+  const std::string dir = temp_dir("there-and-back");
+  constexpr std::int64_t kSteps = 40;
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--layout", "dp=2,tp=2", "--steps", std::to_string(kSteps),
+                           "--save-state", dir + "/switched-end"});
+  {
+    const auto started = ok(LocalCluster::start(cluster(4, args, true, dir + "/switched")));
+    LocalCluster& c = *started;
+    Controller& agent = *c.controller();
+    REQUIRE(agent.wait_for_ranks(4, 60s));
+    REQUIRE(agent.wait_for_step(2, 60s));
+    std::vector<std::uint64_t> at;
+    for (const auto& [layout, not_before] :
+         {std::pair<const char*, std::uint64_t>{"dp=4", 15}, {"dp=2,tp=2", 25}}) {
+      LiveAction a;
+      a.layout = layout;
+      const auto r = agent.apply(a, 60s, not_before);
+      INFO(r.status().message());
+      REQUIRE(r.ok());
+      REQUIRE(agent.wait_for_step(r->switch_at_step + 1, 60s));
+      at.push_back(r->switch_at_step);
+    }
+    check_all_finished(c.wait(120), dir + "/switched");
+    REQUIRE(at.size() == 2);
+    CHECK(at[0] < at[1]);
+    CHECK(at[1] < static_cast<std::uint64_t>(kSteps));
+    MESSAGE("switched to dp=4 at step " << at[0] << " and back at step " << at[1]);
+  }
+  std::vector<std::string> plain = four_block_args();
+  plain.insert(plain.end(), {"--layout", "dp=2,tp=2", "--steps", std::to_string(kSteps),
+                             "--save-state", dir + "/plain-end"});
+  check_all_finished(ok(LocalCluster::start(cluster(4, plain, false, dir + "/plain")))->wait(120),
+                     dir + "/plain");
+  const TrainingState a = ok(read_checkpoint(dir + "/switched-end", four_blocks(), "adam"));
+  const TrainingState b = ok(read_checkpoint(dir + "/plain-end", four_blocks(), "adam"));
+  CHECK(a.next_step == b.next_step);
+  CHECK(a.adam_step == b.adam_step);
+  auto flat = [](const std::vector<std::vector<float>>& tensors) {
+    std::vector<float> out;
+    for (const auto& t : tensors) out.insert(out.end(), t.begin(), t.end());
+    return out;
+  };
+  const double params = relative_distance(flat(a.params), flat(b.params));
+  const double m1 = relative_distance(flat(a.exp_avg), flat(b.exp_avg));
+  const double m2 = relative_distance(flat(a.exp_avg_sq), flat(b.exp_avg_sq));
+  MESSAGE("there and back against never switched: parameters " << params << ", exp_avg " << m1
+                                                                << ", exp_avg_sq " << m2);
+  // Measured 8.3e-5, 2.3e-7 and 3.5e-8. One step more or fewer puts the parameters about 7e-4
+  // away; moments lost or not moved at a switch are off by their own size.
+  CHECK(params < 2e-4);
+  CHECK(m1 < 1e-5);
+  CHECK(m2 < 1e-5);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("layout switch aborted while staging: every rank stays on the old layout, untouched") {
   const std::string dir = temp_dir("abort");
   std::vector<std::string> args = four_block_args();
