@@ -603,6 +603,47 @@ TEST_CASE("layout switch: a rank killed while staging stops the survivors, namin
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("layout switch: a rank killed after the commit, before the boundary moves the state, "
+          "stops the survivors, naming it") {
+  // dp=2,tp=2 -> dp=4 moved at the boundary: every rank needs state its peers hold. The plan is
+  // committed for step 30; rank 1 is killed as soon as the commit is acknowledged, well before
+  // then. The survivors reach the boundary, cannot move the state, and stop with exit code 3
+  // naming the lost rank, instead of hanging or switching to a layout missing a shard.
+  const std::string dir = temp_dir("killed-after-commit");
+  std::vector<std::string> args = four_block_args();
+  args.insert(args.end(), {"--layout", "dp=2,tp=2", "--steps", "0", "--switch-transfer",
+                           "at-boundary", "--collective-timeout", "10"});
+  const auto started = ok(LocalCluster::start(cluster(4, args, true, dir)));
+  LocalCluster& c = *started;
+  Controller& agent = *c.controller();
+  REQUIRE(agent.wait_for_ranks(4, 60s));
+  REQUIRE(agent.wait_for_step(2, 60s));
+  LiveAction a;
+  a.layout = "dp=4";
+  const auto r = agent.apply(a, 60s, 30);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  REQUIRE(r->switch_at_step == 30);
+  CHECK(agent.completed_step() < 30);  // the kill lands before the boundary
+  c.kill_rank(1);
+  const std::vector<RankExit> exits = c.wait(120);
+  REQUIRE(exits.size() == 4);
+  CHECK_MESSAGE(exits[1].signal == 9, exits[1].describe());
+  for (int rank : {0, 2, 3}) {
+    CAPTURE(rank);
+    CHECK_MESSAGE(exits[rank].exited, exits[rank].describe());
+    CHECK_MESSAGE(exits[rank].code == 3, exits[rank].describe());
+    const std::string log = read_text(dir + "/worker-" + std::to_string(rank) + ".log");
+    CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+  }
+  const std::string log0 = read_text(dir + "/worker-0.log");
+  // Rank 0 trained up to the boundary and stopped there, naming the lost rank.
+  CHECK_MESSAGE(log0.find("commit received") != std::string::npos, log0);
+  CHECK_MESSAGE(log0.find("stopping at step 30") != std::string::npos, log0);
+  CHECK_MESSAGE(log0.find("lost: rank 1") != std::string::npos, log0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("layout switch: the agent killed while staging: the workers drop the plan and train on") {
   // The agent (another process: this program's --live-agent) prepares dp=2 -> pp=2 and is
   // killed while the ranks stage it (staging waits 20 s). The plan book drops the uncommitted
