@@ -29,9 +29,9 @@
 #include "core/error.h"
 #include "tests/live/live_test_util.h"
 #include "tests/test_util.h"
+#include "transport/telemetry_keys.h"
 #ifdef PARAPILOT_HAVE_NCCL
 #include "env/live/nccl_comm.h"
-#include "transport/telemetry_keys.h"
 #endif
 
 using parapilot::testing::failure_of;
