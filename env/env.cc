@@ -65,26 +65,45 @@ VectorEnv::VectorEnv(std::vector<std::unique_ptr<Env>> envs, int threads)
 
 VectorEnv::~VectorEnv() = default;
 
-std::vector<Observation> VectorEnv::reset(uint64_t base_seed) {
+namespace {
+
+// The first failure in env order, or OK.
+Status first_error(const std::vector<Status>& statuses) {
+  for (const Status& s : statuses)
+    if (!s.ok()) return s;
+  return {};
+}
+
+}  // namespace
+
+StatusOr<std::vector<Observation>> VectorEnv::reset(uint64_t base_seed) {
   std::vector<Observation> out(envs_.size());
+  std::vector<Status> failed(envs_.size());
   pool_->parallel_for(size(), [&](int i) {
-    out[i] = envs_[i]->reset(base_seed + static_cast<uint64_t>(i));
+    auto first = envs_[i]->reset(base_seed + static_cast<uint64_t>(i));
+    if (first.ok()) out[i] = *first;
+    else failed[i] = first.status();
     // Later episodes of env i use seeds base + i + k * size, so no two envs share one.
     next_seed_[i] = base_seed + static_cast<uint64_t>(i) + envs_.size();
   });
+  if (Status s = first_error(failed); !s.ok()) return s;
   return out;
 }
 
-std::vector<StepResult> VectorEnv::step(const std::vector<int>& actions) {
+StatusOr<std::vector<StepResult>> VectorEnv::step(const std::vector<int>& actions) {
   if (actions.size() != envs_.size()) throw std::logic_error("VectorEnv::step: one action per env");
   std::vector<StepResult> out(envs_.size());
+  std::vector<Status> failed(envs_.size());
   pool_->parallel_for(size(), [&](int i) {
     out[i] = envs_[i]->step(actions[i]);
     if (out[i].terminated || out[i].truncated) {
-      out[i].observation = envs_[i]->reset(next_seed_[i]);
+      auto next = envs_[i]->reset(next_seed_[i]);
+      if (next.ok()) out[i].observation = *next;
+      else failed[i] = next.status();
       next_seed_[i] += envs_.size();
     }
   });
+  if (Status s = first_error(failed); !s.ok()) return s;
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "env/registry.h"
 
 namespace parapilot::env {
@@ -80,7 +81,10 @@ class Env {
   virtual std::string id() const = 0;
   virtual int horizon() const = 0;
   virtual double interval_s() const = 0;
-  virtual Observation reset(uint64_t seed, const ResetOptions& options = {}) = 0;
+  // Starts an episode and returns its first observation. Errors: the episode could not start
+  // (a live job whose workers did not come up: kUnavailable; a drawn scenario that cannot run:
+  // kInvalidArgument); the env is then as before any reset. Simulated envs never fail.
+  virtual StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options = {}) = 0;
   virtual StepResult step(int action) = 0;
   // The hindsight oracle for the current episode; nullopt when the env cannot see its future.
   virtual std::optional<OracleResult> oracle() { return std::nullopt; }
@@ -104,9 +108,11 @@ class VectorEnv {
   VectorEnv& operator=(const VectorEnv&) = delete;
 
   int size() const { return static_cast<int>(envs_.size()); }
-  // Resets env i with seed base_seed + i.
-  std::vector<Observation> reset(uint64_t base_seed);
-  std::vector<StepResult> step(const std::vector<int>& actions);
+  // Resets env i with seed base_seed + i. The first env's error (Env::reset) when any fails.
+  StatusOr<std::vector<Observation>> reset(uint64_t base_seed);
+  // Steps env i with actions[i] (one action per env). The first error of an env's reset after
+  // its episode ended.
+  StatusOr<std::vector<StepResult>> step(const std::vector<int>& actions);
   Env& env(int i) { return *envs_[i]; }
 
  private:

@@ -12,7 +12,7 @@ std::string BanditEnv::id() const {
   return "bandit(horizon=" + std::to_string(horizon_) + ",best=" + std::to_string(best_) + ")";
 }
 
-Observation BanditEnv::reset(uint64_t seed, const ResetOptions& /*options*/) {
+StatusOr<Observation> BanditEnv::reset(uint64_t seed, const ResetOptions& /*options*/) {
   rng_.seed(seed);
   t_ = 0;
   Observation o;

@@ -21,7 +21,7 @@ class BanditEnv : public Env {
   std::string id() const override;
   int horizon() const override { return horizon_; }
   double interval_s() const override { return 1.0; }
-  Observation reset(uint64_t seed, const ResetOptions& options = {}) override;
+  StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options = {}) override;
   StepResult step(int action) override;
   std::optional<OracleResult> oracle() override;
 

@@ -253,7 +253,7 @@ void run_eval(const EvalOptions& o) {
       const agent::EpisodeStats stats =
           can[i].hindsight
               ? oracle[e]
-              : agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e));
+              : take(agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e)));
       if (recording) sim->record_telemetry(nullptr);
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
@@ -273,7 +273,7 @@ void run_eval(const EvalOptions& o) {
     results.push_back(std::move(r));
   }
   if (progress) std::fprintf(stderr, "\r%40s\r", "");
-  env->reset(o.seed);
+  take(env->reset(o.seed));
   if (!o.plot.empty()) write_plot(o.plot, results, env->events(), env->interval_s(), env->id());
   if (!o.record.empty()) {
     check(write_file_atomically(

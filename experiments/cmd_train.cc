@@ -238,11 +238,11 @@ void run_train(const TrainOptions& o, bool steps_given, bool scenario_given) {
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   double last_score = -1;
   while (!trainer->done()) {
-    const agent::UpdateReport r = trainer->update();
+    const agent::UpdateReport r = take(trainer->update());
     const bool final_update = trainer->done();
     double score = -1;
     if (r.update % o.validate_every == 0 || final_update) {
-      const agent::ValidationReport v = trainer->validate();
+      const agent::ValidationReport v = take(trainer->validate());
       score = last_score = v.score;
       if (config.validation_episodes > 0 && score > best_score) {
         best_score = score;

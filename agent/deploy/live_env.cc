@@ -173,7 +173,7 @@ class LiveEnv final : public env::Env {
   int horizon() const override { return horizon_; }
   double interval_s() const override { return interval_s_; }
 
-  env::Observation reset(uint64_t seed, const env::ResetOptions& options) override {
+  StatusOr<env::Observation> reset(uint64_t seed, const env::ResetOptions& options) override {
     stop();
     handoff_ = std::make_shared<Handoff>();
     {
@@ -197,7 +197,9 @@ class LiveEnv final : public env::Env {
       return std::make_unique<CallerPolicy>(h);
     };
     ao.log = [this](const std::string& line) { record(line); };
-    agent_ = take(DeployAgent::start(std::move(ao)));
+    auto started = DeployAgent::start(std::move(ao));
+    if (!started.ok()) return started.status();
+    agent_ = std::move(*started);
 
     LocalClusterOptions o;
     o.workers = workers_;
@@ -236,11 +238,16 @@ class LiveEnv final : public env::Env {
       o.faults.push_back(f);
     }
     o.log_dir = log_dir_;
-    cluster_ = take(LocalCluster::start(o));
-    auto first = handoff_->next(120s);
-    if (!first) {
+    auto launched = LocalCluster::start(o);
+    if (!launched.ok()) {
       stop();
-      throw std::runtime_error("env live: no decision within 120 s (did the workers start?)");
+      return launched.status();
+    }
+    cluster_ = std::move(*launched);
+    auto first = first_decision();
+    if (!first.ok()) {
+      stop();
+      return first.status();
     }
     last_at_ = first->second;
     const monitor::Beliefs b = agent_->monitor()->beliefs();
@@ -304,6 +311,25 @@ class LiveEnv final : public env::Env {
     if (!j.is_object() || !j.contains("event") || j["event"] == "decision") return;
     std::lock_guard lock(events_mutex_);
     events_.emplace_back(interval_, line);
+  }
+
+  // The first decision's observation, waiting up to 120 s; kUnavailable as soon as a worker
+  // fails (naming how it ended) or when none comes.
+  StatusOr<std::pair<env::Observation, Clock::time_point>> first_decision() {
+    const std::string logs = log_dir_.empty() ? std::string("log_dir=DIR keeps their logs")
+                                              : "their logs are in " + log_dir_;
+    for (int waited_s = 0; waited_s < 120; ++waited_s) {
+      if (auto first = handoff_->next(1s)) return *first;
+      cluster_->poll();
+      if (!cluster_->any_failed()) continue;
+      std::string how;
+      for (const RankExit& e : cluster_->wait(5, 0))
+        if (e.signal != 0 || e.code != 0) how += (how.empty() ? "" : "; ") + e.describe();
+      return Status::unavailable("env live: a worker failed before the first decision: " + how +
+                                 " (" + logs + ")");
+    }
+    return Status::unavailable("env live: no decision within 120 s; did the workers start? (" +
+                               logs + ")");
   }
 
   void stop() {

@@ -6,7 +6,9 @@
 // deploy` runs. No libtorch here (workers are processes).
 //
 // reset(seed) starts the agent and the workers (that seed) and returns the first decision's
-// observation. step(action) answers that decision (0 keep, k candidate k-1; the agent's
+// observation; when the agent cannot listen, the workers cannot be launched, or no decision
+// comes within 120 s, it stops whatever it started and returns the error (kUnavailable for the
+// last). step(action) answers that decision (0 keep, k candidate k-1; the agent's
 // guardrails may still keep), lets the job run to the next decision, interval_steps closed steps
 // later, and returns its observation. Call step() promptly: the agent's decision waits for it.
 // The run's length (horizon decisions) is known to the agent; there is no cool-down, as in the

@@ -8,10 +8,12 @@
 
 namespace parapilot::agent {
 
-EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
+StatusOr<EpisodeStats> run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
   EpisodeStats stats;
   policy.begin_episode();
-  env::Observation obs = env.reset(seed, policy.reset_options());
+  auto first = env.reset(seed, policy.reset_options());
+  if (!first.ok()) return first.status();
+  env::Observation obs = std::move(*first);
   double reward_sum = 0;
   int steps = 0;
   while (true) {
@@ -34,7 +36,7 @@ EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed) {
 }
 
 StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed) {
-  env.reset(seed);
+  if (auto first = env.reset(seed); !first.ok()) return first.status();
   const auto oracle = env.oracle();
   if (!oracle) return Status::invalid_argument("env " + env.id() + " has no hindsight oracle");
   EpisodeStats stats;

@@ -30,10 +30,11 @@ struct EpisodeStats {
   std::map<std::string, int> clipped_inputs, unseen_inputs;
 };
 
-// Runs one episode of `policy` on `env` from `seed`.
-EpisodeStats run_episode(env::Env& env, policy::Policy& policy, uint64_t seed);
+// Runs one episode of `policy` on `env` from `seed`. Errors: the episode could not start
+// (env::Env::reset).
+StatusOr<EpisodeStats> run_episode(env::Env& env, policy::Policy& policy, uint64_t seed);
 // The oracle's episode from `seed`; kInvalidArgument naming the env when it has no oracle (a
-// live job cannot see its future).
+// live job cannot see its future); the reset's error when the episode could not start.
 StatusOr<EpisodeStats> run_oracle(env::Env& env, uint64_t seed);
 
 /// Where an episode fell short of the oracle's on the same seed: the oracle's tokens less the

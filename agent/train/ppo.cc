@@ -163,7 +163,7 @@ struct PpoTrainer::State {
       for (int k = 0; k < config.validation_episodes; ++k) list.push_back(take(env::make_env(id)));
     }
     validation = std::make_unique<env::VectorEnv>(std::move(list), config.threads);
-    validation->reset(kValidationSeed);
+    take(validation->reset(kValidationSeed));
     for (int i = 0; i < validation->size(); ++i) {
       env::Env& e = validation->env(i);
       const auto oracle = e.oracle();
@@ -247,7 +247,7 @@ int64_t PpoTrainer::update_index() const { return s_->update; }
 int PpoTrainer::steps_per_update() const { return s_->config.envs * s_->horizon; }
 int64_t PpoTrainer::parameter_count() const { return s_->net->parameter_count(); }
 
-UpdateReport PpoTrainer::update() {
+StatusOr<UpdateReport> PpoTrainer::update() {
   State& s = *s_;
   const auto start = std::chrono::steady_clock::now();
   const PpoConfig& c = s.config;
@@ -261,7 +261,9 @@ UpdateReport PpoTrainer::update() {
   std::vector<float> old_logp(N), values(N), rewards(N);
   double reward_sum = 0;
   const uint64_t base_seed = (1ULL << 40) + (c.seed << 24) + static_cast<uint64_t>(s.update) * E;
-  std::vector<env::Observation> obs = s.envs->reset(base_seed);
+  auto started = s.envs->reset(base_seed);
+  if (!started.ok()) return started.status();
+  std::vector<env::Observation> obs = std::move(*started);
   std::vector<int> act(E);
   torch::NoGradGuard no_grad;
   for (int t = 0; t < T; ++t) {
@@ -281,7 +283,9 @@ UpdateReport PpoTrainer::update() {
       old_logp[t * E + i] = lp[i * env::kNumActions + act[i]];
       values[t * E + i] = v[i];
     }
-    const std::vector<env::StepResult> results = s.envs->step(act);
+    const auto stepped = s.envs->step(act);
+    if (!stepped.ok()) return stepped.status();
+    const std::vector<env::StepResult>& results = *stepped;
     for (int i = 0; i < E; ++i) {
       reward_sum += results[i].reward;
       const double penalty = results[i].info.migration_started ? c.switch_penalty : 0.0;
@@ -377,14 +381,16 @@ UpdateReport PpoTrainer::update() {
   return report;
 }
 
-ValidationReport PpoTrainer::validate() {
+StatusOr<ValidationReport> PpoTrainer::validate() {
   State& s = *s_;
   ValidationReport report;
   if (!s.validation) return report;
   const auto start = std::chrono::steady_clock::now();
   const int V = s.validation->size();
   policy::FastActor actor(s.net);
-  std::vector<env::Observation> obs = s.validation->reset(kValidationSeed);
+  auto first = s.validation->reset(kValidationSeed);
+  if (!first.ok()) return first.status();
+  std::vector<env::Observation> obs = std::move(*first);
   std::vector<double> tokens(V, 0.0);
   std::vector<int> act(V);
   for (int t = 0; t < s.horizon; ++t) {
@@ -392,7 +398,9 @@ ValidationReport PpoTrainer::validate() {
       const auto logits = actor.logits(s.normalizer.normalise(obs[i]));
       act[i] = policy::greedy_action(logits.data(), env::kNumActions);
     }
-    const auto results = s.validation->step(act);
+    const auto stepped = s.validation->step(act);
+    if (!stepped.ok()) return stepped.status();
+    const std::vector<env::StepResult>& results = *stepped;
     for (int i = 0; i < V; ++i) {
       tokens[i] += results[i].info.tokens;
       obs[i] = results[i].observation;

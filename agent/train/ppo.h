@@ -98,10 +98,12 @@ class PpoTrainer {
   int steps_per_update() const;
   int64_t parameter_count() const;
 
-  // One rollout (an episode per env) and its optimisation.
-  UpdateReport update();
-  // The greedy policy on the validation episodes. Does not change the training state.
-  ValidationReport validate();
+  // One rollout (an episode per env) and its optimisation. Errors: an env's episode could not
+  // start (env::Env::reset); the update is then not applied.
+  StatusOr<UpdateReport> update();
+  // The greedy policy on the validation episodes. Does not change the training state. Errors as
+  // update().
+  StatusOr<ValidationReport> validate();
 
   // A checkpoint of the current state; `metrics` are stored with it.
   checkpoints::PolicyCheckpoint checkpoint(const std::map<std::string, double>& metrics) const;

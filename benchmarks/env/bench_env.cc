@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "benchmarks/report.h"
+#include "core/error.h"
 #include "env/env.h"
 
 using namespace parapilot::env;
@@ -42,14 +43,14 @@ double single(const std::string& id, double seconds) {
   auto env = env_of(id);
   std::mt19937_64 rng(1);
   uint64_t seed = 0;
-  env->reset(seed++);
+  parapilot::take(env->reset(seed++));
   long steps = 0;
   const auto start = std::chrono::steady_clock::now();
   double elapsed = 0;
   while (elapsed < seconds) {
     const StepResult r = env->step(action_for(rng));
     ++steps;
-    if (r.truncated || r.terminated) env->reset(seed++);
+    if (r.truncated || r.terminated) parapilot::take(env->reset(seed++));
     if (steps % 64 == 0) {
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
@@ -73,7 +74,7 @@ std::pair<double, uint64_t> fixed_work(const std::string& id, long n) {
     mix(o.mask.data(), sizeof o.mask);
   };
   const auto start = std::chrono::steady_clock::now();
-  mix_observation(env->reset(seed++));
+  mix_observation(parapilot::take(env->reset(seed++)));
   for (long i = 0; i < n; ++i) {
     const StepResult r = env->step(action_for(rng));
     mix_observation(r.observation);
@@ -82,7 +83,7 @@ std::pair<double, uint64_t> fixed_work(const std::string& id, long n) {
     const int flags = r.info.migration_started | r.info.migration_committed << 1 |
                       r.info.restarted << 2 | r.truncated << 3 | r.terminated << 4;
     mix(&flags, sizeof flags);
-    if (r.truncated || r.terminated) mix_observation(env->reset(seed++));
+    if (r.truncated || r.terminated) mix_observation(parapilot::take(env->reset(seed++)));
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -93,7 +94,7 @@ double vectorised(const std::string& id, int envs, int threads, double seconds) 
   std::vector<std::unique_ptr<Env>> list;
   for (int i = 0; i < envs; ++i) list.push_back(env_of(id));
   VectorEnv vec(std::move(list), threads);
-  vec.reset(0);
+  parapilot::take(vec.reset(0));
   std::mt19937_64 rng(1);
   std::vector<int> actions(envs);
   long steps = 0;
@@ -101,7 +102,7 @@ double vectorised(const std::string& id, int envs, int threads, double seconds) 
   double elapsed = 0;
   while (elapsed < seconds) {
     for (int& a : actions) a = action_for(rng);
-    vec.step(actions);
+    parapilot::take(vec.step(actions));
     steps += envs;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
         int n = 0;
         for (auto& e : envs) {
           for (int k = 0; k < episodes; ++k, ++n) {
-            const auto s = agent::run_episode(*e.env, *rule, first_seed + k);
+            const auto s = parapilot::take(agent::run_episode(*e.env, *rule, first_seed + k));
             r.score += s.throughput_tokens_per_s / e.oracle[k];
             r.migrations += s.migrations;
           }

@@ -152,6 +152,8 @@ namespace {
 // before the first reset, as eval makes them, reads the episode it runs).
 class DistributionEnv : public Env, private PlanningView {
  public:
+  static constexpr uint64_t kMaxRedraws = 64;
+
   DistributionEnv(const ScenarioRanges& ranges, std::string id)
       : ranges_(ranges), id_(std::move(id)) {}
 
@@ -159,19 +161,27 @@ class DistributionEnv : public Env, private PlanningView {
   int horizon() const override { return ranges_.horizon; }
   double interval_s() const override { return kDefaultIntervalS; }
 
-  Observation reset(uint64_t seed, const ResetOptions& options) override {
+  StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options) override {
     // Redraws (a function of the seed) until the drawn model fits the drawn cluster.
-    for (uint64_t attempt = 0;; ++attempt) {
+    Status last;
+    for (uint64_t attempt = 0; attempt <= kMaxRedraws; ++attempt) {
       Scenario s = draw_scenario(ranges_, seed + attempt * 0x100000001B3ULL);
-      try {
-        auto env = std::make_unique<SimEnv>(std::move(s), id_);
-        Observation o = env->reset(seed, options);
-        inner_ = std::move(env);
-        return o;
-      } catch (const InputError&) {
-        if (attempt >= 64) throw;
+      auto made = catch_input_error([&] { return std::make_unique<SimEnv>(std::move(s), id_); });
+      if (!made.ok()) {
+        last = made.status();
+        continue;
       }
+      auto first = (*made)->reset(seed, options);
+      if (!first.ok()) {
+        last = first.status();
+        continue;
+      }
+      inner_ = std::move(*made);
+      return first;
     }
+    return Status::invalid_argument("env " + id_ + ": no runnable scenario in " +
+                                    std::to_string(kMaxRedraws + 1) + " draws from seed " +
+                                    std::to_string(seed) + "; the last: " + last.message());
   }
   StepResult step(int action) override { return running().step(action); }
   std::optional<OracleResult> oracle() override {

@@ -283,7 +283,7 @@ double SimEnv::best_tokens_per_s(int t) {
   return best;
 }
 
-Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
+StatusOr<Observation> SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   truth_ = recorded_ ? *recorded_ : generate_truth(scenario_, seed);
   if (truth_.global_batch.empty()) truth_.global_batch.assign(scenario_.horizon, global_batch_);
   rng_.seed(seed ^ 0xA5A5A5A5DEADBEEFULL);
@@ -321,7 +321,8 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   const PlanResult nominal =
       plan(Conditions{}, scenario_.model.seq_len, full_batch, true_gradients(0), std::nullopt);
   if (nominal.candidates.empty()) {
-    throw InputError("scenario " + scenario_.name + ": no layout fits this model on this cluster");
+    return Status::invalid_argument("scenario " + scenario_.name +
+                                    ": no layout fits this model on this cluster");
   }
   planned_initial_ = nominal.candidates.front().strategy;
   {
@@ -333,7 +334,8 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
     dp.recompute = scenario_.space.recompute.empty() ? Recompute::kSelective
                                                      : scenario_.space.recompute.front();
     if (find_problem(dp, scenario_.model, scenario_.cluster)) {
-      throw InputError("scenario " + scenario_.name + ": pure data parallel is not legal here");
+      return Status::invalid_argument("scenario " + scenario_.name +
+                                      ": pure data parallel is not legal here");
     }
     uniform_dp_ = dp;
   }
@@ -342,8 +344,8 @@ Observation SimEnv::reset(uint64_t seed, const ResetOptions& options) {
   } else if (options.initial_layout == "planned") {
     initial_ = planned_initial_;
   } else {
-    throw InputError("unknown initial layout \"" + options.initial_layout +
-                     "\" (planned | uniform-dp)");
+    return Status::invalid_argument("unknown initial layout \"" + options.initial_layout +
+                                    "\" (planned | uniform-dp)");
   }
   current_ = chosen_ = initial_;
   observe_telemetry();  // failures present from the start are seen at once

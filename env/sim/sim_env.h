@@ -46,7 +46,7 @@ class SimEnv : public Env, private PlanningView {
   std::string id() const override { return id_; }
   int horizon() const override { return scenario_.horizon; }
   double interval_s() const override { return scenario_.interval_s; }
-  Observation reset(uint64_t seed, const ResetOptions& options = {}) override;
+  StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options = {}) override;
   StepResult step(int action) override;
   std::optional<OracleResult> oracle() override;
   std::vector<std::pair<int, std::string>> events() const override { return truth_.events; }

@@ -76,7 +76,7 @@ TEST_CASE("the decider's observations equal the simulator's over whole episodes,
       if (seed == 3) scenario.interval_s = 1;
       const int S = scenario.telemetry.steps_per_interval;
       env::SimEnv sim(scenario, "sim:test");
-      env::Observation expected = sim.reset(seed);
+      env::Observation expected = ok(sim.reset(seed));
 
       LoadedPolicy policy;
       policy.policy = std::make_unique<SwitchEvery>(3);

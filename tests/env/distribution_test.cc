@@ -89,7 +89,7 @@ TEST_CASE("distribution: every reset of sim:random runs a drawn scenario that fi
   CHECK(env->id() == "sim:random(gpus_max=128,horizon=4)");
   std::set<std::string> seen;
   for (uint64_t seed = 0; seed < 30; ++seed) {
-    env->reset(seed);
+    ok(env->reset(seed));
     REQUIRE(env->planning_view() != nullptr);
     const Scenario& s = env->planning_view()->scenario();
     const std::string drawn = s.cluster.name + " " + s.model.name;
@@ -104,7 +104,7 @@ TEST_CASE("distribution: every reset of sim:random runs a drawn scenario that fi
       if (r.truncated) break;
     }
     // The same seed draws the same scenario and the same episode.
-    env->reset(seed);
+    ok(env->reset(seed));
     const Scenario& replayed = env->planning_view()->scenario();
     CHECK(replayed.cluster.name + " " + replayed.model.name == drawn);
     double again = 0;

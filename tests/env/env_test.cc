@@ -53,7 +53,7 @@ const std::string kConformanceIds[] = {
 std::vector<double> rollout(Env& env, uint64_t seed, uint64_t action_seed, int* steps = nullptr) {
   std::mt19937_64 rng(action_seed);
   std::vector<double> trace;
-  env.reset(seed);
+  ok(env.reset(seed));
   int n = 0;
   while (true) {
     const StepResult r = env.step(static_cast<int>(rng() % kNumActions));
@@ -92,7 +92,7 @@ TEST_CASE(
     for (double v : first) CHECK(std::isfinite(v));
     // Random rollouts from other seeds never crash and keep observations in range.
     for (uint64_t seed = 1; seed <= 3; ++seed) {
-      a->reset(seed);
+      ok(a->reset(seed));
       std::mt19937_64 rng(seed);
       for (int t = 0; t < a->horizon(); ++t) {
         const StepResult r = a->step(static_cast<int>(rng() % (kNumActions + 2)) - 1);
@@ -191,7 +191,7 @@ TEST_CASE("scenario files: a cluster of any size, and gpus must agree with it") 
   std::ofstream(path) << "[scenario]\nfamily = \"straggler\"\ncluster = \"1x4xa100-80g\"\n"
                          "horizon = 4\n";
   auto small = ok(make_env(path));
-  small->reset(3);
+  ok(small->reset(3));
   for (int t = 0; t < 4; ++t) CHECK(std::isfinite(small->step(0).reward));
   std::remove(path.c_str());
 }
@@ -212,7 +212,7 @@ TEST_CASE("simulator: an episode does not depend on the episodes the env ran bef
     SimEnv fresh(scenario, "fresh"), used(scenario, "used");
     for (uint64_t seed = 1; seed <= 3; ++seed) rollout(used, seed, seed);
     auto best_tokens = [](Env& env, uint64_t seed) {
-      env.reset(seed);
+      ok(env.reset(seed));
       std::vector<double> best;
       for (int t = 0; t < env.horizon(); ++t) best.push_back(env.step(t % 3 == 0).info.best_tokens);
       return best;
@@ -227,15 +227,15 @@ TEST_CASE("vectorised runner: same per-env trajectories as sequential stepping")
   std::vector<std::unique_ptr<Env>> envs;
   for (int i = 0; i < 3; ++i) envs.push_back(ok(make_env(id)));
   VectorEnv vec(std::move(envs), 2);
-  vec.reset(100);
+  ok(vec.reset(100));
   std::vector<std::vector<double>> rewards(3);
   for (int t = 0; t < 8; ++t) {
-    const auto results = vec.step({0, 1, 2});
+    const auto results = ok(vec.step({0, 1, 2}));
     for (int i = 0; i < 3; ++i) rewards[i].push_back(results[i].reward);
   }
   for (int i = 0; i < 3; ++i) {
     auto env = ok(make_env(id));
-    env->reset(100 + static_cast<uint64_t>(i));
+    ok(env->reset(100 + static_cast<uint64_t>(i)));
     for (int t = 0; t < 8; ++t) CHECK(env->step(i).reward == rewards[i][t]);
   }
 }
@@ -247,7 +247,7 @@ TEST_CASE("simulator: the oracle bounds static and reactive, and adapting beats 
     const auto oracle = ok(agent::run_oracle(*env, seed));
     for (const std::string name : {"static", "reactive"}) {
       auto policy = ok(parapilot::policy::make_policy(name, env.get()));
-      const auto stats = agent::run_episode(*env, *policy, seed);
+      const auto stats = ok(agent::run_episode(*env, *policy, seed));
       CHECK(stats.tokens <= oracle.tokens * 1.0001);
       (name == "static" ? static_total : reactive_total) += stats.tokens;
     }
@@ -266,7 +266,7 @@ TEST_CASE("simulator: every rule is bounded by the oracle and adapts where stati
       if (can.learned || can.hindsight || can.needs_planning_view) continue;  // not a rule
       const std::string& name = info.name;
       auto policy = ok(parapilot::policy::make_policy(name, env.get()));
-      const auto stats = agent::run_episode(*env, *policy, seed);
+      const auto stats = ok(agent::run_episode(*env, *policy, seed));
       CHECK(stats.tokens <= oracle.tokens * 1.0001);
       total[name] += stats.tokens;
     }
@@ -333,9 +333,24 @@ TEST_CASE("simulator: mixed GPUs make uniform data parallel slower than the plan
   auto env = ok(make_env("sim:hetero(gpus=16,horizon=4)"));
   auto planned = parapilot::policy::make_static();
   auto uniform = parapilot::policy::make_uniform_dp();
-  const auto a = agent::run_episode(*env, *planned, 1);
-  const auto b = agent::run_episode(*env, *uniform, 1);
+  const auto a = ok(agent::run_episode(*env, *planned, 1));
+  const auto b = ok(agent::run_episode(*env, *uniform, 1));
   CHECK(a.throughput_tokens_per_s > 1.2 * b.throughput_tokens_per_s);
+}
+
+TEST_CASE("simulator: an episode that cannot start is an error naming why, and the env still "
+          "runs the next") {
+  auto env = ok(make_env("sim:straggler(gpus=16,horizon=4)"));
+  ResetOptions bogus;
+  bogus.initial_layout = "diagonal";
+  const auto refused = env->reset(1, bogus);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("\"diagonal\"") != std::string::npos);
+  // The refused reset left nothing behind: the next episode is a fresh env's, step for step.
+  auto fresh = ok(make_env("sim:straggler(gpus=16,horizon=4)"));
+  CHECK(ok(env->reset(1)).state == ok(fresh->reset(1)).state);
+  for (int t = 0; t < 4; ++t) CHECK(env->step(1).reward == fresh->step(1).reward);
 }
 
 TEST_CASE("simulator: a failed GPU crashes the layout and the env restarts it") {
@@ -343,7 +358,7 @@ TEST_CASE("simulator: a failed GPU crashes the layout and the env restarts it") 
   s.horizon = 24;
   s.failure.rate_per_node_hour = 2.0;  // make a failure certain in this short run
   SimEnv env(s, "failure-test");
-  env.reset(5);
+  ok(env.reset(5));
   int restarts = 0;
   for (int t = 0; t < s.horizon; ++t) restarts += env.step(0).info.restarted;
   CHECK(restarts >= 1);
@@ -403,7 +418,7 @@ TEST_CASE("simulator: the oracle says when the truth changed, and the shortfall 
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     const auto oracle = ok(agent::run_oracle(*env, seed));
     for (bool c : oracle.truth_changed) changes += c;
-    const auto stats = agent::run_episode(*env, *rule, seed);
+    const auto stats = ok(agent::run_episode(*env, *rule, seed));
     const auto gap = agent::gap_by_change(stats, oracle);
     REQUIRE(gap.has_value());
     CHECK(gap->onset + gap->next + gap->later ==
@@ -429,7 +444,7 @@ TEST_CASE("exact beliefs: the agent believes the interval just run, failures at 
     truth.seq_len.push_back(s.model.seq_len);
   }
   SimEnv env(s, "recorded", truth);
-  env.reset(3);
+  ok(env.reset(3));
   CHECK(env.beliefs().gpu_speed.empty());  // nothing has run yet
   env.step(0);
   CHECK(env.beliefs().gpu_speed == truth.conditions[0].gpu_speed);  // exactly, no noise
@@ -449,7 +464,7 @@ TEST_CASE("trace env: replays the recorded per-rank speeds as the hidden truth")
   auto env = ok(make_env(kConformanceIds[0]));
   auto* sim = dynamic_cast<SimEnv*>(env.get());
   REQUIRE(sim);
-  env->reset(1);
+  ok(env->reset(1));
   CHECK(env->horizon() == 32);  // 32 recorded steps, one per interval
   CHECK(sim->scenario().cluster.num_gpus() == 8);
   // The sample's workers compute at their stage's typical pace: no rank is far off.
@@ -475,7 +490,7 @@ TEST_CASE("simulator telemetry recording: the trace analysis finds the slowed GP
   env.record_telemetry(&samples);
   ResetOptions uniform;
   uniform.initial_layout = "uniform-dp";
-  env.reset(1, uniform);
+  ok(env.reset(1, uniform));
   for (int t = 0; t < 8; ++t) env.step(0);
   REQUIRE(samples.size() == 8u * 16u);  // one per replica (dp = 16, tp = pp = 1) per interval
 
@@ -586,7 +601,7 @@ TEST_CASE("simulator beliefs come from the monitor fed with the steps' telemetry
   SimEnv env(s, "recorded", truth);
   ResetOptions uniform;
   uniform.initial_layout = "uniform-dp";  // data parallel across both nodes: the links show
-  env.reset(3, uniform);
+  ok(env.reset(3, uniform));
   CHECK(env.beliefs().gpu_speed.empty());  // nothing measured yet
   env.step(0);
   env.step(0);

@@ -88,7 +88,7 @@ TEST_CASE("phase: the global batch ramps from a quarter to the full batch in thr
   // The running layout follows the ramp, and the same layout's throughput grows with it: a
   // larger batch amortises the gradient reduction over more tokens.
   SimEnv env(s, "phase-test");
-  env.reset(3);
+  ok(env.reset(3));
   const Strategy start = env.current_layout();
   CHECK(start.global_batch == 64);
   for (int t = 0; t < 30; ++t) {
@@ -117,7 +117,7 @@ TEST_CASE("phase: the ramp never starts below one sample per GPU") {
   SimEnv env(s, "phase-test");
   ResetOptions dp;
   dp.initial_layout = "uniform-dp";
-  env.reset(1, dp);
+  ok(env.reset(1, dp));
   for (int t = 0; t < s.horizon; ++t) CHECK(env.step(0).info.tokens > 0);
 }
 
@@ -158,7 +158,7 @@ TEST_CASE("phase: convergence efficiency of compression against the budget") {
 TEST_CASE("phase: a compressed layout loses progress before the decay and gains after it") {
   const Scenario s = phase_scenario();
   SimEnv env(s, "phase-test");
-  env.reset(2);
+  ok(env.reset(2));
   // A plain all-reduce layout, uncompressed and with PowerSGD, at the full batch before and
   // after the decay at interval 48 (the long-context stage starts at 72).
   Strategy plain;
@@ -190,7 +190,7 @@ TEST_CASE("phase: the planner offers compressed layouts only once the decay is m
   // Before the decay: whatever the policy switches to compresses at most to fp16.
   {
     SimEnv env(s, "phase-test");
-    env.reset(4);
+    ok(env.reset(4));
     int switched = 0;
     for (int t = 0; t < 48; ++t) {
       switched += env.step(t % 6 == 5 ? 1 : 0).info.migration_committed ? 1 : 0;
@@ -200,7 +200,7 @@ TEST_CASE("phase: the planner offers compressed layouts only once the decay is m
   }
   // After it (measured one interval late), the best candidate compresses, and it pays.
   SimEnv env(s, "phase-test");
-  env.reset(4);
+  ok(env.reset(4));
   double before_switch = 0;
   for (int t = 0; t < 49; ++t) before_switch = env.step(0).reward;
   CHECK_FALSE(compresses_beyond_fp16(env.current_layout(), layers));
@@ -214,7 +214,7 @@ TEST_CASE("phase: the oracle adopts compression after the decay; static cannot")
   Scenario s = phase_scenario(96, 64);
   auto static_policy = parapilot::policy::make_static();
   SimEnv env(s, "phase-test");
-  const auto fixed = agent::run_episode(env, *static_policy, 6);
+  const auto fixed = ok(agent::run_episode(env, *static_policy, 6));
   const auto oracle = ok(agent::run_oracle(env, 6));
   double fixed_late = 0, oracle_late = 0, fixed_mid = 0, oracle_mid = 0;
   for (int t = 30; t < 46; ++t) {

@@ -214,7 +214,7 @@ TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner c
       }
     }
   };
-  auto obs = env->reset(7);
+  auto obs = ok(env->reset(7));
   in_range(obs);
   bool committed = false;
   for (int t = 0; t < env->horizon(); ++t) {
@@ -248,6 +248,28 @@ TEST_CASE("live:gloo is an Env over the deploy agent: Monitor beliefs, planner c
   CHECK(failure_of(parapilot::env::make_env("live:gloo(wokers=2)")).find("unknown parameter \"wokers\"") != std::string::npos);
 }
 
+TEST_CASE("live:gloo: an episode whose workers fail at start returns kUnavailable naming how "
+          "they ended, at once, and the env starts the next episode") {
+  parapilot::agent::deploy::register_live_envs();
+  // /bin/false stands in for the worker: every rank exits 1 before the first decision.
+  auto env = ok(parapilot::env::make_env(
+      "live:gloo(workers=2,interval_steps=6,horizon=2,layers=1,d_model=32,seq_len=16,"
+      "global_batch=8,exe=/bin/false,worker_arg=--live-worker)"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto first = env->reset(1);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().code() == parapilot::StatusCode::kUnavailable);
+  CHECK_MESSAGE(first.status().message().find("failed before the first decision") !=
+                    std::string::npos,
+                first.status().message());
+  CHECK_MESSAGE(first.status().message().find("exited with code 1") != std::string::npos,
+                first.status().message());
+  CHECK(took < 60);  // not the 120 s wait for a decision that cannot come
+  // A second reset starts afresh (and fails the same way): nothing of the first is left running.
+  CHECK_FALSE(env->reset(2).ok());
+}
+
 TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside the range its "
           "training produced") {
   parapilot::agent::deploy::register_live_envs();
@@ -258,7 +280,7 @@ TEST_CASE("conformance: on live:gloo, the shipped policy's inputs stay inside th
   auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);
-  const auto stats = parapilot::agent::run_episode(*env, *policy, 11);
+  const auto stats = ok(parapilot::agent::run_episode(*env, *policy, 11));
   std::string unseen, clipped;
   for (const auto& [input, n] : stats.unseen_inputs) unseen += " " + input + "=" + std::to_string(n);
   for (const auto& [input, n] : stats.clipped_inputs) clipped += " " + input + "=" + std::to_string(n);
@@ -355,7 +377,7 @@ TEST_CASE("live:torch runs a PyTorch DDP script through the same agent and proto
   auto shipped = parapilot::policy::load_policy(parapilot::policy::default_policy_path());
   REQUIRE_MESSAGE(shipped.ok(), shipped.status().message());
   auto policy = std::move(*shipped);
-  auto obs = env->reset(3);
+  auto obs = ok(env->reset(3));
   bool committed = false;
   std::vector<std::string> unseen;
   for (int t = 0; t < env->horizon(); ++t) {

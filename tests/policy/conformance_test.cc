@@ -48,7 +48,7 @@ TEST_CASE("conformance: on every env, the shipped policy's inputs stay inside th
       auto env = ok(parapilot::env::make_env(id));
       std::map<std::string, int> unseen, clipped;
       for (uint64_t seed = 2000; seed < 2003; ++seed) {
-        const auto stats = parapilot::agent::run_episode(*env, *policy, seed);
+        const auto stats = ok(parapilot::agent::run_episode(*env, *policy, seed));
         for (const auto& [input, n] : stats.unseen_inputs) unseen[input] += n;
         for (const auto& [input, n] : stats.clipped_inputs) clipped[input] += n;
       }

@@ -37,7 +37,7 @@ Scenario persistent_stragglers() {
 std::vector<int> actions(SimEnv& env, uint64_t seed, int steps, const policy::LookaheadOptions& o) {
   auto p = ok(policy::make_lookahead(env, o));
   p->begin_episode();
-  Observation obs = env.reset(seed, p->reset_options());
+  Observation obs = ok(env.reset(seed, p->reset_options()));
   std::vector<int> out;
   for (int t = 0; t < steps; ++t) {
     out.push_back(p->act(obs));
@@ -150,8 +150,8 @@ TEST_CASE("lookahead: the decisions do not change when only the hidden future di
   }
   SimEnv env_a(s, "a", a, true), env_b(s, "b", b, true), env_c(s, "c", c, true);
   // The futures differ where it matters: hindsight would act on b's.
-  env_a.reset(seed);
-  env_b.reset(seed);
+  ok(env_a.reset(seed));
+  ok(env_b.reset(seed));
   REQUIRE(env_a.oracle()->tokens_per_interval[T + 2] !=
           doctest::Approx(env_b.oracle()->tokens_per_interval[T + 2]).epsilon(0.05));
 
@@ -173,13 +173,13 @@ TEST_CASE("lookahead: the same seed gives the same episode; the seed keys the fu
   o.futures = 8;
   auto p1 = ok(policy::make_lookahead(*env, o));
   auto p2 = ok(policy::make_lookahead(*env, o));
-  const agent::EpisodeStats x = agent::run_episode(*env, *p1, 21);
-  const agent::EpisodeStats y = agent::run_episode(*env, *p2, 21);
+  const agent::EpisodeStats x = ok(agent::run_episode(*env, *p1, 21));
+  const agent::EpisodeStats y = ok(agent::run_episode(*env, *p2, 21));
   CHECK(x.tokens == y.tokens);
   CHECK(x.migrations == y.migrations);
   CHECK(x.tokens_per_s_by_interval == y.tokens_per_s_by_interval);
   // And the policy holds nothing across episodes: a used policy repeats a fresh one.
-  const agent::EpisodeStats z = agent::run_episode(*env, *p1, 21);
+  const agent::EpisodeStats z = ok(agent::run_episode(*env, *p1, 21));
   CHECK(z.tokens_per_s_by_interval == x.tokens_per_s_by_interval);
 }
 
@@ -191,8 +191,8 @@ TEST_CASE("lookahead: recovers a persistent straggler's loss where static cannot
   std::vector<double> la, st;
   for (uint64_t seed = 1; seed <= 6; ++seed) {
     const double oracle = ok(agent::run_oracle(env, seed)).throughput_tokens_per_s;
-    la.push_back(agent::run_episode(env, *lookahead, seed).throughput_tokens_per_s / oracle);
-    st.push_back(agent::run_episode(env, *fixed, seed).throughput_tokens_per_s / oracle);
+    la.push_back(ok(agent::run_episode(env, *lookahead, seed)).throughput_tokens_per_s / oracle);
+    st.push_back(ok(agent::run_episode(env, *fixed, seed)).throughput_tokens_per_s / oracle);
   }
   const agent::PairedDifference d = agent::paired_difference(la, st);
   MESSAGE("lookahead - static: " << d.difference.mean << " +- " << d.difference.half_width

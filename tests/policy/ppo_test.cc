@@ -49,16 +49,16 @@ std::string temp_path(const std::string& name) {
 TEST_CASE("ppo: learns the best arm of a bandit (known optimum)") {
   const auto started = ok(ag::PpoTrainer::start(bandit_config()));
   ag::PpoTrainer& trainer = *started;
-  while (!trainer.done()) trainer.update();
+  while (!trainer.done()) ok(trainer.update());
   auto policy = trainer.greedy_policy();
   auto bandit = ok(parapilot::env::make_env("bandit(horizon=16,best=3)"));
-  const ag::EpisodeStats stats = ag::run_episode(*bandit, *policy, 7);
+  const ag::EpisodeStats stats = ok(ag::run_episode(*bandit, *policy, 7));
   const ag::EpisodeStats oracle = ok(ag::run_oracle(*bandit, 7));
   CHECK(stats.mean_reward > 0.95);
   REQUIRE(oracle.throughput_tokens_per_s > 0);
   // The known optimum, nearly: the greedy policy's throughput against the hindsight oracle's.
   CHECK(stats.throughput_tokens_per_s >= 0.95 * oracle.throughput_tokens_per_s);
-  CHECK(trainer.validate().score > 0.95);
+  CHECK(ok(trainer.validate()).score > 0.95);
   parapilot::env::Observation o;
   o.state[0] = 1.0f;
   o.mask.fill(1);
@@ -72,8 +72,8 @@ TEST_CASE("ppo: the same seed gives the same run; another seed another") {
   const auto started_b = ok(ag::PpoTrainer::start(c));
   ag::PpoTrainer &a = *started_a, &b = *started_b;
   for (int i = 0; i < 3; ++i) {
-    const auto ra = a.update();
-    const auto rb = b.update();
+    const auto ra = ok(a.update());
+    const auto rb = ok(b.update());
     CHECK(ra.mean_reward == rb.mean_reward);
     CHECK(ra.policy_loss == rb.policy_loss);
   }
@@ -81,7 +81,7 @@ TEST_CASE("ppo: the same seed gives the same run; another seed another") {
   c.seed = 43;
   const auto started_other = ok(ag::PpoTrainer::start(c));
   ag::PpoTrainer& other = *started_other;
-  other.update();
+  ok(other.update());
   CHECK(other.parameters() != a.parameters());
 }
 
@@ -90,11 +90,11 @@ TEST_CASE("ppo: a run resumed from a checkpoint continues exactly as if it had n
   c.total_steps = 8 * 16 * 6;
   const auto started = ok(ag::PpoTrainer::start(c));
   ag::PpoTrainer& straight = *started;
-  for (int i = 0; i < 3; ++i) straight.update();
+  for (int i = 0; i < 3; ++i) ok(straight.update());
   const std::string path = temp_path("resume.ckpt");
   REQUIRE(cp::write_checkpoint(path, straight.checkpoint({{"validation_score", 0.5}})).ok());
   std::vector<ag::UpdateReport> expected;
-  while (!straight.done()) expected.push_back(straight.update());
+  while (!straight.done()) expected.push_back(ok(straight.update()));
 
   const auto saved = cp::read_checkpoint(path);
   REQUIRE(saved.ok());
@@ -104,7 +104,7 @@ TEST_CASE("ppo: a run resumed from a checkpoint continues exactly as if it had n
   CHECK(resumed.update_index() == 3);
   size_t k = 0;
   while (!resumed.done()) {
-    const auto r = resumed.update();
+    const auto r = ok(resumed.update());
     REQUIRE(k < expected.size());
     CHECK(r.mean_reward == expected[k].mean_reward);
     CHECK(r.policy_loss == expected[k].policy_loss);
@@ -121,7 +121,7 @@ TEST_CASE("ppo: a trained policy loads from its checkpoint and acts as the train
   c.total_steps = 8 * 16 * 2;
   const auto started = ok(ag::PpoTrainer::start(c));
   ag::PpoTrainer& trainer = *started;
-  while (!trainer.done()) trainer.update();
+  while (!trainer.done()) ok(trainer.update());
   const std::string path = temp_path("policy.ckpt");
   REQUIRE(cp::write_checkpoint(path, trainer.checkpoint({})).ok());
   auto read = parapilot::policy::load_policy(path);
@@ -146,7 +146,7 @@ TEST_CASE("ppo: a switch penalty above the best arm's advantage makes staying th
   c.switch_penalty = 1.0;
   const auto started = ok(ag::PpoTrainer::start(c));
   ag::PpoTrainer& trainer = *started;
-  while (!trainer.done()) trainer.update();
+  while (!trainer.done()) ok(trainer.update());
   auto policy = trainer.greedy_policy();
   parapilot::env::Observation o;
   o.state[0] = 1.0f;
@@ -197,9 +197,9 @@ TEST_CASE("ppo: the shipped default policy loads and is not significantly worse 
   std::vector<double> rl, re, la;
   for (uint64_t seed = 1000; seed < 1000 + episodes; ++seed) {
     const double oracle = ok(ag::run_oracle(*env, seed)).throughput_tokens_per_s;
-    rl.push_back(ag::run_episode(*env, *policy, seed).throughput_tokens_per_s / oracle);
-    re.push_back(ag::run_episode(*env, *reactive, seed).throughput_tokens_per_s / oracle);
-    la.push_back(ag::run_episode(*env, *lookahead, seed).throughput_tokens_per_s / oracle);
+    rl.push_back(ok(ag::run_episode(*env, *policy, seed)).throughput_tokens_per_s / oracle);
+    re.push_back(ok(ag::run_episode(*env, *reactive, seed)).throughput_tokens_per_s / oracle);
+    la.push_back(ok(ag::run_episode(*env, *lookahead, seed)).throughput_tokens_per_s / oracle);
   }
   const auto paired = [&](const std::vector<double>& rule) {
     std::vector<double> diff;

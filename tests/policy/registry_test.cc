@@ -31,7 +31,7 @@ std::vector<int> masked_episode(env::Env& e, pp::Policy& policy, uint64_t seed, 
   std::mt19937_64 rng(seed * 7919 + 1);
   std::vector<int> actions;
   policy.begin_episode();
-  env::Observation obs = e.reset(seed, policy.reset_options());
+  env::Observation obs = ok(e.reset(seed, policy.reset_options()));
   for (int t = 0;; ++t) {
     env::Observation shown = obs;
     for (int k = 0; k < env::kMaxCandidates; ++k) {
