@@ -20,10 +20,12 @@ PlanExecutor::PlanExecutor(PlanExecutorOptions options, Send send, Done on_done)
                                             .count());
 }
 
-bool PlanExecutor::prepare(PlanPrepare plan, const std::set<uint32_t>& ranks, Clock::time_point now,
-                           uint64_t* plan_id) {
+StatusOr<uint64_t> PlanExecutor::prepare(PlanPrepare plan, const std::set<uint32_t>& ranks,
+                                         Clock::time_point now) {
   std::lock_guard lock(mutex_);
-  if (phase_ != Phase::idle || ranks.empty()) return false;
+  if (phase_ != Phase::idle)
+    return Status::rejected("a switch is in flight (plan " + std::to_string(plan_id_) + ")");
+  if (ranks.empty()) return Status::invalid_argument("a switch needs at least one rank");
   phase_ = Phase::preparing;
   plan_id_ = next_plan_id_++;
   members_ = ranks;
@@ -33,8 +35,7 @@ bool PlanExecutor::prepare(PlanPrepare plan, const std::set<uint32_t>& ranks, Cl
   plan.plan_id = plan_id_;
   plan.deadline_ms = o_.prepare_deadline_ms;
   send_(plan);
-  if (plan_id) *plan_id = plan_id_;
-  return true;
+  return plan_id_;
 }
 
 void PlanExecutor::finish(PlanEnd end, std::string reason, Clock::time_point now,

@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 
+#include "core/status.h"
 #include "transport/messages.h"
 
 namespace parapilot::transport {
@@ -62,10 +63,10 @@ class PlanExecutor {
   PlanExecutor(PlanExecutorOptions options, Send send, Done on_done);
 
   /// Starts a switch of `ranks` to `plan` (its layout and layout_name; the executor sets its
-  /// plan_id and deadline_ms). False (and nothing sent) while one is in flight or when `ranks`
-  /// is empty. Returns the plan id through `plan_id` when given.
-  bool prepare(PlanPrepare plan, const std::set<uint32_t>& ranks,
-               Clock::time_point now, uint64_t* plan_id = nullptr);
+  /// plan_id and deadline_ms) and returns the plan id. Nothing is sent on an error: kRejected
+  /// while a switch is in flight (naming its plan id), kInvalidArgument when `ranks` is empty.
+  StatusOr<uint64_t> prepare(PlanPrepare plan, const std::set<uint32_t>& ranks,
+                             Clock::time_point now);
   /// `step_wall_ms`: the job's current wall time per step (0: unknown), for commit_lead_ms.
   void on_ready(const PlanReady& ready, uint64_t newest_step, Clock::time_point now,
                 double step_wall_ms = 0);

@@ -422,9 +422,9 @@ bool DeployAgent::Impl::prepare_switch(const Strategy& target, const std::set<ui
                                        transport::PlanExecutor::Clock::time_point now) {
   // Held across the prepare so that an outcome arriving at once finds the layout recorded.
   std::lock_guard lock(targets_mutex);
-  uint64_t plan_id = 0;
-  if (!executor->prepare(plan_prepare_for(target), ranks, now, &plan_id)) return false;
-  targets[plan_id] = target;
+  const auto plan_id = executor->prepare(plan_prepare_for(target), ranks, now);
+  if (!plan_id.ok()) return false;
+  targets[*plan_id] = target;
   return true;
 }
 

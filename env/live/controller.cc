@@ -167,11 +167,14 @@ StatusOr<AppliedPlan> Controller::apply(const LiveAction& action,
     std::lock_guard lock(mu_);
     executor_.reset();
   };
-  if (static_cast<int>(members.size()) < options_.world_size ||
-      !executor->prepare(prep, members, PlanExecutor::Clock::now())) {
+  if (static_cast<int>(members.size()) < options_.world_size) {
     unhook();
     return Status::unavailable("not every rank is connected: " + std::to_string(members.size()) +
                                " of " + std::to_string(options_.world_size));
+  }
+  if (auto started = executor->prepare(prep, members, PlanExecutor::Clock::now()); !started.ok()) {
+    unhook();
+    return started.status();
   }
   // Wait for the outcome; the executor's deadlines run on its tick.
   std::unique_lock lock(mu_);

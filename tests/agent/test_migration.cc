@@ -256,9 +256,8 @@ TEST_CASE("the commit lands at the step the caller asks for when that is later t
         [](const transport::PlanOutcome&) {});
     transport::PlanPrepare plan;
     plan.layout.dp = 2;
-    uint64_t id = 0;
     const auto now = transport::PlanExecutor::Clock::now();
-    REQUIRE(ex.prepare(plan, {0, 1}, now, &id));
+    const uint64_t id = ok(ex.prepare(plan, {0, 1}, now));
     ex.on_ready(transport::PlanReady{id, 0, true, ""}, 5, now);
     CHECK(commits.empty());  // one rank is not ready yet
     ex.on_ready(transport::PlanReady{id, 1, true, ""}, 5, now);
@@ -266,4 +265,27 @@ TEST_CASE("the commit lands at the step the caller asks for when that is later t
     CHECK(commits.front().plan_id == id);
     CHECK(commits.front().switch_at_step == want);
   }
+}
+
+TEST_CASE("the executor refuses a second switch while one is in flight, and one with no ranks, "
+          "sending nothing") {
+  int sent = 0;
+  transport::PlanExecutor ex(
+      transport::PlanExecutorOptions{}, [&](const transport::Message&) { ++sent; },
+      [](const transport::PlanOutcome&) {});
+  transport::PlanPrepare plan;
+  plan.layout.dp = 2;
+  const auto now = transport::PlanExecutor::Clock::now();
+  const auto empty = ex.prepare(plan, {}, now);
+  REQUIRE_FALSE(empty.ok());
+  CHECK(empty.status().code() == StatusCode::kInvalidArgument);
+  CHECK(sent == 0);
+  const uint64_t first = ok(ex.prepare(plan, {0, 1}, now));
+  CHECK(sent == 1);
+  const auto second = ex.prepare(plan, {0, 1}, now);
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == StatusCode::kRejected);
+  CHECK(second.status().message().find("plan " + std::to_string(first)) != std::string::npos);
+  CHECK(sent == 1);
+  CHECK(ex.plan_in_flight() == first);
 }
