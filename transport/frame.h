@@ -3,7 +3,7 @@
 // Purpose: framing, integrity and size limits for any byte stream (TCP or in-memory).
 // Header (all little-endian):
 //   offset 0  u32 magic     0x544C5050 (bytes "PPLT")
-//   offset 4  u8  version   kWireVersion (1)
+//   offset 4  u8  version   kWireVersion (2: Telemetry carries counts and measures)
 //   offset 5  u8  type      MessageType
 //   offset 6  u16 flags     0 (reserved; non-zero is rejected)
 //   offset 8  u32 length    payload bytes that follow the header
@@ -27,7 +27,7 @@
 namespace parapilot::transport {
 
 inline constexpr std::uint32_t kFrameMagic = 0x544C5050u;  // "PPLT" in little-endian order
-inline constexpr std::uint8_t kWireVersion = 1;
+inline constexpr std::uint8_t kWireVersion = 2;
 inline constexpr std::size_t kFrameHeaderBytes = 16;
 /// Default limit on header + payload of one frame.
 inline constexpr std::uint32_t kDefaultMaxFrameBytes = 1u << 20;

@@ -92,6 +92,8 @@ constexpr std::size_t min_encoded_bytes(const LayerGradStat*) { return 4 + 4 + 4
 constexpr std::size_t min_encoded_bytes(const LayerCompression*) { return 4 + 4 + 1 + 4; }
 constexpr std::size_t min_encoded_bytes(const LayerInfo*) { return 8 + 8; }
 constexpr std::size_t min_encoded_bytes(const std::uint32_t*) { return 4; }
+constexpr std::size_t min_encoded_bytes(const std::uint64_t*) { return 8; }
+constexpr std::size_t min_encoded_bytes(const double*) { return 8; }
 
 struct Writer {
   cereal::PortableBinaryOutputArchive& ar;
@@ -232,6 +234,8 @@ void visit_message(V& v, M& m) {
     v(m.queue_depth, "telemetry.queue_depth");
     v(m.collectives, "telemetry.collectives", kMaxCollectives);
     v(m.layers, "telemetry.layers", kMaxLayers);
+    v(m.counts, "telemetry.counts", kMaxFacts);
+    v(m.measures, "telemetry.measures", kMaxFacts);
   } else if constexpr (std::is_same_v<T, PlanPrepare>) {
     v(m.plan_id, "plan_prepare.plan_id");
     v(m.layout.dp, "plan_prepare.layout.dp");
@@ -327,6 +331,17 @@ std::string validate_one(const Telemetry& m) {
   for (const auto& l : m.layers) {
     if (auto e = check_magnitude(l.norm, "telemetry.layers.norm"); !e.empty()) return e;
     if (auto e = check_magnitude(l.max_abs, "telemetry.layers.max_abs"); !e.empty()) return e;
+  }
+  if (m.counts.size() > kMaxFacts) return "telemetry.counts has too many entries";
+  for (const auto& [name, value] : m.counts) {
+    if (name.empty()) return "telemetry.counts has an empty name";
+    if (auto e = check_len(name, kMaxNameBytes, "telemetry.counts name"); !e.empty()) return e;
+  }
+  if (m.measures.size() > kMaxFacts) return "telemetry.measures has too many entries";
+  for (const auto& [name, value] : m.measures) {
+    if (name.empty()) return "telemetry.measures has an empty name";
+    if (auto e = check_len(name, kMaxNameBytes, "telemetry.measures name"); !e.empty()) return e;
+    if (!std::isfinite(value)) return "telemetry.measures." + name + " is not finite";
   }
   return {};
 }

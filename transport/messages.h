@@ -50,6 +50,7 @@ enum class PeerRole : std::uint8_t { worker = 1, trace_replay = 2, simulator = 3
 inline constexpr std::size_t kMaxNameBytes = 128;      ///< Hello::name.
 inline constexpr std::size_t kMaxTextBytes = 1024;     ///< free-text reasons and details.
 inline constexpr std::size_t kMaxCollectives = 256;    ///< Telemetry::collectives entries.
+inline constexpr std::size_t kMaxFacts = 64;  ///< Telemetry::counts and Telemetry::measures entries.
 inline constexpr std::size_t kMaxLayers = 16384;       ///< Telemetry::layers entries.
 inline constexpr std::uint32_t kMaxRanks = 1u << 20;   ///< ranks are < kMaxRanks.
 inline constexpr std::uint32_t kNoRank = 0xFFFFFFFFu;  ///< Hello::rank of a non-rank peer.
@@ -124,8 +125,14 @@ struct Telemetry {
   std::uint64_t send_time_ns = 0;   ///< sender clock when handed to the bus (latency probes).
   double compute_ms = 0;            ///< finite, in [0, kMaxDurationMs].
   std::uint32_t queue_depth = 0;    ///< pending work items in the data/comm queues.
-  std::map<std::string, CollectiveStat> collectives;  ///< key: e.g. "all_reduce/dp"; <= 256.
-  std::vector<LayerGradStat> layers;                  ///< <= kMaxLayers.
+  /// Timings of collectives and phases; key: e.g. "all_reduce/dp"; <= kMaxCollectives.
+  std::map<std::string, CollectiveStat> collectives;
+  std::vector<LayerGradStat> layers;  ///< <= kMaxLayers.
+  /// Facts about the step that are whole numbers (plan id, samples, position in the layout);
+  /// key: e.g. "info/samples"; <= kMaxFacts.
+  std::map<std::string, std::uint64_t> counts;
+  /// Facts about the step that are real numbers (the loss); finite; <= kMaxFacts.
+  std::map<std::string, double> measures;
   bool operator==(const Telemetry&) const = default;
 };
 

@@ -11,25 +11,25 @@ bool is_info(std::string_view key) { return key.starts_with("info/"); }
 
 void set_info(Telemetry& t, const char* key, std::uint64_t value) {
   assert(is_info(key) && std::string_view(key) != kLoss);  // kLoss goes through set_loss
-  t.collectives[key] = CollectiveStat{0, value, 0};
+  t.counts[key] = value;
 }
 
 std::optional<std::uint64_t> info(const Telemetry& t, const char* key) {
   assert(is_info(key));
-  const auto it = t.collectives.find(key);
-  if (it == t.collectives.end()) return std::nullopt;
-  return it->second.bytes;
+  const auto it = t.counts.find(key);
+  if (it == t.counts.end()) return std::nullopt;
+  return it->second;
 }
 
 void set_loss(Telemetry& t, double loss) {
-  const double sent = std::isfinite(loss) ? std::max(0.0, loss) : 0.0;
-  t.collectives[kLoss] = CollectiveStat{0, static_cast<std::uint64_t>(sent * 1e6), 0};
+  if (std::isfinite(loss)) t.measures[kLoss] = loss;
+  else t.measures.erase(kLoss);
 }
 
 std::optional<double> loss(const Telemetry& t) {
-  const auto it = t.collectives.find(kLoss);
-  if (it == t.collectives.end()) return std::nullopt;
-  return static_cast<double>(it->second.bytes) / 1e6;
+  const auto it = t.measures.find(kLoss);
+  if (it == t.measures.end()) return std::nullopt;
+  return it->second;
 }
 
 void set_replica_and_stage(Telemetry& t, std::uint64_t replica, std::uint64_t stage) {

@@ -1,14 +1,14 @@
-// The names of Telemetry::collectives entries and what each one holds: the one place that knows
-// them (its Python mirror is python/parapilot/telemetry_keys.py; both replay the vectors in
+// The names of Telemetry's entries and what each one holds: the one place that knows them (its
+// Python mirror is python/parapilot/telemetry_keys.py; both replay the vectors in
 // tests/data/telemetry_keys/).
 //
-// Two kinds of entry share the map:
-//  - timings: a collective or a phase of the step; ms, bytes and calls mean what they say. Their
-//    keys are the constants below ("all_reduce/dp", "wait/dp", "phase/optimizer", ...); a writer
-//    fills the CollectiveStat itself.
-//  - facts ("info/..."): one number about the step, not a collective. Read and write them only
-//    through the accessors below, never through the entry's fields: an info entry stores its
-//    value in `bytes` (ms = 0, calls = 0), a loss as millionths.
+// Two kinds of entry:
+//  - timings, in Telemetry::collectives: a collective or a phase of the step; ms, bytes and
+//    calls mean what they say. Their keys are the constants below ("all_reduce/dp", "wait/dp",
+//    "phase/optimizer", ...); a writer fills the CollectiveStat itself.
+//  - facts ("info/..."): one number about the step, not a collective. Whole numbers live in
+//    Telemetry::counts, real numbers (the loss) in Telemetry::measures; the accessors below
+//    read and write them.
 //
 // Thread-safety: constants and pure functions on the Telemetry passed in.
 #pragma once
@@ -48,19 +48,19 @@ inline constexpr char kPlan[] = "info/plan";                  ///< plan id the s
 inline constexpr char kSamples[] = "info/samples";            ///< samples this rank processed.
 inline constexpr char kMicrobatches[] = "info/microbatches";  ///< microbatches this rank ran.
 inline constexpr char kMicrobatchesTotal[] = "info/microbatches_total";  ///< ... all ranks ran.
-inline constexpr char kLoss[] = "info/loss_x1e6";   ///< global loss, millionths.
+inline constexpr char kLoss[] = "info/loss";        ///< global loss (a measure).
 inline constexpr char kReplica[] = "info/replica";  ///< data-parallel replica (hybrid layouts).
 inline constexpr char kStage[] = "info/stage";      ///< pipeline stage (hybrid layouts).
 
 /// True for a fact's key ("info/..."), whose entry is no collective.
 bool is_info(std::string_view key);
 
-/// Sets the fact `key` (one of the info constants above except kLoss) to `value`.
+/// Sets the whole-number fact `key` (one of the info constants above except kLoss) to `value`.
 void set_info(Telemetry& t, const char* key, std::uint64_t value);
-/// The fact `key` of `t`; nullopt when `t` does not report it.
+/// The whole-number fact `key` of `t`; nullopt when `t` does not report it.
 std::optional<std::uint64_t> info(const Telemetry& t, const char* key);
 
-/// The global loss of the step (>= 0; a negative or non-finite loss is sent as 0), to 1e-6.
+/// The global loss of the step, exactly; a non-finite loss (a diverged step) is not reported.
 void set_loss(Telemetry& t, double loss);
 /// The loss set_loss sent; nullopt when `t` does not report it.
 std::optional<double> loss(const Telemetry& t);

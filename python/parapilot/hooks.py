@@ -194,14 +194,15 @@ def _step_telemetry(rec: _StepRecord, c: _Clock, rank: int) -> wire.Telemetry:
     coll[keys.WAIT_DP] = wire.CollectiveStat(wait, 0, 1)
     coll[keys.WAIT_OTHER] = wire.CollectiveStat(other, 0, len(rec.waits))
     coll[keys.ARRIVE_DP] = wire.CollectiveStat(arrive, 0, 1)
-    keys.set_info(coll, keys.PLAN, rec.plan_id)
-    keys.set_info(coll, keys.SAMPLES, rec.samples)
     for s in coll.values():
         s.ms = min(max(s.ms, 0.0), cycle, wire.MAX_DURATION_MS)
-    return wire.Telemetry(rank=rank, step=rec.step, step_start_ns=rec.start_ns,
-                          step_end_ns=max(rec.end_ns, rec.start_ns),
-                          send_time_ns=time.time_ns(), compute_ms=compute, queue_depth=0,
-                          collectives=coll, layers=rec.layers)
+    t = wire.Telemetry(rank=rank, step=rec.step, step_start_ns=rec.start_ns,
+                       step_end_ns=max(rec.end_ns, rec.start_ns),
+                       send_time_ns=time.time_ns(), compute_ms=compute, queue_depth=0,
+                       collectives=coll, layers=rec.layers)
+    keys.set_info(t, keys.PLAN, rec.plan_id)
+    keys.set_info(t, keys.SAMPLES, rec.samples)
+    return t
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,15 @@
-"""The names of Telemetry.collectives entries and what each one holds, mirroring
+"""The names of Telemetry's entries and what each one holds, mirroring
 transport/telemetry_keys.h; both replay tests/data/telemetry_keys/vectors.json.
 
-Two kinds of entry share the dict:
+Two kinds of entry:
 
-* timings: a collective or a phase of the step; ms, bytes and calls mean what they say. A writer
-  fills the CollectiveStat itself under one of the keys below.
-* facts ("info/..."): one number about the step, not a collective. Read and write them only
-  through set_info/info, set_loss/loss and set_replica_and_stage: an info entry stores its value
-  in `bytes` (ms = 0, calls = 0), a loss as millionths.
+* timings, in Telemetry.collectives: a collective or a phase of the step; ms, bytes and calls
+  mean what they say. A writer fills the CollectiveStat itself under one of the keys below.
+* facts ("info/..."): one number about the step, not a collective. Whole numbers live in
+  Telemetry.counts, real numbers (the loss) in Telemetry.measures; set_info/info,
+  set_loss/loss and set_replica_and_stage read and write them.
 
-Every function takes the collectives dict (Telemetry.collectives) and is pure apart from it.
+Every accessor takes the Telemetry and is pure apart from it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional
 
-from .wire import CollectiveStat
+from .wire import CollectiveStat, Telemetry
 
 __all__ = [
     "ALL_REDUCE_DP", "ALL_GATHER_DP", "ALL_REDUCE_DP_INTER", "ALL_REDUCE_TP", "P2P_PP",
@@ -53,7 +53,7 @@ PLAN = "info/plan"                              # plan id the step ran
 SAMPLES = "info/samples"                        # samples this rank processed
 MICROBATCHES = "info/microbatches"              # microbatches this rank ran
 MICROBATCHES_TOTAL = "info/microbatches_total"  # ... all ranks ran
-LOSS = "info/loss_x1e6"                         # global loss, millionths (set_loss, loss)
+LOSS = "info/loss"                              # global loss, a measure (set_loss, loss)
 REPLICA = "info/replica"                        # data-parallel replica (hybrid layouts)
 STAGE = "info/stage"                            # pipeline stage (hybrid layouts)
 
@@ -68,32 +68,32 @@ def is_info(key: str) -> bool:
     return key.startswith("info/")
 
 
-def set_info(coll: Collectives, key: str, value: int) -> None:
-    """Sets the fact `key` (an info key above except LOSS) to the count `value` >= 0."""
+def set_info(t: Telemetry, key: str, value: int) -> None:
+    """Sets the whole-number fact `key` (an info key above except LOSS) to `value` >= 0."""
     assert is_info(key) and key != LOSS, key
-    coll[key] = CollectiveStat(0.0, int(value), 0)
+    t.counts[key] = int(value)
 
 
-def info(coll: Collectives, key: str) -> Optional[int]:
-    """The fact `key`; None when the telemetry does not report it."""
+def info(t: Telemetry, key: str) -> Optional[int]:
+    """The whole-number fact `key`; None when the telemetry does not report it."""
     assert is_info(key), key
-    entry = coll.get(key)
-    return None if entry is None else entry.bytes
+    return t.counts.get(key)
 
 
-def set_loss(coll: Collectives, value: float) -> None:
-    """The step's global loss (a negative or non-finite loss is sent as 0), to 1e-6."""
-    sent = max(0.0, value) if math.isfinite(value) else 0.0
-    coll[LOSS] = CollectiveStat(0.0, int(sent * 1e6), 0)
+def set_loss(t: Telemetry, value: float) -> None:
+    """The step's global loss, exactly; a non-finite loss (a diverged step) is not reported."""
+    if math.isfinite(value):
+        t.measures[LOSS] = float(value)
+    else:
+        t.measures.pop(LOSS, None)
 
 
-def loss(coll: Collectives) -> Optional[float]:
+def loss(t: Telemetry) -> Optional[float]:
     """The loss set_loss sent; None when the telemetry does not report it."""
-    entry = coll.get(LOSS)
-    return None if entry is None else entry.bytes / 1e6
+    return t.measures.get(LOSS)
 
 
-def set_replica_and_stage(coll: Collectives, replica: int, stage: int) -> None:
+def set_replica_and_stage(t: Telemetry, replica: int, stage: int) -> None:
     """Where a rank sits in a hybrid layout: its data-parallel replica and pipeline stage."""
-    set_info(coll, REPLICA, replica)
-    set_info(coll, STAGE, stage)
+    set_info(t, REPLICA, replica)
+    set_info(t, STAGE, stage)

@@ -57,12 +57,13 @@ def crc32c(data: bytes, crc: int = 0) -> int:
 # ---- constants (values are part of the wire format) ----
 
 FRAME_MAGIC = 0x544C5050  # b"PPLT" little-endian
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 FRAME_HEADER_BYTES = 16
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 MAX_NAME_BYTES = 128
 MAX_TEXT_BYTES = 1024
 MAX_COLLECTIVES = 256
+MAX_FACTS = 64
 MAX_LAYERS = 16384
 MAX_RANKS = 1 << 20
 NO_RANK = 0xFFFFFFFF
@@ -166,6 +167,8 @@ class Telemetry:
     queue_depth: int = 0
     collectives: Dict[str, CollectiveStat] = field(default_factory=dict)
     layers: List[LayerGradStat] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)  # whole-number facts ("info/...")
+    measures: Dict[str, float] = field(default_factory=dict)  # real facts (the loss); finite
     TYPE = MessageType.TELEMETRY
 
 
@@ -375,6 +378,21 @@ def _validate(m: Message) -> Optional[str]:  # noqa: C901 - one branch per messa
                     return f"{n} is not finite"
                 if v < 0:
                     return f"{n} is negative"
+        for facts, what in ((m.counts, "telemetry.counts"), (m.measures, "telemetry.measures")):
+            if len(facts) > MAX_FACTS:
+                return f"{what} has too many entries"
+            for name, v in facts.items():
+                if not name:
+                    return f"{what} has an empty name"
+                e = _text(name, MAX_NAME_BYTES, f"{what} name")
+                if e:
+                    return e
+                if facts is m.counts:
+                    e = _u(v, 64, what)
+                    if e:
+                        return e
+                elif not math.isfinite(v):
+                    return f"{what}.{name} is not finite"
         return None
     if t is PlanPrepare:
         lay = m.layout
@@ -477,6 +495,11 @@ def encode_payload(m: Message) -> bytes:
         out.append(struct.pack("<Q", len(m.layers)))
         for l in m.layers:
             out.append(struct.pack("<IffI", l.layer, l.norm, l.max_abs, l.nonfinite_count))
+        for facts, fmt in ((m.counts, "<Q"), (m.measures, "<d")):
+            items = sorted(((k.encode("utf-8"), v) for k, v in facts.items()), key=lambda kv: kv[0])
+            out.append(struct.pack("<Q", len(items)))
+            for k, v in items:
+                out += [struct.pack("<Q", len(k)), k, struct.pack(fmt, v)]
     elif t is PlanPrepare:
         lay = m.layout
         out.append(struct.pack("<QIIII", m.plan_id, lay.dp, lay.tp, lay.pp, lay.micro_batches))
@@ -586,7 +609,17 @@ def decode_payload(msg_type: int, payload: bytes) -> Message:
             coll[key] = CollectiveStat(*r.unpack("<dQI", 20))
         n = r.count("telemetry.layers", MAX_LAYERS, 16)
         layers = [LayerGradStat(*r.unpack("<IffI", 16)) for _ in range(n)]
-        m = Telemetry(*head, collectives=coll, layers=layers)
+        facts: List[Dict] = []
+        for what, fmt in (("telemetry.counts", "<Q"), ("telemetry.measures", "<d")):
+            n = r.count(what, MAX_FACTS, 8 + 8)
+            got: Dict = {}
+            for _ in range(n):
+                key = r.string(what, MAX_NAME_BYTES)
+                if key in got:
+                    raise WireError(f"{what} has a duplicate key")
+                (got[key],) = r.unpack(fmt, 8)
+            facts.append(got)
+        m = Telemetry(*head, collectives=coll, layers=layers, counts=facts[0], measures=facts[1])
     elif msg_type == MessageType.PLAN_PREPARE:
         plan_id, dp, tp, pp, mb = r.unpack("<QIIII", 24)
         n = r.count("plan_prepare.layout.dp_shares", MAX_RANKS, 4)

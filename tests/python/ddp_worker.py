@@ -111,7 +111,7 @@ def main():
                     time.sleep(cfg.get("outside_ms", 0) / 1000.0)
                     dist.barrier()
             t = session.last_telemetry
-            records.append({"step": step, "plan": keys.info(t.collectives, keys.PLAN),
+            records.append({"step": step, "plan": keys.info(t, keys.PLAN),
                             "samples": len(x),
                             "all_reduce_bytes": t.collectives.get(keys.ALL_REDUCE_DP, wire.CollectiveStat()).bytes,
                             "all_gather_bytes": t.collectives.get(keys.ALL_GATHER_DP, wire.CollectiveStat()).bytes,

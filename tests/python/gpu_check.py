@@ -87,7 +87,7 @@ def main():
         check(all(l == l and l < float("inf") for l in losses), f"{name}: finite losses")
         check(fwd > 0 and bwd > 0 and 0 < t.compute_ms <= wall + 1.0,
               f"{name}: CUDA-event timings positive and within the step")
-        check(keys.info(c, keys.SAMPLES) == batch, f"{name}: info/samples = {batch}")
+        check(keys.info(t, keys.SAMPLES) == batch, f"{name}: info/samples = {batch}")
     full = results["none"]
     check(full > 0, "uncompressed gradient bytes counted")
     check(abs(results["fp16"] / full - 0.5) < 0.01, "fp16 sends half the bytes")

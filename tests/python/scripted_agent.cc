@@ -108,7 +108,8 @@ std::vector<tp::Message> canonical_messages() {
   t.queue_depth = 2;
   t.collectives[tp::telemetry_keys::kAllReduceDp] = {3.5, 4096, 2};
   t.collectives[tp::telemetry_keys::kAllGatherDp] = {0.125, 512, 1};
-  tp::telemetry_keys::set_info(t, tp::telemetry_keys::kPlan, 7);
+  tp::telemetry_keys::set_info(t, tp::telemetry_keys::kPlan, 1'800'000'000'000'000'123ull);
+  tp::telemetry_keys::set_loss(t, -2.75);
   t.layers = {{0, 1.5f, 0.25f, 0}, {5, 0.0f, 0.0f, 3}};
   out.emplace_back(t);
   tp::PlanPrepare p;
@@ -183,7 +184,19 @@ std::string telemetry_json(tp::PeerId peer, const tp::Telemetry& t) {
       << "," << l.nonfinite_count << "]";
     first = false;
   }
-  o << "]}";
+  o << "],\"counts\":{";
+  first = true;
+  for (const auto& [name, v] : t.counts) {
+    o << (first ? "" : ",") << quote(name) << ":" << v;
+    first = false;
+  }
+  o << "},\"measures\":{";
+  first = true;
+  for (const auto& [name, v] : t.measures) {
+    o << (first ? "" : ",") << quote(name) << ":" << num(v);
+    first = false;
+  }
+  o << "}}";
   return o.str();
 }
 

@@ -32,26 +32,38 @@ class TelemetryKeysTest(unittest.TestCase):
         self.assertGreaterEqual(len(facts), 8)
         for f in facts:
             with self.subTest(f=f):
-                coll = {}
+                t = wire.Telemetry()
                 if f["set"] == "info":
-                    keys.set_info(coll, f["key"], f["value"])
-                    self.assertEqual(keys.info(coll, f["key"]), f["read"])
+                    keys.set_info(t, f["key"], f["value"])
+                    self.assertEqual(keys.info(t, f["key"]), f["read"])
                 elif f["set"] == "loss":
-                    keys.set_loss(coll, f["value"])
-                    self.assertAlmostEqual(keys.loss(coll), f["read"], places=9)
+                    keys.set_loss(t, f["value"])
+                    self.assertEqual(keys.loss(t), f["read"])
                 else:
                     self.assertEqual(f["set"], "replica_and_stage")
-                    keys.set_replica_and_stage(coll, *f["value"])
-                    self.assertEqual([keys.info(coll, keys.REPLICA), keys.info(coll, keys.STAGE)],
+                    keys.set_replica_and_stage(t, *f["value"])
+                    self.assertEqual([keys.info(t, keys.REPLICA), keys.info(t, keys.STAGE)],
                                      f["read"])
-                want = {k: wire.CollectiveStat(float(e[0]), e[1], e[2])
-                        for k, e in f["entries"].items()}
-                self.assertEqual(coll, want)
+                self.assertEqual(t.counts, f["counts"])
+                self.assertEqual(t.measures, f["measures"])
+                self.assertEqual(t.collectives, {})
+                # What was set survives the wire unchanged.
+                self.assertEqual(wire.decode_frame(wire.encode_frame(t)), t)
+
+    def test_a_diverged_steps_loss_is_not_reported(self):
+        t = wire.Telemetry()
+        keys.set_loss(t, 1.5)
+        keys.set_loss(t, float("nan"))
+        self.assertIsNone(keys.loss(t))
+        keys.set_loss(t, float("inf"))
+        self.assertEqual(t.measures, {})
+        keys.set_loss(t, -0.5)
+        self.assertEqual(keys.loss(t), -0.5)
 
     def test_a_fact_the_telemetry_does_not_carry_reads_as_absent(self):
-        coll = {keys.WAIT_DP: wire.CollectiveStat(1.5, 0, 1)}
-        self.assertIsNone(keys.info(coll, keys.SAMPLES))
-        self.assertIsNone(keys.loss(coll))
+        t = wire.Telemetry(collectives={keys.WAIT_DP: wire.CollectiveStat(1.5, 0, 1)})
+        self.assertIsNone(keys.info(t, keys.SAMPLES))
+        self.assertIsNone(keys.loss(t))
 
 
 if __name__ == "__main__":

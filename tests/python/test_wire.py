@@ -30,7 +30,7 @@ class Crc32cTest(unittest.TestCase):
 class WorkedExampleTest(unittest.TestCase):
     def test_plan_abort_frame(self):
         f = wire.encode_frame(wire.PlanAbort(7, "rank 3 not ready"))
-        self.assertEqual(f.hex(), "50504c54010a00002100000016aa3fe0"
+        self.assertEqual(f.hex(), "50504c54020a000021000000f7f2e92f"
                          "010700000000000000100000000000000072616e6b2033206e6f74207265616479")
         self.assertEqual(wire.decode_frame(f), wire.PlanAbort(7, "rank 3 not ready"))
 
@@ -40,7 +40,7 @@ class RejectionTest(unittest.TestCase):
         return bytearray(wire.encode_frame(wire.PlanCommit(3, 9)))
 
     def test_bad_header_fields(self):
-        for offset, value, words in ((0, 0x51, "magic"), (4, 2, "version"), (5, 14, "type"),
+        for offset, value, words in ((0, 0x51, "magic"), (4, wire.WIRE_VERSION + 1, "version"), (5, 14, "type"),
                                      (6, 1, "flags"), (12, 0, "checksum")):
             f = self.frame()
             f[offset] = value
@@ -48,7 +48,7 @@ class RejectionTest(unittest.TestCase):
                 wire.decode_frame(bytes(f))
 
     def test_oversized_header_rejected_before_payload(self):
-        head = b"PPLT" + struct.pack("<BBHI", 1, 6, 0, 2 << 20) + b"\0\0\0\0"
+        head = b"PPLT" + struct.pack("<BBHI", wire.WIRE_VERSION, 6, 0, 2 << 20) + b"\0\0\0\0"
         d = wire.FrameDecoder()
         d.feed(head)
         with self.assertRaisesRegex(wire.WireError, "oversized"):
@@ -65,7 +65,10 @@ class RejectionTest(unittest.TestCase):
             (raw(12, b"\x01" + struct.pack("<Q", 5000)), "exceeds limit"),
             (raw(12, b"\x01" + struct.pack("<Q", 1000)), "remaining payload"),
             (raw(6, b"\x01" + struct.pack("<IQQQQdI", 1, 0, 0, 0, 0, float("nan"), 0)
-                 + bytes(16)), "NaN"),
+                 + bytes(32)), "NaN"),
+            (raw(6, b"\x01" + struct.pack("<IQQQQdI", 1, 0, 0, 0, 0, 1.0, 0) + bytes(24)
+                 + struct.pack("<Q", 1) + struct.pack("<Q", 9) + b"info/loss"
+                 + struct.pack("<d", float("inf"))), "not finite"),
         ]
         for f, words in cases:
             with self.assertRaisesRegex(wire.WireError, words):
@@ -142,6 +145,9 @@ class CrossCheckTest(unittest.TestCase):
         # Spot checks of decoded values.
         prep = [wire.decode_frame(bytes.fromhex(l.split()[1])) for l in out if l.startswith("7 ")][0]
         self.assertEqual(prep.layout.dp_shares, [5, 1, 2])
+        tel = [wire.decode_frame(bytes.fromhex(l.split()[1])) for l in out if l.startswith("6 ")][0]
+        self.assertEqual(tel.counts, {"info/plan": 1800000000000000123})
+        self.assertEqual(tel.measures, {"info/loss": -2.75})
         self.assertEqual([(c.first_layer, c.last_layer, c.method, c.parameter)
                           for c in prep.layout.compression],
                          [(0, 3, 1, 0.0), (4, 4, 2, 0.125), (5, 16383, 3, 4.0)])
@@ -152,7 +158,9 @@ class CrossCheckTest(unittest.TestCase):
             wire.Telemetry(1, 5, 100, 200, 300, 1.5, 0,
                            {"b/x": wire.CollectiveStat(1.0, 10, 1),
                             "a/y": wire.CollectiveStat(2.0, 20, 2)},
-                           [wire.LayerGradStat(0, 0.5, 0.25, 0)]),
+                           [wire.LayerGradStat(0, 0.5, 0.25, 0)],
+                           {"info/plan": 1800000000000000123, "info/samples": 48},
+                           {"info/loss": -0.125}),
             wire.PlanReady(9, 1, False, "nope"),
             wire.Ack(9, 9, 1),
             wire.Shutdown("bye"),

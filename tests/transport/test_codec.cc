@@ -250,6 +250,10 @@ TEST_CASE("payload layout equals cereal's own PortableBinary encoding of the sam
     for (const auto& [k, v] : t.collectives) ar(k, v.ms, v.bytes, v.calls);
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(t.layers.size())));
     for (const auto& l : t.layers) ar(l.layer, l.norm, l.max_abs, l.nonfinite_count);
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(t.counts.size())));
+    for (const auto& [k, v] : t.counts) ar(k, v);
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(t.measures.size())));
+    for (const auto& [k, v] : t.measures) ar(k, v);
   }
   std::string ours;
   encode_payload(t, ours);
@@ -272,7 +276,7 @@ TEST_CASE("the worked example of docs/wire-format.md") {
   auto f = encode_frame(m);
   REQUIRE(f.ok());
   CHECK(hex(*f) ==
-        "50504c54010a00002100000016aa3fe0"    // header
+        "50504c54020a000021000000f7f2e92f"    // header
         "01"                                  // little-endian marker
         "0700000000000000"                    // plan_id = 7
         "1000000000000000"                    // reason length = 16
@@ -297,6 +301,14 @@ TEST_CASE("validate rejects out-of-range values") {
   CHECK(!bad_telemetry([](Telemetry& t) { t.collectives[""] = {}; }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].norm = std::nanf(""); }).empty());
   CHECK(!bad_telemetry([](Telemetry& t) { t.layers[0].max_abs = -1; }).empty());
+  CHECK(bad_telemetry([](Telemetry& t) {
+          t.measures["info/loss"] = std::numeric_limits<double>::infinity();
+        }).find("telemetry.measures.info/loss is not finite") != std::string::npos);
+  CHECK(!bad_telemetry([](Telemetry& t) { t.counts[""] = 1; }).empty());
+  CHECK(!bad_telemetry([](Telemetry& t) {
+           for (int i = 0; i <= static_cast<int>(kMaxFacts); ++i) t.counts["info/" + std::to_string(i)] = 1;
+         }).empty());
+  CHECK(validate(make_telemetry(1, 1)).ok());
   CHECK_FALSE(validate(PlanPrepare{1, Layout{0, 1, 1, 1, {}, {}}, "", 0}).ok());
   CHECK_FALSE(validate(PlanPrepare{1, Layout{1024, 1024, 2, 1, {}, {}}, "", 0}).ok());
   CHECK_FALSE(validate(PlanPrepare{1, Layout{1, 1, 1, 0, {}, {}}, "", 0}).ok());
@@ -363,7 +375,11 @@ TEST_CASE("decoder rejects huge length prefixes before allocating") {
   CHECK(r.status().message().find("exceeds limit") != std::string::npos);
   // A telemetry layer count within the limit but beyond the remaining bytes.
   std::string t;
-  encode_payload(make_telemetry(1, 1), t);
+  Telemetry no_facts = make_telemetry(1, 1);  // the layers end the payload
+  no_facts.counts.clear();
+  no_facts.measures.clear();
+  encode_payload(no_facts, t);
+  t.resize(t.size() - 16);  // the two empty fact counts
   t.resize(t.size() - 16 * 2 - 8);  // cut the layers off, keep the count position
   std::string count(8, '\0');
   count[0] = static_cast<char>(200);

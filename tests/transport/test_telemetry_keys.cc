@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,11 +27,10 @@ nlohmann::json vectors() {
   return nlohmann::json::parse(in);
 }
 
-std::map<std::string, CollectiveStat> entries(const nlohmann::json& j) {
-  std::map<std::string, CollectiveStat> out;
-  for (const auto& [key, v] : j.items())
-    out[key] =
-        CollectiveStat{v[0].get<double>(), v[1].get<std::uint64_t>(), v[2].get<std::uint32_t>()};
+template <class T>
+std::map<std::string, T> entries(const nlohmann::json& j) {
+  std::map<std::string, T> out;
+  for (const auto& [key, v] : j.items()) out[key] = v.template get<T>();
   return out;
 }
 
@@ -84,7 +84,7 @@ TEST_CASE("each fact is stored and read back as the shared vectors say") {
     } else if (set == "loss") {
       keys::set_loss(t, f.at("value").get<double>());
       REQUIRE(keys::loss(t).has_value());
-      CHECK(*keys::loss(t) == doctest::Approx(f.at("read").get<double>()).epsilon(1e-12));
+      CHECK(*keys::loss(t) == f.at("read").get<double>());
     } else {
       REQUIRE(set == "replica_and_stage");
       keys::set_replica_and_stage(t, f.at("value")[0].get<std::uint64_t>(),
@@ -92,8 +92,21 @@ TEST_CASE("each fact is stored and read back as the shared vectors say") {
       CHECK(keys::info(t, keys::kReplica) == f.at("read")[0].get<std::uint64_t>());
       CHECK(keys::info(t, keys::kStage) == f.at("read")[1].get<std::uint64_t>());
     }
-    CHECK(t.collectives == entries(f.at("entries")));
+    CHECK(t.counts == entries<std::uint64_t>(f.at("counts")));
+    CHECK(t.measures == entries<double>(f.at("measures")));
+    CHECK(t.collectives.empty());
   }
+}
+
+TEST_CASE("a diverged step's loss is not reported, and a later finite one replaces it") {
+  Telemetry t;
+  keys::set_loss(t, 1.5);
+  keys::set_loss(t, std::numeric_limits<double>::quiet_NaN());
+  CHECK_FALSE(keys::loss(t).has_value());
+  keys::set_loss(t, std::numeric_limits<double>::infinity());
+  CHECK(t.measures.empty());
+  keys::set_loss(t, -0.5);
+  CHECK(keys::loss(t) == -0.5);
 }
 
 TEST_CASE("a fact or timing the telemetry does not carry reads as absent") {

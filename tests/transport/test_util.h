@@ -33,6 +33,8 @@ inline Telemetry make_telemetry(std::uint32_t rank, std::uint64_t step) {
   t.collectives[telemetry_keys::kAllReduceDp] = CollectiveStat{0.125, 64u << 20, 4};
   t.collectives["all_gather/tp"] = CollectiveStat{0.0625, 8u << 20, 24};
   t.layers = {{0, 1.5F, 0.03125F, 0}, {1, 2.25F, 0.0625F, 0}, {2, 0.5F, 0.015625F, 1}};
+  telemetry_keys::set_info(t, telemetry_keys::kSamples, 32 + step);
+  telemetry_keys::set_loss(t, 2.0 - 0.001 * static_cast<double>(step));
   return t;
 }
 
@@ -103,7 +105,7 @@ inline std::vector<MalformedCase> malformed_cases() {
     return s;
   };
   v.push_back({"wrong magic", with(0, 'X'), "bad magic"});
-  v.push_back({"wrong version", with(4, 2), "unsupported version"});
+  v.push_back({"wrong version", with(4, static_cast<char>(kWireVersion - 1)), "unsupported version"});
   v.push_back({"unknown type", with(5, static_cast<char>(200)), "unknown message type 200"});
   v.push_back({"reserved flags", with(6, 1), "reserved flags"});
   {
