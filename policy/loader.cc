@@ -23,7 +23,10 @@ StatusOr<int> network_width(const checkpoints::PolicyCheckpoint& checkpoint) {
     return Status::invalid_argument("checkpoint: unreadable training config (no ppo.hidden)");
   }
   const int hidden = j["ppo"]["hidden"].get<int>();
-  if (hidden < 4 || hidden > 512) return Status::invalid_argument("checkpoint: bad network width");
+  if (hidden < kMinHidden || hidden > kMaxHidden)
+    return Status::invalid_argument("checkpoint: network width " + std::to_string(hidden) +
+                                    " is outside [" + std::to_string(kMinHidden) + ", " +
+                                    std::to_string(kMaxHidden) + "]");
   return hidden;
 }
 

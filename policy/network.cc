@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
 
 namespace parapilot::policy {
 
@@ -32,7 +34,7 @@ ActorCriticOutput ActorCriticImpl::forward(const torch::Tensor& state,
                                            const torch::Tensor& candidates,
                                            const torch::Tensor& mask) {
   const int64_t K = candidates.size(1);
-  if (K > kMaxRanks) throw std::invalid_argument("ActorCritic: more candidates than kMaxRanks");
+  assert(K <= kMaxRanks && "ActorCritic: more candidates than kMaxRanks");
   const torch::Tensor h = torch::tanh(enc2_(torch::tanh(enc1_(state))));  // [B, H]
   // The scorer's first layer over [h, candidate, rank] as a sum of three projections.
   const torch::Tensor ranks = torch::arange(K, torch::kLong);
@@ -139,11 +141,16 @@ FastActor::FastActor(ActorCritic& network) {
   const torch::Tensor rank = n.score_rank_->weight.detach().contiguous();
   rank_.assign(rank.data_ptr<float>(), rank.data_ptr<float>() + rank.numel());
   hidden_ = enc1_.out;
+  // The buffers of logits() are sized kMaxHidden: a wider network would overflow them, so the
+  // precondition holds in every build, not only where asserts are compiled in.
+  if (hidden_ > kMaxHidden) {
+    std::fprintf(stderr, "FastActor: hidden width %d exceeds %d\n", hidden_, kMaxHidden);
+    std::abort();
+  }
 }
 
 std::array<float, env::kNumActions> FastActor::logits(const env::Observation& o) const {
-  constexpr int kMaxHidden = 512;
-  if (hidden_ > kMaxHidden) throw std::logic_error("FastActor: hidden layer too wide");
+  if (hidden_ > kMaxHidden) __builtin_unreachable();  // the constructor's check
   float a[kMaxHidden], h[kMaxHidden], s[kMaxHidden], c[kMaxHidden], z[kMaxHidden];
   enc1_.apply(o.state.data(), a);
   for (int i = 0; i < hidden_; ++i) a[i] = std::tanh(a[i]);

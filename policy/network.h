@@ -31,12 +31,14 @@
 namespace parapilot::policy {
 
 inline constexpr int kMaxRanks = 16;          // most candidates one decision may score
+inline constexpr int kMinHidden = 4;          // narrowest hidden layer a network may have
+inline constexpr int kMaxHidden = 512;        // widest (FastActor's stack buffers)
 inline constexpr float kMaskedLogit = -1e9f;  // logit of a missing candidate
 
 struct NetworkOptions {
   int state_dim = env::kStateDim;
   int candidate_dim = env::kCandidateDim;
-  int hidden = 64;         // width of every hidden layer
+  int hidden = 64;         // width of every hidden layer, in [kMinHidden, kMaxHidden]
   double keep_bias = 1.0;  // initial bias of the keep logit (favours keeping at first)
 };
 
@@ -83,6 +85,8 @@ int sample_action(const float* logits, int num_actions, std::mt19937_64& rng);
 // logits as the module up to float rounding.
 class FastActor {
  public:
+  // Precondition: the network's hidden width is at most kMaxHidden (the checkpoint loader and
+  // the training config check it).
   explicit FastActor(ActorCritic& network);
   // Logits [keep, candidate 0..kMaxCandidates-1] of one normalised observation.
   std::array<float, env::kNumActions> logits(const env::Observation& o) const;

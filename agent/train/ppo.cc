@@ -69,7 +69,9 @@ void check_config(const PpoConfig& c) {
           "gamma and lambda must be in (0, 1]");
   require(c.clip > 0 && c.epochs >= 1 && c.minibatches >= 1,
           "clip, epochs and minibatches must be positive");
-  require(c.hidden >= 4 && c.hidden <= 512, "hidden must be in [4, 512]");
+  require(c.hidden >= policy::kMinHidden && c.hidden <= policy::kMaxHidden,
+          "hidden must be in [" + std::to_string(policy::kMinHidden) + ", " +
+              std::to_string(policy::kMaxHidden) + "]");
   require(c.validation_episodes >= 0 && c.validation_episodes <= 1000,
           "validation episodes must be in [0, 1000]");
   require(!env::split_ids(c.env_ids).empty(), "name at least one env");
