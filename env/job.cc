@@ -162,28 +162,29 @@ std::optional<std::string> wire_name(const Strategy& s) {
     identity = identity && s.gpus[i] == static_cast<int>(i);
   if (!identity) n.gpus = s.gpus;
   StatusOr<std::string> text = transport::encode_plan_name(n);
-  if (!text.ok()) return std::nullopt;  // too long for wire v1
+  if (!text.ok()) return std::nullopt;  // longer than the wire's kMaxNameBytes
   return std::move(text).value();
 }
 
-std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
-                                  const std::string& name) {
+StatusOr<Strategy> from_wire(const transport::Layout& l, const Job& job, const std::string& name) {
   const SearchSpace& space = job.scenario.space;
   Strategy s;
   s.dp = static_cast<int>(l.dp);
   s.tp = static_cast<int>(l.tp);
   s.pp = static_cast<int>(l.pp);
   s.global_batch = job.global_batch;
-  if (l.dp == 0 || l.micro_batches == 0) return std::nullopt;
+  if (l.dp == 0 || l.micro_batches == 0)
+    return Status::invalid_argument("layout with dp " + std::to_string(l.dp) +
+                                    " and micro-batches " + std::to_string(l.micro_batches));
   s.microbatch_size = std::max(1, job.global_batch / static_cast<int>(l.dp * l.micro_batches));
   s.sp = space.sp.empty() ? false : space.sp.front() && s.tp > 1;
   s.recompute = space.recompute.empty() ? Recompute::kSelective : space.recompute.front();
   s.zero = space.zero.empty() ? 1 : space.zero.front();
   s.schedule = space.schedule.empty() ? Schedule::k1F1B : space.schedule.front();
   StatusOr<transport::PlanName> decoded = transport::decode_plan_name(name);
-  if (!decoded.ok() || std::holds_alternative<transport::ActionPlanName>(*decoded)) {
-    return std::nullopt;
-  }
+  if (!decoded.ok()) return decoded.status();
+  if (std::holds_alternative<transport::ActionPlanName>(*decoded))
+    return Status::invalid_argument("plan name \"" + name + "\" is a live action, not a layout");
   const auto* n = std::get_if<transport::LayoutPlanName>(&*decoded);
   // The parts wire_name() carries; a name without them (a label, or layout_name()'s log form)
   // leaves the job's defaults.
@@ -204,12 +205,14 @@ std::optional<Strategy> from_wire(const transport::Layout& l, const Job& job,
     s.stage_layers = n->stage_layers;
     s.dp_shares = n->dp_shares;
     s.gpus = n->gpus;
-    if (find_problem(s, job.scenario.model, job.scenario.cluster)) return std::nullopt;
+    if (auto problem = find_problem(s, job.scenario.model, job.scenario.cluster))
+      return Status::invalid_argument("layout not legal for this job: " + problem->reason);
     return s;
   }
   if (find_problem(s, job.scenario.model, job.scenario.cluster)) {
     s.sp = !s.sp;
-    if (find_problem(s, job.scenario.model, job.scenario.cluster)) return std::nullopt;
+    if (auto problem = find_problem(s, job.scenario.model, job.scenario.cluster))
+      return Status::invalid_argument("layout not legal for this job: " + problem->reason);
   }
   return s;
 }

@@ -49,7 +49,7 @@ std::string layout_name(const Strategy& s);
 /// The text carried in PlanPrepare::layout_name: the short name plus what the wire Layout lacks —
 /// the schedule (";sc=gpipe|1f1b|interleaved"), recompute (";rc=none|selective|full"), stage
 /// boundaries (";st=16,16") and elastic data-parallel shares, run-length coded (";sh=33*7,29").
-/// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on wire v1). Both
+/// nullopt when it does not fit in kMaxNameBytes (the layout cannot be sent on the wire). Both
 /// names are written by transport/plan_name.h's codec.
 std::optional<std::string> wire_name(const Strategy& s);
 /// The PlanPrepare that switches a job to `s`: its wire Layout and, in layout_name, its
@@ -65,9 +65,10 @@ Status unsupported_switch(const Strategy& from, const Strategy& to, uint32_t cap
 
 /// A layout rebuilt from its wire form: the degrees, then what wire_name() encodes; missing parts
 /// take the job's defaults (search-space first choices, equal shares, balanced stages); a name
-/// without fields (a label, layout_name()'s log form) carries nothing. nullopt when the name
-/// is malformed or a live action, or the result is not legal for the job.
-std::optional<Strategy> from_wire(const transport::Layout& layout, const Job& job,
-                                  const std::string& name = "");
+/// without fields (a label, layout_name()'s log form) carries nothing. kInvalidArgument, saying
+/// why, when the degrees or the name are malformed, the name is a live action, or the result is
+/// not legal for the job (find_problem's reason).
+StatusOr<Strategy> from_wire(const transport::Layout& layout, const Job& job,
+                             const std::string& name = "");
 
 }  // namespace parapilot

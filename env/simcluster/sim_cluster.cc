@@ -278,9 +278,9 @@ void SimulatedCluster::Impl::handle_control(uint64_t s) {
         book.refuse(p->plan_id, "refused (fault injection)");
         continue;
       }
-      std::optional<Strategy> target = from_wire(p->layout, *m.job, p->layout_name);
-      if (!target) {
-        book.refuse(p->plan_id, "layout not legal for this job");
+      StatusOr<Strategy> target = from_wire(p->layout, *m.job, p->layout_name);
+      if (!target.ok()) {
+        book.refuse(p->plan_id, target.status().message());
         continue;
       }
       Staged st;

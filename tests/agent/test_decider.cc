@@ -283,13 +283,18 @@ TEST_CASE("planner candidates survive the wire: degrees in Layout, the rest in l
     const auto name = wire_name(c.strategy);
     REQUIRE(name);
     CHECK(name->size() <= transport::kMaxNameBytes);
-    const auto back = from_wire(to_wire(c.strategy), *job, *name);
-    REQUIRE(back);
-    CHECK(*back == c.strategy);
+    const Strategy back = ok(from_wire(to_wire(c.strategy), *job, *name));
+    CHECK(back == c.strategy);
     elastic += c.strategy.dp_shares.empty() ? 0 : 1;
   }
   CHECK(elastic > 0);
-  CHECK_FALSE(from_wire(to_wire(job->planned_initial), *job, "dp1-tp1-pp1-mb1-z1;zz=3"));
+  CHECK_FALSE(from_wire(to_wire(job->planned_initial), *job, "dp1-tp1-pp1-mb1-z1;zz=3").ok());
+  // What is wrong is named: an action instead of a layout, and a layout the job cannot run.
+  CHECK(failure_of(from_wire(to_wire(job->planned_initial), *job, "s=3/1"))
+            .find("live action") != std::string::npos);
+  transport::Layout too_wide = to_wire(job->planned_initial);
+  too_wide.tp = 1024;
+  CHECK(failure_of(from_wire(too_wide, *job)).find("not legal for this job") != std::string::npos);
 }
 
 TEST_CASE("telemetry age is measured: intervals from the newest closed step to the decision") {

@@ -80,7 +80,7 @@ struct Rig {
       t.dp = 16 / (tp * t.pp);
       if (!(t == s)) {
         auto wire = from_wire(to_wire(t), job);
-        if (wire && !(*wire == s)) return *wire;
+        if (wire.ok() && !(*wire == s)) return *wire;
       }
     }
     FAIL("no other layout");
