@@ -231,6 +231,7 @@ void run_eval(const EvalOptions& o) {
   const bool progress = ::isatty(STDERR_FILENO) != 0;
   // --record: the simulator reports telemetry during the first non-oracle policy's first episode.
   std::vector<trace::TelemetrySample> recorded;
+  int recorded_migrations = 0;  // layout changes in the recorded episode
   auto* sim = dynamic_cast<env::SimEnv*>(env.get());
   size_t record_policy = names.size();
   if (!o.record.empty()) {
@@ -254,7 +255,10 @@ void run_eval(const EvalOptions& o) {
           can[i].hindsight
               ? oracle[e]
               : take(agent::run_episode(*env, *policies[i], o.seed + static_cast<uint64_t>(e)));
-      if (recording) sim->record_telemetry(nullptr);
+      if (recording) {
+        sim->record_telemetry(nullptr);
+        recorded_migrations = stats.migrations + stats.restarts;
+      }
       r.throughput.push_back(stats.throughput_tokens_per_s);
       r.score.push_back(stats.throughput_tokens_per_s / oracle[e].throughput_tokens_per_s);
       r.migrations.push_back(stats.migrations);
@@ -278,6 +282,14 @@ void run_eval(const EvalOptions& o) {
   if (!o.record.empty()) {
     check(write_file_atomically(
         o.record, [&](std::ostream& out) { trace::write_telemetry(recorded, out); }));
+    if (recorded_migrations > 0) {
+      std::fprintf(stderr,
+                   "warning: --record %s: the recorded episode (%s's first) changed layout %d "
+                   "time(s) (switches, and restarts after a failure), and trace analyze and the trace env read one layout: they will "
+                   "refuse the file from the first change on (record a policy that keeps its "
+                   "layout, on a scenario without failures, for a file they read)\n",
+                   o.record.c_str(), names[record_policy].c_str(), recorded_migrations);
+    }
   }
 
   // Every policy against one reference on the same episodes: by default the strongest rule (the

@@ -147,7 +147,33 @@ StatusOr<OpTrace> telemetry_to_op_trace(const TelemetryTrace& t, const JobMeta& 
 
 namespace {
 
+// A recording whose layout changes part way (a run that switched) holds several layouts; a trace
+// replays one. Throws naming the first step from which the (dp, pp) extent of the samples
+// differs from the steps before and stays so (a step merely missing a sample is not a change).
+void require_one_layout(const TelemetryTrace& t) {
+  std::map<std::int64_t, std::pair<int, int>> extent;  // step -> (dp, pp)
+  for (const TelemetrySample& s : t.samples) {
+    auto& [dp, pp] = extent[s.step];
+    dp = std::max(dp, s.dp_rank + 1);
+    pp = std::max(pp, s.stage + 1);
+  }
+  for (auto it = std::next(extent.begin()); it != extent.end(); ++it) {
+    const auto& before = std::prev(it)->second;
+    if (it->second == before) continue;
+    const auto after = std::next(it);
+    if (after != extent.end() && after->second != it->second) continue;
+    throw InputError(t.source + ": the layout changes at step " + std::to_string(it->first) +
+                     " (dp=" + std::to_string(before.first) + " pp=" +
+                     std::to_string(before.second) + " before, dp=" +
+                     std::to_string(it->second.first) + " pp=" +
+                     std::to_string(it->second.second) +
+                     " from there); a trace holds one layout: cut the file at that step, or "
+                     "record an episode that keeps its layout");
+  }
+}
+
 OpTrace to_op_trace_or_throw(const TelemetryTrace& t, const JobMeta& meta) {
+  require_one_layout(t);
   std::vector<std::int64_t> steps;
   for (const TelemetrySample& s : t.samples) steps.push_back(s.step);
   std::sort(steps.begin(), steps.end());

@@ -288,6 +288,7 @@ TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads
           "--policies static,oracle --record " +
           csv);
   REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("warning") == std::string::npos);  // static kept its layout
   const Run a = run("trace analyze " + csv + " --json");
   INFO(a.out);
   REQUIRE(a.exit_code == 0);
@@ -297,6 +298,27 @@ TEST_CASE("eval --record writes the simulated telemetry that trace analyze reads
       run("eval --scenario \"bandit:arms(horizon=4)\" --policies static --record " + csv);
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("does not record telemetry") != std::string::npos);
+}
+
+TEST_CASE("eval --record of an episode that changed layout warns, and trace analyze and the "
+          "trace env refuse the file naming the step of the change") {
+  TempFile dir("", "unused");
+  const std::string csv = dir.dir() + "/switched.csv";
+  // reactive switches layouts on this draw (four times over its 48 intervals).
+  const Run r = run("eval --scenario \"sim:mixed(gpus=32,horizon=48)\" --episodes 1 "
+                    "--policies reactive,oracle --record " + csv);
+  REQUIRE(r.exit_code == 0);
+  CHECK_MESSAGE(r.out.find("warning: --record " + csv + ": the recorded episode (reactive's "
+                           "first) changed layout") != std::string::npos,
+                r.out);
+  for (const std::string& cmd :
+       {"trace analyze " + csv, "eval --scenario \"trace:" + csv + "\" --episodes 1"}) {
+    const Run a = run(cmd);
+    INFO(cmd << ": " << a.out);
+    CHECK(a.exit_code == 2);
+    CHECK(a.out.find("the layout changes at step") != std::string::npos);
+    CHECK(a.out.find("a trace holds one layout") != std::string::npos);
+  }
 }
 
 // Processes whose environment holds `mark` (NAME=VALUE): what a command started and left behind.
