@@ -387,10 +387,9 @@ void add_launch_command(CLI::App& app) {
   cmd->allow_extras();
   cmd->add_option("--workers", options->workers, "Worker processes")->capture_default_str();
   cmd->add_option("--backend", options->backend, "gloo (CPU) or nccl (GPU)")->capture_default_str();
-  cmd->add_option(
-      "--inject", options->inject,
-      "Fault: rank=2,slow=3x,at=100s,for=60s | rank=2,slow=3x,at=20steps,for=10steps | "
-      "rank=1,link-delay=20ms | rank=3,kill,at=50s");
+  cmd->add_option("--inject", options->inject,
+                  "Fault: rank=2,slow=3x,at=100s,for=60s | rank=2,slow=3x,at=20steps,for=10steps | "
+                  "rank=1,link-delay=20ms | rank=3,kill,at=50s | rank=1,link-cut,at=30steps");
   cmd->add_option("--agent", options->agent,
                   "builtin (an in-process agent bus), deploy (start parapilot deploy beside the "
                   "workers, docs/live.md), none, or HOST:PORT of an external agent")

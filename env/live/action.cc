@@ -415,6 +415,9 @@ FaultSpec parse_fault_or_throw(std::string_view spec) {
     } else if (key == "kill") {
       if (!value.empty()) throw InputError(where + ": kill takes no value");
       set_kind(FaultSpec::Kind::kill);
+    } else if (key == "link-cut") {
+      if (!value.empty()) throw InputError(where + ": link-cut takes no value");
+      set_kind(FaultSpec::Kind::link_cut);
     } else if (key == "at") {
       if (const auto steps = steps_of(value, where + " at")) {
         f.at_step = *steps;
@@ -433,13 +436,17 @@ FaultSpec parse_fault_or_throw(std::string_view spec) {
       }
     } else {
       throw InputError(where + ": unknown key '" + std::string(key) +
-                       "' (rank, slow, link-delay, kill, at, for)");
+                       "' (rank, slow, link-delay, kill, link-cut, at, for)");
     }
   }
   if (!have_rank) throw InputError(where + ": missing rank=");
-  if (!have_kind) throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms or kill)");
+  if (!have_kind)
+    throw InputError(where + ": missing a fault (slow=Nx, link-delay=Nms, kill or link-cut)");
   if (f.kind == FaultSpec::Kind::kill && (f.at_step >= 0 || f.for_steps >= 0))
     throw InputError(where + ": a kill's at is in seconds");
+  if (f.kind == FaultSpec::Kind::link_cut && (f.at_step < 0 || f.for_steps >= 0 || f.at_s != 0 ||
+                                              f.for_s < std::numeric_limits<double>::infinity()))
+    throw InputError(where + ": a link cut takes at=Nsteps and no for");
   const bool seconds = f.at_s != 0 || f.for_s < std::numeric_limits<double>::infinity();
   if ((f.at_step >= 0 || f.for_steps >= 0) && seconds)
     throw InputError(where + ": at and for both in steps or both in seconds");

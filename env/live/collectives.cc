@@ -1,8 +1,9 @@
 #include "env/live/collectives.h"
 
+#include <algorithm>
 #include <cassert>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -189,12 +190,15 @@ c10::intrusive_ptr<c10d::Store> group_store(c10::intrusive_ptr<c10d::Store> stor
   return c10::make_intrusive<c10d::PrefixStore>("parapilot/group/" + name, std::move(store));
 }
 
-std::string unanswered_ranks(c10d::Store& store, int rank, int world_size,
-                             std::chrono::milliseconds wait) {
+FailureCensus take_failure_census(c10d::Store& store, int rank, int world_size,
+                                  const std::string& note, std::chrono::milliseconds wait) {
   auto key = [](int r) { return "parapilot/alive/" + std::to_string(r); };
+  FailureCensus out;
   std::vector<int> missing;
   try {
-    store.set(key(rank), std::vector<std::uint8_t>{1});
+    // The mark: "1" and the note.
+    const std::string mark = "1" + note;
+    store.set(key(rank), std::vector<std::uint8_t>(mark.begin(), mark.end()));
     const auto until = std::chrono::steady_clock::now() + wait;
     for (;;) {
       missing.clear();
@@ -203,12 +207,21 @@ std::string unanswered_ranks(c10d::Store& store, int rank, int world_size,
       if (missing.empty() || std::chrono::steady_clock::now() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    for (int r = 0; r < world_size; ++r) {
+      if (r == rank || std::find(missing.begin(), missing.end(), r) != missing.end()) continue;
+      const std::vector<std::uint8_t> got = store.get(key(r));
+      if (got.size() <= 1) continue;
+      out.notes += (out.notes.empty() ? "rank " : "; rank ") + std::to_string(r) + ": " +
+                   std::string(got.begin() + 1, got.end());
+    }
   } catch (const std::exception&) {
-    return "rank 0 (the job's store is unreachable)";
+    out.lost = "rank 0 (the job's store is unreachable)";
+    return out;
   }
-  std::string out;
-  for (int r : missing) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return missing.empty() ? "" : (missing.size() == 1 ? "rank " : "ranks ") + out;
+  std::string ranks;
+  for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!missing.empty()) out.lost = (missing.size() == 1 ? "rank " : "ranks ") + ranks;
+  return out;
 }
 
 StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop) {

@@ -96,13 +96,23 @@ struct BoundaryDecision {
 /// backend). Precondition: plan_id < 2^63. The backend's failure as it came.
 StatusOr<BoundaryDecision> agree_at_boundary(Collectives& world, std::uint64_t plan_id, bool stop);
 
-/// After a failed collective, which ranks of the world are gone: the caller marks itself
-/// alive in `store` (key parapilot/alive/<rank>), then waits up to `wait` for every other
-/// rank's mark (each survivor calls this once its own collective fails, which a closed
-/// connection makes prompt). Returns the ranks whose mark did not come, as text ("rank 1",
-/// "ranks 1, 3"; empty when all answered), or "rank 0 (the job's store is unreachable)" when
-/// the store, which rank 0 hosts, cannot be reached.
-std::string unanswered_ranks(c10d::Store& store, int rank, int world_size,
-                             std::chrono::milliseconds wait);
+/// What the ranks of the world report after a failed collective.
+struct FailureCensus {
+  /// The ranks whose mark did not come, as text ("rank 1", "ranks 1, 3"; empty when all
+  /// answered), or "rank 0 (the job's store is unreachable)" when the store, which rank 0
+  /// hosts, cannot be reached.
+  std::string lost;
+  /// The notes of the other ranks that answered with one, "rank 1: NOTE; rank 2: NOTE" (empty
+  /// when none did).
+  std::string notes;
+};
+/// After a failed collective, which ranks of the world are gone and what the others know: the
+/// caller marks itself alive in `store` (key parapilot/alive/<rank>) with `note` (what it knows
+/// of the failure, e.g. that its own links were cut; may be empty), then waits up to `wait` for
+/// every other rank's mark (each survivor calls this once its own collective fails, which a
+/// closed connection makes prompt). When every rank answered, no process is gone: a link
+/// between ranks broke or a collective timed out.
+FailureCensus take_failure_census(c10d::Store& store, int rank, int world_size,
+                                  const std::string& note, std::chrono::milliseconds wait);
 
 }  // namespace parapilot::live

@@ -42,7 +42,7 @@ std::string RankExit::describe() const {
   else if (code == 0)
     s += " finished";
   else if (code == 3)
-    s += " stopped: a collective failed (peer lost or timeout), exit 3";
+    s += " stopped: a collective failed (peer lost, link cut or timeout), exit 3";
   else
     s += " exited with code " + std::to_string(code);
   return s + " at " + number(at_s) + " s";
@@ -57,6 +57,8 @@ std::vector<std::string> fault_flags(const FaultSpec& f) {
   } else if (f.kind == FaultSpec::Kind::link_delay) {
     out = {"--link-delay-ms", number(f.delay_ms)};
     prefix = "--link-delay-";
+  } else if (f.kind == FaultSpec::Kind::link_cut) {
+    return {"--link-cut-at-step", std::to_string(f.at_step)};
   } else {
     return out;
   }

@@ -89,6 +89,11 @@ struct WorkerOptions {
   /// In training steps instead of seconds when at_step >= 0 (for_steps -1: to the end).
   std::int64_t slow_at_step = -1, slow_for_steps = -1;
   std::int64_t link_delay_at_step = -1, link_delay_for_steps = -1;
+  /// At this step's boundary (-1: never) the rank shuts down every connection of its process
+  /// groups (link_cut.h; its process, its bus and its store connection live on): as the state
+  /// starts to move when a layout switch happens at that boundary, else once the boundary's
+  /// agreement is done. Its peers' collectives with it fail, and so do its own.
+  std::int64_t link_cut_at_step = -1;
   /// Test hook: staging a layout change waits this long before building the new layout (so
   /// that a test can abort a plan while it is staging). 0 = none.
   double stage_delay_ms = 0;
@@ -105,7 +110,10 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o);
 
 /// Exit codes of run_worker.
 inline constexpr int kWorkerOk = 0;
-inline constexpr int kWorkerCollectiveFailed = 3;  ///< a peer died or a collective timed out.
+/// A peer died, a link to a peer broke or a collective timed out: the rank stops at the step it
+/// was in, naming what its peers reported (lost ranks, cut links), and no layout is half
+/// installed (the switch installs the new layout only once its state has moved).
+inline constexpr int kWorkerCollectiveFailed = 3;
 
 /// Trains until the step budget, the time budget or a Shutdown from the agent. Returns an exit
 /// code (kWorkerOk, kWorkerCollectiveFailed), or kInvalidArgument for bad options, a missing

@@ -127,12 +127,20 @@ int shut_down(WorkerRun& run) {
   const std::string& tag = run.tag;
   if (run.releaser.joinable()) run.releaser.join();
   if (run.exit_code == kWorkerCollectiveFailed && run.store) {
-    // Name the rank that is gone: a pipeline or tensor-parallel job cannot go on without it.
-    const std::string lost = unanswered_ranks(
-        *run.store, o.rank, o.world_size,
+    // Name the rank that is gone (a pipeline or tensor-parallel job cannot go on without it),
+    // or, when every rank answered, the link that broke as the ranks report it.
+    if (!run.links_cut.empty()) run.failure += " (this rank: " + run.links_cut + ")";
+    const FailureCensus census = take_failure_census(
+        *run.store, o.rank, o.world_size, run.links_cut,
         std::chrono::milliseconds(
             static_cast<std::int64_t>(std::min(5.0, o.collective_timeout_s) * 1000)));
-    if (!lost.empty()) run.failure += " (lost: " + lost + ", no answer in the job's store)";
+    if (!census.lost.empty())
+      run.failure += " (lost: " + census.lost + ", no answer in the job's store)";
+    else
+      run.failure +=
+          " (no rank lost: every rank answered in the job's store, so a link between "
+          "ranks broke or a collective timed out" +
+          (census.notes.empty() ? "" : "; " + census.notes) + ")";
   }
   if (run.exit_code != kWorkerOk)
     std::fprintf(stderr, "%s: stopping at step %llu: %s\n", tag.c_str(),

@@ -164,6 +164,10 @@ struct WorkerRun {
   std::uint64_t total_dp_bytes = 0;
   double last_loss = 0;
   std::string failure;
+  /// --link-cut-at-step: due at this boundary (set once its agreement is done), and what was
+  /// cut once it was ("links to its peers cut at step N (injected fault)"; empty before).
+  bool link_cut_due = false;
+  std::string links_cut;
 };
 
 /// Reads the corpus, the layout and the checkpoint to resume from (before the rendezvous, so

@@ -73,6 +73,7 @@ void validate_or_throw(const WorkerOptions& o) {
   if (o.slow_for_steps == 0 || o.slow_for_steps < -1 || o.link_delay_for_steps == 0 ||
       o.link_delay_for_steps < -1)
     throw InputError("--slow-for-steps and --link-delay-for-steps: a number of steps >= 1");
+  if (o.link_cut_at_step < -1) throw InputError("--link-cut-at-step: a step >= 0");
   if (o.stage_delay_ms < 0 || o.stage_delay_ms > 600000)
     throw InputError("--stage-delay-ms: must be in [0, 600000]");
   const LiveLayout layout = take(parse_layout(o.layout, o.world_size, o.model));
@@ -189,6 +190,9 @@ void add_worker_flags(CLI::App& cmd, WorkerOptions& o) {
                  "Fault: link delay starts at this training step (instead of --link-delay-at)");
   cmd.add_option("--link-delay-for-steps", o.link_delay_for_steps,
                  "Fault: with --link-delay-at-step, link delay lasts this many steps");
+  cmd.add_option("--link-cut-at-step", o.link_cut_at_step,
+                 "Fault: at this step's boundary, cut this rank's connections to its peers (its "
+                 "process, bus and store connection live on)");
 }
 
 Status read_torchrun_env(WorkerOptions& o) {

@@ -1,13 +1,17 @@
 // The iteration boundary (libtorch): every rank agrees on stopping and on the plan to apply,
 // and a committed layout change is switched to (layout_switch.h; worker_run.h).
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "env/live/feedback_state.h"
 #include "env/live/layout_switch.h"
+#include "env/live/link_cut.h"
 #include "env/live/worker_run.h"
 
 namespace parapilot::live {
@@ -35,6 +39,26 @@ Status dump_feedback(WorkerRun& run, LayoutState& s, const char* when, std::uint
   return {};
 }
 
+// --link-cut-at-step: cuts this rank's connections to its peers when due at this boundary
+// (once). The job's store and the agent's bus stay connected.
+void cut_links_if_due(WorkerRun& run) {
+  if (!run.link_cut_due) return;
+  run.link_cut_due = false;
+  const WorkerOptions& o = run.o;
+  std::vector<int> keep{o.master_port};
+  if (const std::size_t colon = o.agent.rfind(':'); colon != std::string::npos)
+    keep.push_back(std::atoi(o.agent.c_str() + colon + 1));
+  const StatusOr<int> cut = cut_peer_links(keep);
+  run.links_cut = "links to its peers cut at step " + std::to_string(run.step) +
+                  " (injected fault, --link-cut-at-step)";
+  std::printf("%s: fault: %s: %s\n", run.tag.c_str(), run.links_cut.c_str(),
+              cut.ok() ? (std::to_string(*cut) + " connections shut down; the process, its bus "
+                                                 "and its store connection live on")
+                             .c_str()
+                       : cut.status().message().c_str());
+  std::fflush(stdout);
+}
+
 // The switch: move the state into the staged layout of `next_plan` and train on it from this
 // step (layout_switch.h). Its wall time is the pause this step pays. False when training ends.
 bool switch_layout(WorkerRun& run, const LiveAction& a, std::uint64_t next_plan) {
@@ -55,6 +79,7 @@ bool switch_layout(WorkerRun& run, const LiveAction& a, std::uint64_t next_plan)
   if (!o.dump_feedback.empty() &&
       !run.collective_ok(dump_feedback(run, *run.state, "before", step)))
     return false;
+  cut_links_if_due(run);  // a fault injected as the state starts to move
   const StatusOr<SwitchStats> moved = move_state(*run.state, *staged, o.rank, o.model, *run.coll);
   if (!run.collective_ok(moved.status())) return false;
   if (!o.dump_feedback.empty() &&
@@ -163,6 +188,8 @@ std::optional<double> cross_boundary(WorkerRun& run, double now_s) {
       agree_at_boundary(*run.coll, bus ? bus->committed_at(step, run.plan_id) : 0, stop);
   if (!run.collective_ok(agreed.status())) return std::nullopt;
   if (agreed->stop) return std::nullopt;
+  run.link_cut_due =
+      o.link_cut_at_step >= 0 && step == static_cast<std::uint64_t>(o.link_cut_at_step);
   // Staged layouts of plans the book dropped (aborted, refused, missed, the agent lost) are
   // torn down.
   for (std::uint64_t dropped :
@@ -185,6 +212,7 @@ std::optional<double> cross_boundary(WorkerRun& run, double now_s) {
   }
   const std::uint64_t next_plan = agreed->plan_id;
   if (next_plan > run.plan_id && !apply_plan(run, next_plan)) return std::nullopt;
+  cut_links_if_due(run);  // due here when no switch moved the state
   // Plans built since the last boundary start streaming from this one (layout_stager.h).
   if (!run.collective_ok(run.stager->at_boundary(*run.state, step).status())) return std::nullopt;
   return seconds_since(tc) * 1000;

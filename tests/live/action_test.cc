@@ -1,9 +1,10 @@
 // Live actions, fault specs and the compression selector (no processes).
 #include <doctest/doctest.h>
 
+#include "core/error.h"
 #include "env/live/action.h"
 #include "env/live/fault_spec.h"
-#include "core/error.h"
+#include "env/live/local_cluster.h"
 #include "tests/test_util.h"
 
 using namespace parapilot::live;
@@ -68,6 +69,17 @@ TEST_CASE("fault specs parse as launch --inject documents them") {
   CHECK(f.for_steps == -1);
   CHECK(ok(parse_fault("rank=1,slow=2x,for=5steps")).at_step == 0);
   CHECK(failure_of(parse_fault("rank=1,slow=2x,at=20steps,for=60s")).find("both in steps") !=
+        std::string::npos);
+  f = ok(parse_fault("rank=1,link-cut,at=30steps"));
+  CHECK(f.kind == FaultSpec::Kind::link_cut);
+  CHECK(f.rank == 1);
+  CHECK(f.at_step == 30);
+  CHECK(fault_flags(f) == std::vector<std::string>{"--link-cut-at-step", "30"});
+  CHECK(failure_of(parse_fault("rank=1,link-cut")).find("at=Nsteps") != std::string::npos);
+  CHECK(failure_of(parse_fault("rank=1,link-cut,at=3s")).find("at=Nsteps") != std::string::npos);
+  CHECK(failure_of(parse_fault("rank=1,link-cut,at=3steps,for=2steps")).find("no for") !=
+        std::string::npos);
+  CHECK(failure_of(parse_fault("rank=1,link-cut=2,at=3steps")).find("no value") !=
         std::string::npos);
   CHECK(failure_of(parse_fault("rank=3,kill,at=20steps")).find("in seconds") !=
         std::string::npos);

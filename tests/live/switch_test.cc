@@ -644,6 +644,80 @@ TEST_CASE("layout switch: a rank killed after the commit, before the boundary mo
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE(
+    "layout switch: a link cut as the boundary moves the state stops every rank, naming "
+    "it, none half switched, and the last checkpoint still resumes") {
+  // dp=2,tp=2 -> dp=4 moved at the boundary, committed for step 30, on a job resumed from a
+  // checkpoint of step 4. Rank 1's process lives, but its connections to its peers are cut
+  // (launch's fault rank=1,link-cut,at=30steps) once every rank has acknowledged the switch at
+  // step 30 and starts moving the state. Every rank stops there with exit code 3, none installs
+  // the new layout, the survivors say no process was lost and name the rank whose links broke,
+  // and the checkpoint the failed job would have overwritten still resumes.
+  const std::string dir = temp_dir("link-cut");
+  const std::string ck = dir + "/ckpt";
+  std::vector<std::string> base = four_block_args();
+  base.insert(base.end(), {"--layout", "dp=2,tp=2", "--collective-timeout", "10"});
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  {
+    const auto saved = ok(LocalCluster::start(
+        cluster(4, with({"--steps", "4", "--save-state", ck}), false, dir + "/saved")));
+    check_all_finished(saved->wait(120), dir + "/saved");
+  }
+  auto checkpoint_bytes = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(ck))
+      files[e.path().filename().string()] = read_text(e.path().string());
+    return files;
+  };
+  const std::map<std::string, std::string> before = checkpoint_bytes();
+  REQUIRE(!before.empty());
+
+  LocalClusterOptions o = cluster(4,
+                                  with({"--steps", "0", "--switch-transfer", "at-boundary",
+                                        "--load-state", ck, "--save-state", ck}),
+                                  true, dir + "/cut");
+  o.faults = {ok(parse_fault("rank=1,link-cut,at=30steps"))};
+  const auto started = ok(LocalCluster::start(o));
+  LocalCluster& c = *started;
+  Controller& agent = *c.controller();
+  REQUIRE(agent.wait_for_ranks(4, 60s));
+  REQUIRE(agent.wait_for_step(6, 60s));
+  LiveAction a;
+  a.layout = "dp=4";
+  const auto r = agent.apply(a, 60s, 30);
+  INFO(r.status().message());
+  REQUIRE(r.ok());  // every rank acknowledged the switch at step 30, then the links went
+  REQUIRE(r->switch_at_step == 30);
+  const std::vector<RankExit> exits = c.wait(120);
+  REQUIRE(exits.size() == 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    const std::string log = read_text(dir + "/cut/worker-" + std::to_string(rank) + ".log");
+    CHECK_MESSAGE(exits[rank].exited, exits[rank].describe() << "\n" << log);
+    CHECK_MESSAGE(exits[rank].code == 3, exits[rank].describe() << "\n" << log);
+    CHECK_MESSAGE(log.find("commit received") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("stopping at step 30: ") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("switched to layout") == std::string::npos, log);
+    CHECK_MESSAGE(log.find("no rank lost") != std::string::npos, log);
+    const std::string named = rank == 1 ? "(this rank: links to its peers cut at step 30"
+                                        : "rank 1: links to its peers cut at step 30";
+    CHECK_MESSAGE(log.find(named) != std::string::npos, log);
+  }
+  CHECK(checkpoint_bytes() == before);
+
+  // The checkpoint resumes: steps 4 and 5, and the job finishes.
+  const auto resumed = ok(LocalCluster::start(
+      cluster(4, with({"--steps", "6", "--load-state", ck, "--loss-log", dir + "/loss.csv"}), false,
+              dir + "/resumed")));
+  check_all_finished(resumed->wait(120), dir + "/resumed");
+  CHECK(logged_steps(dir + "/loss.csv") == 2);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("layout switch: the agent killed while staging: the workers drop the plan and train on") {
   // The agent (another process: this program's --live-agent) prepares dp=2 -> pp=2 and is
   // killed while the ranks stage it (staging waits 20 s). The plan book drops the uncommitted
