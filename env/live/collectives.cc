@@ -214,6 +214,13 @@ FailureCensus take_failure_census(c10d::Store& store, int rank, int world_size,
       out.notes += (out.notes.empty() ? "rank " : "; rank ") + std::to_string(r) + ": " +
                    std::string(got.begin() + 1, got.end());
     }
+    // Rank 0 hosts the store: it stays until every rank that answered has read it.
+    const auto answered = static_cast<std::int64_t>(world_size - missing.size());
+    std::int64_t read = store.add("parapilot/census_read", 1);
+    while (rank == 0 && read < answered && std::chrono::steady_clock::now() < until + wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      read = store.add("parapilot/census_read", 0);
+    }
   } catch (const std::exception&) {
     out.lost = "rank 0 (the job's store is unreachable)";
     return out;

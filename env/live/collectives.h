@@ -111,7 +111,9 @@ struct FailureCensus {
 /// of the failure, e.g. that its own links were cut; may be empty), then waits up to `wait` for
 /// every other rank's mark (each survivor calls this once its own collective fails, which a
 /// closed connection makes prompt). When every rank answered, no process is gone: a link
-/// between ranks broke or a collective timed out.
+/// between ranks broke or a collective timed out. Rank 0, which hosts the store, returns only
+/// once every rank that answered has read the census (or `wait` more has passed), so that its
+/// exit does not cut the others' reads short.
 FailureCensus take_failure_census(c10d::Store& store, int rank, int world_size,
                                   const std::string& note, std::chrono::milliseconds wait);
 

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "env/live/checkpoint_state.h"
 #include "env/live/run_summary.h"
+#include "env/live/link_cut.h"
 #include "env/live/worker_run.h"
 
 namespace parapilot::live {
@@ -130,6 +131,8 @@ int shut_down(WorkerRun& run) {
     // Name the rank that is gone (a pipeline or tensor-parallel job cannot go on without it),
     // or, when every rank answered, the link that broke as the ranks report it.
     if (!run.links_cut.empty()) run.failure += " (this rank: " + run.links_cut + ")";
+    // A peer blocked on this rank in a collective fails now, not at its timeout.
+    (void)cut_peer_links(store_and_bus_ports(o));
     const FailureCensus census = take_failure_census(
         *run.store, o.rank, o.world_size, run.links_cut,
         std::chrono::milliseconds(

@@ -193,7 +193,11 @@ std::optional<double> cross_boundary(WorkerRun& run, double now_s);
 /// After training: the gathered dump, the checkpoint and the run summary (every rank takes
 /// part).
 void finish_training(WorkerRun& run);
-/// Reports a failure, writes the recording, says goodbye on the bus and returns the exit code.
+/// The ports of the job's store and the agent's bus, which cut_peer_links (link_cut.h) keeps.
+std::vector<int> store_and_bus_ports(const WorkerOptions& o);
+/// Reports a failure (after a failed collective, this rank's connections to its peers are shut
+/// down first, so that a peer blocked on it fails at once and joins the census), writes the
+/// recording, says goodbye on the bus and returns the exit code.
 int shut_down(WorkerRun& run);
 
 /// What one step's telemetry is built from (worker_telemetry.cc), under the names the step

@@ -16,6 +16,13 @@
 
 namespace parapilot::live {
 
+std::vector<int> store_and_bus_ports(const WorkerOptions& o) {
+  std::vector<int> keep{o.master_port};
+  if (const std::size_t colon = o.agent.rfind(':'); colon != std::string::npos)
+    keep.push_back(std::atoi(o.agent.c_str() + colon + 1));
+  return keep;
+}
+
 namespace {
 
 // --dump-feedback: what `s`'s compressors owe, summed over its replicas (every rank takes part;
@@ -44,11 +51,7 @@ Status dump_feedback(WorkerRun& run, LayoutState& s, const char* when, std::uint
 void cut_links_if_due(WorkerRun& run) {
   if (!run.link_cut_due) return;
   run.link_cut_due = false;
-  const WorkerOptions& o = run.o;
-  std::vector<int> keep{o.master_port};
-  if (const std::size_t colon = o.agent.rfind(':'); colon != std::string::npos)
-    keep.push_back(std::atoi(o.agent.c_str() + colon + 1));
-  const StatusOr<int> cut = cut_peer_links(keep);
+  const StatusOr<int> cut = cut_peer_links(store_and_bus_ports(run.o));
   run.links_cut = "links to its peers cut at step " + std::to_string(run.step) +
                   " (injected fault, --link-cut-at-step)";
   std::printf("%s: fault: %s: %s\n", run.tag.c_str(), run.links_cut.c_str(),
