@@ -51,14 +51,17 @@ Where it lives (this module is the public face; it imports and re-exports):
   collectives and DDP's buffer broadcast, wrapped while a session is open).
 * compressors.py: fp16, top-k and PowerSGD gradient compression and its state.
 * shares.py: split_batch, ShareBatchSampler, plan_shares, shares_from_layout_name.
+* peer_failure.py: PeerLost (what step() raises when a collective fails among the ranks: a peer
+  killed, a link cut, a timeout) and the census in the job's store that names what was lost.
 """
 
 from __future__ import annotations
 
 from .compressors import NONE, FP16, TOPK, POWERSGD  # noqa: F401
 from .hooks import PlanConfig, layer_map  # noqa: F401
+from .peer_failure import PeerLost  # noqa: F401
 from .session import Session  # noqa: F401
 from .shares import ShareBatchSampler, plan_shares, shares_from_layout_name, split_batch  # noqa: F401
 
-__all__ = ["Session", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
+__all__ = ["Session", "PeerLost", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
            "plan_shares", "shares_from_layout_name", "NONE", "FP16", "TOPK", "POWERSGD"]

@@ -20,12 +20,21 @@ Contract:
   logging module's "parapilot" logger); the bus client's connect/disconnect lines at debug.
 * close() sends what is pending, logs a one-line summary, disconnects and removes the timing
   hooks; the comm hook and the last plan stay.
+* A collective that fails among the ranks inside a step or at its boundary (a peer process
+  killed, a link between ranks cut, a collective timed out) makes step() raise PeerLost
+  (peer_failure.py) naming what was lost, after a census of up to min(5, control_timeout_s)
+  seconds in the job's store (its own process-group connections closed first, so that peers
+  blocked on it fail at once; the store and the agent stay connected); no plan is applied after it, so a plan committed for a later step
+  is never half applied. Nothing waits forever: the boundary agreement runs with
+  control_timeout_s (default 60 s) as its group's timeout, and the gradient reduction with the
+  timeout the job gave init_process_group.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import logging
 import math
 import os
@@ -45,6 +54,7 @@ from .client import Client, logging_logger
 from .compressors import _describe_methods, _methods_from, _powersgd_states
 from .hooks import (PlanConfig, _Clock, _HookState, _StepRecord, _comm_hook, _step_telemetry,
                     layer_map)
+from .peer_failure import PeerLost, census, cut_peer_links, is_collective_failure
 from .plans import PlanBook
 from .shares import ShareBatchSampler, plan_shares, split_batch
 
@@ -69,6 +79,8 @@ class Session:
         the logging module); the bus client's own lines go to it at "debug".
     client_options: keyword arguments of parapilot.Client (its on_connect / on_disconnect run
         after the session's own).
+    control_timeout_s: the boundary agreement's group timeout: an agreement a peer does not
+        answer within it fails, and step() raises PeerLost (default 60 s).
     """
 
     def __init__(self, ddp_model: torch.nn.parallel.DistributedDataParallel,
@@ -78,7 +90,7 @@ class Session:
                  layers: Optional[Sequence[torch.nn.Module]] = None,
                  process_group=None, grad_stats_every: int = 10, start_step: int = 0,
                  initial_shares: Optional[Sequence[int]] = None, log=None,
-                 client_options: Optional[dict] = None):
+                 client_options: Optional[dict] = None, control_timeout_s: float = 60.0):
         if not dist.is_initialized():
             raise RuntimeError("parapilot.pytorch.Session needs torch.distributed initialised "
                                "(init_process_group) first")
@@ -106,7 +118,15 @@ class Session:
         self._clock = _Clock(cuda)
         # The boundary agreement runs on its own CPU Gloo group: no device sync, no interference
         # with the gradient collectives.
-        self._control_group = dist.new_group(backend="gloo")
+        if not control_timeout_s > 0:
+            raise ValueError(f"control_timeout_s must be > 0, not {control_timeout_s}")
+        self.control_timeout_s = float(control_timeout_s)
+        self._control_group = dist.new_group(
+            backend="gloo", timeout=datetime.timedelta(seconds=self.control_timeout_s))
+        self.failure: Optional[PeerLost] = None  # set once a collective failed (step() raised it)
+        # What this rank knows of a fault it suffered (fault injection sets it; peer_failure.py): told
+        # to its peers in the census after a failed collective.
+        self.fault_note = ""
         self._ctl_work = None
         self._ctl_tensor = None
         self._hook = _HookState(self)
@@ -233,11 +253,18 @@ class Session:
         telemetry is queued and, at this boundary, the ranks agree on a committed plan. The
         step's cycle runs from the end of the previous step (what runs between two steps, such
         as the DataLoader's next(), belongs to the later one) to the end of this one."""
+        if self.failure is not None:
+            raise self.failure
         self._begin()
         try:
             yield self
-        finally:
-            self._end()
+        except BaseException as e:
+            if is_collective_failure(e):
+                self._record = None
+                raise self._peer_lost(e) from e
+            self._end_or_raise()
+            raise
+        self._end_or_raise()
 
     @contextlib.contextmanager
     def outside_steps(self):
@@ -249,6 +276,48 @@ class Session:
         finally:
             self._restart_cycle()
             self.gaps_excluded += 1
+
+    def _end_or_raise(self) -> None:
+        """_end(), with a collective failure at the boundary raised as PeerLost."""
+        try:
+            self._end()
+        except RuntimeError as e:
+            if is_collective_failure(e):
+                raise self._peer_lost(e) from e
+            raise
+
+    def _peer_lost(self, e: BaseException) -> PeerLost:
+        """After a collective failed in step self.step_index: the census, the log line and the
+        PeerLost that step() raises (and raises again on every later step)."""
+        self._ctl_work = None  # on a broken group: never waited for
+        self._ctl_tensor = None
+        # Close this rank's process-group connections (the store and the agent kept): a peer
+        # blocked on it in a collective fails now, not at its timeout, and joins the census.
+        keep = [int(p) for p in (os.environ.get("MASTER_PORT", ""),
+                                 self.agent_address.rpartition(":")[2]) if p.isdigit()]
+        if keep:
+            cut_peer_links(keep)
+        wait_s = min(5.0, self.control_timeout_s)
+        lost, notes = census(c10d._get_default_store() if self.process_group is None else None,
+                             self.rank, self.world_size, self.fault_note, wait_s)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        text = f"rank {self.rank}: stopped at step {self.step_index}: a collective failed ({first})"
+        if self.fault_note:
+            text += f" (this rank: {self.fault_note})"
+        if lost:
+            text += f"; lost: {lost}, no answer in the job's store within {wait_s:g} s"
+        else:
+            text += ("; no rank lost: every rank answered in the job's store, so a link between "
+                     "ranks broke or a collective timed out") + (f"; {notes}" if notes else "")
+        pending = self.book.committed_at(2**64 - 1, self.plan_id)
+        if pending:
+            p = self.book.get(pending)
+            text += (f"; plan {pending}, committed for step {p.switch_at_step}, was not applied: "
+                     f"the job stays on plan {self.plan_id}")
+        self.failure = PeerLost(text, rank=self.rank, step=self.step_index, lost=lost,
+                                plan_id=self.plan_id, pending_plan=pending)
+        self._say("error", text)
+        return self.failure
 
     def _restart_cycle(self) -> None:
         """The next step's cycle starts now (not at the previous step's end)."""
@@ -284,6 +353,8 @@ class Session:
             self._ctl_work.wait()
             self._ctl_work = None
             self._ctl_tensor = None
+        if self._control_group is not None and self.failure is not None:
+            self._control_group = None  # broken: left to the process exit, never waited on
         if self._control_group is not None:
             # Release the agreement's Gloo group now, while the interpreter is whole: left to
             # interpreter shutdown, its worker threads are torn down in an order that can abort

@@ -5,15 +5,20 @@ Config keys: steps, global_batch, initial_shares, slow_rank, slow_ms, step_sleep
 (rank 0 steps a plain model on the full global batch from the job's parameters before each step
 and records the largest difference of the updated parameters),
 until_plans (keep going until this many plans were applied, up to steps), stop_file (stop when it
-exists), out (result path prefix), layers_compression_probe; for attribution: buffers (the model
+exists), cut_links_rank / cut_links_file (that rank cuts its connections to its peers, keeping the
+store and the agent, before the first step after the file exists; parapilot.peer_failure), out (result
+path prefix), layers_compression_probe; for attribution: buffers (the model
 gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduce (a loss
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
 inside session.outside_steps() every N steps), gap_at / gap_ms (an unmarked sleep before step
 gap_at).
+
+A rank whose session raises PeerLost writes its result with "failed" (the message) and exits 3.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -22,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import parapilot.pytorch as ppt
-from parapilot import telemetry_keys as keys, wire
+from parapilot import peer_failure, telemetry_keys as keys, wire
 
 
 def make_model(buffers=False):
@@ -63,14 +68,42 @@ def main():
     if cfg.get("reference") and rank == 0:
         ref = make_model()
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator()
-    loss_fn = torch.nn.MSELoss()
-    steps = cfg.get("steps", 20)
     slow_rank, slow_ms = cfg.get("slow_rank", -1), cfg.get("slow_ms", 0)
     if rank == slow_rank and slow_ms:
         even = B / world  # slower in proportion to the samples it gets, like a slow device
         ddp.register_forward_pre_hook(lambda m, i: time.sleep(slow_ms / 1000.0 * i[0].shape[0] / even))
     records = []
+    failed = None
+    try:
+        max_diff = train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt,
+                         records)
+    except ppt.PeerLost as e:
+        failed, max_diff = str(e), 0.0
+    stats = session.client.stats() if session.client else None
+    session.close()
+    with torch.no_grad():
+        digest = float(sum(p.double().sum() for p in model.parameters()))
+    out = {"rank": rank, "world": world, "records": records, "applied": session.applied_plans,
+           "events": session.book.events, "max_diff": max_diff, "digest": digest,
+           "shares": session.shares, "stop_reason": session.stop_reason,
+           "connects": stats.connects if stats else 0, "gaps_excluded": session.gaps_excluded,
+           "telemetry_before_first_step": repr(telemetry_before), "failed": failed,
+           "step_index": session.step_index}
+    with open(f"{cfg['out']}.{rank}.json", "w") as f:
+        json.dump(out, f)
+    if failed is not None:
+        sys.stdout.flush()
+        os._exit(3)  # the process groups are broken: no teardown that could wait on them
+    dist.destroy_process_group()
+
+
+def train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt, records):
+    """The training loop; returns the largest difference from the reference."""
+    rank = dist.get_rank()
+    B = cfg.get("global_batch", 16)
+    g = torch.Generator() if ref is not None else None
+    loss_fn = torch.nn.MSELoss()
+    steps = cfg.get("steps", 20)
     max_diff = 0.0
     applied_seen, applied_at = 0, 0
     epoch = 0
@@ -93,6 +126,12 @@ def main():
                     buf = opt.state.get(b, {}).get("momentum_buffer")
                     if buf is not None:
                         ref_opt.state[a]["momentum_buffer"] = buf.clone()
+            if rank == cfg.get("cut_links_rank", -1) and not session.fault_note and \
+                    os.path.exists(cfg.get("cut_links_file", "")):
+                agent = os.environ.get("PARAPILOT_AGENT", "")
+                keep = [int(os.environ["MASTER_PORT"])] + ([int(agent.rsplit(":", 1)[1])] if agent else [])
+                n = peer_failure.cut_peer_links(keep)
+                session.fault_note = f"links to its peers cut before step {step} ({n} connections)"
             if step == cfg.get("gap_at", -1):
                 time.sleep(cfg.get("gap_ms", 0) / 1000.0)
             with session.step():
@@ -144,18 +183,7 @@ def main():
             if done:
                 break
         epoch += 1
-    stats = session.client.stats() if session.client else None
-    session.close()
-    with torch.no_grad():
-        digest = float(sum(p.double().sum() for p in model.parameters()))
-    out = {"rank": rank, "world": world, "records": records, "applied": session.applied_plans,
-           "events": session.book.events, "max_diff": max_diff, "digest": digest,
-           "shares": session.shares, "stop_reason": session.stop_reason,
-           "connects": stats.connects if stats else 0, "gaps_excluded": session.gaps_excluded,
-           "telemetry_before_first_step": repr(telemetry_before)}
-    with open(f"{cfg['out']}.{rank}.json", "w") as f:
-        json.dump(out, f)
-    dist.destroy_process_group()
+    return max_diff
 
 
 if __name__ == "__main__":

@@ -188,6 +188,31 @@ class Job:
         shutil.rmtree(self.out_dir, ignore_errors=True)
         return results
 
+    def outcomes(self):
+        """Waits (up to the job's deadline) for every rank, whatever its exit: per rank
+        (returncode, result or None, stderr); returncode None for a rank killed here at the
+        deadline."""
+        out = []
+        for rank, p in enumerate(self.procs):
+            code = None
+            try:
+                _, err = p.communicate(timeout=max(1, self.deadline - time.monotonic()))
+                code = p.returncode
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate(timeout=10)
+            path = os.path.join(self.out_dir, f"result.{rank}.json")
+            result = None
+            if os.path.exists(path):
+                with open(path) as f:
+                    result = json.load(f)
+            out.append((code, result, err))
+        shutil.rmtree(self.out_dir, ignore_errors=True)
+        return out
+
+    def kill_rank(self, rank):
+        self.procs[rank].kill()
+
     def kill(self):
         for p in self.procs:
             if p.poll() is None:

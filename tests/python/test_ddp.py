@@ -2,6 +2,7 @@
 plans from the (scripted) agent are staged, committed and applied at the same step on every
 rank, compression cuts bytes as decided, and the agent going away leaves the job training."""
 
+import os
 import unittest
 
 import harness
@@ -244,6 +245,76 @@ class AgentTest(unittest.TestCase):
             self.assertEqual(r["stop_reason"] is not None, True)
         self.assertEqual(len(res[0]["records"]), len(res[1]["records"]))  # stopped together
         self.assertLess(len(res[0]["records"]), 40)
+
+    def commit_far_ahead(self, plan_id, world, margin=150):
+        """Prepares plan_id (shares 3,1,...), commits it `margin` steps past the newest step and
+        waits until every rank has trained 5 steps past the commit (it holds it by then).
+        Returns the commit's step."""
+        shares = ",".join(["3"] + ["1"] * (world - 1))
+        self.agent.command(f"prepare {plan_id} {world} {shares} - 10000 test")
+        for _ in range(world):
+            r = self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == plan_id)
+            self.assertTrue(r["ok"], r)
+        sent = max(e["step"] for e in self.agent.events_of("telemetry"))
+        at = sent + 1 + margin
+        self.agent.command(f"commit {plan_id} {at}")
+        for rank in range(world):
+            self.wait_telemetry(lambda e: e["rank"] == rank and e["step"] >= sent + 5)
+        return at
+
+    def check_stopped_before(self, outcomes, at, plan_id, gone, name):
+        """Every rank but `gone` exited 3 before step `at` with PeerLost naming `name`, and
+        none applied plan_id."""
+        for rank, (code, result, err) in enumerate(outcomes):
+            if rank == gone:
+                continue
+            with self.subTest(rank=rank):
+                self.assertEqual(code, 3, err[-3000:])
+                self.assertEqual(result["applied"], [])
+                self.assertTrue(all(x["plan"] == 0 for x in result["records"]))
+                self.assertLess(result["step_index"], at)
+                msg = result["failed"]
+                self.assertIn(f"rank {rank}: stopped at step {result['step_index']}", msg)
+                self.assertIn(name, msg)
+                self.assertIn(f"plan {plan_id}, committed for step {at}, was not applied", msg)
+
+    def test_rank_killed_after_commit_stops_the_survivors_naming_it(self):
+        # Plan 7 is committed 150 steps ahead; once every rank holds the commit, rank 2 is
+        # killed. The survivors' next gradient reduction fails: each stops (exit 3, PeerLost)
+        # long before the switch step, names rank 2 and the plan it did not apply, and none
+        # switched. The job's deadline (60 s) bounds the test; a hang fails it.
+        world = 3
+        self.job = harness.launch(world, {"steps": 100000, "global_batch": 24,
+                                          "step_sleep_ms": 5}, env_extra=self.env, timeout=60)
+        self.wait_telemetry(lambda e: e["step"] >= 2)
+        at = self.commit_far_ahead(7, world)
+        self.job.kill_rank(2)
+        outcomes = self.job.outcomes()
+        self.job = None
+        self.check_stopped_before(outcomes, at, 7, gone=2,
+                                  name="lost: rank 2, no answer in the job's store")
+
+    def test_link_cut_after_commit_stops_every_rank_naming_it(self):
+        # The same, but rank 1's process lives: it cuts its connections to its peers (its
+        # process groups' sockets; the store and the agent stay connected). Every rank stops
+        # (exit 3, PeerLost) before the switch step, none switched, and the survivors say no
+        # process was lost and name rank 1's cut links.
+        world = 3
+        cut_file = os.path.join(self.secret_file.dir, "cut")
+        self.job = harness.launch(world, {"steps": 100000, "global_batch": 24,
+                                          "step_sleep_ms": 5, "cut_links_rank": 1,
+                                          "cut_links_file": cut_file},
+                                  env_extra=self.env, timeout=60)
+        self.wait_telemetry(lambda e: e["step"] >= 2)
+        at = self.commit_far_ahead(8, world)
+        open(cut_file, "w").close()
+        outcomes = self.job.outcomes()
+        self.job = None
+        self.check_stopped_before(outcomes, at, 8, gone=-1,
+                                  name="no rank lost: every rank answered in the job's store")
+        for rank in (0, 2):
+            self.assertIn("rank 1: links to its peers cut before step", outcomes[rank][1]["failed"])
+        self.assertIn("(this rank: links to its peers cut before step", outcomes[1][1]["failed"])
 
 
 if __name__ == "__main__":
