@@ -7,7 +7,8 @@ and records the largest difference of the updated parameters),
 until_plans (keep going until this many plans were applied, up to steps), stop_file (stop when it
 exists), cut_links_rank / cut_links_file (that rank cuts its connections to its peers, keeping the
 store and the agent, before the first step after the file exists; parapilot.peer_failure), out (result
-path prefix), layers_compression_probe; for attribution: buffers (the model
+path prefix), heartbeat_timeout_ms (the bus client's: the agent declared dead after this much
+silence; default 1000 so that reconnect tests are quick), layers_compression_probe; for attribution: buffers (the model
 gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduce (a loss
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
@@ -59,7 +60,7 @@ def main():
     session = ppt.Session(ddp, opt, global_batch=B, initial_shares=cfg.get("initial_shares"),
                           grad_stats_every=cfg.get("grad_stats_every", 10),
                           client_options={"heartbeat_interval_ms": 200,
-                                          "heartbeat_timeout_ms": 1000,
+                                          "heartbeat_timeout_ms": cfg.get("heartbeat_timeout_ms", 1000),
                                           "reconnect_initial_ms": 20, "reconnect_max_ms": 200})
     telemetry_before = session.last_telemetry  # None, not an AttributeError
     sampler = session.batch_sampler(data, seed=5)

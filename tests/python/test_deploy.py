@@ -4,7 +4,21 @@ beside it. Telemetry reaches the agent, it detects the slow rank and
 commits elastic shares; every rank switches at the committed step, the slow rank gets fewer
 samples, the share-weighted update still equals the full-batch update, and after the agent is
 stopped the job trains to the end on its last plan. deploy's scenarios need >= 8 GPUs, hence 8
-ranks. Skipped when build/parapilot is not built."""
+ranks. Skipped when build/parapilot is not built.
+
+On a loaded machine (8 ranks and the agent on 2 shared cores) nothing here depends on how many
+seconds pass, only on steps, except the two liveness timeouts that cannot be counted in steps
+(the agent does not step):
+* The switch step: deploy commits --commit-margin-steps 20 steps past the newest step it has
+  seen (its wall-time lead, --commit-lead-ms, only ever adds steps). However slowly the machine
+  runs, the ranks run those 20 steps while the commit travels; the Python client needs it two
+  boundaries ahead.
+* Waiting for the agent's events: bounded by the job itself (its steps), and by the job's
+  deadline only as a guard against a hang.
+* The bus client's heartbeat timeout is the client's default, 5 s, not the 1 s the other
+  Python tests use to see a lost agent quickly: an agent descheduled for a second is not lost,
+  and a client that declared it so would drop its staged plan and the plan would not commit.
+"""
 
 import json
 import os
@@ -61,6 +75,7 @@ class DeployEndToEndTest(unittest.TestCase):
         self.deploy = subprocess.Popen(
             [self.exe, "deploy", "--scenario", self.scenario_path] + policy + [
              "--initial-layout", "uniform-dp", "--interval-steps", "5", "--cooldown", "1",
+             "--commit-margin-steps", "20",
              "--listen", f"127.0.0.1:{self.port}", "--secret-file", self.secret.path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines = []
@@ -84,6 +99,8 @@ class DeployEndToEndTest(unittest.TestCase):
                 self.cond.notify_all()
 
     def wait_line(self, pred, timeout):
+        """The first event matching pred; fails once the job (its steps) or deploy has ended
+        without one, or, as a guard against a hang, after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while True:
@@ -91,7 +108,9 @@ class DeployEndToEndTest(unittest.TestCase):
                     if pred(e):
                         return e
                 left = deadline - time.monotonic()
-                if left <= 0 or self.deploy.poll() is not None:
+                job = getattr(self, "job", None)
+                job_over = job is not None and not job.running()
+                if left <= 0 or job_over or self.deploy.poll() is not None:
                     decisions = [(e.get("step"), e.get("action"), e.get("reason"))
                                  for e in self.lines if e.get("event") == "decision"]
                     raise AssertionError(f"deploy: no such event; last: {self.lines[-3:]}; "
@@ -120,13 +139,14 @@ class DeployEndToEndTest(unittest.TestCase):
         # on a loaded machine.
         steps = 240
         self.job = harness.launch(8, {"steps": steps, "global_batch": 64, "slow_rank": 3,
-                                      "slow_ms": 30, "reference": True},
+                                      "slow_ms": 30, "reference": True,
+                                      "heartbeat_timeout_ms": 5000},
                                   env_extra=env, timeout=200)
-        slow = self.wait_line(lambda e: e.get("event") == "slow_rank" and e.get("rank") == 3, 60)
+        slow = self.wait_line(lambda e: e.get("event") == "slow_rank" and e.get("rank") == 3, 190)
         self.assertLess(slow["value"], 0.9)
         commit = self.wait_line(lambda e: e.get("event") == "migration"
                                 and e.get("outcome") == "committed"
-                                and "elastic" in e.get("layout", ""), 60)
+                                and "elastic" in e.get("layout", ""), 190)
         self.deploy.send_signal(signal.SIGINT)  # the agent goes away; the job must carry on
         self.deploy.wait(timeout=20)
         res = self.job.wait()
