@@ -302,7 +302,8 @@ static void skip(const std::string& why) {
   }
 }
 
-TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips without a GPU)") {
+TEST_CASE("nccl backend: elastic data parallel on two GPUs matches Gloo (the control reduction "
+          "needs one GPU, the elastic comparison two; skips with fewer)") {
 #ifndef PARAPILOT_HAVE_NCCL
   skip("this build has no CUDA/NCCL (CMake found none)");
 #else
@@ -314,22 +315,28 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
   const int gpus = *visible;
   {
     // The boundary's control reduction on one NCCL rank: a deploy-sized plan id went through
-    // float32 here once and came back as another id.
+    // float32 here once and came back as another id. REQUIRE: a skip below must not hide it.
     constexpr std::uint64_t kPlan = 1'800'000'000'000'123ull;
     auto made = make_nccl_collectives(c10::make_intrusive<c10d::HashStore>(), 0, 1, 0, 20);
     REQUIRE_MESSAGE(made.ok(), made.status().message());
     const BoundaryDecision d = ok(agree_at_boundary(**made, kPlan, true));
-    CHECK(d.plan_id == kPlan);
-    CHECK(d.stop);
+    REQUIRE(d.plan_id == kPlan);
+    REQUIRE(d.stop);
   }
-  const int world = std::min(2, gpus);
+  // NCCL runs one rank per GPU: with one GPU the job would run at world size 1, with no shares
+  // to balance, and test nothing elastic.
+  if (gpus < 2) {
+    skip(std::to_string(gpus) + " GPU visible: the one-rank control reduction passed, but the "
+         "elastic comparison needs two GPUs (NCCL runs one rank per GPU, and one rank has no "
+         "shares to balance)");
+    return;
+  }
   const std::string dir = temp_dir("nccl");
-  const std::string shares = world == 2 ? "0.75,0.25" : "1";
   {
     const auto started =
-        ok(LocalCluster::start(cluster(world,
-                                       {"--backend", "nccl", "--steps", "3", "--shares", shares,
-                                        "--dump-params", dir + "/nccl.bin"},
+        ok(LocalCluster::start(cluster(2,
+                                       {"--backend", "nccl", "--steps", "3", "--shares",
+                                        "0.75,0.25", "--dump-params", dir + "/nccl.bin"},
                                        false, dir)));
     LocalCluster& c = *started;
     check_all_finished(c.wait(120), dir);
@@ -348,9 +355,6 @@ TEST_CASE("nccl backend: elastic data parallel on GPUs matches Gloo (skips witho
     max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
   CHECK(max_diff < 1e-4);
   std::filesystem::remove_all(dir);
-  // NCCL runs one rank per GPU: with one GPU the job above ran at world size 1, with no shares
-  // to balance, and the elastic part of this case was not tested.
-  if (world < 2) skip("one GPU: NCCL ran the 1-rank job only; elastic shares need two GPUs");
 #endif
 }
 
