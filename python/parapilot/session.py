@@ -24,10 +24,11 @@ Contract:
   killed, a link between ranks cut, a collective timed out) makes step() raise PeerLost
   (peer_failure.py) naming what was lost, after a census of up to min(5, control_timeout_s)
   seconds in the job's store (its own process-group connections closed first, so that peers
-  blocked on it fail at once; the store and the agent stay connected); no plan is applied after it, so a plan committed for a later step
-  is never half applied. Nothing waits forever: the boundary agreement runs with
-  control_timeout_s (default 60 s) as its group's timeout, and the gradient reduction with the
-  timeout the job gave init_process_group.
+  blocked on it fail at once; the store and the agent stay connected). No plan is applied
+  after it, so a plan committed for a later step is never half applied. Nothing waits
+  forever: the boundary agreement's group times out after control_timeout_s (default 1800 s,
+  torch's default group timeout, as before), the gradient reduction after the timeout the job
+  gave init_process_group.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class Session:
     client_options: keyword arguments of parapilot.Client (its on_connect / on_disconnect run
         after the session's own).
     control_timeout_s: the boundary agreement's group timeout: an agreement a peer does not
-        answer within it fails, and step() raises PeerLost (default 60 s).
+        answer within it fails, and step() raises PeerLost (default 1800 s, torch's default
+        process-group timeout; it must exceed the longest time one rank may reach a step
+        boundary after another, e.g. rank 0 saving a checkpoint inside a step).
     """
 
     def __init__(self, ddp_model: torch.nn.parallel.DistributedDataParallel,
@@ -90,7 +93,7 @@ class Session:
                  layers: Optional[Sequence[torch.nn.Module]] = None,
                  process_group=None, grad_stats_every: int = 10, start_step: int = 0,
                  initial_shares: Optional[Sequence[int]] = None, log=None,
-                 client_options: Optional[dict] = None, control_timeout_s: float = 60.0):
+                 client_options: Optional[dict] = None, control_timeout_s: float = 1800.0):
         if not dist.is_initialized():
             raise RuntimeError("parapilot.pytorch.Session needs torch.distributed initialised "
                                "(init_process_group) first")
