@@ -177,10 +177,17 @@ class AgentTest(unittest.TestCase):
                                           "min_steps": 1, "step_sleep_ms": 2},
                                   env_extra=self.env, timeout=60)
         self.wait_telemetry(lambda e: e["step"] >= 2)
+
+        def run_for_steps(plan_id, at, steps=4):
+            # Each plan runs some steps before the next is prepared (torch's PowerSGD sends its
+            # first two iterations uncompressed), counted in the job's steps, not seconds.
+            self.wait_telemetry(lambda e: e["counts"].get(keys.PLAN) == plan_id
+                                and e["step"] >= at + steps, timeout=60)
+
         # Layers: 0 = Linear(16,64), 1 = Linear(64,64), 2 = Linear(64,4).
-        self.switch(1, world, "1,1", "0-2:1:0")              # fp16 everywhere
-        self.switch(2, world, "1,1", "0-1:2:0.05")           # top-k 5% on layers 0-1
-        self.switch(3, world, "1,1", "0-2:3:2")              # PowerSGD rank 2 everywhere
+        run_for_steps(1, self.switch(1, world, "1,1", "0-2:1:0"))     # fp16 everywhere
+        run_for_steps(2, self.switch(2, world, "1,1", "0-1:2:0.05"))  # top-k 5% on layers 0-1
+        run_for_steps(3, self.switch(3, world, "1,1", "0-2:3:2"))     # PowerSGD rank 2 everywhere
         # Mixed in one bucket: per-tensor PowerSGD on layer 0, fp16 on layer 2, layer 1 plain.
         self.switch(4, world, "3,1", "0-0:3:4;2-2:1:0")
         res = self.job.wait()
