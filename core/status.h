@@ -31,7 +31,7 @@ enum class StatusCode {
 /// The code's name, e.g. "invalid argument".
 const char* code_name(StatusCode code);
 
-class Status {
+class [[nodiscard]] Status {
  public:
   /// OK.
   Status() = default;
@@ -72,7 +72,7 @@ inline const char* code_name(StatusCode code) {
 
 /// A value, or the Status saying why there is none.
 template <class T>
-class StatusOr {
+class [[nodiscard]] StatusOr {
  public:
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   /// A failure; an OK status here is a bug and becomes an internal error.

@@ -156,7 +156,9 @@ void DeployAgent::Impl::on_message(transport::PeerId id, transport::Message&& m)
         return;
       }
     }
-    monitor.load()->ingest(*t, now);
+    // A rejected sample is counted by the monitor (MonitorCounters::rejected_by_reason) and
+    // reported with every decision; nothing else is to be done with it here.
+    static_cast<void>(monitor.load()->ingest(*t, now));
   } else if (auto* info = std::get_if<transport::JobInfo>(&m)) {
     on_job_info(id, *info);
   } else if (auto* r = std::get_if<transport::PlanReady>(&m)) {

@@ -269,7 +269,7 @@ TEST_CASE("a 3x slower rank is found from compute-only time and arrival skew, no
   // Recovery.
   for (uint64_t s = 20; s < 30; ++s) {
     std::vector<double> compute(16, 100.0);
-    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
   }
   const auto later = m.take_events();
   REQUIRE(later.size() == 1);
@@ -293,7 +293,7 @@ TEST_CASE("on a wide noisy job healthy ranks read nominal, and a slow one still 
     for (int r = 0; r < kRanks; ++r) {
       compute[r] = 100.0 * (r == 300 ? 1.25 : 1.0) * std::exp(noise(rng));
     }
-    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
     if (s < 8) continue;  // levels settle
     const Beliefs b = m.beliefs();
     int off = 0;
@@ -315,7 +315,7 @@ TEST_CASE("a group too noisy to read small shifts still reads a 4x slower rank a
   for (uint64_t s = 0; s < 12; ++s) {
     std::vector<double> compute(8);
     for (int r = 0; r < 8; ++r) compute[r] = 100.0 * spread[r] * (r == 3 ? 4.0 : 1.0);
-    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
   }
   const Beliefs b = m.beliefs();
   CHECK(b.conditions.gpu_speed[3] == doctest::Approx(0.25));  // 100 (the median) / 400
@@ -326,7 +326,7 @@ TEST_CASE("without noise the fixed band alone applies: a 6% slower rank of two r
   Monitor m(options(2));
   const std::vector<double> transfer(2, 20.0);
   for (uint64_t s = 0; s < 12; ++s) {
-    for (const auto& t : sync_step(s, {100.0, 106.0}, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, {100.0, 106.0}, transfer)) REQUIRE(m.ingest(t).ok());
   }
   CHECK(m.beliefs().conditions.gpu_speed[1] == doctest::Approx(100.0 / 106.0));
 }
@@ -340,7 +340,7 @@ TEST_CASE("a congested node shows in transfer time net of waiting") {
     if (s >= 5) {
       for (int r = 16; r < 24; ++r) transfer[r] = 80.0;  // node 2 at a quarter bandwidth
     }
-    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
   }
   const Beliefs b = m.beliefs();
   CHECK(b.conditions.node_inter_bw[2] == doctest::Approx(0.25).epsilon(0.05));
@@ -360,7 +360,7 @@ TEST_CASE("NaN, negative and absurd telemetry is rejected, counted and never act
   Monitor m(options(8));
   std::vector<double> transfer(8, 10.0);
   for (uint64_t s = 0; s < 6; ++s) {
-    for (const auto& t : sync_step(s, std::vector<double>(8, 50.0), transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, std::vector<double>(8, 50.0), transfer)) REQUIRE(m.ingest(t).ok());
   }
   auto bad = sync_step(6, std::vector<double>(8, 50.0), transfer)[2];
   auto with = [&](auto f) {
@@ -439,20 +439,20 @@ TEST_CASE("a step closes when every live rank reported, or late with the missing
   std::vector<uint64_t> closed;
   m.set_step_callback([&](uint64_t step, Clock::time_point) { closed.push_back(step); });
   auto step0 = sync_step(0, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
-  for (int r = 0; r < 7; ++r) m.ingest(step0[r]);
+  for (int r = 0; r < 7; ++r) REQUIRE(m.ingest(step0[r]).ok());
   CHECK(closed.empty());
-  m.ingest(step0[7]);
+  REQUIRE(m.ingest(step0[7]).ok());
   CHECK(closed == std::vector<uint64_t>{0});
   // Rank 7's samples of step 1 go missing; the step closes once a rank is two steps ahead.
   for (uint64_t s = 1; s <= 3; ++s) {
     auto ts = sync_step(s, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
-    for (int r = 0; r < (s == 1 ? 7 : 8); ++r) m.ingest(ts[r]);
+    for (int r = 0; r < (s == 1 ? 7 : 8); ++r) REQUIRE(m.ingest(ts[r]).ok());
   }
   CHECK(closed == std::vector<uint64_t>{0, 1, 2, 3});
   // A lost rank is believed failed and no longer awaited.
   m.rank_lost(7);
   auto ts = sync_step(4, std::vector<double>(8, 50.0), std::vector<double>(8, 10.0));
-  for (int r = 0; r < 7; ++r) m.ingest(ts[r]);
+  for (int r = 0; r < 7; ++r) REQUIRE(m.ingest(ts[r]).ok());
   CHECK(closed.back() == 4);
   const Beliefs b = m.beliefs();
   REQUIRE(b.conditions.gpu_failed.size() == 8);
@@ -471,7 +471,7 @@ TEST_CASE("nodes of another GPU type are compared with their own kind, not calle
       compute[r] = 40;   // a faster GPU...
       transfer[r] = 10;  // ...with a faster NIC
     }
-    for (const auto& t : sync_step(s, compute, transfer)) m.ingest(t);
+    for (const auto& t : sync_step(s, compute, transfer)) REQUIRE(m.ingest(t).ok());
   }
   const Beliefs b = m.beliefs();
   CHECK(b.congested_nodes.empty());
@@ -674,8 +674,9 @@ TEST_CASE("samples handed in together leave the monitor as one at a time does") 
   size_t accepted_one = 0, accepted_together = 0;
   for (std::vector<StepSample>& delivery : sample_stream(24)) {
     for (const StepSample& x : delivery) {
-      accepted_one += one.ingest(x, arrival).ok();
-      other_ids.ingest(x, arrival);
+      const bool accepted = one.ingest(x, arrival).ok();
+      accepted_one += accepted;
+      CHECK(other_ids.ingest(x, arrival).ok() == accepted);  // group ids do not change it
     }
     accepted_together += together.ingest(std::move(delivery), arrival);
     CHECK(delivery.empty());
