@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs parapilot's build and test dependencies from Debian 12 packages (run as root).
 # CUDA and NCCL are optional and not installed here; they are used when found under /usr/local/cuda.
+# Last, the virtual environment with torch 2.x from PyPI for the Python client's torch2 test entries
+# (scripts/install-torch2.sh); without it (no network to PyPI) everything else still builds and
+# runs, and those entries report skipped.
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libgloo-dev libboost-dev libcereal-dev libcli11-dev doctest-dev libtomlplusplus-dev
-  nlohmann-json3-dev libzmq3-dev cppzmq-dev gnuplot-nox python3 python3-torch
+  nlohmann-json3-dev libzmq3-dev cppzmq-dev gnuplot-nox python3 python3-torch python3-venv
   clang-14 libclang-rt-14-dev
 )
 missing=()
@@ -20,3 +23,5 @@ if ((${#missing[@]})); then
 else
   echo "install-deps: all packages present"
 fi
+bash "$(dirname "$0")/install-torch2.sh" ||
+  echo "install-deps: no torch 2.x environment (see above); the torch2 test entries will be skipped" >&2
