@@ -155,7 +155,7 @@ def train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt, re
                             "samples": len(x),
                             "all_reduce_bytes": t.collectives.get(keys.ALL_REDUCE_DP, wire.CollectiveStat()).bytes,
                             "all_gather_bytes": t.collectives.get(keys.ALL_GATHER_DP, wire.CollectiveStat()).bytes,
-                            "compute_ms": t.compute_ms, "loss": float(loss),
+                            "compute_ms": t.compute_ms, "loss": loss.item(),
                             "cycle_ms": (t.step_end_ns - t.step_start_ns) / 1e6,
                             "waits": {k: [c.ms, c.calls] for k, c in t.collectives.items()
                                       if k.startswith("wait/") or k.endswith("/script")

@@ -10,7 +10,10 @@ load of the moment) times its samples: the rank behaves as a device `factor` tim
 share, paid once per step however many samples the rank has (an optimizer step does not scale
 with the batch). The extra time is slept, not computed: a slow device does not take compute from
 its peers, while on a machine whose ranks share cores extra computation would. --out writes
-rank 0's per-step wall times and final shares as JSON.
+rank 0's per-step wall times and final shares as JSON. --tokens T makes each sample T vectors
+that the model reads one by one and averages (default 1): T times the compute per sample with the
+same parameters, so that a torch build with faster kernels can be given a step as long as a slower
+one's (test_pytorch_job.py's tokens_per_sample).
 """
 
 import argparse
@@ -72,10 +75,11 @@ class Model(torch.nn.Module):
             torch.nn.Linear(256, 16))
         self.slowdown = slowdown
 
-    def forward(self, x):
+    def forward(self, x):  # x: (samples, tokens, 128) -> logits (samples, 16), tokens averaged
         if self.slowdown is not None:
             self.slowdown.at("forward", x.shape[0])
-        return self.net(x)
+        n, t, f = x.shape
+        return self.net(x.reshape(n * t, f)).view(n, t, -1).mean(dim=1)
 
 
 class Trainer:
@@ -125,6 +129,7 @@ def main():
     ap.add_argument("--slow-rank", type=int, default=-1)
     ap.add_argument("--slow-where", choices=["data", "forward", "optimizer"], default="forward")
     ap.add_argument("--slow-factor", type=float, default=3.0)
+    ap.add_argument("--tokens", type=int, default=1)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -139,7 +144,7 @@ def main():
     if rank == args.slow_rank:
         slowdown = Slowdown(args.slow_where, args.slow_factor, args.global_batch // world)
         model.slowdown = slowdown
-    dataset = TensorDataset(torch.randn(args.global_batch * 64, 128),
+    dataset = TensorDataset(torch.randn(args.global_batch * 64, args.tokens, 128),
                             torch.randint(0, 16, (args.global_batch * 64,)))
     ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
