@@ -30,6 +30,11 @@ torch_version() {
   "$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null
 }
 
+# One install at a time (checkouts and CI share the venv): the second waits, then finds it made.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ] &&
   [ "$(torch_version)" = "$want" ]; then
   echo "install-torch2: torch $want present in $venv"
@@ -44,7 +49,6 @@ fi
 rm -rf "$venv"
 # A half-made environment is removed: the torch2 entries then say there is none.
 trap 'rm -rf "$venv"' ERR
-mkdir -p "$(dirname "$venv")"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --no-input --disable-pip-version-check \
   --progress-bar off --no-cache-dir --only-binary=:all: -r "$requirements"
