@@ -169,44 +169,44 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   auto metric = [&](const char* name, const char* type, const char* help) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
   };
+  // A metric of one unlabelled sample.
+  auto single = [&](const char* name, const char* type, const char* help, const auto& value) {
+    metric(name, type, help);
+    out << name << ' ' << value << '\n';
+  };
   metric("parapilot_decisions_total", "counter", "Decisions taken, by action.");
   out << "parapilot_decisions_total{action=\"keep\"} " << s.decisions - s.switches_decided << '\n';
   out << "parapilot_decisions_total{action=\"switch\"} " << s.switches_decided << '\n';
-  metric("parapilot_features_clipped_total", "counter",
-         "Policy inputs read at the normaliser's clip (saturated), by input.");
-  out << "parapilot_features_clipped_total " << s.features_clipped << '\n';
+  single("parapilot_features_clipped_total", "counter",
+         "Policy inputs read at the normaliser's clip (saturated), by input.", s.features_clipped);
   for (const auto& [name, n] : s.features_clipped_by_input) {
     out << "parapilot_features_clipped_total{input=\"" << name << "\"} " << n << '\n';
   }
-  metric("parapilot_features_unseen_total", "counter",
-         "Policy inputs outside the range training produced, by input.");
-  out << "parapilot_features_unseen_total " << s.features_unseen << '\n';
+  single("parapilot_features_unseen_total", "counter",
+         "Policy inputs outside the range training produced, by input.", s.features_unseen);
   for (const auto& [name, n] : s.features_unseen_by_input) {
     out << "parapilot_features_unseen_total{input=\"" << name << "\"} " << n << '\n';
   }
   metric("parapilot_migrations_total", "counter", "Layout switches, by outcome.");
   out << "parapilot_migrations_total{outcome=\"committed\"} " << s.migrations_committed << '\n';
   out << "parapilot_migrations_total{outcome=\"aborted\"} " << s.migrations_aborted << '\n';
-  metric("parapilot_migration_aborts_total", "counter", "Layout switches aborted.");
-  out << "parapilot_migration_aborts_total " << s.migrations_aborted << '\n';
-  metric("parapilot_reverts_total", "counter", "Switches undone after they measured slower.");
-  out << "parapilot_reverts_total " << s.reverts_committed << '\n';
-  metric("parapilot_stragglers_detected_total", "counter", "Slow-rank detections.");
-  out << "parapilot_stragglers_detected_total " << s.stragglers_detected << '\n';
-  metric("parapilot_congested_links_detected_total", "counter", "Congested-link detections.");
-  out << "parapilot_congested_links_detected_total " << s.congested_links_detected << '\n';
-  metric("parapilot_ranks_lost_total", "counter", "Ranks that disconnected.");
-  out << "parapilot_ranks_lost_total " << s.ranks_lost << '\n';
-  metric("parapilot_connected_ranks", "gauge", "Ranks connected now.");
-  out << "parapilot_connected_ranks " << s.connected_ranks << '\n';
-  metric("parapilot_telemetry_accepted_total", "counter", "Telemetry samples used.");
-  out << "parapilot_telemetry_accepted_total " << mc.accepted << '\n';
+  single("parapilot_migration_aborts_total", "counter", "Layout switches aborted.",
+         s.migrations_aborted);
+  single("parapilot_reverts_total", "counter", "Switches undone after they measured slower.",
+         s.reverts_committed);
+  single("parapilot_stragglers_detected_total", "counter", "Slow-rank detections.",
+         s.stragglers_detected);
+  single("parapilot_congested_links_detected_total", "counter", "Congested-link detections.",
+         s.congested_links_detected);
+  single("parapilot_ranks_lost_total", "counter", "Ranks that disconnected.", s.ranks_lost);
+  single("parapilot_connected_ranks", "gauge", "Ranks connected now.", s.connected_ranks);
+  single("parapilot_telemetry_accepted_total", "counter", "Telemetry samples used.", mc.accepted);
   metric("parapilot_telemetry_rejected_total", "counter", "Telemetry samples rejected, by reason.");
   for (const auto& [reason, n] : mc.rejected_by_reason) {
     out << "parapilot_telemetry_rejected_total{reason=\"" << reason << "\"} " << n << '\n';
   }
-  metric("parapilot_telemetry_outliers_total", "counter", "Samples not averaged in (outliers).");
-  out << "parapilot_telemetry_outliers_total " << mc.outliers << '\n';
+  single("parapilot_telemetry_outliers_total", "counter", "Samples not averaged in (outliers).",
+         mc.outliers);
   metric("parapilot_policy_fallback", "gauge",
          "1 when the reactive baseline stands in for the requested policy.");
   out << "parapilot_policy_fallback{policy=\"" << s.policy << "\"} " << (s.fallback ? 1 : 0)
@@ -241,10 +241,9 @@ std::string render_prometheus(const MetricsSnapshot& m) {
   for (size_t r = 0; r < b.conditions.gpu_speed.size(); ++r) {
     out << "parapilot_rank_speed{rank=\"" << r << "\"} " << b.conditions.gpu_speed[r] << '\n';
   }
-  metric("process_cpu_seconds_total", "counter", "CPU time of the agent process.");
-  out << "process_cpu_seconds_total " << usage.cpu_s << '\n';
-  metric("process_max_resident_memory_bytes", "gauge", "Peak resident memory of the agent.");
-  out << "process_max_resident_memory_bytes " << usage.max_rss_bytes << '\n';
+  single("process_cpu_seconds_total", "counter", "CPU time of the agent process.", usage.cpu_s);
+  single("process_max_resident_memory_bytes", "gauge", "Peak resident memory of the agent.",
+         usage.max_rss_bytes);
   return out.str();
 }
 

@@ -119,13 +119,17 @@ class AgentTest(unittest.TestCase):
     def wait_telemetry(self, pred, timeout=20):
         return self.agent.wait_for(lambda e: e["event"] == "telemetry" and pred(e), timeout)
 
-    def switch(self, plan_id, world, shares, compression="-", margin=3):
-        """Prepare on every rank, wait for every PlanReady, commit a few steps ahead, wait for
-        every Ack (what the agent's migration executor does)."""
+    def prepare(self, plan_id, world, shares, compression="-"):
+        """Prepare on every rank and wait for every rank's PlanReady, which must say ok."""
         self.agent.command(f"prepare {plan_id} {world} {shares} {compression} 10000 test")
         for _ in range(world):
             r = self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == plan_id)
             self.assertTrue(r["ok"], r)
+
+    def switch(self, plan_id, world, shares, compression="-", margin=3):
+        """Prepare on every rank, wait for every PlanReady, commit a few steps ahead, wait for
+        every Ack (what the agent's migration executor does)."""
+        self.prepare(plan_id, world, shares, compression)
         newest = max(e["step"] for e in self.agent.events_of("telemetry"))
         at = newest + 1 + margin
         self.agent.command(f"commit {plan_id} {at}")
@@ -257,11 +261,7 @@ class AgentTest(unittest.TestCase):
         """Prepares plan_id (shares 3,1,...), commits it `margin` steps past the newest step and
         waits until every rank has trained 5 steps past the commit (it holds it by then).
         Returns the commit's step."""
-        shares = ",".join(["3"] + ["1"] * (world - 1))
-        self.agent.command(f"prepare {plan_id} {world} {shares} - 10000 test")
-        for _ in range(world):
-            r = self.agent.wait_for(lambda e: e["event"] == "plan_ready" and e["plan_id"] == plan_id)
-            self.assertTrue(r["ok"], r)
+        self.prepare(plan_id, world, ",".join(["3"] + ["1"] * (world - 1)))
         sent = max(e["step"] for e in self.agent.events_of("telemetry"))
         at = sent + 1 + margin
         self.agent.command(f"commit {plan_id} {at}")
