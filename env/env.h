@@ -83,7 +83,7 @@ class Env {
   virtual double interval_s() const = 0;
   // Starts an episode and returns its first observation. Errors: the episode could not start
   // (a live job whose workers did not come up: kUnavailable; a drawn scenario that cannot run:
-  // kInvalidArgument); the env is then as before any reset. Simulated envs never fail.
+  // kInvalidArgument); step() then needs a successful reset first.
   virtual StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options = {}) = 0;
   virtual StepResult step(int action) = 0;
   // The hindsight oracle for the current episode; nullopt when the env cannot see its future.
