@@ -161,7 +161,7 @@ Observation build_observation(const ObservationInputs& in) {
     feature(o, static_cast<int>(k), CandidateFeature::kElastic) = c.strategy.dp_shares.empty() ? 0.0f : 1.0f;
     const double gained = (c.cost.tokens_per_s - cur_pred) * remaining_s;
     const double lost = std::max(cur_pred, c.cost.tokens_per_s) *
-                            (kSwitchPauseS + in.staging_slowdown * c.migration_s) +
+                            (in.switch_pause_s + in.staging_slowdown * c.migration_s) +
                         1.0;
     feature(o, static_cast<int>(k), CandidateFeature::kPayback) = static_cast<float>(std::clamp(gained / lost, -10.0, 10.0) / 10.0);
     // The relative gain left over the run left after paying for the switch: over R of the

@@ -132,6 +132,10 @@ struct ObservationInputs {
   double interval_s = kDefaultIntervalS;
   double seq_len_ratio = 1;  ///< current sequence length / the run's start.
   double staging_slowdown = kDefaultStagingSlowdown;
+  /// The pause a switch costs at its boundary, on top of its staging (payback and
+  /// amortised_gain charge it): the planner's fixed pause for a layout switch, about one step
+  /// for a share change.
+  double switch_pause_s = kSwitchPauseS;
 };
 
 /// The features only the past can give, for build_observation's caller to add: condition_age
