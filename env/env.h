@@ -25,7 +25,7 @@ class PlanningView;  // env/sim/planning_view.h
 
 inline constexpr int kStateDim = 26;
 inline constexpr int kMaxCandidates = 4;
-inline constexpr int kCandidateDim = 9;
+inline constexpr int kCandidateDim = 10;
 
 // Action 0 keeps the current layout; action k in 1..kMaxCandidates switches to candidate k-1
 // (only where mask[k-1] is 1; a masked action is treated as keep).

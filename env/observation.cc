@@ -46,7 +46,7 @@ const char* feature_name(StateFeature f) {
 }
 
 const char* feature_name(CandidateFeature f) {
-  static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback", "amortised_gain"};
+  static constexpr const char* kNames[] = {"log_gain", "migration_time", "memory_headroom", "tp_differs", "pp_differs", "dp_differs", "elastic", "payback", "amortised_gain", "switch_cost"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -63,8 +63,8 @@ FeatureRange feature_range(StateFeature f) {
 }
 
 FeatureRange feature_range(CandidateFeature f) {
-  static constexpr FeatureRange kRanges[] = {{-2, 2}, {0, 4}, {0, 1}, {0, 1}, {0, 1},
-                                             {0, 1},  {0, 1}, {-1, 1}, {-1, 1}};
+  static constexpr FeatureRange kRanges[] = {{-2, 2}, {0, 4}, {0, 1},  {0, 1},  {0, 1},
+                                             {0, 1},  {0, 1}, {-1, 1}, {-1, 1}, {0, 4}};
   static_assert(std::size(kRanges) == kCandidateDim);
   return kRanges[static_cast<int>(f)];
 }
@@ -170,6 +170,12 @@ Observation build_observation(const ObservationInputs& in) {
     feature(o, static_cast<int>(k), CandidateFeature::kAmortisedGain) = static_cast<float>(
         left > 0 ? std::clamp((c.cost.tokens_per_s * remaining_s - lost) / left - 1.0, -1.0, 1.0)
                  : 0.0);
+    // What the switch costs, in intervals of the current layout's throughput: the pause plus
+    // the staged transfer's slowdown (the rules' switch cost; capped as migration_time is).
+    feature(o, static_cast<int>(k), CandidateFeature::kSwitchCost) = static_cast<float>(std::min(
+        in.switch_pause_s / in.interval_s +
+            in.staging_slowdown * std::min(c.migration_s / in.interval_s, 4.0),
+        4.0));
     o.mask[k] = 1;
   }
   return o;

@@ -60,6 +60,7 @@ enum class CandidateFeature : int {
   kElastic,  ///< 6
   kPayback,  ///< 7
   kAmortisedGain,  ///< 8
+  kSwitchCost,  ///< 9
   kCount
 };
 static_assert(static_cast<int>(CandidateFeature::kCount) == kCandidateDim);

@@ -87,7 +87,6 @@ struct DeployFlags {
   int metrics_port = -1;
   std::string scenario;  // empty: learn the job from its ranks
   int gpus = 64;
-  double min_gain = 1.10;
   std::string log_format = "json";
   int interval_steps = 10;
   int cooldown = 2;
@@ -217,7 +216,6 @@ void run_deploy(const DeployFlags& f) {
   if (f.log_format != "json" && f.log_format != "text") {
     throw InputError("--log-format \"" + f.log_format + "\": expected json or text");
   }
-  if (!(f.min_gain >= 1)) throw InputError("--min-gain: must be >= 1");
   rt::AgentOptions o;
   if (!f.scenario.empty()) {
     o.job = take(make_job(f.scenario, f.gpus));
@@ -230,7 +228,6 @@ void run_deploy(const DeployFlags& f) {
     o.monitor.compute_alpha = 0.2;
     o.monitor.confirm_steps = 5;
   }
-  o.data_parallel.min_gain = f.min_gain;
   o.data_parallel.cooldown_intervals = f.cooldown;
   // No --policy: the shipped default policy, rl. A value is checked here (a bad id is exit
   // code 2); the agent then makes it, falling back to reactive when a checkpoint cannot be read.
@@ -450,9 +447,6 @@ void add_deploy_command(CLI::App& app) {
                   "learn a data-parallel job from its ranks' announcements and rebalance its batch "
                   "shares from its own telemetry");
   cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a --scenario family name")
-      ->capture_default_str();
-  cmd->add_option("--min-gain", d->min_gain,
-                  "a learned job: the predicted step-time ratio a switch must reach")
       ->capture_default_str();
   cmd->add_option("--log-format", d->log_format,
                   "json (one object per line) or text (human-readable)")

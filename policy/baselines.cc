@@ -104,6 +104,24 @@ class SkiRentalPolicy : public Policy {
   double lost_ = 0;
 };
 
+class MeasuredSharesPolicy : public Policy {
+ public:
+  explicit MeasuredSharesPolicy(MeasuredSharesOptions options) : options_(options) {}
+  std::string name() const override { return "measured-shares"; }
+  int act(const env::Observation& o) override {
+    if (staging(o)) return 0;
+    if (broken(o)) return best_candidate(o, [](int) { return true; });
+    // condition_age: decisions in a row predicting the shortfall, ÷ kSwitchMemoryIntervals.
+    const double age = static_cast<double>(feature(o, env::StateFeature::kConditionAge)) *
+                       env::kSwitchMemoryIntervals;
+    if (age + 0.5 < options_.confirm_decisions) return 0;
+    return best_candidate(o, [&](int k) { return gain(o, k) >= options_.min_gain; });
+  }
+
+ private:
+  MeasuredSharesOptions options_;
+};
+
 class ReactivePolicy : public Policy {
  public:
   ReactivePolicy(ReactiveOptions options, std::string name)
@@ -137,9 +155,7 @@ class ReactivePolicy : public Policy {
 }  // namespace
 
 double switch_cost_intervals(const env::Observation& o, int k) {
-  return kSwitchPauseS / env::kDefaultIntervalS +
-         env::kDefaultStagingSlowdown *
-             static_cast<double>(feature(o, k, env::CandidateFeature::kMigrationTime));
+  return static_cast<double>(feature(o, k, env::CandidateFeature::kSwitchCost));
 }
 
 std::unique_ptr<Policy> make_static() { return std::make_unique<StaticPolicy>(); }
@@ -167,6 +183,10 @@ std::unique_ptr<Policy> make_reactive_tuned() {
 
 std::unique_ptr<Policy> make_threshold(const ThresholdOptions& options) {
   return std::make_unique<ThresholdPolicy>(options);
+}
+
+std::unique_ptr<Policy> make_measured_shares(const MeasuredSharesOptions& options) {
+  return std::make_unique<MeasuredSharesPolicy>(options);
 }
 
 std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options) {

@@ -28,7 +28,8 @@ std::unique_ptr<Policy> make_static();
 std::unique_ptr<Policy> make_uniform_dp();
 
 /// The cost of switching to candidate k of `o`, in intervals of the current layout's tokens:
-/// the switch pause plus the staged transfer's slowdown (the simulator's model of a switch).
+/// its switch_cost feature (the pause plus the staged transfer's slowdown, as the env measures
+/// or models them).
 double switch_cost_intervals(const env::Observation& o, int k);
 
 // Parameters of the reactive rule.
@@ -37,7 +38,7 @@ struct ReactiveOptions {
   int lookahead_intervals = 6;  // the gain is counted over this many intervals ahead
   double margin = 2.0;          // gain over the look-ahead must exceed this x the switch cost
   int cooldown_intervals = 2;   // intervals to wait after a switch
-  // The switch cost is the simulator's (switch_cost_intervals).
+  // The switch cost is the observation's (switch_cost_intervals).
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 /// reactive-tuned: the reactive rule with the min_gain, margin and cool-down that
@@ -59,5 +60,16 @@ struct SkiRentalOptions {
   double min_shortfall = env::kConditionShortfall;
 };
 std::unique_ptr<Policy> make_ski_rental(const SkiRentalOptions& options);
+
+// measured-shares: deploy's rule for data-parallel jobs (env/dp/decider.h): switch to the
+// candidate with the largest predicted gain once it reaches min_gain and the condition has held
+// for confirm_decisions decisions in a row (env::StateFeature::kConditionAge: on a data-parallel
+// job, a shortfall shedding work from the same ranks). A broken layout is replaced at once; no
+// action while a switch is staged.
+struct MeasuredSharesOptions {
+  double min_gain = 1.10;
+  int confirm_decisions = 2;  // 1..kSwitchMemoryIntervals
+};
+std::unique_ptr<Policy> make_measured_shares(const MeasuredSharesOptions& options);
 
 }  // namespace parapilot::policy

@@ -18,7 +18,7 @@ namespace parapilot::policy {
 
 // Bumped whenever the meaning or layout of the observation the network reads changes; a
 // checkpoint with another version is refused.
-inline constexpr uint32_t kFeatureSchemaVersion = 4;
+inline constexpr uint32_t kFeatureSchemaVersion = 5;
 
 // Running mean, variance and range per dimension (Welford).
 struct RunningStats {

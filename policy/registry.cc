@@ -62,6 +62,29 @@ void register_lookahead() {
   });
 }
 
+std::string format_number(double v);
+
+void register_measured_shares() {
+  const MeasuredSharesOptions d;
+  PolicyInfo info;
+  info.name = "measured-shares";
+  info.description =
+      "switch to the best candidate once its predicted gain reaches min_gain for confirm "
+      "decisions in a row (deploy's rule for data-parallel jobs)";
+  info.params = {
+      {"min_gain", ParamType::kNumber, format_number(d.min_gain), 1, 10, {},
+       "predicted throughput ratio a switch must reach"},
+      {"confirm", ParamType::kInteger, std::to_string(d.confirm_decisions), 1,
+       env::kSwitchMemoryIntervals, {}, "decisions in a row the condition must hold"},
+  };
+  register_policy(info, [](const PolicyArgs& args, const env::Env*) -> StatusOr<std::unique_ptr<Policy>> {
+    MeasuredSharesOptions o;
+    o.min_gain = args.number("min_gain");
+    o.confirm_decisions = static_cast<int>(args.number("confirm"));
+    return make_measured_shares(o);
+  });
+}
+
 void register_builtin_policies() {
   register_rule("static", "plan once from the nominal specs, never change",
                 [] { return make_static(); });
@@ -81,6 +104,7 @@ void register_builtin_policies() {
                 "(Greyhound)",
                 [] { return make_ski_rental({}); });
   register_lookahead();
+  register_measured_shares();
   PolicyInfo oracle;
   oracle.name = "oracle";
   oracle.description = "the hindsight oracle: the best layout per interval, knowing the future";

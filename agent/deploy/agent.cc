@@ -13,10 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/deploy/metrics.h"
+#include "env/dp/shares.h"
 #include "env/monitor/robust_stats.h"
 #include "core/error.h"
 
 namespace parapilot::agent::deploy {
+
+using env::dp::counts_text;
 
 namespace {
 
@@ -43,7 +46,8 @@ struct DeployAgent::Impl {
   std::unique_ptr<monitor::Monitor> monitor_owner;
   std::atomic<monitor::Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
-  std::unique_ptr<DataParallelDecider> dp;  // a learned job, once known
+  std::unique_ptr<env::dp::DataParallelDecider> dp;  // a learned job, once known
+  std::unique_ptr<policy::Policy> dp_policy;  // decides for a learned job (under decide_mutex)
   std::unique_ptr<transport::PlanExecutor> executor;
   // The layout of each plan in flight, by plan id (prepare_switch, on_outcome).
   std::mutex targets_mutex;
@@ -95,6 +99,8 @@ struct DeployAgent::Impl {
   void record_decision(monitor::Clock::time_point last_arrival, monitor::Clock::time_point callback_start,
                        monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
                        monitor::Clock::time_point sent, bool prepared);
+  // Counts the inputs the policy read at its clip or never saw in training (AgentStats).
+  void count_inputs(const policy::InputReport& inputs);
   // Why the job cannot run a switch from `from` to `s` (OK when it can). Under the lock.
   Status job_cannot_run(const Strategy& from, const Strategy& s) const;
   int ranks_of_job() const;  // under the lock; 0: not known yet
@@ -229,13 +235,15 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   mo.peer_group.clear();
   mo.compute_standard_errors = true;  // the data-parallel decider's noise band
   monitor_owner = std::make_unique<monitor::Monitor>(mo);
-  DataParallelOptions dpo = o.data_parallel;
+  env::dp::DataParallelOptions dpo = o.data_parallel;
   dpo.ranks = mo.ranks;
   dpo.global_batch = static_cast<int>(info.global_batch);
+  dpo.decision_steps = o.interval_steps;
   dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
   {
     std::lock_guard decide_lock(decide_mutex);  // current_layout() reads dp under it
-    dp = std::make_unique<DataParallelDecider>(dpo);
+    dp = std::make_unique<env::dp::DataParallelDecider>(dpo);
+    dp_policy->begin_episode();
   }
   const std::string initial_shares = counts_text(dp->counts());  // before telemetry flows
   monitor_owner->set_step_callback(
@@ -349,13 +357,7 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
     if (held.empty()) prepared = prepare_switch(d.target->strategy, ranks, decided);
   }
   record_decision(last_arrival, callback_start, decide_start, decided, monitor::Clock::now(), prepared);
-  if (!d.inputs.clipped.empty() || !d.inputs.unseen.empty()) {
-    std::lock_guard lock(mutex);
-    stats.features_clipped += d.inputs.clipped.size();
-    for (int i : d.inputs.clipped) ++stats.features_clipped_by_input[env::input_name(i)];
-    stats.features_unseen += d.inputs.unseen.size();
-    for (int i : d.inputs.unseen) ++stats.features_unseen_by_input[env::input_name(i)];
-  }
+  count_inputs(d.inputs);
   nlohmann::json j = std::move(d.record);
   j["telemetry_rejected"] = rejected;
   if (!held.empty()) j["held_back"] = held;
@@ -368,7 +370,10 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
                                        const std::vector<std::string>& evidence,
                                        const std::set<uint32_t>& ranks,
                                        const nlohmann::json& rejected) {
-  DataParallelDecision d = dp->decide(beliefs, staging);
+  const env::Observation observation = dp->observe(beliefs, staging);
+  const int action = dp_policy->act(observation);
+  const policy::InputReport inputs = dp_policy->check_inputs(observation);
+  env::dp::DataParallelDecision d = dp->decide(action);
   const auto decided = monitor::Clock::now();
   std::string blocked;
   int global_batch = 0;
@@ -378,13 +383,13 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
     global_batch = static_cast<int>(job_info->global_batch);
   }
   bool prepared = false;
-  if (d.kind != DataParallelDecision::Kind::keep) {
+  if (d.kind != env::dp::DataParallelDecision::Kind::keep) {
     if (!blocked.empty()) {
       d.reason = "held back: " + blocked + "; " + d.reason;
     } else {
       {
         std::lock_guard lock(mutex);
-        pending_revert = d.kind == DataParallelDecision::Kind::revert;
+        pending_revert = d.kind == env::dp::DataParallelDecision::Kind::revert;
         staging_predicted_s = 0;
       }
       std::set<uint32_t> members;  // ranks of this job (a stray rank id never answers)
@@ -395,12 +400,16 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
     }
   }
   record_decision(last_arrival, start, start, decided, monitor::Clock::now(), prepared);
+  count_inputs(inputs);
   const double sps = d.current_step_ms > 0 ? 1000.0 * global_batch / d.current_step_ms : 0.0;
   nlohmann::json j = {
       {"event", "decision"},
       {"step", step},
       {"action",
-       prepared || d.kind == DataParallelDecision::Kind::keep ? to_string(d.kind) : "keep"},
+       prepared || d.kind == env::dp::DataParallelDecision::Kind::keep ? to_string(d.kind)
+                                                                       : "keep"},
+      {"policy", dp_policy->name()},
+      {"policy_action", d.action},
       {"reason", d.reason},
       {"shares", counts_text(dp->counts())},
       {"step_ms", d.current_step_ms},
@@ -409,10 +418,10 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       {"missing_fraction", beliefs.missing_fraction},
       {"telemetry_rejected", rejected},
       {"evidence", evidence}};
-  if (d.kind != DataParallelDecision::Kind::keep) {
+  if (d.kind != env::dp::DataParallelDecision::Kind::keep) {
     j["target_shares"] = counts_text(d.counts);
-    if (d.kind == DataParallelDecision::Kind::rebalance) {
-      j["predicted_gain"] = d.predicted_gain;
+    if (d.kind == env::dp::DataParallelDecision::Kind::rebalance) {
+      j["predicted_gain"] = d.predicted_new_ms > 0 ? d.predicted_now_ms / d.predicted_new_ms : 1.0;
       j["predicted_compute_ms"] = {d.predicted_now_ms, d.predicted_new_ms};
     }
     if (!prepared && blocked.empty()) j["not_sent"] = "a switch is already in flight";
@@ -482,6 +491,15 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
   log(j.dump());
 }
 
+void DeployAgent::Impl::count_inputs(const policy::InputReport& inputs) {
+  if (inputs.clipped.empty() && inputs.unseen.empty()) return;
+  std::lock_guard lock(mutex);
+  stats.features_clipped += inputs.clipped.size();
+  for (int i : inputs.clipped) ++stats.features_clipped_by_input[env::input_name(i)];
+  stats.features_unseen += inputs.unseen.size();
+  for (int i : inputs.unseen) ++stats.features_unseen_by_input[env::input_name(i)];
+}
+
 void DeployAgent::Impl::record_decision(monitor::Clock::time_point last_arrival,
                                         monitor::Clock::time_point callback_start,
                                         monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
@@ -522,7 +540,6 @@ DeployAgent::DeployAgent() : impl_(std::make_unique<Impl>()) {}
 
 StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) {
   if (options.interval_steps < 1) return Status::invalid_argument("--interval-steps must be >= 1");
-  if (options.data_parallel.min_gain < 1) return Status::invalid_argument("--min-gain must be >= 1");
   if (options.job) {
     if (Status st = options.job->start_layout(options.decider.initial_layout).status(); !st.ok())
       return Status::invalid_argument("initial layout " + st.message());
@@ -538,20 +555,24 @@ StatusOr<std::unique_ptr<DeployAgent>> DeployAgent::start(AgentOptions options) 
         monitor::peer_groups(topology, job.start_layout(m.o.decider.initial_layout).value());
     m.monitor_owner = std::make_unique<monitor::Monitor>(mo);
     m.monitor.store(m.monitor_owner.get());
-    LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
-    m.stats.fallback = !policy.fallback.ok();
-    m.stats.fallback_reason = policy.fallback.message();
-    if (!policy.fallback.ok()) {
-      nlohmann::json j = {
-          {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback.message()}};
-      m.log(j.dump());
-    }
+  }
+  // One policy decides for either kind of job: the Decider's for a described job, dp_policy for
+  // a learned one.
+  LoadedPolicy policy = load_policy_or_reactive(m.o.policy_path, m.o.loader);
+  m.stats.fallback = !policy.fallback.ok();
+  m.stats.fallback_reason = policy.fallback.message();
+  if (!policy.fallback.ok()) {
+    nlohmann::json j = {
+        {"event", "policy_fallback"}, {"policy", "reactive"}, {"reason", policy.fallback.message()}};
+    m.log(j.dump());
+  }
+  m.stats.policy = policy.policy->name();
+  if (m.o.job) {
     DeciderOptions decider = m.o.decider;
     decider.interval_steps = m.o.interval_steps;
     m.decider = std::make_unique<Decider>(m.o.job, std::move(policy), decider);
-    m.stats.policy = m.decider->policy_name();
   } else {
-    m.stats.policy = "measured-shares";
+    m.dp_policy = std::move(policy.policy);
   }
   m.executor = std::make_unique<transport::PlanExecutor>(
       m.o.migration,

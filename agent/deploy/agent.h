@@ -8,8 +8,10 @@
 //   announced they cannot switch (JobInfo::capabilities) are held back by a guardrail.
 // * Learned (job empty): the ranks' JobInfo announcements say what the job is (world size,
 //   global batch, what it can switch). Until the first one arrives the agent only listens. The
-//   DataParallelDecider rebalances batch shares from the job's own telemetry, in its own units,
-//   and reverts a switch that made steps slower.
+//   data-parallel decider (env/dp/decider.h) offers batch-share candidates modelled from the
+//   job's own telemetry, in its own units, the policy chooses among them, and the decider's
+//   guardrail refuses switches that arrival order contradicts and reverts a switch that made
+//   steps slower, whatever the policy.
 // Ranks whose JobInfo disagrees with the job (another world size, another global batch) are
 // warned in the log and told why by PlanAbort{plan_id = 0, reason}; no plan is sent to a job in
 // disagreement. Serves Prometheus metrics
@@ -30,7 +32,7 @@
 #include <vector>
 
 #include "agent/deploy/decider.h"
-#include "agent/deploy/dp_decider.h"
+#include "env/dp/decider.h"
 #include "env/job.h"
 #include "transport/plan_executor.h"
 #include "env/monitor/monitor.h"
@@ -40,8 +42,9 @@ namespace parapilot::agent::deploy {
 
 struct AgentOptions {
   std::shared_ptr<const Job> job;     ///< empty: learn the job from the ranks' JobInfo.
-  DataParallelOptions data_parallel;  ///< a learned job: min_gain, cool-down, verification.
-  std::string policy_path;            ///< empty: the reactive baseline.
+  /// A learned job: cool-down, verification, noise bands (ranks and batch come from JobInfo).
+  env::dp::DataParallelOptions data_parallel;
+  std::string policy_path;            ///< empty: the reactive baseline. Decides for both kinds.
   PolicyLoader loader;                ///< how to load policy_path (the CLI passes the RL loader).
   /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.
   transport::InProcHub* hub = nullptr;

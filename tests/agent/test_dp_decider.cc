@@ -3,13 +3,16 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "agent/deploy/agent.h"
-#include "agent/deploy/dp_decider.h"
+#include "env/dp/decider.h"
+#include "env/dp/shares.h"
+#include "policy/baselines.h"
 #include "env/monitor/robust_stats.h"
 #include "tests/test_util.h"
 
@@ -17,9 +20,21 @@ using parapilot::testing::ok;
 
 using namespace parapilot;
 using namespace parapilot::agent::deploy;
+using namespace parapilot::env::dp;
 using namespace std::chrono_literals;
 
 namespace {
+
+// The decider with deploy's rule (measured-shares, min_gain 1.10) choosing: one decision is an
+// observation, the rule's action on it, and the guardrail's verdict.
+struct RuleDecider : DataParallelDecider {
+  explicit RuleDecider(DataParallelOptions o, int confirm = 1)
+      : DataParallelDecider(o), rule(policy::make_measured_shares({1.10, confirm})) {}
+  DataParallelDecision decide(const monitor::Beliefs& b, bool staging) {
+    return DataParallelDecider::decide(rule->act(observe(b, staging)));
+  }
+  std::unique_ptr<policy::Policy> rule;
+};
 
 monitor::Beliefs measured(const std::vector<double>& per_sample_ms, const std::vector<int>& counts) {
   monitor::Beliefs b;
@@ -37,7 +52,6 @@ DataParallelOptions options4() {
   o.verify_steps = 10;
   o.settle_steps = 2;
   o.warmup_steps = 0;
-  o.confirm_decisions = 1;
   return o;
 }
 
@@ -75,8 +89,7 @@ TEST_CASE("balanced counts equalise the ranks' steps, sum to the batch, keep a s
 
 TEST_CASE("a gain must be predicted in two decisions in a row: a passing asymmetry is ignored") {
   DataParallelOptions o = options4();
-  o.confirm_decisions = 2;
-  DataParallelDecider d(o);
+  RuleDecider d(o, 2);
   std::mt19937 rng(4);
   uint64_t step = 0;
   for (int i = 0; i < 21; ++i) {  // rank 0 looks 2x faster every other decision
@@ -88,7 +101,7 @@ TEST_CASE("a gain must be predicted in two decisions in a row: a passing asymmet
   step = feed(d, step, 10, 100, 0.05, rng);
   DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
   CHECK(x.kind == DataParallelDecision::Kind::keep);
-  CHECK(x.reason.find("1 of 2 decisions") != std::string::npos);
+  CHECK(x.reason.find("the policy keeps the shares") != std::string::npos);
   feed(d, step, 10, 100, 0.05, rng);
   x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
   CHECK(x.kind == DataParallelDecision::Kind::rebalance);
@@ -96,8 +109,7 @@ TEST_CASE("a gain must be predicted in two decisions in a row: a passing asymmet
 
 TEST_CASE("a confirmation must take work from the same ranks: an asymmetry that wanders is load") {
   DataParallelOptions o = options4();
-  o.confirm_decisions = 2;
-  DataParallelDecider d(o);
+  RuleDecider d(o, 2);
   std::mt19937 rng(6);
   uint64_t step = 0;
   // Every decision one rank looks 1.6x slower, a different one each time (another process
@@ -109,7 +121,7 @@ TEST_CASE("a confirmation must take work from the same ranks: an asymmetry that 
     const DataParallelDecision x = d.decide(measured(levels, d.counts()), false);
     INFO(x.reason);
     REQUIRE(x.kind == DataParallelDecision::Kind::keep);
-    CHECK(x.reason.find("1 of 2 decisions") != std::string::npos);
+    CHECK(x.reason.find("the policy keeps the shares") != std::string::npos);
     CHECK(x.reason.find("rank " + std::to_string(i % 4) + " computes") != std::string::npos);
   }
   // The same rank twice in a row is confirmed.
@@ -132,7 +144,7 @@ TEST_CASE("a difference within the noise the monitor measures moves nothing") {
   };
   std::mt19937 rng(8);
   {
-    DataParallelDecider d(options4());
+    RuleDecider d(options4());
     feed(d, 0, 10, 100, 0.05, rng);
     // 3 x hypot(0.15, 0.15) = 0.64 ms > 0.5 ms: within the noise.
     const DataParallelDecision x = d.decide(with_se(0.15), false);
@@ -140,7 +152,7 @@ TEST_CASE("a difference within the noise the monitor measures moves nothing") {
     CHECK(x.reason.find("shares already balanced") != std::string::npos);
   }
   {
-    DataParallelDecider d(options4());
+    RuleDecider d(options4());
     feed(d, 0, 10, 100, 0.05, rng);
     // 3 x hypot(0.05, 0.05) = 0.21 ms < 0.5 ms: a measured difference.
     const DataParallelDecision x = d.decide(with_se(0.05), false);
@@ -152,7 +164,7 @@ TEST_CASE("a difference within the noise the monitor measures moves nothing") {
 TEST_CASE("nothing is proposed before the job's first steps were measured") {
   DataParallelOptions o = options4();
   o.warmup_steps = 10;
-  DataParallelDecider d(o);
+  RuleDecider d(o);
   std::mt19937 rng(2);
   uint64_t step = feed(d, 0, 15, 100, 0.05, rng);  // 10 warm-up steps + 5
   DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
@@ -166,7 +178,7 @@ TEST_CASE("nothing is proposed before the job's first steps were measured") {
 TEST_CASE("noise on healthy ranks moves nothing") {
   // Per-step compute noise of +-20% on every rank, through the monitor's estimator as deploy
   // configures it for a learned job (monitor::RobustEwma, alpha 0.2).
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-0.2, 0.2);
   monitor::RobustEwma::Options eo;
@@ -188,13 +200,13 @@ TEST_CASE("noise on healthy ranks moves nothing") {
 }
 
 TEST_CASE("a slow rank gets a smaller share when the predicted gain clears the threshold") {
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(1);
   uint64_t step = feed(d, 0, 10, 190, 0.05, rng);
   DataParallelDecision x = d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), false);
   REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
   CHECK(x.counts[1] == *std::min_element(x.counts.begin(), x.counts.end()));
-  CHECK(x.predicted_gain > 2.0);
+  CHECK(x.predicted_now_ms > 2.0 * x.predicted_new_ms);
   CHECK(x.current_step_ms == doctest::Approx(190).epsilon(0.06));
   // In flight: nothing else is proposed.
   CHECK(d.decide(measured({1.0, 3.0, 1.0, 1.0}, d.counts()), true).kind ==
@@ -213,7 +225,7 @@ TEST_CASE("a slow rank gets a smaller share when the predicted gain clears the t
 }
 
 TEST_CASE("a switch measured slower beyond noise is reverted, and the cool-down doubles") {
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(3);
   uint64_t step = feed(d, 0, 10, 100, 0.02, rng);
   const std::vector<int> before = d.counts();
@@ -242,8 +254,49 @@ TEST_CASE("a switch measured slower beyond noise is reverted, and the cool-down 
         DataParallelDecision::Kind::rebalance);
 }
 
-TEST_CASE("a switch within the noise of its before-measurement is kept") {
+TEST_CASE("the guardrail binds any policy: no candidates in the cool-down, a slower switch reverted") {
+  // A policy that always asks for the first candidate.
   DataParallelDecider d(options4());
+  std::mt19937 rng(3);
+  uint64_t step = feed(d, 0, 10, 100, 0.02, rng);
+  const std::vector<int> before = d.counts();
+  env::Observation o = d.observe(measured({1.0, 2.0, 1.0, 1.0}, before), false);
+  REQUIRE(o.mask[0] == 1);
+  // The candidates carry the model's gain (balanced: 3T + T/2 = 256 samples, T = 73.1 ms
+  // against 128, rounded to whole samples) and a share change's cost: one step of the ten in a
+  // decision interval.
+  CHECK(std::exp(feature(o, 0, env::CandidateFeature::kLogGain)) == doctest::Approx(128.0 / 74).epsilon(0.01));
+  CHECK(feature(o, 0, env::CandidateFeature::kSwitchCost) == doctest::Approx(0.1).epsilon(0.05));
+  CHECK(feature(o, 0, env::CandidateFeature::kElastic) == 1.0f);
+  CHECK(feature(o, env::StateFeature::kMinSpeed) == doctest::Approx(0.5));
+  DataParallelDecision x = d.decide(1);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false);
+  step = feed(d, step, 2, 500, 0, rng);
+  // While the switch is measured the policy is offered nothing: its action changes nothing.
+  o = d.observe(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(o.mask[0] == 0);
+  x = d.decide(1);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("measuring the last switch") != std::string::npos);
+  // The model was wrong: steps got 30% slower. The revert stands whatever the policy asks.
+  step = feed(d, step, 10, 130, 0.02, rng);
+  o = d.observe(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(o.mask[0] == 0);
+  x = d.decide(1);
+  REQUIRE(x.kind == DataParallelDecision::Kind::revert);
+  CHECK(x.counts == before);
+  d.committed(x.counts, step, true);
+  feed(d, step, 10, 100, 0.02, rng);
+  o = d.observe(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
+  CHECK(o.mask[0] == 0);
+  x = d.decide(1);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("cool-down") != std::string::npos);
+}
+
+TEST_CASE("a switch within the noise of its before-measurement is kept") {
+  RuleDecider d(options4());
   std::mt19937 rng(5);
   uint64_t step = feed(d, 0, 10, 100, 0.2, rng);
   DataParallelDecision x = d.decide(measured({1.0, 2.0, 1.0, 1.0}, d.counts()), false);
@@ -262,7 +315,7 @@ TEST_CASE("a 17% regression is reverted on a job whose steps vary by a few perce
   // cap on the noise bound (max_revert_bound) catches a 17% regression there.
   for (const double v : {0.03, 0.3}) {
     CAPTURE(v);
-    DataParallelDecider d(options4());
+    RuleDecider d(options4());
     auto alternate = [&](uint64_t first, double ms) {
       for (uint64_t i = 0; i < 10; ++i) d.observe_step(first + i, ms * (i % 2 ? 1 + v : 1 - v));
       return first + 10;
@@ -281,7 +334,7 @@ TEST_CASE("a 17% regression is reverted on a job whose steps vary by a few perce
 namespace {
 // Proposes and commits a rebalance for `per_sample_ms` (after the cool-down), then feeds the
 // settle steps and ten judged steps at `after_ms`, and returns the judgement.
-DataParallelDecision switch_and_judge(DataParallelDecider& d, uint64_t& step,
+DataParallelDecision switch_and_judge(RuleDecider& d, uint64_t& step,
                                       const std::vector<double>& per_sample_ms, double before_ms,
                                       double after_ms, std::mt19937& rng) {
   DataParallelDecision x;
@@ -299,7 +352,7 @@ DataParallelDecision switch_and_judge(DataParallelDecider& d, uint64_t& step,
 
 // Two switches that each hold: 100 -> 98 ms (the fastest shares, returned), then 98 -> 102 ms
 // (+4%, within the 5% margin of the shares just left).
-std::vector<int> two_held_switches(DataParallelDecider& d, uint64_t& step, std::mt19937& rng) {
+std::vector<int> two_held_switches(RuleDecider& d, uint64_t& step, std::mt19937& rng) {
   DataParallelDecision x = switch_and_judge(d, step, {1.0, 2.0, 1.0, 1.0}, 100, 98, rng);
   REQUIRE(x.kind == DataParallelDecision::Kind::keep);
   const std::vector<int> fastest = d.counts();
@@ -314,7 +367,7 @@ TEST_CASE("switches each within noise of the one before cannot add up to a slowe
   // Each switch is judged against the shares just left (within the 5% margin: held) and
   // against the fastest shares measured: the third, 8% slower than the first's 98 ms, goes back
   // to the first's shares, not to the second's.
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(21);
   uint64_t step = 0;
   const std::vector<int> fastest = two_held_switches(d, step, rng);
@@ -327,7 +380,7 @@ TEST_CASE("switches each within noise of the one before cannot add up to a slowe
 TEST_CASE("the fastest shares are forgotten when the job gets slower without a switch") {
   // After the job itself slows (150 ms on the shares in force, no switch), a switch to 140 ms
   // is a gain: it holds, although the shares that once ran at 98 ms were faster then.
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(22);
   uint64_t step = 0;
   two_held_switches(d, step, rng);
@@ -344,7 +397,7 @@ monitor::Beliefs with_waits(monitor::Beliefs b, const std::vector<double>& wait_
 }  // namespace
 
 TEST_CASE("arrival order must confirm the model's slowest rank before work moves") {
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(12);
   feed(d, 0, 10, 100, 0.02, rng);
   // Rank 1 looks slow by its compute (a wait it could not measure was charged to it), but rank
@@ -359,14 +412,14 @@ TEST_CASE("arrival order must confirm the model's slowest rank before work moves
   REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
   CHECK(x.counts[1] < 64);
   // Without measured waits (-1), compute alone decides, as before.
-  DataParallelDecider e(options4());
+  RuleDecider e(options4());
   feed(e, 0, 10, 100, 0.02, rng);
   x = e.decide(with_waits(measured({1.0, 2.0, 1.0, 1.0}, e.counts()), {40, -1, 40, 1}), false);
   CHECK(x.kind == DataParallelDecision::Kind::rebalance);
 }
 
 TEST_CASE("no work moves onto the rank that arrives last") {
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(13);
   feed(d, 0, 10, 100, 0.02, rng);
   // Rank 3 computes as fast as the others by its own account and has few samples, so the model
@@ -386,7 +439,7 @@ TEST_CASE("a slow optimizer step behind another synchronisation point moves no w
   monitor::Beliefs b = measured({1.0, 1.0, 1.0, 1.0}, even_counts(4, 256));
   b.rank_fixed_ms = {1, 1, 80, 1};
   std::mt19937 rng(14);
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   feed(d, 0, 10, 150, 0.02, rng);
   DataParallelDecision x = d.decide(b, false);
   REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
@@ -394,7 +447,7 @@ TEST_CASE("a slow optimizer step behind another synchronisation point moves no w
   // ...but behind another synchronisation (a buffer broadcast at every forward) the others wait
   // for it there whatever their shares: moving work would only lengthen the per-sample part.
   b.fixed_apart = true;
-  DataParallelDecider e(options4());
+  RuleDecider e(options4());
   feed(e, 0, 10, 150, 0.02, rng);
   x = e.decide(b, false);
   CHECK(x.kind == DataParallelDecision::Kind::keep);
@@ -410,7 +463,7 @@ TEST_CASE("a slow optimizer step behind another synchronisation point moves no w
 }
 
 TEST_CASE("a rank with no measurement blocks any switch") {
-  DataParallelDecider d(options4());
+  RuleDecider d(options4());
   std::mt19937 rng(9);
   feed(d, 0, 10, 100, 0.02, rng);
   const DataParallelDecision x = d.decide(measured({1.0, 3.0, 0.0, 1.0}, d.counts()), false);

@@ -290,6 +290,8 @@ Observation one_candidate(double current_vs_best, double gain, double migration,
   feature(o, 0, CandidateFeature::kLogGain) = static_cast<float>(std::log(gain));
   feature(o, 0, CandidateFeature::kMigrationTime) = static_cast<float>(migration);
   feature(o, 0, CandidateFeature::kPayback) = static_cast<float>(payback / 10);
+  // The simulator's switch: a 2 s pause in a 300 s interval, staging at a tenth of the speed.
+  feature(o, 0, CandidateFeature::kSwitchCost) = static_cast<float>(2.0 / 300 + 0.1 * migration);
   return o;
 }
 
@@ -307,6 +309,22 @@ TEST_CASE("threshold: a switch only when the gain left after paying for it is at
   Observation broken = one_candidate(0.0, 1.01, 4.0, 0.1);
   feature(broken, StateFeature::kCurrentFeasible) = 0;
   CHECK(rule->act(broken) == 1);
+}
+
+TEST_CASE("measured-shares: a switch once the gain reaches min_gain for confirm decisions in a row") {
+  auto rule = parapilot::policy::make_measured_shares({1.10, 2});
+  rule->begin_episode();
+  auto aged = [](double gain, int age) {
+    Observation o = one_candidate(1 / gain, gain, 0.1, 5);
+    feature(o, StateFeature::kConditionAge) = static_cast<float>(age) / kSwitchMemoryIntervals;
+    return o;
+  };
+  CHECK(rule->act(aged(1.5, 1)) == 0);   // the first decision of the condition
+  CHECK(rule->act(aged(1.5, 2)) == 1);   // confirmed
+  CHECK(rule->act(aged(1.08, 5)) == 0);  // below min_gain however long it lasts
+  Observation staged = aged(1.5, 3);
+  feature(staged, StateFeature::kStaging) = 1;
+  CHECK(rule->act(staged) == 0);
 }
 
 TEST_CASE("ski-rental: a switch once the throughput lost since the condition began pays for it") {
