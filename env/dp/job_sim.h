@@ -12,15 +12,15 @@
 // The all-reduce is a ring over the job's gradients: 2 (n-1)/n x gradient bytes / bus bandwidth,
 // of which a drawn fraction is exposed (DDP overlaps buckets with the backward pass).
 //
-// What draw() draws per episode (uniform unless said; the ranges are the brief's assumptions):
+// What draw_episode() draws (uniform unless said; assumptions where no source is named):
 // ranks 4-64 (or as given), global batch = ranks x 4..32, per-sample compute 0.3-5 ms (log-
 // uniform), fixed part 1-15 ms, gradients 20 MB-1 GB and bus bandwidth 10-100 GB/s (log-uniform),
 // exposed fraction 0.1-0.6, fixed_apart with probability 0.3 (second collective 0.2-2 ms): from
 // compute-bound jobs, where shares matter, to all-reduce-bound ones, where they matter little.
 //
 // Dynamics (docs/scenarios.md, "The data-parallel job simulator"):
-// * fail-slow events arrive as a Poisson process (rate per decision interval set by the
-//   family); kinds: one rank's compute slowed 1.3-4x (log-uniform), the all-reduce slowed 2-10x
+// * fail-slow events arrive as a Poisson process (one per 12 decisions on average; comm: 10,
+//   flap: 20); kinds: one rank's compute slowed 1.3-4x (log-uniform), the all-reduce slowed 2-10x
 //   (shares cannot help), a flapping rank (1.3-4x, slow and normal in turns of 1-4 decisions),
 //   and, in the mixed family, ranks of a second GPU type permanently 1.3-2.5x slower.
 // * Durations are log-normal with the published shape (Greyhound/FALCON, ATC'25: compute
