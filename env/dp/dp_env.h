@@ -57,7 +57,8 @@ class DataParallelEnv : public Env {
   int horizon() const override { return o_.horizon; }
   /// K nominal steps of the current episode's job (before the first reset: 1).
   double interval_s() const override { return interval_s_; }
-  /// Never fails.
+  /// Never fails. Every episode starts on even shares, as the clients do (`options` is not
+  /// read: a data-parallel job has no planned layout).
   StatusOr<Observation> reset(uint64_t seed, const ResetOptions& options = {}) override;
   /// Precondition: reset succeeded and the episode is not over.
   StepResult step(int action) override;

@@ -65,3 +65,27 @@ TEST_CASE("dp job sim: a rank's compute is its fixed part plus its samples, slow
   CHECK(recovered.paused_ms == 0);
   CHECK(recovered.best_ms < recovered.wall_ms);
 }
+
+TEST_CASE("dp job sim: with a second collective, the slowest work and the slowest fixed part add") {
+  dp::Episode e;
+  e.job.ranks = 2;
+  e.job.global_batch = 8;
+  e.job.per_sample_ms = 1;
+  e.job.fixed_ms = 4;
+  e.job.allreduce_ms = 2;
+  e.job.fixed_apart = true;
+  e.job.other_collective_ms = 0.5;
+  e.job.base_slowdown = {1, 2};  // rank 1 is twice as slow
+  dp::DataParallelJobSim sim(e, 1);
+  const auto& s = sim.step();  // even shares: 4 samples each
+  REQUIRE(s.samples.size() == 2);
+  CHECK(s.wall_ms == doctest::Approx(2 * 4 + 2 + 2 * 4 + 0.5));
+  CHECK(s.samples[0].wait_ms == doctest::Approx(8 - 4));
+  CHECK(s.samples[0].other_wait_ms == doctest::Approx(8 - 4));
+  CHECK(s.samples[0].other_calls == 1);
+  CHECK(s.samples[1].wait_ms == doctest::Approx(0));
+  // Shares balance only the per-sample work: about 2:1 (5.3 ms each before rounding).
+  const std::vector<int> best = sim.best_counts();
+  CHECK(best[0] > best[1]);
+  CHECK(sim.best_step_ms() < sim.true_step_ms(sim.counts()));
+}
