@@ -58,7 +58,7 @@ TEST_CASE(
   double candidate = 0, keep = 0, oracle = 0, comm_keep = 0, comm_switch = 0;
   int switches = 0;
   size_t comm_events = 0;
-  for (uint64_t seed = 1; seed <= 4; ++seed) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
     const Run c = run("dp:straggler(ranks=16,horizon=30)", seed, 1);
     candidate += c.tokens;
     switches += c.switches;
