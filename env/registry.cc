@@ -5,6 +5,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "env/dp/dp_env.h"
 #include "env/env.h"
 #include "env/sim/sim_env.h"
 #include "env/template_env.h"
@@ -28,6 +29,7 @@ void register_builtin_envs() {
   register_env("sim", make_sim_env);
   register_env("trace", make_trace_env);
   register_env("bandit", make_bandit_env);
+  register_env("dp", dp::make_dp_env);
 }
 
 void ensure_builtins() {

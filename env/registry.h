@@ -1,6 +1,6 @@
 // The env registry: env ids name a registered factory, e.g. "sim:straggler(gpus=64)" or
-// "bandit(horizon=16)". The built-in envs ("sim", "trace", "bandit") are registered on first
-// use; other modules register theirs (env/live: "live") with register_env.
+// "bandit(horizon=16)". The built-in envs ("sim", "trace", "bandit", "dp") are registered on
+// first use; other modules register theirs (env/live: "live") with register_env.
 //
 // Thread-safe: register_env, make_env and registered_envs may be called from any thread.
 #pragma once

@@ -41,6 +41,7 @@ const std::string kTraceDir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/by
 const std::string kConformanceIds[] = {
     "trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)",
     "bandit(horizon=12)",
+    "dp:random(ranks=8,horizon=12)",
     "sim:hetero(gpus=16,horizon=12)",
     "sim:straggler(gpus=16,horizon=12)",
     "sim:congestion(gpus=16,horizon=12)",

@@ -20,13 +20,15 @@ namespace {
 const std::string kTraceDir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/bytedance-ST/";
 
 // Registered envs and the ids they run under here. `bandit` is the trainer's own test env: its
-// observations are synthetic, and no deployed policy meets them.
+// observations are synthetic, and no deployed policy meets them. `dp` offers batch-share
+// candidates to the data-parallel decider's policy, which is trained on it; the shipped layout
+// policy never meets them.
 const std::map<std::string, std::vector<std::string>> kEnvs = {
     {"sim",
      {"sim:straggler", "sim:congestion", "sim:hetero", "sim:failure", "sim:phase", "sim:mixed"}},
     {"trace", {"trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)"}},
 };
-const char* kNotForPolicies[] = {"bandit"};
+const char* kNotForPolicies[] = {"bandit", "dp"};
 
 }  // namespace
 
