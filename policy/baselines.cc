@@ -167,7 +167,7 @@ std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options) {
 }
 
 ReactiveOptions tuned_reactive_options() {
-  // build/benchmarks/policy/tune_reactive (13 training scenarios x 10 seeds from 2^40): mean
+  // build/benchmarks/policy/tune_rules reactive (13 training scenarios x 10 seeds from 2^40): mean
   // score 0.9799 against 0.9784 for the hand-set rule (min_gain 1.05, cool-down 2); margin
   // does not matter on this distribution.
   ReactiveOptions o;

@@ -42,7 +42,7 @@ struct ReactiveOptions {
 };
 std::unique_ptr<Policy> make_reactive(const ReactiveOptions& options);
 /// reactive-tuned: the reactive rule with the min_gain, margin and cool-down that
-/// build/benchmarks/policy/tune_reactive chose on the training distribution's seeds.
+/// build/benchmarks/policy/tune_rules reactive chose on the training distribution's seeds.
 ReactiveOptions tuned_reactive_options();
 /// The reactive rule with tuned_reactive_options(), named "reactive-tuned".
 std::unique_ptr<Policy> make_reactive_tuned();

@@ -62,17 +62,16 @@ void register_lookahead() {
   });
 }
 
-std::string format_number(double v);
-
 void register_measured_shares() {
   const MeasuredSharesOptions d;
+  assert(d.min_gain == 1.1);  // the declared default below
   PolicyInfo info;
   info.name = "measured-shares";
   info.description =
       "switch to the best candidate once its predicted gain reaches min_gain for confirm "
       "decisions in a row (deploy's rule for data-parallel jobs)";
   info.params = {
-      {"min_gain", ParamType::kNumber, format_number(d.min_gain), 1, 10, {},
+      {"min_gain", ParamType::kNumber, "1.1", 1, 10, {},
        "predicted throughput ratio a switch must reach"},
       {"confirm", ParamType::kInteger, std::to_string(d.confirm_decisions), 1,
        env::kSwitchMemoryIntervals, {}, "decisions in a row the condition must hold"},
