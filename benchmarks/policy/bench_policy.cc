@@ -1,6 +1,8 @@
 // Latency of one scheduling decision on CPU: normalise an observation, score keep and the
 // candidates, pick greedily. Prints median and p99 for the shipped inference path (the
-// hand-written actor) and for a batch-1 libtorch forward pass.
+// hand-written actor) and for a batch-1 libtorch forward pass; and the whole decision deploy
+// makes for a data-parallel job (env/dp/decider.h: the observation from the monitor's beliefs,
+// the shipped policy's act, the guardrail) at 8, 64 and 512 ranks.
 //
 //   build/benchmarks/policy/bench_policy [CHECKPOINT] [--json FILE]
 //     CHECKPOINT: default the shipped default policy; when the file is absent only the fresh
@@ -14,6 +16,8 @@
 #include <random>
 #include <vector>
 
+#include "env/dp/decider.h"
+#include "env/dp/shares.h"
 #include "policy/loader.h"
 #include "benchmarks/report.h"
 #include "policy/features.h"
@@ -93,6 +97,27 @@ int main(int argc, char** argv) {
     fig["paths"].push_back(measure("checkpoint_hand_written",
                                    "decision (normalise + hand-written actor)", n,
                                    [&](int i) { return policy->act(obs[i]); }));
+    for (int ranks : {8, 64, 512}) {
+      // A job with one rank twice as slow per sample: every decision has four candidates.
+      env::dp::DataParallelOptions o;
+      o.ranks = ranks;
+      o.global_batch = 32 * ranks;
+      o.warmup_steps = 0;
+      env::dp::DataParallelDecider decider(o);
+      for (uint64_t s = 0; s < 20; ++s) decider.observe_step(s, 100);
+      parapilot::monitor::Beliefs b;
+      b.compute_per_sample = true;
+      b.rank_compute_ms.assign(ranks, 1.0);
+      b.rank_compute_ms[ranks / 2] = 2.0;
+      b.rank_compute_se_ms.assign(ranks, 0.01);
+      b.rank_fixed_ms.assign(ranks, 5.0);
+      const std::string id = "dp_decision_" + std::to_string(ranks);
+      const std::string what = "data-parallel decision, " + std::to_string(ranks) + " ranks";
+      fig["paths"].push_back(measure(id.c_str(), what.c_str(), n / 4, [&](int) {
+        const int action = policy->act(decider.observe(b, false));
+        return action + static_cast<int>(decider.decide(0).kind);  // kept: the same state
+      }));
+    }
   } else {
     std::printf("policy %s not found: only the fresh network is measured\n", path.c_str());
   }

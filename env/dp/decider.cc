@@ -208,9 +208,8 @@ void DataParallelDecider::denoise(RankLevels& levels) const {
 
 // The candidates for the model of `raw` (every rank measured): balanced, half-way to balanced,
 // even and the fastest measured shares, best predicted first, none equal to the shares in force.
-void DataParallelDecider::make_offers(const monitor::Beliefs& b, const RankLevels& raw) {
-  RankLevels levels = raw;
-  denoise(levels);
+void DataParallelDecider::make_offers(const monitor::Beliefs& b, const RankLevels& raw,
+                                      const RankLevels& levels) {
   model_ps_ = levels.per_sample;
   model_fixed_ = levels.fixed;
   fixed_apart_ = b.fixed_apart;
@@ -270,10 +269,8 @@ void DataParallelDecider::make_offers(const monitor::Beliefs& b, const RankLevel
                 evidence_;
 }
 
-Observation DataParallelDecider::build(const monitor::Beliefs& b, const RankLevels& raw,
+Observation DataParallelDecider::build(const monitor::Beliefs& b, const RankLevels& levels,
                                        bool offers) {
-  RankLevels levels = raw;
-  denoise(levels);
   std::vector<double> measured;
   for (double v : levels.per_sample) {
     if (v > 0) measured.push_back(v);
@@ -356,18 +353,20 @@ Observation DataParallelDecider::observe(const monitor::Beliefs& b, bool staging
   pending_.current_step_ms = now_ms_;
   pending_.counts = counts_;
   std::string why = guard(now_ms_, now_se_, staging);
-  const RankLevels levels = rank_levels(b);
+  const RankLevels raw = rank_levels(b);
+  RankLevels model = raw;
+  denoise(model);
   if (why.empty()) {
     track_best(now_ms_, now_se_);
-    if (!levels.missing.empty()) {
-      why = "no compute measurement yet from rank(s) " + levels.missing;
+    if (!raw.missing.empty()) {
+      why = "no compute measurement yet from rank(s) " + raw.missing;
     } else {
-      make_offers(b, levels);
+      make_offers(b, raw, model);
     }
   }
   if (!why.empty()) pending_.reason = why;
   staging_ = staging;
-  return build(b, levels, why.empty());
+  return build(b, model, why.empty());
 }
 
 DataParallelDecision DataParallelDecider::decide(int action) {

@@ -131,8 +131,9 @@ class DataParallelDecider {
   std::string guard(double now_ms, double now_se, bool staging);
   void judge_last_switch(double now_ms, double now_se);
   // The model's levels with noise-level differences removed, the offers, and the evidence.
-  void make_offers(const monitor::Beliefs& b, const RankLevels& raw);
-  Observation build(const monitor::Beliefs& b, const RankLevels& levels, bool offers);
+  void make_offers(const monitor::Beliefs& b, const RankLevels& raw, const RankLevels& model);
+  // The observation: speeds from the model's levels; candidates when `offers`.
+  Observation build(const monitor::Beliefs& b, const RankLevels& model, bool offers);
   double revert_bound(double reference_ms, double reference_se, double now_se) const;
   void remember_best(double ms, double se);
   void track_best(double now_ms, double now_se);
