@@ -120,6 +120,33 @@ def policy_holdout(d):
     return table(head, rows) + "\n\n" + source(r)
 
 
+DP_TUNED = "measured-shares(min_gain=1.15,confirm=1)"
+DP_RULES = ["measured-shares", DP_TUNED, "reactive", "reactive-tuned", "threshold", "ski-rental",
+            "static"]
+
+
+def dp_contest(d):
+    r = d("dp-eval.json")
+    envs, ids = r["figures"]["envs"], r["figures"]["ids"]
+    rows = []
+    for name in ids:
+        p = envs[name]["policies"]
+        ref = envs[name]["reference"]
+        v = p["rl"]["vs_reference"]
+        s = lambda k: "%.3f ± %.3f" % (p[k]["score"], p[k]["score_ci95"])
+        m = lambda k: p[k]["migrations_per_episode"]
+        ratio = m("rl") / m("oracle") if m("oracle") > 0 else float("inf")
+        rows.append(["`%s`" % ids[name]] + [s(k) for k in ["rl"] + DP_RULES] + [
+            "`%s`" % ref if ref == DP_TUNED else ref,
+            "%+.4f ± %.4f %s" % (v["score_difference"], v["ci95"], v["verdict"]),
+            " / ".join("%.1f" % m(k) for k in ("rl", ref, "oracle")),
+            "%.2f" % ratio if m("oracle") > 0 else "—"])
+    head = (["env", "rl"] + ["tuned measured-shares" if k == DP_TUNED else k for k in DP_RULES] +
+            ["strongest rule", "rl − strongest rule, paired", "migrations rl / rule / oracle",
+             "rl ÷ oracle migrations"])
+    return table(head, rows) + "\n\n" + source(r)
+
+
 def pts(x):
     """A share of the oracle's tokens in points (hundredths)."""
     return "%.2f" % (100 * x)
@@ -588,6 +615,7 @@ RENDER = {
     "policy-quality": policy_quality,
     "policy-summary": policy_summary,
     "policy-gap": policy_gap,
+    "dp-contest": dp_contest,
 }
 
 

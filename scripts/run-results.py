@@ -41,12 +41,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 # The shipped policy's training run (docs/policy.md, "The shipped policy").
-TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4", "--envs", "17", "--steps",
-                 "1500000", "--seed", "1", "--validation-episodes", "6", "--validate-every", "20",
-                 "--switch-penalty", "0.003"]
+TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4,dp:random(horizon=96)*8",
+                 "--envs", "25", "--steps", "2000000", "--seed", "1", "--validation-episodes", "6",
+                 "--validate-every", "20", "--switch-penalty", "0.003"]
+# The data-parallel job simulator's families, and its held-out draws: the training
+# distribution on eval's seeds, and jobs outside its ranges (128 ranks; 5 steps per decision).
+DP_ENVS = {"straggler": "dp:straggler", "comm": "dp:comm", "flap": "dp:flap", "mixed": "dp:mixed",
+           "random": "dp:random", "random, 128 ranks": "dp:random(ranks=128)",
+           "random, 5 steps per decision": "dp:random(decision_steps=5)"}
+# measured-shares as deploy runs it, and tuned on the dp: training seeds
+# (build/benchmarks/policy/tune_rules measured-shares --episodes 40).
+DP_TUNED = "measured-shares(min_gain=1.15,confirm=1)"
+DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rental,static,oracle"
+               % DP_TUNED)
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
-SECTIONS = ["policy", "holdout", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
+SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
             "deploy-live", "pytorch", "pytorch-matrix", "live", "live-layouts", "live-switch"]
 
 
@@ -145,6 +155,13 @@ class Runner:
                                              "--policies", POLICIES])
         scenarios = {name: self.eval(i, POLICIES) for name, i in self.holdout_ids().items()}
         finish(report, {"scenarios": scenarios}, self.path("holdout-eval.json"))
+
+    def dp(self):
+        self.shipped_policy_current()
+        report = envelope("parapilot eval", ["--episodes", "30", "--seed", "1000",
+                                             "--policies", DP_POLICIES])
+        envs = {name: self.eval(i, DP_POLICIES) for name, i in DP_ENVS.items()}
+        finish(report, {"envs": envs, "ids": DP_ENVS}, self.path("dp-eval.json"))
 
     def information(self):
         # The same episodes as the policy and holdout sections, the agent believing the truth of

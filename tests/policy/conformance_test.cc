@@ -27,8 +27,9 @@ const std::map<std::string, std::vector<std::string>> kEnvs = {
     {"sim",
      {"sim:straggler", "sim:congestion", "sim:hetero", "sim:failure", "sim:phase", "sim:mixed"}},
     {"trace", {"trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)"}},
+    {"dp", {"dp:straggler", "dp:comm", "dp:flap", "dp:mixed"}},
 };
-const char* kNotForPolicies[] = {"bandit", "dp"};
+const char* kNotForPolicies[] = {"bandit"};
 
 }  // namespace
 
