@@ -82,6 +82,8 @@ DataParallelJob draw_job(const DrawOptions& o, std::mt19937_64& rng) {
   job.noise_sigma = uniform(rng, 0.02, 0.15);
   job.hiccup_probability = uniform(rng, 0.0005, 0.005);
   job.drop_probability = uniform(rng, 0, 0.01);
+  job.interference_rate = uniform(rng, 0, 0.15);
+  job.misreport_rate = uniform(rng, 0, 0.15);
   job.base_slowdown.assign(job.ranks, 1.0);
   if (o.family == Family::mixed && job.ranks >= 2) {
     // A second GPU type on a random 25-50% of the ranks (at least one, never all).
@@ -121,6 +123,30 @@ std::vector<FailSlow> draw_events(const DrawOptions& o, int ranks, std::mt19937_
   return events;
 }
 
+// The host's and the telemetry's events (job_sim.h): short interference, misreports.
+void draw_host_events(const DrawOptions& o, const DataParallelJob& job, std::mt19937_64& rng,
+                      std::vector<FailSlow>& events) {
+  const int k = o.decision_steps;
+  for (const FailSlow::Kind kind : {FailSlow::Kind::interference, FailSlow::Kind::misreport}) {
+    const bool real = kind == FailSlow::Kind::interference;
+    const double rate = real ? job.interference_rate : job.misreport_rate;
+    if (rate <= 0) continue;
+    for (double t = -std::log(1.0 - uniform(rng)) / rate; t < o.horizon;
+         t += -std::log(1.0 - uniform(rng)) / rate) {
+      FailSlow e;
+      e.kind = kind;
+      e.rank = uniform_int(rng, 0, job.ranks - 1);
+      e.factor = real ? log_uniform(rng, 1.5, 3)
+                      : (uniform(rng) < 0.5 ? uniform(rng, 0.4, 0.75) : uniform(rng, 1.35, 2.5));
+      const int steps = real ? uniform_int(rng, 2, std::max(2, k))
+                             : uniform_int(rng, std::max(1, k / 2), 2 * k);
+      e.start_step = static_cast<uint64_t>(t * k);
+      e.end_step = e.start_step + static_cast<uint64_t>(steps);
+      events.push_back(e);
+    }
+  }
+}
+
 }  // namespace
 
 const char* to_string(FailSlow::Kind kind) {
@@ -131,6 +157,10 @@ const char* to_string(FailSlow::Kind kind) {
       return "comm";
     case FailSlow::Kind::flap:
       return "flap";
+    case FailSlow::Kind::interference:
+      return "interference";
+    case FailSlow::Kind::misreport:
+      return "misreport";
   }
   return "?";
 }
@@ -155,6 +185,7 @@ Episode draw_episode(const DrawOptions& options, uint64_t seed) {
   Episode e;
   e.job = draw_job(options, rng);
   e.events = draw_events(options, e.job.ranks, rng);
+  draw_host_events(options, e.job, rng, e.events);
   return e;
 }
 
@@ -168,6 +199,7 @@ DataParallelJobSim::DataParallelJobSim(Episode episode, uint64_t seed)
   }
   counts_ = even_counts(j.ranks, j.global_batch);
   factor_.resize(j.ranks);
+  report_.resize(j.ranks);
   dropped_.resize(j.ranks);
   out_.samples.reserve(j.ranks);
 }
@@ -186,8 +218,11 @@ void DataParallelJobSim::truth_at(uint64_t s, std::vector<double>* rank_slowdown
         if ((s - e.start_step) / e.flap_steps % 2 == 0) (*rank_slowdown)[e.rank] *= e.factor;
         break;
       case FailSlow::Kind::compute:
+      case FailSlow::Kind::interference:
         (*rank_slowdown)[e.rank] *= e.factor;
         break;
+      case FailSlow::Kind::misreport:
+        break;  // not real: only the telemetry (step())
     }
   }
 }
@@ -301,6 +336,12 @@ DataParallelJobSim::Step& DataParallelJobSim::step() {
     last_arrival = std::max(last_arrival, j.fixed_apart ? work : work + fixed);
     last_fixed = std::max(last_fixed, fixed);
   }
+  std::fill(report_.begin(), report_.end(), 1.0);
+  for (const FailSlow& e : episode_.events) {
+    if (e.kind == FailSlow::Kind::misreport && step_ >= e.start_step && step_ < e.end_step) {
+      report_[e.rank] *= e.factor;
+    }
+  }
   const uint64_t end_ns = clock_ns_ + static_cast<uint64_t>(std::llround(out_.wall_ms * 1e6));
   for (int r = 0; r < j.ranks; ++r) {
     if (dropped_[r]) continue;
@@ -311,7 +352,7 @@ DataParallelJobSim::Step& DataParallelJobSim::step() {
     x.end_ns = end_ns;
     const double work = j.per_sample_ms * counts_[r] * factor_[r];
     const double fixed = j.fixed_ms * factor_[r];
-    x.compute_ms = work + fixed;
+    x.compute_ms = work * report_[r] + fixed;
     x.samples = counts_[r];
     x.fixed_ms = fixed;
     x.wait_ms = last_arrival - (j.fixed_apart ? work : work + fixed);

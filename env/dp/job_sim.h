@@ -35,6 +35,15 @@
 //   to fit it to); hiccups (one rank's step 2-5x for one step: GC, a checkpoint write; 0.05-0.5%
 //   of rank-steps); dropped samples (0-1% of rank-steps). Noise and hiccups are real time: the
 //   step's wall time includes them.
+// * the host and the telemetry (every family; rates drawn per episode, assumptions fitted to
+//   what live runs on a shared machine show, docs/pytorch.md's example among them: a healthy
+//   rank measured beyond the noise band for a decision, a 1.3x slow-rank event that recovers
+//   within a dozen steps): interference, another process taking a rank's core, a real 1.5-3x
+//   slowdown of one rank for 2 steps to a decision (0-0.15 per decision); and misreports,
+//   a rank's reported compute per sample off by 0.4-0.75x or 1.35-2.5x for half a decision to
+//   two decisions while its real speed and arrival are unchanged (a wait counted as compute,
+//   a clock hiccup; 0-0.15 per decision). Both make the model offer a switch that does not pay:
+//   deciding on noisy evidence is part of the problem.
 // * a share switch takes effect at the next step boundary and pauses that step by the last
 //   step's wall time plus 5 ms (the PyTorch client's switch costs about one step); nothing else.
 //
@@ -69,14 +78,20 @@ struct DataParallelJob {
   double noise_sigma = 0;          ///< log-normal sigma of compute_ms per rank and step
   double hiccup_probability = 0;   ///< per rank and step
   double drop_probability = 0;     ///< per rank and step: the sample is not sent
+  double interference_rate = 0;    ///< interference events per decision interval
+  double misreport_rate = 0;       ///< misreport events per decision interval
 };
 
 // One fail-slow, in steps [start_step, end_step).
 struct FailSlow {
-  enum class Kind { compute, comm, flap };
+  /// interference: a short real slowdown of one rank; misreport: its reported compute per
+  /// sample scaled by `factor`, nothing real.
+  enum class Kind { compute, comm, flap, interference, misreport };
   Kind kind = Kind::compute;
   int rank = -1;      ///< compute, flap
-  double factor = 1;  ///< > 1: compute time (compute, flap) or all-reduce time (comm) multiplier
+  /// > 1: compute time (compute, flap, interference) or all-reduce time (comm) multiplier;
+  /// misreport: the reported per-sample compute's multiplier (> 0, != 1).
+  double factor = 1;
   uint64_t start_step = 0;
   uint64_t end_step = 0;
   int flap_steps = 0;  ///< flap: slow for flap_steps, normal for flap_steps, in turns
@@ -170,6 +185,7 @@ class DataParallelJobSim {
   bool best_valid_ = false;
   std::vector<double> factor_;  // per rank this step: slowdown x noise x hiccup
   std::vector<char> dropped_;   // per rank this step: the sample is not sent
+  std::vector<double> report_;  // per rank this step: misreport multiplier of its per-sample compute
   Step out_;
 };
 

@@ -89,3 +89,36 @@ TEST_CASE("dp job sim: with a second collective, the slowest work and the slowes
   CHECK(best[0] > best[1]);
   CHECK(sim.best_step_ms() < sim.true_step_ms(sim.counts()));
 }
+
+TEST_CASE("dp job sim: a misreport changes only the telemetry, interference the truth too") {
+  dp::Episode e;
+  e.job.ranks = 4;
+  e.job.global_batch = 32;
+  e.job.per_sample_ms = 2;
+  e.job.fixed_ms = 5;
+  e.job.allreduce_ms = 10;
+  e.job.base_slowdown = {1, 1, 1, 1};
+  dp::FailSlow misreport;
+  misreport.kind = dp::FailSlow::Kind::misreport;
+  misreport.rank = 1;
+  misreport.factor = 0.5;
+  misreport.start_step = 0;
+  misreport.end_step = 1;
+  dp::FailSlow interference = misreport;
+  interference.kind = dp::FailSlow::Kind::interference;
+  interference.factor = 2;
+  interference.start_step = 1;
+  interference.end_step = 2;
+  e.events = {misreport, interference};
+  dp::DataParallelJobSim sim(e, 1);
+  const auto& first = sim.step();  // rank 1 reports half its per-sample work; nothing is slower
+  CHECK(first.samples[1].compute_ms == doctest::Approx(5 + 0.5 * 2 * 8));
+  CHECK(first.samples[1].wait_ms == doctest::Approx(0));
+  CHECK(first.wall_ms == doctest::Approx(21 + 10));
+  CHECK(first.best_ms == doctest::Approx(first.wall_ms));
+  const auto& second = sim.step();  // rank 1 really twice as slow
+  CHECK(second.samples[1].compute_ms == doctest::Approx(2 * 21));
+  CHECK(second.wall_ms == doctest::Approx(42 + 10));
+  CHECK(second.best_ms < second.wall_ms);
+  CHECK(sim.step().wall_ms == doctest::Approx(21 + 10));  // over
+}
