@@ -161,7 +161,7 @@ class LookaheadPolicy : public Policy {
                        int l, double migration_s) {
     const double I = s.interval_s;
     bool switching = l != 0, crashed = false;
-    double staging_left = std::max(0.0, migration_s - kSwitchPauseS);
+    double staging_left = std::max(0.0, migration_s - s.switch_pause_s);
     int on = 0;
     double total = 0;
     for (const std::vector<double>* row : tps) {
@@ -178,7 +178,7 @@ class LookaheadPolicy : public Policy {
       }
       double remaining = I;
       if (switching) {
-        const env::StagedInterval staged = env::stage_switch(staging_left, remaining);
+        const env::StagedInterval staged = env::stage_switch(staging_left, remaining, s.switch_pause_s);
         total += rate * (1.0 - s.staging_slowdown) * staged.staged_s;
         remaining = staged.rest_s;
         if (staged.committed) {

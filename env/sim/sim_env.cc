@@ -194,7 +194,8 @@ const Planner& SimEnv::planner_for(int seq_len) {
   if (it == planners_.end()) {
     ModelSpec model = scenario_.model;
     model.seq_len = seq_len;
-    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster)).first;
+    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster,
+                                                          PlannerOptions{scenario_.switch_pause_s})).first;
   }
   return *it->second;
 }
@@ -482,12 +483,12 @@ StepResult SimEnv::step(int action) {
       action - 1 < static_cast<int>(candidates_.size()) && !target_ && !result.info.restarted) {
     const Candidate& c = candidates_[action - 1];
     target_ = c.strategy;
-    staging_left_s_ = std::max(0.0, c.migration_s - kSwitchPauseS);
+    staging_left_s_ = std::max(0.0, c.migration_s - scenario_.switch_pause_s);
     result.info.migration_started = true;
   }
   double remaining = interval - time;
   if (target_) {
-    const StagedInterval staged = stage_switch(staging_left_s_, remaining);
+    const StagedInterval staged = stage_switch(staging_left_s_, remaining, scenario_.switch_pause_s);
     tokens += tps * (1.0 - scenario_.staging_slowdown) * staged.staged_s;
     remaining = staged.rest_s;
     if (staged.committed) {
@@ -582,6 +583,7 @@ Observation SimEnv::observation() {
   in.seq_len_ratio =
       static_cast<double>(truth_.seq_len[std::min(t_, H - 1)]) / scenario_.model.seq_len;
   in.staging_slowdown = scenario_.staging_slowdown;
+  in.switch_pause_s = scenario_.switch_pause_s;
   Observation o = build_observation(in);
   history_.annotate(o);
   return o;
@@ -615,6 +617,7 @@ std::optional<OracleResult> SimEnv::oracle() {
   }
   // value[l]: most tokens so far ending interval t on layout l; choice for backtracking.
   const double interval = scenario_.interval_s;
+  const double pause = scenario_.switch_pause_s;
   std::vector<double> value(L, -1e300), next(L);
   std::vector<std::vector<int>> from(H, std::vector<int>(L, -1));
   std::vector<std::vector<double>> gained(H, std::vector<double>(L, 0));
@@ -634,9 +637,9 @@ std::optional<OracleResult> SimEnv::oracle() {
         if (a == b) {
           g = tps[b] * interval;
         } else {
-          const double staging = std::max(0.0, switch_s[a * L + b] - kSwitchPauseS);
+          const double staging = std::max(0.0, switch_s[a * L + b] - pause);
           const double stage = std::min(staging, interval);
-          const double rest = std::max(0.0, interval - stage - kSwitchPauseS);
+          const double rest = std::max(0.0, interval - stage - pause);
           g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest;
         }
         if (before + g > best) {
