@@ -406,6 +406,23 @@ FailSlowDraw draw_failslow(const FailSlowKind& k, double flap_fraction, std::mt1
   return out;
 }
 
+void add_failslow(std::vector<double>& extra, double interval_s, double start_s,
+                  const FailSlowDraw& draw, const FailSlowDynamics& d, std::mt19937_64& rng) {
+  const double end_s = start_s + draw.duration_s;
+  if (!draw.flapping) {
+    add_slowdown(extra, interval_s, start_s, end_s, draw.factor - 1);
+    return;
+  }
+  const double window_s = static_cast<double>(extra.size()) * interval_s;
+  std::uniform_int_distribution<int> phase(d.flap_intervals_min, d.flap_intervals_max);
+  bool slow = true;
+  for (double at = start_s; at < end_s && at < window_s; slow = !slow) {
+    const double next = std::min(end_s, at + phase(rng) * interval_s);
+    if (slow) add_slowdown(extra, interval_s, at, next, draw.factor - 1);
+    at = next;
+  }
+}
+
 double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng) {
   return lognormal(d.repair_median_s, d.repair_sigma, rng);
 }
@@ -499,18 +516,7 @@ void add_failslows(const Scenario& s, const ClusterTopology& topo, std::mt19937_
       const FailSlowDraw draw = draw_failslow(kind, d.flap_fraction, rng);
       std::vector<double>& extra = communication ? node_extra[place] : gpu_extra[place];
       if (extra.empty()) extra.assign(H, 0.0);
-      const double end = start + draw.duration_s;
-      if (!draw.flapping) {
-        add_slowdown(extra, s.interval_s, start, end, draw.factor - 1);
-      } else {
-        std::uniform_int_distribution<int> phase(d.flap_intervals_min, d.flap_intervals_max);
-        bool slow = true;
-        for (double at = start; at < end && at < run_s; slow = !slow) {
-          const double next = std::min(end, at + phase(rng) * s.interval_s);
-          if (slow) add_slowdown(extra, s.interval_s, at, next, draw.factor - 1);
-          at = next;
-        }
-      }
+      add_failslow(extra, s.interval_s, start, draw, d, rng);
       std::snprintf(text, sizeof text, "%s %d %s%.1f for %.1f min%s",
                     communication ? "node" : "GPU", place,
                     communication ? "network /" : "compute x", draw.factor,

@@ -212,6 +212,12 @@ struct FailSlowDraw {
   bool flapping = false;
 };
 FailSlowDraw draw_failslow(const FailSlowKind& kind, double flap_fraction, std::mt19937_64& rng);
+/// Lays a fail-slow that starts at `start_s` out as add_slowdown does, up to the end of `extra`
+/// (one entry per interval of `interval_s`): throughout, or, flapping, slow and nominal in turn
+/// from slow, each phase flap_intervals_min..flap_intervals_max intervals long (drawn from
+/// `rng`, one draw per phase begun).
+void add_failslow(std::vector<double>& extra, double interval_s, double start_s,
+                  const FailSlowDraw& draw, const FailSlowDynamics& d, std::mt19937_64& rng);
 /// Seconds until a lost GPU or node returns.
 double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng);
 /// A persistent slowdown lasts at most this long.
