@@ -310,11 +310,18 @@ StagedInterval stage_switch(double& staging_left_s, double remaining_s, double p
   staging_left_s -= out.staged_s;
   remaining_s -= out.staged_s;
   if (staging_left_s <= 0 && remaining_s > 0) {
+    out.pause_left_s = std::max(0.0, pause_s - remaining_s);
     remaining_s -= std::min(pause_s, remaining_s);
     out.committed = true;
   }
   out.rest_s = remaining_s;
   return out;
+}
+
+double run_pause(double& pause_left_s, double remaining_s) {
+  const double paused = std::min(pause_left_s, remaining_s);
+  pause_left_s -= paused;
+  return remaining_s - paused;
 }
 
 int final_global_batch(const Scenario& s) {

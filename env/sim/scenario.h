@@ -236,15 +236,21 @@ int final_global_batch(const Scenario& scenario);
 // How `remaining_s` seconds of an interval pass while a switch is staged, in the simulator's
 // switch model: the transfer runs for `staged_s` (the old layout at 1 - staging_slowdown of its
 // speed), taking it off `staging_left_s`; when it ends with time left, the switch pause
-// (`pause_s`, the scenario's switch_pause_s, or what is left of the interval) commits the new
-// layout, which runs the `rest_s` after it. Without a commit `rest_s` is what the old layout
-// runs unslowed (0 while staging lasts the whole interval).
+// (`pause_s`, the scenario's switch_pause_s) commits the new layout, which runs the `rest_s`
+// after it. A pause longer than what is left of the interval goes on into the next ones
+// (`pause_left_s`; run_pause). Without a commit `rest_s` is what the old layout runs unslowed
+// (0 while staging lasts the whole interval).
 struct StagedInterval {
   double staged_s = 0;
   bool committed = false;
   double rest_s = 0;
+  double pause_left_s = 0;  // of a committed switch's pause, what the interval had no room for
 };
 StagedInterval stage_switch(double& staging_left_s, double remaining_s, double pause_s);
+// The start of an interval of `remaining_s` seconds still in a committed switch's pause: the
+// job stands still for min(pause_left_s, remaining_s), taken off `pause_left_s`; returns the
+// seconds left to train.
+double run_pause(double& pause_left_s, double remaining_s);
 
 // Relative gradient error of one block sent with compression `c`, under statistics `g`
 // (measured at g.topk_ratio and g.powersgd_rank). Other top-k ratios follow the power law

@@ -293,6 +293,7 @@ StatusOr<Observation> SimEnv::reset(uint64_t seed, const ResetOptions& options) 
   t_ = 0;
   target_.reset();
   staging_left_s_ = 0;
+  pause_left_s_ = 0;
   last_migration_ = -1;
   telemetry_age_ = 0;
   missing_fraction_ = 0;
@@ -474,6 +475,7 @@ StepResult SimEnv::step(int action) {
         plan(known, truth_.seq_len[t], truth_.global_batch[t], measured_gradients(), std::nullopt);
     if (!r.candidates.empty()) current_ = chosen_ = r.candidates.front().strategy;
     target_.reset();
+    pause_left_s_ = 0;
     time = std::min(interval, scenario_.restart_s);
     tps = true_tokens_per_s(current_, t);
     result.info.restarted = true;
@@ -486,12 +488,13 @@ StepResult SimEnv::step(int action) {
     staging_left_s_ = std::max(0.0, c.migration_s - scenario_.switch_pause_s);
     result.info.migration_started = true;
   }
-  double remaining = interval - time;
+  double remaining = run_pause(pause_left_s_, interval - time);
   if (target_) {
     const StagedInterval staged = stage_switch(staging_left_s_, remaining, scenario_.switch_pause_s);
     tokens += tps * (1.0 - scenario_.staging_slowdown) * staged.staged_s;
     remaining = staged.rest_s;
     if (staged.committed) {
+      pause_left_s_ = staged.pause_left_s;
       current_ = chosen_ = *target_;
       if (auto r = with_global_batch(current_, truth_.global_batch[t], scenario_.model,
                                      scenario_.cluster)) {
@@ -640,7 +643,11 @@ std::optional<OracleResult> SimEnv::oracle() {
           const double staging = std::max(0.0, switch_s[a * L + b] - pause);
           const double stage = std::min(staging, interval);
           const double rest = std::max(0.0, interval - stage - pause);
-          g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest;
+          // A pause the interval has no room for stops the next ones: charged here, at this
+          // interval's rate of the new layout.
+          const double overflow = stage < interval ? std::max(0.0, stage + pause - interval) : 0;
+          g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest -
+              tps[b] * overflow;
         }
         if (before + g > best) {
           best = before + g;

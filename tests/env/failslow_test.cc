@@ -115,17 +115,19 @@ TEST_CASE("failslow: durations are lognormal around the published means, capped 
   CHECK(flapping == doctest::Approx(0.3 * n).epsilon(0.05));
 }
 
-TEST_CASE("failslow: the switch pause comes from the scenario") {
-  // A nominal cluster throughout, long intervals: a switch's interval loses exactly the pause
-  // (times the new layout's rate) against the same switch with another pause.
-  Scenario s = builtin_scenario(Family::kFailSlow, 16);
-  s.horizon = 3;
-  s.interval_s = 120;
+TEST_CASE("failslow: the switch pause comes from the scenario, longer than an interval too") {
+  // A nominal cluster throughout: a switch loses exactly its pause (times the new layout's
+  // rate) against the same switch with another pause; a 20 s pause outlasts the 18 s interval
+  // and stops the next one for the rest.
+  Scenario s = builtin_scenario(Family::kFailSlow, 64);
+  s.horizon = 4;
+  REQUIRE(s.interval_s < 20);
   Truth nominal = generate_truth(s, 1);
   for (Conditions& c : nominal.conditions) c = Conditions{};
   nominal.events.clear();
   struct Run {
-    double switch_tokens = 0, after_tokens = 0, migration_s = 0;
+    std::vector<double> tokens;
+    double migration_s = 0;
     bool committed = false;
   };
   auto run = [&](double pause_s) {
@@ -137,10 +139,11 @@ TEST_CASE("failslow: the switch pause comes from the scenario") {
     REQUIRE(env.planning_view() != nullptr);
     REQUIRE(!env.planning_view()->candidates().empty());
     out.migration_s = env.planning_view()->candidates().front().migration_s;
-    const StepResult r = env.step(1);
-    out.switch_tokens = r.info.tokens;
-    out.committed = r.info.migration_committed;
-    out.after_tokens = env.step(0).info.tokens;
+    for (int t = 0; t < s.horizon; ++t) {
+      const StepResult r = env.step(t == 0 ? 1 : 0);
+      if (t == 0) out.committed = r.info.migration_committed;
+      out.tokens.push_back(r.info.tokens);
+    }
     return out;
   };
   const Run fast = run(0.05), slow = run(20);
@@ -148,15 +151,36 @@ TEST_CASE("failslow: the switch pause comes from the scenario") {
   REQUIRE(slow.committed);
   // The planner's estimate carries the pause ...
   CHECK(slow.migration_s - fast.migration_s == doctest::Approx(20 - 0.05));
-  // ... and the simulator charges it: the same staging, then 0.05 s or 20 s of no training.
-  CHECK(fast.after_tokens == doctest::Approx(slow.after_tokens));
-  const double rate = fast.after_tokens / s.interval_s;
-  CHECK(fast.switch_tokens - slow.switch_tokens == doctest::Approx(rate * (20 - 0.05)));
+  // ... and the simulator charges it: the same staging, then 0.05 s or 20 s of no training,
+  // the 20 s running into the next interval (which the 0.05 s pause leaves whole).
+  const double rate = fast.tokens[2] / s.interval_s;
+  CHECK(rate > 0);
+  CHECK(fast.tokens[1] == doctest::Approx(fast.tokens[2]));
+  CHECK(slow.tokens[1] < fast.tokens[1]);
+  CHECK(slow.tokens[2] == doctest::Approx(fast.tokens[2]));
+  CHECK((fast.tokens[0] + fast.tokens[1]) - (slow.tokens[0] + slow.tokens[1]) ==
+        doctest::Approx(rate * (20 - 0.05)));
   // The observation's payback charges the scenario's pause too: the two differ.
   Scenario p = s;
   p.switch_pause_s = 20;
   SimEnv a(s, "a", nominal, true), b(p, "b", nominal, true);
   CHECK(ok(a.reset(4)).candidates != ok(b.reset(4)).candidates);
+}
+
+TEST_CASE("stage_switch and run_pause: a pause longer than the interval goes on into the next") {
+  double staging_left = 5, pause_left = 0;
+  const StagedInterval first = stage_switch(staging_left, 18, 20);
+  CHECK(first.staged_s == 5);
+  CHECK(first.committed);
+  CHECK(first.rest_s == 0);
+  CHECK(first.pause_left_s == 7);
+  pause_left = first.pause_left_s;
+  CHECK(run_pause(pause_left, 18) == 11);
+  CHECK(pause_left == 0);
+  staging_left = 5;
+  const StagedInterval fits = stage_switch(staging_left, 18, 2);
+  CHECK(fits.rest_s == 11);
+  CHECK(fits.pause_left_s == 0);
 }
 
 TEST_CASE("failslow: switch costs scale with the model, from tens of ms to seconds") {
