@@ -114,6 +114,30 @@ void fit_failslow_timing(Scenario& s) {
   s.switch_pause_s = t.switch_pause_s;
 }
 
+// The [scenario.failslow] table into `d`.
+void read_failslow(TableReader& t, FailSlowDynamics& d) {
+  auto kind = [&](const char* prefix, const char* rate_key, FailSlowKind& k) {
+    const std::string p = prefix;
+    if (auto v = t.get_double(rate_key, 0, 100)) k.rate = *v;
+    if (auto v = t.get_double(p + "_factor_min", 1, 1000)) k.factor_min = *v;
+    if (auto v = t.get_double(p + "_factor_max", 1, 1000)) k.factor_max = *v;
+    if (auto v = t.get_double(p + "_mean_s", 1, 1e7)) k.mean_s = *v;
+    if (auto v = t.get_double(p + "_sigma", 0, 5)) k.sigma = *v;
+    if (k.factor_max < k.factor_min) t.fail(p + "_factor_max", "must be >= " + p + "_factor_min");
+  };
+  kind("comm", "comm_rate_per_node_hour", d.communication);
+  kind("compute", "compute_rate_per_gpu_hour", d.compute);
+  if (auto v = t.get_double("flap_fraction", 0, 1)) d.flap_fraction = *v;
+  if (auto v = t.get_int("flap_intervals_min", 1, 1000)) {
+    d.flap_intervals_min = static_cast<int>(*v);
+  }
+  if (auto v = t.get_int("flap_intervals_max", 1, 1000)) {
+    d.flap_intervals_max = static_cast<int>(*v);
+  }
+  if (d.flap_intervals_max < d.flap_intervals_min)
+    t.fail("flap_intervals_max", "must be >= flap_intervals_min");
+}
+
 }  // namespace
 
 Scenario builtin_scenario(Family family, int gpus) {
@@ -194,14 +218,12 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   if (model_name) s.model = take(load_model(beside(*model_name)));
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
   if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
-  // The failslow family times its decisions and switches by the file's model and cluster.
-  if (s.family == Family::kFailSlow && (cluster || model_name || s.global_batch > 0)) {
-    fit_failslow_timing(s);
-  }
-  if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
+  const auto interval_s = r.get_double("interval_s", 1, 1e6);
+  if (interval_s) s.interval_s = *interval_s;
   if (auto v = r.get_double("restart_s", 0, 1e6)) s.restart_s = *v;
   if (auto v = r.get_double("staging_slowdown", 0, 0.9)) s.staging_slowdown = *v;
-  if (auto v = r.get_double("switch_pause_s", 0, 1e5)) s.switch_pause_s = *v;
+  const auto switch_pause_s = r.get_double("switch_pause_s", 0, 1e5);
+  if (switch_pause_s) s.switch_pause_s = *switch_pause_s;
 
   auto sub = [&](const char* name, auto&& read) {
     if (const toml::node* n = r.get_node(name)) {
@@ -211,6 +233,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
       t.reject_unknown();
     }
   };
+  bool steps_given = false;
   sub("telemetry", [&](TableReader& t) {
     if (auto v = t.get_double("noise", 0, 1)) s.telemetry.noise = *v;
     if (auto v = t.get_int("delay_intervals", 1, 100))
@@ -218,6 +241,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
     if (auto v = t.get_int("steps_per_interval", 1, 64))
       s.telemetry.steps_per_interval = static_cast<int>(*v);
+    steps_given = t.get_node("steps_per_interval") != nullptr;
     if (auto v = t.get_string("beliefs")) {
       const std::optional<bool> exact = parse_exact_beliefs(*v);
       if (!exact) t.fail("beliefs", "must be \"monitor\" or \"exact\"");
@@ -254,27 +278,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_double("repair_median_s", 0, 1e7)) d.repair_median_s = *v;
     if (auto v = t.get_double("repair_sigma", 0, 10)) d.repair_sigma = *v;
   });
-  sub("failslow", [&](TableReader& t) {
-    auto& d = s.failslow;
-    auto kind = [&](const char* prefix, const char* rate_key, FailSlowKind& k) {
-      const std::string p = prefix;
-      if (auto v = t.get_double(rate_key, 0, 100)) k.rate = *v;
-      if (auto v = t.get_double(p + "_factor_min", 1, 1000)) k.factor_min = *v;
-      if (auto v = t.get_double(p + "_factor_max", 1, 1000)) k.factor_max = *v;
-      if (auto v = t.get_double(p + "_mean_s", 1, 1e7)) k.mean_s = *v;
-      if (auto v = t.get_double(p + "_sigma", 0, 5)) k.sigma = *v;
-      if (k.factor_max < k.factor_min) t.fail(p + "_factor_max", "must be >= " + p + "_factor_min");
-    };
-    kind("comm", "comm_rate_per_node_hour", d.communication);
-    kind("compute", "compute_rate_per_gpu_hour", d.compute);
-    if (auto v = t.get_double("flap_fraction", 0, 1)) d.flap_fraction = *v;
-    if (auto v = t.get_int("flap_intervals_min", 1, 1000))
-      d.flap_intervals_min = static_cast<int>(*v);
-    if (auto v = t.get_int("flap_intervals_max", 1, 1000))
-      d.flap_intervals_max = static_cast<int>(*v);
-    if (d.flap_intervals_max < d.flap_intervals_min)
-      t.fail("flap_intervals_max", "must be >= flap_intervals_min");
-  });
+  sub("failslow", [&](TableReader& t) { read_failslow(t, s.failslow); });
   sub("phase", [&](TableReader& t) {
     auto& d = s.phase;
     if (auto v = t.get_double("at_fraction", 0, 1)) d.at_fraction = *v;
@@ -300,6 +304,16 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   s.space.zero = s.phase.compression ? std::vector<int>{0, 1} : std::vector<int>{1};
   // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
   if (root.get("space")) s.space = take(load_search_space(path, s.model));
+  // The failslow family times its decisions and switches by the file's model, cluster, batch
+  // and space; what the file sets itself stays.
+  if (s.family == Family::kFailSlow &&
+      (cluster || model_name || s.global_batch > 0 || root.get("space"))) {
+    const int steps = s.telemetry.steps_per_interval;
+    fit_failslow_timing(s);
+    if (interval_s) s.interval_s = *interval_s;
+    if (switch_pause_s) s.switch_pause_s = *switch_pause_s;
+    if (steps_given) s.telemetry.steps_per_interval = steps;
+  }
   return s;
   });
 }

@@ -167,10 +167,14 @@ inline constexpr double kHostToDeviceGBps = 25;    // PCIe 4.0 x16, achieved
 StatusOr<FailSlowTiming> failslow_timing(const Scenario& scenario);
 
 // The built-in scenario of a family on `gpus` GPUs (nodes of 8; hetero and mixed use half
-// a100-80g and half h800, the others a100-80g).
+// a100-80g and half h800, the others a100-80g); failslow's interval and switch pause are
+// fitted to its model and cluster (failslow_timing). Throws InputError for a `gpus` that is not
+// a multiple of 8.
 Scenario builtin_scenario(Family family, int gpus);
 // Reads a scenario TOML ([scenario] table; docs/scenarios.md): kInvalidArgument naming the
-// file, line and key at fault.
+// file, line and key at fault. A failslow file that names its own model, cluster, global batch
+// or [space] is timed for them (failslow_timing) unless it sets interval_s, switch_pause_s or
+// telemetry.steps_per_interval itself.
 StatusOr<Scenario> load_scenario(const std::string& path);
 // Parses a family name: kInvalidArgument listing the families.
 StatusOr<Family> parse_family(const std::string& name);

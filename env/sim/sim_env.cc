@@ -194,8 +194,9 @@ const Planner& SimEnv::planner_for(int seq_len) {
   if (it == planners_.end()) {
     ModelSpec model = scenario_.model;
     model.seq_len = seq_len;
-    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster,
-                                                          PlannerOptions{scenario_.switch_pause_s})).first;
+    const PlannerOptions options{scenario_.switch_pause_s};
+    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster, options))
+             .first;
   }
   return *it->second;
 }
@@ -490,7 +491,8 @@ StepResult SimEnv::step(int action) {
   }
   double remaining = run_pause(pause_left_s_, interval - time);
   if (target_) {
-    const StagedInterval staged = stage_switch(staging_left_s_, remaining, scenario_.switch_pause_s);
+    const StagedInterval staged =
+        stage_switch(staging_left_s_, remaining, scenario_.switch_pause_s);
     tokens += tps * (1.0 - scenario_.staging_slowdown) * staged.staged_s;
     remaining = staged.rest_s;
     if (staged.committed) {

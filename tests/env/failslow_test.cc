@@ -50,7 +50,9 @@ TEST_CASE("failslow: a pure function of the seed, and seeds differ") {
     auto env = ok(make_env("sim:failslow(gpus=16,horizon=30)"));
     ok(env->reset(seed));
     std::vector<double> rewards;
-    for (int t = 0; t < env->horizon(); ++t) rewards.push_back(env->step(t % 4 == 0 ? 1 : 0).reward);
+    for (int t = 0; t < env->horizon(); ++t) {
+      rewards.push_back(env->step(t % 4 == 0 ? 1 : 0).reward);
+    }
     return rewards;
   };
   CHECK(run(5) == run(5));
@@ -209,8 +211,7 @@ TEST_CASE("failslow: switch costs scale with the model, from tens of ms to secon
 }
 
 TEST_CASE("failslow: scenario files set switch_pause_s and refit to their model") {
-  const std::string path =
-      "/tmp/parapilot-failslow-test-" + std::to_string(::getpid()) + ".toml";
+  const std::string path = "/tmp/parapilot-failslow-test-" + std::to_string(::getpid()) + ".toml";
   auto load = [&](const std::string& text) {
     std::ofstream(path) << text;
     return load_scenario(path);
@@ -227,12 +228,21 @@ TEST_CASE("failslow: scenario files set switch_pause_s and refit to their model"
   const Scenario bigger = ok(load("[scenario]\nfamily = \"failslow\"\nmodel = \"llama2-70b\"\n"));
   CHECK(bigger.interval_s > builtin.interval_s);
   CHECK(bigger.switch_pause_s != builtin.switch_pause_s);
-  const Scenario fixed = ok(load("[scenario]\nfamily = \"failslow\"\nmodel = \"llama2-70b\"\n"
-                                 "interval_s = 30\nswitch_pause_s = 3\n"));
+  const Scenario fixed =
+      ok(load("[scenario]\nfamily = \"failslow\"\nmodel = \"llama2-70b\"\n"
+              "interval_s = 30\nswitch_pause_s = 3\n"));
   CHECK(fixed.interval_s == 30);
   CHECK(fixed.switch_pause_s == 3);
-  const Scenario tuned = ok(load("[scenario]\nfamily = \"failslow\"\n[scenario.failslow]\n"
-                                 "comm_rate_per_node_hour = 1\nflap_fraction = 0\n"));
+  // A [space] of tp = 2, pp = 2 alone is timed for its own best layout; steps_per_interval stays.
+  const Scenario dp_only =
+      ok(load("[scenario]\nfamily = \"failslow\"\n[scenario.telemetry]\n"
+              "steps_per_interval = 3\n[space]\ntp = [2]\npp = [2]\n"));
+  CHECK(dp_only.interval_s != builtin.interval_s);
+  CHECK(dp_only.switch_pause_s != builtin.switch_pause_s);
+  CHECK(dp_only.telemetry.steps_per_interval == 3);
+  const Scenario tuned =
+      ok(load("[scenario]\nfamily = \"failslow\"\n[scenario.failslow]\n"
+              "comm_rate_per_node_hour = 1\nflap_fraction = 0\n"));
   CHECK(tuned.failslow.communication.rate == 1);
   CHECK(tuned.failslow.flap_fraction == 0);
   CHECK(failure_of(load("[scenario]\nfamily = \"failslow\"\n[scenario.failslow]\n"
