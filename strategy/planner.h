@@ -60,7 +60,8 @@ struct PlanResult {
 
 // Per-GPU migration cost from one layout to another (see docs/planner.md): bytes of weights,
 // gradients and optimizer state each GPU must receive, over its real links, plus the switch
-// pause (PlannerOptions::switch_pause_s) for rebuilding communicators. Zero when the layouts hold the same state per GPU.
+// pause (PlannerOptions::switch_pause_s) for rebuilding communicators. Zero when the layouts
+// hold the same state per GPU.
 struct Migration {
   double max_bytes = 0;    // the most any one GPU receives
   double total_bytes = 0;  // summed over GPUs

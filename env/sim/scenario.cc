@@ -175,11 +175,12 @@ Scenario builtin_scenario(Family family, int gpus) {
   if (family == Family::kCongestion) s.congestion.rate_per_node_hour = 0.08;
   if (family == Family::kFailure) s.failure.rate_per_node_hour = 0.03;
   if (family == Family::kFailSlow) {
-    // Raised from production rates (a 512-GPU job sees about one an hour) so that every episode
-    // sees a few: about 2 communication and 1.3 compute fail-slows an hour on 64 GPUs.
+    // Raised from production rates (Greyhound: 16 of 27 jobs of 512+ GPUs hit over their runs)
+    // so that every episode sees a few: about 2 communication and 1.3 compute fail-slows an
+    // hour on 64 GPUs.
     s.failslow.communication.rate = 0.25;
     s.failslow.compute.rate = 0.02;
-    s.horizon = 180;  // an hour of 20 s intervals for llama2-7b
+    s.horizon = 180;  // an hour of llama2-7b's 18 s intervals
     fit_failslow_timing(s);
   }
   return s;
@@ -217,9 +218,9 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   const auto model_name = r.get_string("model");
   if (model_name) s.model = take(load_model(beside(*model_name)));
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
-  if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
   const auto interval_s = r.get_double("interval_s", 1, 1e6);
   if (interval_s) s.interval_s = *interval_s;
+  if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
   if (auto v = r.get_double("restart_s", 0, 1e6)) s.restart_s = *v;
   if (auto v = r.get_double("staging_slowdown", 0, 0.9)) s.staging_slowdown = *v;
   const auto switch_pause_s = r.get_double("switch_pause_s", 0, 1e5);
