@@ -50,7 +50,8 @@ std::shared_ptr<const Job> make_job(env::Scenario scenario) {
   job->global_batch =
       s.global_batch > 0 ? s.global_batch : default_global_batch(s.cluster.num_gpus());
   s.space.global_batch = job->global_batch;
-  job->planner = std::make_unique<Planner>(s.model, s.cluster);
+  job->planner =
+      std::make_unique<Planner>(s.model, s.cluster, PlannerOptions{s.switch_pause_s});
   PlanRequest request;
   request.space = s.space;
   request.top_k = 1;

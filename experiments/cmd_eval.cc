@@ -320,8 +320,8 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("eval", "Evaluate policies and baselines against the hindsight oracle");
   cmd->add_option("--scenario", o->scenario,
-                  "Scenario family (hetero, straggler, congestion, failure, phase, mixed), env id "
-                  "(sim:straggler(gpus=64)) or scenario TOML")
+                  "Scenario family (hetero, straggler, congestion, failure, phase, mixed, "
+                  "failslow), env id (sim:straggler(gpus=64)) or scenario TOML")
       ->capture_default_str();
   cmd->add_option("--episodes", o->episodes, "Episodes per policy")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the first episode")->capture_default_str();

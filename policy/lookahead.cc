@@ -161,7 +161,8 @@ class LookaheadPolicy : public Policy {
                        int l, double migration_s) {
     const double I = s.interval_s;
     bool switching = l != 0, crashed = false;
-    double staging_left = std::max(0.0, migration_s - kSwitchPauseS);
+    double staging_left = std::max(0.0, migration_s - s.switch_pause_s);
+    double pause_left = 0;
     int on = 0;
     double total = 0;
     for (const std::vector<double>* row : tps) {
@@ -176,12 +177,14 @@ class LookaheadPolicy : public Policy {
         total += best * (I - std::min(I, s.restart_s));
         continue;
       }
-      double remaining = I;
+      double remaining = env::run_pause(pause_left, I);
       if (switching) {
-        const env::StagedInterval staged = env::stage_switch(staging_left, remaining);
+        const env::StagedInterval staged =
+            env::stage_switch(staging_left, remaining, s.switch_pause_s);
         total += rate * (1.0 - s.staging_slowdown) * staged.staged_s;
         remaining = staged.rest_s;
         if (staged.committed) {
+          pause_left = staged.pause_left_s;
           on = l;
           switching = false;
           rate = (*row)[on];

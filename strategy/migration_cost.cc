@@ -72,7 +72,8 @@ double overlap(double a0, double a1, double b0, double b1) {
 }  // namespace
 
 Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
-                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo) {
+                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo,
+                         double pause_s) {
   const int gpus = topo.num_gpus();
   const double weight_bytes = kWeightBytesPerParam;
   const double grad_bytes = grad_bytes_per_param(model);
@@ -129,7 +130,7 @@ Migration migration_from(const Holdings& before, const Strategy& from, const Str
     const double bw = topo.nodes[node].inter_GBps * c.inter(node) * 1e9 * topo.inter_efficiency;
     slowest = std::max(slowest, need / bw);
   }
-  if (m.total_bytes > 0 || !(from == to)) m.time_s = slowest + kSwitchPauseS;
+  if (m.total_bytes > 0 || !(from == to)) m.time_s = slowest + pause_s;
   return m;
 }
 

@@ -28,9 +28,10 @@ struct Holdings {
 // Fills `out` with the holdings of every GPU of a gpu_count-GPU cluster under layout s.
 void holdings_of(const Strategy& s, const ModelSpec& model, int gpu_count, Holdings& out);
 
-// Migration from a layout whose holdings are `before` to `to`.
+// Migration from a layout whose holdings are `before` to `to`; a switch adds `pause_s`.
 Migration migration_from(const Holdings& before, const Strategy& from, const Strategy& to,
-                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo);
+                         const Conditions& c, const ModelSpec& model, const ClusterTopology& topo,
+                         double pause_s);
 
 }  // namespace planner_internal
 }  // namespace parapilot

@@ -12,9 +12,10 @@ using planner_internal::holdings_of;
 using planner_internal::migration_from;
 using planner_internal::Search;
 
-Planner::Planner(ModelSpec model, ClusterSpec cluster)
+Planner::Planner(ModelSpec model, ClusterSpec cluster, PlannerOptions options)
     : model_(std::move(model)),
       cluster_(std::move(cluster)),
+      options_(options),
       cost_(model_, cluster_),
       block_cache_(std::make_shared<BlockCostCache>()) {
   const ClusterTopology& topo = cost_.topology();
@@ -87,7 +88,8 @@ void Planner::price_migrations(const Strategy& from, std::vector<Candidate>& can
     held_gpus = gpus;
   }
   for (Candidate& cand : candidates) {
-    const Migration m = migration_from(before, from, cand.strategy, c, model_, cost_.topology());
+    const Migration m = migration_from(before, from, cand.strategy, c, model_, cost_.topology(),
+                                       options_.switch_pause_s);
     cand.migration_bytes = m.max_bytes;
     cand.migration_s = m.time_s;
   }
@@ -96,7 +98,7 @@ void Planner::price_migrations(const Strategy& from, std::vector<Candidate>& can
 Migration Planner::migration(const Strategy& from, const Strategy& to, const Conditions& c) const {
   thread_local Holdings before;
   holdings_of(from, model_, cost_.topology().num_gpus(), before);
-  return migration_from(before, from, to, c, model_, cost_.topology());
+  return migration_from(before, from, to, c, model_, cost_.topology(), options_.switch_pause_s);
 }
 
 }  // namespace parapilot

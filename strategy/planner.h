@@ -44,7 +44,7 @@ struct Candidate {
   Strategy strategy;
   CostBreakdown cost;
   double migration_bytes = 0;  // largest amount of state one GPU must receive to switch
-  double migration_s = 0;      // estimated switch time (transfers + a fixed pause); 0 if same
+  double migration_s = 0;      // estimated switch time (transfers + the switch pause); 0 if same
 };
 
 struct PlanResult {
@@ -59,17 +59,29 @@ struct PlanResult {
 };
 
 // Per-GPU migration cost from one layout to another (see docs/planner.md): bytes of weights,
-// gradients and optimizer state each GPU must receive, over its real links, plus a fixed
-// pause for rebuilding communicators. Zero when the layouts hold the same state per GPU.
+// gradients and optimizer state each GPU must receive, over its real links, plus the switch
+// pause (PlannerOptions::switch_pause_s) for rebuilding communicators. Zero when the layouts
+// hold the same state per GPU.
 struct Migration {
   double max_bytes = 0;    // the most any one GPU receives
   double total_bytes = 0;  // summed over GPUs
   double time_s = 0;
 };
 
+// Default pause of a layout switch at its boundary (communicator rebuild, barrier), in seconds.
+inline constexpr double kSwitchPauseS = 2.0;
+
+struct PlannerOptions {
+  // The pause every layout switch costs at its boundary, added to its transfer time in
+  // Migration::time_s and Candidate::migration_s. >= 0.
+  double switch_pause_s = kSwitchPauseS;
+};
+
 class Planner {
  public:
-  Planner(ModelSpec model, ClusterSpec cluster);
+  Planner(ModelSpec model, ClusterSpec cluster, PlannerOptions options = {});
+
+  const PlannerOptions& options() const { return options_; }
 
   const CostModel& cost_model() const { return cost_; }
 
@@ -89,6 +101,7 @@ class Planner {
  private:
   ModelSpec model_;
   ClusterSpec cluster_;
+  PlannerOptions options_;
   CostModel cost_;
   // One per GPU type present: a three-block copy of the model on a single node of that type,
   // used to read per-block, embedding and logits times off the cost model.
@@ -98,8 +111,5 @@ class Planner {
   // Guarded by its own mutex; shared by copies of this planner.
   std::shared_ptr<struct BlockCostCache> block_cache_;
 };
-
-// Constant pause of a layout switch (communicator rebuild, barrier), in seconds.
-inline constexpr double kSwitchPauseS = 2.0;
 
 }  // namespace parapilot

@@ -352,7 +352,7 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
         held = job_cannot_run(decider->current(), d.target->strategy).message();
       }
       if (!held.empty()) ++stats.held_back;
-      staging_predicted_s = std::max(0.0, d.target->migration_s - kSwitchPauseS);
+      staging_predicted_s = std::max(0.0, d.target->migration_s - o.job->scenario.switch_pause_s);
     }
     if (held.empty()) prepared = prepare_switch(d.target->strategy, ranks, decided);
   }

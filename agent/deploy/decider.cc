@@ -259,6 +259,7 @@ Decision Decider::decide(uint64_t step, bool staging, double staging_left_s,
   in.staging_left_s = staging_left_s;
   in.interval_s = o_.interval_s;
   in.staging_slowdown = job_->scenario.staging_slowdown;
+  in.switch_pause_s = job_->scenario.switch_pause_s;
   d.observation = env::build_observation(in);
   {
     std::lock_guard lock(mutex_);

@@ -79,6 +79,15 @@ double slowdown_left_s(const StragglerDynamics& d, double age_s, std::mt19937_64
   return std::max(0.0, duration - age_s);
 }
 
+// The rest of a fail-slow of this kind that has lasted age_s (capped as generate_truth caps it).
+// A flapping one believed slow is taken to stay slow for the rest.
+double failslow_left_s(const FailSlowKind& k, double age_s, std::mt19937_64& rng) {
+  if (age_s >= kMaxPersistentSlowdownS) return 0;
+  const double median_s = k.mean_s * std::exp(-0.5 * k.sigma * k.sigma);
+  return std::min(lognormal_at_least(median_s, k.sigma, age_s, rng), kMaxPersistentSlowdownS) -
+         age_s;
+}
+
 double age_of(const std::vector<double>& ages, int i) {
   return ages.empty() ? 0.0 : ages[static_cast<size_t>(i)];
 }
@@ -110,10 +119,16 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
   // noise, not a condition: it is read as nominal.
   const bool stragglers = s.straggler.rate_per_gpu_hour > 0;
   const bool congestion = s.congestion.rate_per_node_hour > 0;
-  for (int g = 0; g < gpus && stragglers; ++g) {
+  const FailSlowDynamics& fs = s.failslow;
+  const bool compute_failslows = fs.compute.rate > 0;
+  const bool comm_failslows = fs.communication.rate > 0;
+  for (int g = 0; g < gpus && (stragglers || compute_failslows); ++g) {
     const double b = beliefs.speed(g);
     if (b < 1.0) {
-      slow(g, 0, slowdown_left_s(s.straggler, age_of(ages.gpu_slow_s, g), rng),
+      const double age = age_of(ages.gpu_slow_s, g);
+      slow(g, 0,
+           stragglers ? slowdown_left_s(s.straggler, age, rng)
+                      : failslow_left_s(fs.compute, age, rng),
            1.0 / std::max(b, 1e-3) - 1.0);
     }
   }
@@ -130,12 +145,14 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
     if (node_extra[n].empty()) node_extra[n].assign(intervals, 0.0);
     add_slowdown(node_extra[n], I, start_s, end_s, factor_minus_one);
   };
-  for (int n = 0; n < nodes && congestion; ++n) {
+  for (int n = 0; n < nodes && (congestion || comm_failslows); ++n) {
     const double b = beliefs.inter(n);
     if (b < 1.0) {
       const CongestionDynamics& d = s.congestion;
       const double age = age_of(ages.node_congested_s, n);
-      const double left = lognormal_at_least(d.duration_median_s, d.duration_sigma, age, rng) - age;
+      const double left =
+          congestion ? lognormal_at_least(d.duration_median_s, d.duration_sigma, age, rng) - age
+                     : failslow_left_s(fs.communication, age, rng);
       congest(n, 0, left, 1.0 / std::max(b, 1e-3) - 1.0);
     }
   }
@@ -178,6 +195,21 @@ std::vector<Conditions> sample_future(const Scenario& s, const Conditions& belie
       for (int g = first_gpu; g < first_gpu + count; ++g) lose(g, start, end);
     } else {
       lose(gpu, start, end);
+    }
+  }
+
+  // Fail-slows: new ones of each kind start at its rate, drawn and laid out (flapping ones in
+  // phases) as generate_truth does.
+  for (const bool communication : {true, false}) {
+    const FailSlowKind& kind = communication ? fs.communication : fs.compute;
+    const int places = communication ? nodes : gpus;
+    for (int e = poisson(kind.rate * places * window_h, rng); e > 0; --e) {
+      const int place = static_cast<int>(uniform01(rng) * places) % places;
+      const double start = uniform01(rng) * window_s;
+      const FailSlowDraw d = draw_failslow(kind, fs.flap_fraction, rng);
+      std::vector<double>& extra = communication ? node_extra[place] : gpu_extra[place];
+      if (extra.empty()) extra.assign(intervals, 0.0);
+      add_failslow(extra, I, start, d, fs, rng);
     }
   }
 

@@ -28,9 +28,11 @@ struct ConditionAges {
 ///    drawn from the straggler dynamics given that it has lasted its age (transient or
 ///    persistent by how likely each is to have lasted that long); a congested node likewise
 ///    from the congestion dynamics; a lost GPU returns after the rest of a repair time given its
-///    age (the GPUs of a node lost at the same time return together);
-///  * new slowdowns, congestions and failures start at the scenario's rates, drawn as
-///    generate_truth draws them, uniformly over the window;
+///    age (the GPUs of a node lost at the same time return together); where the scenario has
+///    no stragglers (congestion) but compute (communication) fail-slows, the rest is drawn from
+///    the fail-slow kind's duration given its age, and a flapping one stays slow;
+///  * new slowdowns, congestions, failures and fail-slows start at the scenario's rates, drawn
+///    as generate_truth draws them, uniformly over the window;
 ///  * a slowdown or congestion believed where the scenario's rate of them is zero is the
 ///    monitor's noise (no such condition can occur): read as nominal;
 ///  * slowdowns show per interval as generate_truth's do (add_slowdown), NVLink bandwidth stays

@@ -35,18 +35,20 @@ const char* to_string(Family family) {
       return "phase";
     case Family::kMixed:
       return "mixed";
+    case Family::kFailSlow:
+      return "failslow";
   }
   return "?";
 }
 
 StatusOr<Family> parse_family(const std::string& name) {
   for (Family f : {Family::kHetero, Family::kStraggler, Family::kCongestion, Family::kFailure,
-                   Family::kPhase, Family::kMixed}) {
+                   Family::kPhase, Family::kMixed, Family::kFailSlow}) {
     if (name == to_string(f)) return f;
   }
   return Status::invalid_argument("unknown scenario family \"" + name +
                                   "\" (families: hetero, straggler, congestion, failure, phase, "
-                                  "mixed)");
+                                  "mixed, failslow)");
 }
 
 namespace {
@@ -71,6 +73,69 @@ SearchSpace default_space() {
 std::string mixed_cluster(int gpus) {
   const int nodes = std::max(2, gpus / 8);
   return std::to_string(nodes / 2) + "x8xa100-80g+" + std::to_string(nodes - nodes / 2) + "x8xh800";
+}
+
+}  // namespace
+
+StatusOr<FailSlowTiming> failslow_timing(const Scenario& s) {
+  const Planner planner(s.model, s.cluster, PlannerOptions{s.switch_pause_s});
+  PlanRequest request;
+  request.space = s.space;
+  request.space.global_batch = final_global_batch(s);
+  request.top_k = 1;
+  PlanResult nominal;
+  if (Status st = catch_input_error([&] { nominal = planner.plan(request); }); !st.ok()) return st;
+  if (nominal.candidates.empty()) {
+    return Status::invalid_argument("scenario " + s.name +
+                                    ": no layout of its space fits this model on this cluster");
+  }
+  const Candidate& best = nominal.candidates.front();
+  FailSlowTiming out;
+  out.step_s = best.cost.iteration_time_s;
+  double state_gib = 0;
+  for (int p = 0; p < best.strategy.pp; ++p) {
+    const MemoryBreakdown m = planner.cost_model().memory(best.strategy, 0, p);
+    state_gib = std::max(state_gib, m.weights_gib + m.gradients_gib + m.optimizer_gib);
+  }
+  out.state_bytes = state_gib * (1ull << 30);
+  out.interval_s = kFailSlowStepsPerInterval * out.step_s;
+  out.switch_pause_s = kLivePauseFixedS + out.state_bytes / (kHostToDeviceGBps * 1e9);
+  return out;
+}
+
+namespace {
+
+// Sets the failslow family's interval, steps per interval and switch pause for the scenario's
+// model and cluster (failslow_timing).
+void fit_failslow_timing(Scenario& s) {
+  const FailSlowTiming t = take(failslow_timing(s));
+  s.interval_s = t.interval_s;
+  s.telemetry.steps_per_interval = kFailSlowStepsPerInterval;
+  s.switch_pause_s = t.switch_pause_s;
+}
+
+// The [scenario.failslow] table into `d`.
+void read_failslow(TableReader& t, FailSlowDynamics& d) {
+  auto kind = [&](const char* prefix, const char* rate_key, FailSlowKind& k) {
+    const std::string p = prefix;
+    if (auto v = t.get_double(rate_key, 0, 100)) k.rate = *v;
+    if (auto v = t.get_double(p + "_factor_min", 1, 1000)) k.factor_min = *v;
+    if (auto v = t.get_double(p + "_factor_max", 1, 1000)) k.factor_max = *v;
+    if (auto v = t.get_double(p + "_mean_s", 1, 1e7)) k.mean_s = *v;
+    if (auto v = t.get_double(p + "_sigma", 0, 5)) k.sigma = *v;
+    if (k.factor_max < k.factor_min) t.fail(p + "_factor_max", "must be >= " + p + "_factor_min");
+  };
+  kind("comm", "comm_rate_per_node_hour", d.communication);
+  kind("compute", "compute_rate_per_gpu_hour", d.compute);
+  if (auto v = t.get_double("flap_fraction", 0, 1)) d.flap_fraction = *v;
+  if (auto v = t.get_int("flap_intervals_min", 1, 1000)) {
+    d.flap_intervals_min = static_cast<int>(*v);
+  }
+  if (auto v = t.get_int("flap_intervals_max", 1, 1000)) {
+    d.flap_intervals_max = static_cast<int>(*v);
+  }
+  if (d.flap_intervals_max < d.flap_intervals_min)
+    t.fail("flap_intervals_max", "must be >= flap_intervals_min");
 }
 
 }  // namespace
@@ -109,6 +174,15 @@ Scenario builtin_scenario(Family family, int gpus) {
   }
   if (family == Family::kCongestion) s.congestion.rate_per_node_hour = 0.08;
   if (family == Family::kFailure) s.failure.rate_per_node_hour = 0.03;
+  if (family == Family::kFailSlow) {
+    // Raised from production rates (Greyhound: 16 of 27 jobs of 512+ GPUs hit over their runs)
+    // so that every episode sees a few: about 2 communication and 1.3 compute fail-slows an
+    // hour on 64 GPUs.
+    s.failslow.communication.rate = 0.25;
+    s.failslow.compute.rate = 0.02;
+    s.horizon = 180;  // an hour of llama2-7b's 18 s intervals
+    fit_failslow_timing(s);
+  }
   return s;
 }
 
@@ -119,7 +193,8 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   if (!node || !node->as_table()) throw InputError(path + ": no [scenario] table in this file");
   TableReader r(*node->as_table(), path, "scenario");
   const auto family_name =
-      r.get_choice("family", {"hetero", "straggler", "congestion", "failure", "phase", "mixed"});
+      r.get_choice("family",
+                   {"hetero", "straggler", "congestion", "failure", "phase", "mixed", "failslow"});
   if (!family_name) r.fail("family", "missing (required)");
   // The size: `gpus` builds the family's cluster of 8-GPU nodes; a `cluster` (preset or spec
   // file) gives its own, of any size, and `gpus`, when also given, must agree with it.
@@ -140,12 +215,16 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   Scenario s = builtin_scenario(take(parse_family(*family_name)), cluster ? 8 : gpus);
   if (cluster) s.cluster = *cluster;
   s.name = r.get_string("name").value_or(s.name);
-  if (auto m = r.get_string("model")) s.model = take(load_model(beside(*m)));
+  const auto model_name = r.get_string("model");
+  if (model_name) s.model = take(load_model(beside(*model_name)));
   if (auto v = r.get_int("horizon", 1, 1 << 20)) s.horizon = static_cast<int>(*v);
-  if (auto v = r.get_double("interval_s", 1, 1e6)) s.interval_s = *v;
+  const auto interval_s = r.get_double("interval_s", 1, 1e6);
+  if (interval_s) s.interval_s = *interval_s;
   if (auto v = r.get_int("global_batch", 1, 1 << 24)) s.global_batch = static_cast<int>(*v);
   if (auto v = r.get_double("restart_s", 0, 1e6)) s.restart_s = *v;
   if (auto v = r.get_double("staging_slowdown", 0, 0.9)) s.staging_slowdown = *v;
+  const auto switch_pause_s = r.get_double("switch_pause_s", 0, 1e5);
+  if (switch_pause_s) s.switch_pause_s = *switch_pause_s;
 
   auto sub = [&](const char* name, auto&& read) {
     if (const toml::node* n = r.get_node(name)) {
@@ -155,6 +234,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
       t.reject_unknown();
     }
   };
+  bool steps_given = false;
   sub("telemetry", [&](TableReader& t) {
     if (auto v = t.get_double("noise", 0, 1)) s.telemetry.noise = *v;
     if (auto v = t.get_int("delay_intervals", 1, 100))
@@ -162,6 +242,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_double("missing_prob", 0, 0.99)) s.telemetry.missing_prob = *v;
     if (auto v = t.get_int("steps_per_interval", 1, 64))
       s.telemetry.steps_per_interval = static_cast<int>(*v);
+    steps_given = t.get_node("steps_per_interval") != nullptr;
     if (auto v = t.get_string("beliefs")) {
       const std::optional<bool> exact = parse_exact_beliefs(*v);
       if (!exact) t.fail("beliefs", "must be \"monitor\" or \"exact\"");
@@ -198,6 +279,7 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
     if (auto v = t.get_double("repair_median_s", 0, 1e7)) d.repair_median_s = *v;
     if (auto v = t.get_double("repair_sigma", 0, 10)) d.repair_sigma = *v;
   });
+  sub("failslow", [&](TableReader& t) { read_failslow(t, s.failslow); });
   sub("phase", [&](TableReader& t) {
     auto& d = s.phase;
     if (auto v = t.get_double("at_fraction", 0, 1)) d.at_fraction = *v;
@@ -223,21 +305,38 @@ StatusOr<Scenario> load_scenario(const std::string& path) {
   s.space.zero = s.phase.compression ? std::vector<int>{0, 1} : std::vector<int>{1};
   // A [space] table in the same file restricts what the planner may choose (docs/planner.md).
   if (root.get("space")) s.space = take(load_search_space(path, s.model));
+  // The failslow family times its decisions and switches by the file's model, cluster, batch
+  // and space; what the file sets itself stays.
+  if (s.family == Family::kFailSlow &&
+      (cluster || model_name || s.global_batch > 0 || root.get("space"))) {
+    const int steps = s.telemetry.steps_per_interval;
+    fit_failslow_timing(s);
+    if (interval_s) s.interval_s = *interval_s;
+    if (switch_pause_s) s.switch_pause_s = *switch_pause_s;
+    if (steps_given) s.telemetry.steps_per_interval = steps;
+  }
   return s;
   });
 }
 
-StagedInterval stage_switch(double& staging_left_s, double remaining_s) {
+StagedInterval stage_switch(double& staging_left_s, double remaining_s, double pause_s) {
   StagedInterval out;
   out.staged_s = std::min(staging_left_s, remaining_s);
   staging_left_s -= out.staged_s;
   remaining_s -= out.staged_s;
   if (staging_left_s <= 0 && remaining_s > 0) {
-    remaining_s -= std::min(kSwitchPauseS, remaining_s);
+    out.pause_left_s = std::max(0.0, pause_s - remaining_s);
+    remaining_s -= std::min(pause_s, remaining_s);
     out.committed = true;
   }
   out.rest_s = remaining_s;
   return out;
+}
+
+double run_pause(double& pause_left_s, double remaining_s) {
+  const double paused = std::min(pause_left_s, remaining_s);
+  pause_left_s -= paused;
+  return remaining_s - paused;
 }
 
 int final_global_batch(const Scenario& s) {
@@ -320,6 +419,32 @@ CongestionDraw draw_congestion(const CongestionDynamics& d, std::mt19937_64& rng
   return out;
 }
 
+FailSlowDraw draw_failslow(const FailSlowKind& k, double flap_fraction, std::mt19937_64& rng) {
+  FailSlowDraw out;
+  out.factor = k.factor_min + uniform01(rng) * (k.factor_max - k.factor_min);
+  const double median_s = k.mean_s * std::exp(-0.5 * k.sigma * k.sigma);
+  out.duration_s = std::min(lognormal(median_s, k.sigma, rng), kMaxPersistentSlowdownS);
+  out.flapping = uniform01(rng) < flap_fraction;
+  return out;
+}
+
+void add_failslow(std::vector<double>& extra, double interval_s, double start_s,
+                  const FailSlowDraw& draw, const FailSlowDynamics& d, std::mt19937_64& rng) {
+  const double end_s = start_s + draw.duration_s;
+  if (!draw.flapping) {
+    add_slowdown(extra, interval_s, start_s, end_s, draw.factor - 1);
+    return;
+  }
+  const double window_s = static_cast<double>(extra.size()) * interval_s;
+  std::uniform_int_distribution<int> phase(d.flap_intervals_min, d.flap_intervals_max);
+  bool slow = true;
+  for (double at = start_s; at < end_s && at < window_s; slow = !slow) {
+    const double next = std::min(end_s, at + phase(rng) * interval_s);
+    if (slow) add_slowdown(extra, interval_s, at, next, draw.factor - 1);
+    at = next;
+  }
+}
+
 double draw_repair_s(const FailureDynamics& d, std::mt19937_64& rng) {
   return lognormal(d.repair_median_s, d.repair_sigma, rng);
 }
@@ -388,6 +513,38 @@ void add_workload_phases(const Scenario& s, int gpus, Truth& truth) {
     for (int i = at; i < H; ++i) truth.seq_len[i] = s.model.seq_len * s.phase.seq_len_factor;
     std::snprintf(text, sizeof text, "sequence length x%d", s.phase.seq_len_factor);
     if (at < H) truth.events.emplace_back(at, text);
+  }
+}
+
+// The scenario's fail-slows into `gpu_extra` (compute) and `node_extra` (communication), as
+// add_slowdown lays them out, with one event each at its onset. Draws nothing when both rates
+// are 0. Per event: its place, its start, draw_failslow, then a flapping one's phases.
+void add_failslows(const Scenario& s, const ClusterTopology& topo, std::mt19937_64& rng,
+                   std::vector<std::vector<double>>& gpu_extra,
+                   std::vector<std::vector<double>>& node_extra, Truth& truth) {
+  const FailSlowDynamics& d = s.failslow;
+  const int H = s.horizon;
+  const double run_s = H * s.interval_s;
+  const double run_h = run_s / 3600.0;
+  char text[160];
+  for (const bool communication : {true, false}) {
+    const FailSlowKind& kind = communication ? d.communication : d.compute;
+    const int places = communication ? topo.num_nodes() : topo.num_gpus();
+    const double mean = kind.rate * places * run_h;
+    const int events = mean > 0 ? std::poisson_distribution<int>(mean)(rng) : 0;
+    for (int e = 0; e < events; ++e) {
+      const int place = static_cast<int>(uniform01(rng) * places) % places;
+      const double start = uniform01(rng) * run_s;
+      const FailSlowDraw draw = draw_failslow(kind, d.flap_fraction, rng);
+      std::vector<double>& extra = communication ? node_extra[place] : gpu_extra[place];
+      if (extra.empty()) extra.assign(H, 0.0);
+      add_failslow(extra, s.interval_s, start, draw, d, rng);
+      std::snprintf(text, sizeof text, "%s %d %s%.1f for %.1f min%s",
+                    communication ? "node" : "GPU", place,
+                    communication ? "network /" : "compute x", draw.factor,
+                    draw.duration_s / 60, draw.flapping ? ", flapping" : "");
+      truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
+    }
   }
 }
 
@@ -470,6 +627,7 @@ Truth generate_truth(const Scenario& s, uint64_t seed) {
       std::snprintf(text, sizeof text, "GPU %d lost for %.0f min", gpu, (end - start) / 60);
     truth.events.emplace_back(static_cast<int>(start / s.interval_s), text);
   }
+  add_failslows(s, topo, rng, gpu_extra, node_extra, truth);
   add_workload_phases(s, gpus, truth);
 
   for (int i = 0; i < H; ++i) {

@@ -194,7 +194,9 @@ const Planner& SimEnv::planner_for(int seq_len) {
   if (it == planners_.end()) {
     ModelSpec model = scenario_.model;
     model.seq_len = seq_len;
-    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster)).first;
+    const PlannerOptions options{scenario_.switch_pause_s};
+    it = planners_.emplace(seq_len, std::make_unique<Planner>(model, scenario_.cluster, options))
+             .first;
   }
   return *it->second;
 }
@@ -292,6 +294,7 @@ StatusOr<Observation> SimEnv::reset(uint64_t seed, const ResetOptions& options) 
   t_ = 0;
   target_.reset();
   staging_left_s_ = 0;
+  pause_left_s_ = 0;
   last_migration_ = -1;
   telemetry_age_ = 0;
   missing_fraction_ = 0;
@@ -473,6 +476,7 @@ StepResult SimEnv::step(int action) {
         plan(known, truth_.seq_len[t], truth_.global_batch[t], measured_gradients(), std::nullopt);
     if (!r.candidates.empty()) current_ = chosen_ = r.candidates.front().strategy;
     target_.reset();
+    pause_left_s_ = 0;
     time = std::min(interval, scenario_.restart_s);
     tps = true_tokens_per_s(current_, t);
     result.info.restarted = true;
@@ -482,15 +486,17 @@ StepResult SimEnv::step(int action) {
       action - 1 < static_cast<int>(candidates_.size()) && !target_ && !result.info.restarted) {
     const Candidate& c = candidates_[action - 1];
     target_ = c.strategy;
-    staging_left_s_ = std::max(0.0, c.migration_s - kSwitchPauseS);
+    staging_left_s_ = std::max(0.0, c.migration_s - scenario_.switch_pause_s);
     result.info.migration_started = true;
   }
-  double remaining = interval - time;
+  double remaining = run_pause(pause_left_s_, interval - time);
   if (target_) {
-    const StagedInterval staged = stage_switch(staging_left_s_, remaining);
+    const StagedInterval staged =
+        stage_switch(staging_left_s_, remaining, scenario_.switch_pause_s);
     tokens += tps * (1.0 - scenario_.staging_slowdown) * staged.staged_s;
     remaining = staged.rest_s;
     if (staged.committed) {
+      pause_left_s_ = staged.pause_left_s;
       current_ = chosen_ = *target_;
       if (auto r = with_global_batch(current_, truth_.global_batch[t], scenario_.model,
                                      scenario_.cluster)) {
@@ -582,6 +588,7 @@ Observation SimEnv::observation() {
   in.seq_len_ratio =
       static_cast<double>(truth_.seq_len[std::min(t_, H - 1)]) / scenario_.model.seq_len;
   in.staging_slowdown = scenario_.staging_slowdown;
+  in.switch_pause_s = scenario_.switch_pause_s;
   Observation o = build_observation(in);
   history_.annotate(o);
   return o;
@@ -615,6 +622,7 @@ std::optional<OracleResult> SimEnv::oracle() {
   }
   // value[l]: most tokens so far ending interval t on layout l; choice for backtracking.
   const double interval = scenario_.interval_s;
+  const double pause = scenario_.switch_pause_s;
   std::vector<double> value(L, -1e300), next(L);
   std::vector<std::vector<int>> from(H, std::vector<int>(L, -1));
   std::vector<std::vector<double>> gained(H, std::vector<double>(L, 0));
@@ -634,10 +642,14 @@ std::optional<OracleResult> SimEnv::oracle() {
         if (a == b) {
           g = tps[b] * interval;
         } else {
-          const double staging = std::max(0.0, switch_s[a * L + b] - kSwitchPauseS);
+          const double staging = std::max(0.0, switch_s[a * L + b] - pause);
           const double stage = std::min(staging, interval);
-          const double rest = std::max(0.0, interval - stage - kSwitchPauseS);
-          g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest;
+          const double rest = std::max(0.0, interval - stage - pause);
+          // A pause the interval has no room for stops the next ones: charged here, at this
+          // interval's rate of the new layout.
+          const double overflow = stage < interval ? std::max(0.0, stage + pause - interval) : 0;
+          g = tps[a] * (1 - scenario_.staging_slowdown) * stage + tps[b] * rest -
+              tps[b] * overflow;
         }
         if (before + g > best) {
           best = before + g;

@@ -139,6 +139,7 @@ class SimEnv : public Env, private PlanningView {
   Strategy uniform_dp_;       // pure data parallel, equal shares
   std::optional<Strategy> target_;
   double staging_left_s_ = 0;
+  double pause_left_s_ = 0;  // of the last committed switch's pause, for the next interval
   int last_migration_ = -1;
   std::unique_ptr<monitor::Monitor> monitor_;  // the deploy agent's estimator, fed telemetry
   monitor::Beliefs monitor_beliefs_;            // its last report (monitor_beliefs())

@@ -327,7 +327,7 @@ void SimulatedCluster::Impl::agree_on_commit(uint64_t s) {
       m.layout_changed();
       ++m.report.commits;
       m.report.commit_steps.push_back(s);
-      m.report.sim_seconds += kSwitchPauseS;
+      m.report.sim_seconds += m.job->scenario.switch_pause_s;
       m.log("switched to " + layout_name(target) + " at step " + std::to_string(s));
     } else {
       for (auto& rp : m.ranks) {

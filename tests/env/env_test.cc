@@ -48,6 +48,7 @@ const std::string kConformanceIds[] = {
     "sim:failure(gpus=16,horizon=12)",
     "sim:phase(gpus=16,horizon=12)",
     "sim:mixed(gpus=16,horizon=12)",
+    "sim:failslow(gpus=16,horizon=12)",
     "sim:random(gpus_max=64,horizon=12)",
 };
 

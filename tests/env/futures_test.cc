@@ -116,3 +116,46 @@ TEST_CASE("futures: the same generator state gives the same future; another seed
   }
   CHECK(differs);
 }
+
+TEST_CASE("futures: fail-slows start as generate_truth starts them and end as their kind says") {
+  Scenario s = builtin_scenario(Family::kFailSlow, 16);
+  s.failslow.compute.rate = 0.2;  // enough events for a tight comparison of heavy tails
+  s.failslow.communication.rate = 1;
+  const int gpus = s.cluster.num_gpus(), nodes = s.cluster.num_nodes();
+  Shares truth, future;
+  const int draws = 2000;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < draws; ++i) {
+    add(truth, generate_truth(s, 100 + i).conditions, gpus, nodes);
+    add(future, sample_future(s, Conditions{}, ConditionAges{}, s.horizon, rng), gpus, nodes);
+  }
+  REQUIRE(truth.slowed > 1000);
+  REQUIRE(truth.congested > 1000);
+  CHECK(future.slowed == doctest::Approx(truth.slowed).epsilon(0.05));
+  CHECK(future.congested == doctest::Approx(truth.congested).epsilon(0.05));
+
+  // A GPU just believed slowed: its compute fail-slow (lognormal, median 10 min x
+  // exp(-1.5^2 / 2), about 3.2 min) still slows interval k in as many futures as one of its
+  // kind lasts k intervals.
+  s.failslow.communication.rate = 0;
+  s.failslow.compute.rate = 1e-9;  // next to no new ones, but read as a fail-slow, not as noise
+  Conditions slowed;
+  slowed.gpu_speed.assign(gpus, 1.0);
+  slowed.gpu_speed[3] = 0.5;
+  int at0 = 0, at3 = 0, at100 = 0;
+  for (int i = 0; i < draws; ++i) {
+    const auto f = sample_future(s, slowed, ConditionAges{}, 101, rng);
+    at0 += f[0].speed(3) < 1;
+    at3 += f[3].speed(3) < 1;
+    at100 += f[100].speed(3) < 1;
+  }
+  const double I = s.interval_s;
+  const double median = s.failslow.compute.mean_s * std::exp(-0.5 * 1.5 * 1.5);
+  auto survival = [&](double t) {
+    return 0.5 * std::erfc(std::log(t / median) / (1.5 * std::sqrt(2.0)));
+  };
+  CHECK(at0 == draws);
+  REQUIRE(survival(3 * I) < 0.9);
+  CHECK(at3 == doctest::Approx(draws * survival(3 * I)).epsilon(0.08));
+  CHECK(at100 == doctest::Approx(draws * survival(100 * I)).epsilon(0.3));
+}

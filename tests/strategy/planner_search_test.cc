@@ -131,7 +131,7 @@ TEST_CASE("planner: migration_from equals the per-GPU listing of both layouts' h
     Strategy to = trial % 7 == 0 ? from : random_layout(rng, topo.num_gpus(), model.layers);
     if (trial % 7 == 1) to.microbatch_size = 2;  // the same holdings, another layout
     holdings_of(from, model, topo.num_gpus(), before);
-    const Migration got = migration_from(before, from, to, c, model, topo);
+    const Migration got = migration_from(before, from, to, c, model, topo, kSwitchPauseS);
     const Migration want = reference_migration(before, from, to, c, model, topo);
     REQUIRE(got.max_bytes == want.max_bytes);
     REQUIRE(got.total_bytes == want.total_bytes);
