@@ -235,8 +235,8 @@ TEST_CASE("policy ids come from the registry: eval and deploy read them, rl:PATH
   const Case cases[] = {
       {"eval --scenario straggler --policies static,rl:runs/a.ckpt", "write rl(path=runs/a.ckpt)"},
       {"eval --scenario straggler --policies nosuch",
-       "unknown policy \"nosuch\" (registered: lookahead, oracle, reactive, reactive-tuned, rl, "
-       "ski-rental, static, threshold, uniform-dp)"},
+       "unknown policy \"nosuch\" (registered: lookahead, measured-shares, oracle, reactive, "
+       "reactive-tuned, rl, ski-rental, static, threshold, uniform-dp)"},
       {"eval --scenario straggler --policies 'lookahead(k=0)'",
        "parameter k = \"0\" must be a whole number in [1, 100000]"},
       {"eval --scenario straggler --policies 'lookahead(dynamics=x)'", "must be own or family"},
@@ -259,7 +259,8 @@ TEST_CASE("policy ids come from the registry: eval and deploy read them, rl:PATH
   CHECK(help.exit_code == 0);
   for (const char* listed :
        {"reactive-tuned:", "ski-rental:", "uniform-dp:", "oracle:", "rl(path=...):",
-        "lookahead(k=32,h=12,min_gain=1.02,seed=1,dynamics=own):"}) {
+        "lookahead(k=32,h=12,min_gain=1.02,seed=1,dynamics=own):",
+        "measured-shares(min_gain=1.1,confirm=2):"}) {
     INFO(listed);
     CHECK(help.out.find(listed) != std::string::npos);
   }
