@@ -42,6 +42,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
+sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: secrets and free ports)
 from test_pytorch_job import Deploy  # noqa: E402  (deploy beside a job, its JSON lines)
