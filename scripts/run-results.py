@@ -21,7 +21,7 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   pytorch-matrix  the job-shape matrix (ctest -L matrix -LE torch2, its JSON lines; about 10 minutes)
   pytorch-policies  deploy's policies on a real PyTorch job, 5 interleaved rounds
-                  (benchmarks/live/pytorch_policies.py; about 25 minutes)
+                  (benchmarks/live/pytorch_policies.py; about 20 minutes)
   live            bench_live elastic and compression
   live-layouts    one training job under six layouts: final loss and parameters against dp=4
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
