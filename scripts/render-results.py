@@ -370,6 +370,42 @@ def pytorch_matrix(d):
     return out
 
 
+def pytorch_policies(d):
+    r = d("pytorch-policies.json")
+    f = r["figures"]
+    rows = []
+    for x in f["summary"]:
+        shares = {}
+        for counts in x["final_counts"]:
+            key = ",".join(str(v) for v in counts)
+            shares[key] = shares.get(key, 0) + 1
+        rows.append([x["condition"], x["policy"] if x["policy"] != "none" else "no agent",
+                     "%.1f" % x["second_half_ms"], "%.2f" % x["total_s"],
+                     "%d (%d)" % (x["commits"], x["reverts"]) if "commits" in x else "–",
+                     "; ".join("%s ×%d" % (k, n) if n > 1 else k for k, n in shares.items())])
+    head = ["condition", "policy", "second half (ms)", "total (s)", "commits (reverts)",
+            "final shares (rounds)"]
+    out = ("Medians over the %d rounds; commits and reverts summed over them.\n\n"
+           % f["rounds"]) + table(head, rows)
+    rows = []
+    for x in f["comparisons"]:
+        against = "no agent" if x["against"] == "none" else x["against"]
+        unit, digits = ("ms", 1) if x["metric"] == "second_half_ms" else ("s", 2)
+        fmt = "%+." + str(digits) + "f"
+        ci = ("[" + fmt % x["low"] + ", " + fmt % x["high"] + "]") if x["low"] is not None else "–"
+        rows.append([x["condition"], "%s vs %s" % (x["policy"], against),
+                     "second half" if x["metric"] == "second_half_ms" else "total time",
+                     (fmt + " %s (%+.1f%%)") % (x["mean"], unit, x["mean_pct_of_against"]),
+                     ci, "**%s**" % x["verdict"] if x["verdict"] == "worse" else x["verdict"]])
+    head = ["condition", "pair (A vs B)", "figure", "mean of B − A", "95% interval",
+            "verdict for A"]
+    out += ("\n\nPaired over the rounds: B's figure minus A's in the same round (above 0: A "
+            "faster); the interval is the t distribution's over the rounds.\n\n" + table(head, rows))
+    out += ("\n\nThe %d rounds took %.0f minutes.\n\n" % (f["rounds"], f["wall_s"] / 60) +
+            source(r))
+    return out
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -600,6 +636,7 @@ RENDER = {
     "pytorch-job": pytorch_job,
     "pytorch-overhead": pytorch_overhead,
     "pytorch-matrix": pytorch_matrix,
+    "pytorch-policies": pytorch_policies,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
     "live-layouts": live_layouts,

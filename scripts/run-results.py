@@ -20,6 +20,8 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   pytorch-matrix  the job-shape matrix (ctest -L matrix -LE torch2, its JSON lines; about 10 minutes)
+  pytorch-policies  deploy's policies on a real PyTorch job, 5 interleaved rounds
+                  (benchmarks/live/pytorch_policies.py; about 20 minutes)
   live            bench_live elastic and compression
   live-layouts    one training job under six layouts: final loss and parameters against dp=4
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
@@ -56,8 +58,9 @@ DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rent
                % DP_TUNED)
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
-SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration", "deploy-sim",
-            "deploy-live", "pytorch", "pytorch-matrix", "live", "live-layouts", "live-switch"]
+SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
+            "deploy-sim", "deploy-live", "pytorch", "pytorch-matrix", "pytorch-policies", "live",
+            "live-layouts", "live-switch"]
 
 
 def git(*args):
@@ -238,6 +241,12 @@ class Runner:
                 cases = [json.loads(l) for l in f if l.strip()]
         finish(report, {"cases": cases, "ctest_exit": r.returncode},
                self.path("pytorch-matrix.json"))
+
+    def pytorch_policies(self):
+        self.shipped_policy_current()  # deploy's rl reads the build tree's copy
+        self.bench("pytorch-policies.json",
+                   [sys.executable, os.path.join(ROOT, "benchmarks", "live", "pytorch_policies.py"),
+                    "--build", self.build, "--rounds", "5"])
 
     def pytorch_overhead(self):
         args = ["--model", "tutorial", "--global-batch", "256", "--steps", "300",

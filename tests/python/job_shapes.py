@@ -26,7 +26,9 @@ Conditions: healthy; forward, backward, data or optimizer: rank SLOW_RANK is a 3
 with the extra time in that part of its step (data: in the data loader's collate; optimizer:
 the amount for an even share, once per step); mixed: devices 1, 1, 2, 3x slower through their
 whole step, as generations differ; moving (the guardrail's wrong switch): rank SLOW_RANK is 2.5x
-slower in its forward until the agent's first plan applies, rank SLOW_RANK + 1 3.5x from then on.
+slower in its forward until the agent's first plan applies, rank SLOW_RANK + 1 3.5x from then on;
+transient: rank SLOW_RANK is 3x slower in its forward for --transient-s seconds of wall time from
+--transient-start-s after the run's first step, then healthy again.
 
 Rank 0 writes --out: per run its condition, mode, per-step wall times (ms), final samples per
 rank and the plans applied.
@@ -47,7 +49,8 @@ from torch.utils.data import TensorDataset
 import parapilot.pytorch  # parapilot
 
 SHAPES = ["buffers", "loss-log", "barrier", "accumulate", "eval", "clip", "groups"]
-CONDITIONS = ["healthy", "forward", "backward", "data", "optimizer", "mixed", "moving"]
+CONDITIONS = ["healthy", "forward", "backward", "data", "optimizer", "mixed", "moving",
+              "transient"]
 SLOW_RANK = 2
 FACTOR = 3.0
 MIXED = [1.0, 1.0, 2.0, 3.0]
@@ -132,7 +135,15 @@ def run_one(args, condition: str, mode: str, steps: int, agent: str, rank: int,
         FACTOR if condition in ("forward", "backward", "data", "optimizer") and rank == SLOW_RANK
         else 1.0)
     applied = []  # the session's applied plans, once it exists
-    if condition == "moving" and rank in (SLOW_RANK, SLOW_RANK + 1):
+    first_step = []  # perf_counter() at the run's first step, once it began
+    if condition == "transient" and rank == SLOW_RANK:
+        start, length = args.transient_start_s, args.transient_s
+
+        def slowed_now():
+            at = time.perf_counter() - first_step[0] if first_step else -1.0
+            return start <= at < start + length
+        device = Device("forward", FACTOR, even, active=slowed_now)
+    elif condition == "moving" and rank in (SLOW_RANK, SLOW_RANK + 1):
         # Rank SLOW_RANK is slow until the agent's first plan applies, rank SLOW_RANK + 1 after.
         first = rank == SLOW_RANK
         device = Device("forward", MOVING[0] if first else MOVING[1], even,
@@ -174,6 +185,8 @@ def run_one(args, condition: str, mode: str, steps: int, agent: str, rank: int,
         loader.sampler.set_epoch(epoch)  # parapilot: as with a DistributedSampler
         for x, y in loader:
             t0 = time.perf_counter()
+            if not first_step:
+                first_step.append(t0)
             with session.step():  # parapilot
                 ddp.train()
                 optimizer.zero_grad()
@@ -233,6 +246,10 @@ def main():
     ap.add_argument("--steps", type=int, default=120, help="steps of an agent run")
     ap.add_argument("--baseline-steps", type=int, default=60, help="steps of a run without one")
     ap.add_argument("--global-batch", type=int, default=128)
+    ap.add_argument("--transient-start-s", type=float, default=5.0,
+                    help="transient: seconds from the run's first step to the slowdown")
+    ap.add_argument("--transient-s", type=float, default=15.0,
+                    help="transient: seconds the slowdown lasts")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
