@@ -430,9 +430,11 @@ void add_deploy_command(CLI::App& app) {
       "without stopping training (JSON lines on stdout; stops on SIGINT/SIGTERM)");
   cmd->add_option(
       "--policy", d->policy,
-      "the policy that decides: a policy id from the registry (default rl, the shipped policy, "
+      "the policy that decides, for a described job and for one learned from its ranks alike: a "
+      "policy id from the registry (default rl, the shipped policy, "
       "share/parapilot/default-mixed.ckpt beside the binary; rl(path=FILE) a checkpoint; "
-      "reactive, static, threshold, ... a rule; not lookahead or oracle), or a plain checkpoint "
+      "measured-shares, reactive, static, threshold, ... a rule; not lookahead or oracle), or a "
+      "plain checkpoint "
       "path (a value that is no policy's name and contains '/' or ends in .ckpt is read as "
       "rl(path=VALUE)); a missing or unreadable checkpoint falls back to reactive, with a "
       "warning on stderr, logged and in the metrics. Policies:\n" + policy::describe_policies());
