@@ -43,8 +43,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 # The shipped policy's training run (docs/policy.md, "The shipped policy").
-TRAINING_ARGS = ["--scenario", "experiments/scenarios/train,random*4,dp:random(horizon=96)*8",
-                 "--envs", "25", "--steps", "2000000", "--seed", "1", "--validation-episodes", "6",
+TRAINING_ARGS = ["--scenario",
+                 "experiments/scenarios/train,random*4,dp:random(horizon=96)*8,"
+                 "sim:failslow(horizon=96)*2",
+                 "--envs", "27", "--steps", "2000000", "--seed", "1", "--validation-episodes", "6",
                  "--validate-every", "20", "--switch-penalty", "0.003"]
 # The data-parallel job simulator's families, and its held-out draws: the training
 # distribution on eval's seeds, and jobs outside its ranges (128 ranks; 5 steps per decision).
