@@ -48,11 +48,14 @@ TRAINING_ARGS = ["--scenario",
                  "sim:failslow(horizon=96)*2",
                  "--envs", "27", "--steps", "2000000", "--seed", "1", "--validation-episodes", "6",
                  "--validate-every", "20", "--switch-penalty", "0.003"]
-# The data-parallel job simulator's families, and its held-out draws: the training
-# distribution on eval's seeds, and jobs outside its ranges (128 ranks; 5 steps per decision).
+# The step-granular families: the data-parallel job simulator's, and its held-out draws (the
+# training distribution on eval's seeds, and jobs outside its ranges: 128 ranks; 5 steps per
+# decision); the hybrid simulator's fail-slow family and its 70B file.
 DP_ENVS = {"straggler": "dp:straggler", "comm": "dp:comm", "flap": "dp:flap", "mixed": "dp:mixed",
            "random": "dp:random", "random, 128 ranks": "dp:random(ranks=128)",
-           "random, 5 steps per decision": "dp:random(decision_steps=5)"}
+           "random, 5 steps per decision": "dp:random(decision_steps=5)",
+           "failslow": "sim:failslow",
+           "failslow-70b": "experiments/scenarios/failslow-70b.toml"}
 # measured-shares as deploy runs it, and tuned on the dp: training seeds
 # (build/benchmarks/policy/tune_rules measured-shares --episodes 40).
 DP_TUNED = "measured-shares(min_gain=1.15,confirm=1)"
