@@ -45,7 +45,7 @@ GLOBAL_BATCH = 256
 SLOW_RANK = 1
 SLOW_FACTOR = 3.0  # tutorial_ddp.py's default --slow-factor
 EVEN = GLOBAL_BATCH // RANKS
-GAIN = 0.10  # the least a rebalance must shorten the modelled step by (deploy's --min-gain)
+GAIN = 0.10  # the least a rebalance must shorten the modelled step by (the test's bar)
 # The forward + backward time of an even share the job is given (tokens_per_sample): about what
 # Debian's torch 1.13 takes for one token per sample (about 19 ms on one core here), which this
 # test's bounds were set with.
