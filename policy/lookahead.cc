@@ -11,17 +11,11 @@
 #include "env/sim/futures.h"
 #include "env/sim/planning_view.h"
 #include "core/error.h"
+#include "core/random.h"
 
 namespace parapilot::policy {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 bool same(const Conditions& a, const Conditions& b) {
   return a.gpu_speed == b.gpu_speed && a.node_inter_bw == b.node_inter_bw &&

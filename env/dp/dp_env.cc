@@ -6,18 +6,11 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace parapilot::env::dp {
 
 namespace {
-
-// SplitMix64: independent streams (family, job and events, noise) from one episode seed.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 constexpr Family kFamilies[] = {Family::straggler, Family::comm, Family::flap, Family::mixed};
 
@@ -37,9 +30,9 @@ DataParallelEnv::~DataParallelEnv() = default;
 
 StatusOr<Observation> DataParallelEnv::reset(uint64_t seed, const ResetOptions& /*options*/) {
   seed_ = seed;
-  family_ = o_.family ? *o_.family : kFamilies[mix(seed) % 4];
-  episode_ = draw_episode({family_, o_.ranks, o_.decision_steps, o_.horizon}, mix(seed + 1));
-  sim_ = std::make_unique<DataParallelJobSim>(episode_, mix(seed + 2));
+  family_ = o_.family ? *o_.family : kFamilies[splitmix64(seed) % 4];
+  episode_ = draw_episode({family_, o_.ranks, o_.decision_steps, o_.horizon}, splitmix64(seed + 1));
+  sim_ = std::make_unique<DataParallelJobSim>(episode_, splitmix64(seed + 2));
   const DataParallelJob& job = sim_->job();
   interval_s_ = o_.decision_steps * sim_->nominal_step_ms() / 1e3;
   // As the deploy agent watches a learned job (agent/deploy/agent.cc): one peer group, one
@@ -112,7 +105,7 @@ StepResult DataParallelEnv::step(int action) {
 
 std::optional<OracleResult> DataParallelEnv::oracle() {
   if (!sim_) return std::nullopt;
-  DataParallelJobSim sim(episode_, mix(seed_ + 2));
+  DataParallelJobSim sim(episode_, splitmix64(seed_ + 2));
   const uint64_t k = static_cast<uint64_t>(o_.decision_steps);
   for (uint64_t i = 0; i < k; ++i) sim.step();  // reset's interval, on even shares
   OracleResult out;

@@ -8,17 +8,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace parapilot::live {
 
 namespace {
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::string generated_corpus() {
   // Deterministic English-like text about the project's own subject.

@@ -7,6 +7,23 @@
 
 using namespace parapilot::env;
 
+namespace {
+
+// 4 ranks, 32 samples a step at 2 ms each plus a 5 ms optimizer step, a 10 ms all-reduce; no
+// noise, hiccups or drops; no events.
+dp::Episode small_episode() {
+  dp::Episode e;
+  e.job.ranks = 4;
+  e.job.global_batch = 32;
+  e.job.per_sample_ms = 2;
+  e.job.fixed_ms = 5;
+  e.job.allreduce_ms = 10;
+  e.job.base_slowdown = {1, 1, 1, 1};
+  return e;
+}
+
+}  // namespace
+
 TEST_CASE("dp job sim: same seed, same steps bit for bit; another seed, other steps") {
   auto steps = [](uint64_t seed) {
     dp::DataParallelJobSim sim(dp::draw_episode({dp::Family::mixed, 16, 10, 20}, seed), seed + 1);
@@ -29,13 +46,7 @@ TEST_CASE("dp job sim: same seed, same steps bit for bit; another seed, other st
 }
 
 TEST_CASE("dp job sim: a rank's compute is its fixed part plus its samples, slowed") {
-  dp::Episode e;
-  e.job.ranks = 4;
-  e.job.global_batch = 32;
-  e.job.per_sample_ms = 2;
-  e.job.fixed_ms = 5;
-  e.job.allreduce_ms = 10;
-  e.job.base_slowdown = {1, 1, 1, 1};
+  dp::Episode e = small_episode();
   dp::FailSlow slow;
   slow.rank = 2;
   slow.factor = 3;
@@ -91,13 +102,7 @@ TEST_CASE("dp job sim: with a second collective, the slowest work and the slowes
 }
 
 TEST_CASE("dp job sim: a misreport changes only the telemetry, interference the truth too") {
-  dp::Episode e;
-  e.job.ranks = 4;
-  e.job.global_batch = 32;
-  e.job.per_sample_ms = 2;
-  e.job.fixed_ms = 5;
-  e.job.allreduce_ms = 10;
-  e.job.base_slowdown = {1, 1, 1, 1};
+  dp::Episode e = small_episode();
   dp::FailSlow misreport;
   misreport.kind = dp::FailSlow::Kind::misreport;
   misreport.rank = 1;
