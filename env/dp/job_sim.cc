@@ -254,19 +254,26 @@ const std::vector<int>& DataParallelJobSim::best_counts() {
   return best_counts_;
 }
 
-double DataParallelJobSim::wall_of(const std::vector<int>& counts,
-                                   const std::vector<double>& factor, double comm) const {
+DataParallelJobSim::Arrivals DataParallelJobSim::arrivals(const std::vector<int>& counts,
+                                                          const std::vector<double>& factor) const {
   const DataParallelJob& j = episode_.job;
-  double worst = 0, worst_fixed = 0;
+  Arrivals a;
   for (int r = 0; r < j.ranks; ++r) {
     const double work = j.per_sample_ms * counts[r] * factor[r];
     const double fixed = j.fixed_ms * factor[r];
-    worst = std::max(worst, j.fixed_apart ? work : work + fixed);
-    worst_fixed = std::max(worst_fixed, fixed);
+    a.gradient = std::max(a.gradient, j.fixed_apart ? work : work + fixed);
+    a.fixed = std::max(a.fixed, fixed);
   }
+  return a;
+}
+
+double DataParallelJobSim::wall_of(const std::vector<int>& counts,
+                                   const std::vector<double>& factor, double comm) const {
+  const DataParallelJob& j = episode_.job;
+  const Arrivals a = arrivals(counts, factor);
   const double allreduce = j.allreduce_ms * comm;
-  return j.fixed_apart ? worst + allreduce + worst_fixed + j.other_collective_ms
-                       : worst + allreduce;
+  return j.fixed_apart ? a.gradient + allreduce + a.fixed + j.other_collective_ms
+                       : a.gradient + allreduce;
 }
 
 double DataParallelJobSim::true_step_ms(const std::vector<int>& counts) {
@@ -327,15 +334,7 @@ DataParallelJobSim::Step& DataParallelJobSim::step() {
   out_.paused_ms = switched_ ? last_wall_ms_ + kSwitchExtraMs : 0;
   out_.wall_ms = wall + out_.paused_ms;
   out_.step = step_;
-  // Arrival order at the collectives: the gradient all-reduce waits for the slowest per-sample
-  // work (with the fixed part, unless fixed_apart), the second collective for the slowest fixed.
-  double last_arrival = 0, last_fixed = 0;
-  for (int r = 0; r < j.ranks; ++r) {
-    const double work = j.per_sample_ms * counts_[r] * factor_[r];
-    const double fixed = j.fixed_ms * factor_[r];
-    last_arrival = std::max(last_arrival, j.fixed_apart ? work : work + fixed);
-    last_fixed = std::max(last_fixed, fixed);
-  }
+  const Arrivals last = arrivals(counts_, factor_);
   std::fill(report_.begin(), report_.end(), 1.0);
   for (const FailSlow& e : episode_.events) {
     if (e.kind == FailSlow::Kind::misreport && step_ >= e.start_step && step_ < e.end_step) {
@@ -355,8 +354,8 @@ DataParallelJobSim::Step& DataParallelJobSim::step() {
     x.compute_ms = work * report_[r] + fixed;
     x.samples = counts_[r];
     x.fixed_ms = fixed;
-    x.wait_ms = last_arrival - (j.fixed_apart ? work : work + fixed);
-    x.other_wait_ms = j.fixed_apart ? last_fixed - fixed : 0;
+    x.wait_ms = last.gradient - (j.fixed_apart ? work : work + fixed);
+    x.other_wait_ms = j.fixed_apart ? last.fixed - fixed : 0;
     x.other_calls = j.fixed_apart ? 1 : 0;
     out_.samples.push_back(std::move(x));
   }

@@ -164,6 +164,12 @@ class DataParallelJobSim {
 
  private:
   void refresh_truth();
+  // Arrival at the collectives: the gradient all-reduce waits for the slowest per-sample work
+  // (with the fixed part, unless fixed_apart), the second collective for the slowest fixed part.
+  struct Arrivals {
+    double gradient = 0, fixed = 0;
+  };
+  Arrivals arrivals(const std::vector<int>& counts, const std::vector<double>& factor) const;
   // The step time on `counts` where rank r's compute is scaled by factor[r] (slowdown, noise)
   // and the all-reduce by `comm`.
   double wall_of(const std::vector<int>& counts, const std::vector<double>& factor,

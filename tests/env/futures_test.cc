@@ -28,6 +28,17 @@ void add(Shares& s, const std::vector<Conditions>& intervals, int gpus, int node
   }
 }
 
+// Adds `draws` episodes' truths (seeds 100 on) and as many futures from nominal beliefs over a
+// whole episode's window: two draws of the same process.
+void draw_truths_and_futures(const Scenario& s, int draws, std::mt19937_64& rng, Shares& truth,
+                             Shares& future) {
+  const int gpus = s.cluster.num_gpus(), nodes = s.cluster.num_nodes();
+  for (int i = 0; i < draws; ++i) {
+    add(truth, generate_truth(s, 100 + i).conditions, gpus, nodes);
+    add(future, sample_future(s, Conditions{}, ConditionAges{}, s.horizon, rng), gpus, nodes);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("futures: from nominal beliefs, conditions start as often as generate_truth starts them") {
@@ -37,14 +48,10 @@ TEST_CASE("futures: from nominal beliefs, conditions start as often as generate_
   s.straggler.rate_per_gpu_hour = 0.05;  // enough events for a tight comparison
   s.congestion.rate_per_node_hour = 0.1;
   s.failure.rate_per_node_hour = 0.05;
-  const int gpus = s.cluster.num_gpus(), nodes = s.cluster.num_nodes();
   Shares truth, future;
   const int draws = 2000;
   std::mt19937_64 rng(7);
-  for (int i = 0; i < draws; ++i) {
-    add(truth, generate_truth(s, 100 + i).conditions, gpus, nodes);
-    add(future, sample_future(s, Conditions{}, ConditionAges{}, s.horizon, rng), gpus, nodes);
-  }
+  draw_truths_and_futures(s, draws, rng, truth, future);
   REQUIRE(truth.slowed > 1000);
   REQUIRE(truth.congested > 1000);
   REQUIRE(truth.failed > 1000);
@@ -121,14 +128,11 @@ TEST_CASE("futures: fail-slows start as generate_truth starts them and end as th
   Scenario s = builtin_scenario(Family::kFailSlow, 16);
   s.failslow.compute.rate = 0.2;  // enough events for a tight comparison of heavy tails
   s.failslow.communication.rate = 1;
-  const int gpus = s.cluster.num_gpus(), nodes = s.cluster.num_nodes();
+  const int gpus = s.cluster.num_gpus();
   Shares truth, future;
   const int draws = 2000;
   std::mt19937_64 rng(7);
-  for (int i = 0; i < draws; ++i) {
-    add(truth, generate_truth(s, 100 + i).conditions, gpus, nodes);
-    add(future, sample_future(s, Conditions{}, ConditionAges{}, s.horizon, rng), gpus, nodes);
-  }
+  draw_truths_and_futures(s, draws, rng, truth, future);
   REQUIRE(truth.slowed > 1000);
   REQUIRE(truth.congested > 1000);
   CHECK(future.slowed == doctest::Approx(truth.slowed).epsilon(0.05));
