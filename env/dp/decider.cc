@@ -198,7 +198,7 @@ Observation DataParallelDecider::build(const monitor::Beliefs& b, bool offers) {
     Candidate cand;
     cand.strategy = model_->layout(off.counts);
     cand.cost = step_cost(off.predicted_ms, o_.global_batch, wait_ms);
-    cand.migration_s = model_->switch_s(counts_, off.counts, step_s);
+    cand.migration_s = model_->staged_s(counts_, off.counts, step_s);
     candidates.push_back(std::move(cand));
   }
   const Strategy current = model_->layout(counts_);
@@ -217,7 +217,7 @@ Observation DataParallelDecider::build(const monitor::Beliefs& b, bool offers) {
   in.last_migration = last_switch_decision_;
   in.staging = staging_;
   in.interval_s = step_s * o_.decision_steps;
-  in.staging_slowdown = 0;  // nothing is staged beside training: the pause is the whole cost
+  in.staging_slowdown = model_->staging_slowdown();
   in.switch_pause_s = step_s;
   Observation o = build_observation(in);
   // A condition continues only while the best offer sheds work from the same ranks.

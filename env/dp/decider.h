@@ -113,6 +113,8 @@ class DataParallelDecider {
   void aborted();
 
   const std::vector<int>& counts() const { return counts_; }
+  /// The layout the split `counts` is, as the model describes it (SplitModel::layout).
+  Strategy layout_of(const std::vector<int>& counts) const { return model_->layout(counts); }
   int cooldown_intervals() const { return cooldown_; }
 
  private:

@@ -116,7 +116,7 @@ double SharesModel::predict_ms(const std::vector<int>& split) const {
   return predicted_step_ms(model_.per_sample, model_.fixed, split, fixed_apart_);
 }
 
-double SharesModel::switch_s(const std::vector<int>&, const std::vector<int>&,
+double SharesModel::staged_s(const std::vector<int>&, const std::vector<int>&,
                              double step_s) const {
   return step_s;  // a share change costs about one step: the boundary agreement
 }

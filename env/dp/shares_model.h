@@ -6,7 +6,7 @@
 // rank when its compute per sample is within `equal_band` of the median's, or within `noise_k`
 // standard errors of the two levels (Beliefs::rank_compute_se_ms). Candidates: balanced shares
 // (water-filling), half-way to them, even shares. A switch costs about one step (the boundary
-// agreement). Arrival order: where the ranks measure their waits (Beliefs::rank_wait_ms), a
+// agreement), staged beside training at no cost. Arrival order: where the ranks measure their waits (Beliefs::rank_wait_ms), a
 // switch must have one of the ranks the model says hold the step up among those that arrive
 // last, and must move no work onto a rank that arrives last.
 //
@@ -40,8 +40,9 @@ class SharesModel final : public SplitModel {
   std::vector<double> speeds() const override;
   std::vector<Proposal> proposals(const std::vector<int>& current) const override;
   double predict_ms(const std::vector<int>& split) const override;
-  double switch_s(const std::vector<int>& from, const std::vector<int>& to,
+  double staged_s(const std::vector<int>& from, const std::vector<int>& to,
                   double step_s) const override;
+  double staging_slowdown() const override { return 0; }
   std::string evidence(const std::vector<int>& current,
                        const std::vector<int>* best) const override;
   std::string disagrees(const std::vector<int>& current,

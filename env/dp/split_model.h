@@ -49,10 +49,15 @@ class SplitModel {
   virtual std::vector<Proposal> proposals(const std::vector<int>& current) const = 0;
   /// The model's step for `split`, ms (the part the split changes plus what it cannot).
   virtual double predict_ms(const std::vector<int>& split) const = 0;
-  /// Seconds a switch from `from` to `to` costs the job, its pause at the boundary (about
-  /// `step_s`, the measured step) included.
-  virtual double switch_s(const std::vector<int>& from, const std::vector<int>& to,
+  /// Seconds a switch from `from` to `to` stages ahead of its boundary (the candidate's
+  /// migration_s), `step_s` being the measured step. The pause at the boundary, about one step
+  /// (the boundary agreement), is the decider's to add.
+  virtual double staged_s(const std::vector<int>& from, const std::vector<int>& to,
                           double step_s) const = 0;
+  /// The share of the job's speed that staging takes while it runs (the observation's
+  /// staging_slowdown: 0 when staging is the boundary agreement alone, 1 when a transfer holds
+  /// the job up for as long as it runs).
+  virtual double staging_slowdown() const = 0;
   /// The evidence for reasons: the rank `best` (the best candidate; nullptr when none) takes
   /// the most work from, or the slowest rank, with its figures against the median rank's.
   virtual std::string evidence(const std::vector<int>& current,
