@@ -6,9 +6,9 @@
 // rank when its compute per sample is within `equal_band` of the median's, or within `noise_k`
 // standard errors of the two levels (Beliefs::rank_compute_se_ms). Candidates: balanced shares
 // (water-filling), half-way to them, even shares. A switch costs about one step (the boundary
-// agreement), staged beside training at no cost. Arrival order: where the ranks measure their waits (Beliefs::rank_wait_ms), a
-// switch must have one of the ranks the model says hold the step up among those that arrive
-// last, and must move no work onto a rank that arrives last.
+// agreement), staged beside training at no cost. Arrival order: where the ranks measure their
+// waits (Beliefs::rank_wait_ms), a switch must have one of the ranks the model says hold the
+// step up among those that arrive last, and must move no work onto a rank that arrives last.
 //
 // Thread-safety: not thread-safe (SplitModel's contract).
 #pragma once

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 #include "env/dp/shares.h"
 #include "env/monitor/robust_stats.h"
@@ -18,16 +19,16 @@ constexpr int kSeparationRounds = 8;
 
 // Which block boundaries a stage can start at when no stage's cost over its speed exceeds
 // `limit` and every stage holds a block: starts[s][j] for stage s starting at block j (the
-// stages before it cover [0, j)). True when the last stage can end at the last block.
-// `prefix`: the blocks' prefix sums. O(stages x blocks): for a boundary j' the starts that fit
-// are j >= lo(j'), and lo only grows with j'.
+// stages before it cover [0, j); not kept when `starts` is null). True when the last stage can
+// end at the last block. `prefix`: the blocks' prefix sums. O(stages x blocks): for a boundary
+// j' the starts that fit are j >= lo(j'), and lo only grows with j'.
 bool reachable(const std::vector<double>& prefix, const std::vector<double>& speed, double limit,
-               std::vector<std::vector<char>>& starts) {
+               std::vector<std::vector<char>>* starts) {
   const size_t stages = speed.size(), blocks = prefix.size() - 1;
   std::vector<char> cur(blocks + 1, 0), next(blocks + 1, 0);
   cur[0] = 1;
   for (size_t s = 0; s < stages; ++s) {
-    starts[s] = cur;
+    if (starts) (*starts)[s] = cur;
     std::fill(next.begin(), next.end(), 0);
     const double room = limit * speed[s];
     size_t lo = 0;
@@ -66,18 +67,30 @@ std::vector<int> balanced_split(const std::vector<double>& block_cost,
   const size_t stages = stage_speed.size(), blocks = block_cost.size();
   std::vector<double> prefix(blocks + 1, 0.0);
   for (size_t i = 0; i < blocks; ++i) prefix[i + 1] = prefix[i] + block_cost[i];
-  const double slowest_speed = *std::min_element(stage_speed.begin(), stage_speed.end());
-  std::vector<std::vector<char>> starts(stages);
-  // Every stage can hold everything at this bottleneck: always reachable.
-  double hi = prefix[blocks] / slowest_speed * (1 + 1e-12) + 1e-300;
-  double lo = 0;
+  // The bracket: no split beats the blocks spread as a fluid in proportion to speed; the split
+  // in proportion to speed (whole blocks) is one that reaches its own bottleneck.
+  const double speeds = std::accumulate(stage_speed.begin(), stage_speed.end(), 0.0);
+  std::vector<double> share(stages);
+  for (size_t s = 0; s < stages; ++s) {
+    share[s] = static_cast<double>(blocks) * stage_speed[s] / speeds;
+  }
+  const std::vector<int> proportional = dp::round_counts(share, static_cast<int>(blocks));
+  double hi = 0;
+  for (size_t s = 0, i = 0; s < stages; ++s) {
+    const size_t end = i + static_cast<size_t>(proportional[s]);
+    hi = std::max(hi, (prefix[end] - prefix[i]) / stage_speed[s]);
+    i = end;
+  }
+  hi = hi * (1 + 1e-12) + 1e-300;  // reachable whatever the rounding of the check
+  double lo = prefix[blocks] / speeds * (1 - 1e-12);
   for (int round = 0; round < 200; ++round) {
     const double mid = lo + (hi - lo) / 2;
-    if (mid <= lo || mid >= hi || hi - lo <= 1e-12 * hi) break;
-    if (reachable(prefix, stage_speed, mid, starts)) hi = mid;
+    if (mid <= lo || mid >= hi || hi - lo <= 1e-10 * hi) break;
+    if (reachable(prefix, stage_speed, mid, nullptr)) hi = mid;
     else lo = mid;
   }
-  [[maybe_unused]] const bool covered = reachable(prefix, stage_speed, hi, starts);
+  std::vector<std::vector<char>> starts(stages);
+  [[maybe_unused]] const bool covered = reachable(prefix, stage_speed, hi, &starts);
   assert(covered);
   // Back from the last block: each stage starts as late as it can (earlier stages fill up).
   std::vector<int> split(stages);
