@@ -67,41 +67,54 @@ std::vector<int> balanced_split(const std::vector<double>& block_cost,
   const size_t stages = stage_speed.size(), blocks = block_cost.size();
   std::vector<double> prefix(blocks + 1, 0.0);
   for (size_t i = 0; i < blocks; ++i) prefix[i + 1] = prefix[i] + block_cost[i];
+  // The split at bottleneck `limit` (reachable), each stage starting as late as it can (so
+  // earlier stages fill up), and the bottleneck it reaches.
+  std::vector<std::vector<char>> starts(stages);
+  std::vector<int> split(stages);
+  auto trace = [&](double limit) {
+    size_t end = blocks;
+    double worst = 0;
+    for (size_t s = stages; s-- > 0;) {
+      size_t start = end - 1;
+      while (!(starts[s][start] && prefix[end] - prefix[start] <= limit * stage_speed[s])) --start;
+      split[s] = static_cast<int>(end - start);
+      worst = std::max(worst, (prefix[end] - prefix[start]) / stage_speed[s]);
+      end = start;
+    }
+    assert(end == 0);
+    return worst;
+  };
   // The bracket: no split beats the blocks spread as a fluid in proportion to speed; the split
-  // in proportion to speed (whole blocks) is one that reaches its own bottleneck.
+  // in proportion to speed (whole blocks) reaches its own bottleneck.
   const double speeds = std::accumulate(stage_speed.begin(), stage_speed.end(), 0.0);
   std::vector<double> share(stages);
   for (size_t s = 0; s < stages; ++s) {
     share[s] = static_cast<double>(blocks) * stage_speed[s] / speeds;
   }
   const std::vector<int> proportional = dp::round_counts(share, static_cast<int>(blocks));
-  double hi = 0;
+  double hi = 0;  // a bottleneck some split reaches
   for (size_t s = 0, i = 0; s < stages; ++s) {
     const size_t end = i + static_cast<size_t>(proportional[s]);
     hi = std::max(hi, (prefix[end] - prefix[i]) / stage_speed[s]);
     i = end;
   }
-  hi = hi * (1 + 1e-12) + 1e-300;  // reachable whatever the rounding of the check
-  double lo = prefix[blocks] / speeds * (1 - 1e-12);
+  double lo = prefix[blocks] / speeds * (1 - 1e-12);  // below every split's
+  // Bisection, with hi lowered to the bottleneck the split found actually reaches; it stops when
+  // nothing below hi is reachable (hi is the optimum, to a relative 1e-12: the bottlenecks that
+  // whole blocks give are few, so this is usually a handful of rounds) or the bracket closes.
+  constexpr double kSlack = 1e-12;  // the check multiplies where the bottleneck divides
+  bool probe = true;
   for (int round = 0; round < 200; ++round) {
+    if (probe && !reachable(prefix, stage_speed, hi * (1 - kSlack), nullptr)) break;
     const double mid = lo + (hi - lo) / 2;
     if (mid <= lo || mid >= hi || hi - lo <= 1e-10 * hi) break;
-    if (reachable(prefix, stage_speed, mid, nullptr)) hi = mid;
+    probe = reachable(prefix, stage_speed, mid, &starts);
+    if (probe) hi = trace(mid);
     else lo = mid;
   }
-  std::vector<std::vector<char>> starts(stages);
-  [[maybe_unused]] const bool covered = reachable(prefix, stage_speed, hi, &starts);
+  [[maybe_unused]] const bool covered = reachable(prefix, stage_speed, hi * (1 + kSlack), &starts);
   assert(covered);
-  // Back from the last block: each stage starts as late as it can (earlier stages fill up).
-  std::vector<int> split(stages);
-  size_t end = blocks;
-  for (size_t s = stages; s-- > 0;) {
-    size_t start = end - 1;
-    while (!(starts[s][start] && prefix[end] - prefix[start] <= hi * stage_speed[s])) --start;
-    split[s] = static_cast<int>(end - start);
-    end = start;
-  }
-  assert(end == 0);
+  trace(hi * (1 + kSlack));
   return split;
 }
 

@@ -40,9 +40,10 @@ double pipeline_step_ms(const std::vector<double>& block_cost,
                         int microbatches, double fixed_ms);
 
 /// The contiguous split of the blocks over the stages (each >= 1) minimising the slowest
-/// stage's cost over its speed: binary search over the bottleneck (to a relative 1e-10), each
-/// bound checked exactly in O(stages x blocks); among the splits that reach it, earlier stages
-/// hold as many blocks as they can. Precondition: block_cost.size() >= stage_speed.size() >= 1,
+/// stage's cost over its speed: binary search over the bottleneck, each bound checked exactly
+/// in O(stages x blocks), until nothing below the best split found is reachable (exact to a
+/// relative 1e-12) or the bracket is within a relative 1e-10; among the splits that reach the
+/// bottleneck, earlier stages hold as many blocks as they can. Precondition: block_cost.size() >= stage_speed.size() >= 1,
 /// costs >= 0, speeds > 0.
 std::vector<int> balanced_split(const std::vector<double>& block_cost,
                                 const std::vector<double>& stage_speed);
