@@ -81,7 +81,7 @@ struct MonitorEvent {
 };
 const char* to_string(MonitorEvent::Kind kind);
 
-/// What a pipeline stage reports of itself (docs/pytorch.md's pipeline contract): the
+/// What a pipeline stage reports of itself (docs/deploy.md, "Learned pipeline jobs"): the
 /// contiguous blocks [first_block, first_block + blocks) of the job's block list, the
 /// micro-batches of a step, each block's compute in the step (forward and backward over all
 /// micro-batches, ms; block_ms[i] is block first_block + i; empty when the stage does not report

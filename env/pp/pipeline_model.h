@@ -1,5 +1,5 @@
 // PipelineModel: the split model (env/dp/split_model.h) of a pipeline job learned from its
-// ranks (docs/pytorch.md, "pipeline jobs"): S stages, one rank each, stage s holding the
+// ranks (docs/deploy.md, "Learned pipeline jobs"): S stages, one rank each, stage s holding the
 // contiguous blocks [first_s, first_s + n_s) of the job's B blocks; the split is (n_0, ...,
 // n_{S-1}), each >= 1, summing to B.
 //
@@ -43,8 +43,8 @@ double pipeline_step_ms(const std::vector<double>& block_cost,
 /// stage's cost over its speed: binary search over the bottleneck, each bound checked exactly
 /// in O(stages x blocks), until nothing below the best split found is reachable (exact to a
 /// relative 1e-12) or the bracket is within a relative 1e-10; among the splits that reach the
-/// bottleneck, earlier stages hold as many blocks as they can. Precondition: block_cost.size() >= stage_speed.size() >= 1,
-/// costs >= 0, speeds > 0.
+/// bottleneck, earlier stages hold as many blocks as they can. Precondition:
+/// block_cost.size() >= stage_speed.size() >= 1, costs >= 0, speeds > 0.
 std::vector<int> balanced_split(const std::vector<double>& block_cost,
                                 const std::vector<double>& stage_speed);
 
