@@ -444,7 +444,28 @@ TEST_CASE("deploy learns a pipeline from JobInfo and moves blocks off a slowed s
   CHECK(decision.find("\"target_split\":\"5,5,2,4\"") != std::string::npos);
   CHECK(decision.find("\"split\":\"4,4,4,4\"") != std::string::npos);
   CHECK(decision.find("stage 2 (blocks 8-11)") != std::string::npos);
+  // The stages stage the split and agree; once every one acked, deploy holds the new split.
+  for (uint32_t r = 0; r < kStages; ++r) {
+    d.ranks[r]->client->send(transport::PlanReady{plan->plan_id, r, true, ""});
+  }
+  REQUIRE(eventually([&] {
+    std::lock_guard lock(d.ranks[0]->mutex);
+    return std::any_of(d.ranks[0]->received.begin(), d.ranks[0]->received.end(),
+                       [](const transport::Message& m) {
+                         return std::holds_alternative<transport::PlanCommit>(m);
+                       });
+  }));
+  for (uint32_t r = 0; r < kStages; ++r) {
+    d.ranks[r]->client->send(
+        transport::Ack{transport::MessageType::plan_commit, plan->plan_id, r});
+  }
+  REQUIRE(eventually([&] { return d.agent->stats().migrations_committed == 1; }));
+  const std::string migration = d.line_with("\"migration\"");
+  INFO(migration);
+  CHECK(migration.find("\"split\":\"5,5,2,4\"") != std::string::npos);
+  CHECK(migration.find("\"revert\":false") != std::string::npos);
   CHECK(d.agent->current_layout().pp == kStages);
+  CHECK(d.agent->current_layout().stage_layers == std::vector<int>{5, 5, 2, 4});
 }
 
 TEST_CASE("a job that can switch batch shares stays data-parallel; a pipeline too short to split "
