@@ -46,6 +46,11 @@ Contract:
   stopping (boundary.py; both reductions are all-gathers among the workers, run synchronously
   at the boundary; the time spent in them is the next step's wait/other and all_reduce/control).
   `with session.outside_steps():` marks work that is no training step (charged to no step).
+* Keras's model.fit (tf_keras, Keras 2: Keras 3's fit fails under this strategy, with or
+  without parapilot): compile with loss=session.keras_loss(per_example_loss) (reduction "sum",
+  divided by the global batch: scale_loss's rule) and fit on distribute_dataset(...) with
+  steps_per_epoch and callbacks=[session.keras_callback()], which makes each training batch a
+  step, the time between epochs no step's, and stops the fit when the workers agreed to stop.
 * Telemetry: compute = cycle - wait/dp - wait/other; wait/dp (= phase/comm_wait) = from every
   gradient being computed to every gradient being reduced, measured inside the step with
   tf.timestamp(); arrive/dp = cycle start -> gradients computed; all_reduce/dp: that span, the
@@ -201,27 +206,13 @@ class Session:
     @contextlib.contextmanager
     def step(self):
         """Wraps one training step (see the module docstring)."""
-        if self._closed:
-            raise RuntimeError("parapilot.tensorflow.Session.step() after close()")
-        now = time.time_ns()
-        rec = _Step(self.step_index, self.plan_id, self.local_batch,
-                    start_ns=self._prev_end_ns if self._prev_end_ns is not None else now,
-                    control_ms=self._control_ms)
-        self._record = rec
+        self._begin()
         try:
             yield self
-        finally:
+        except BaseException:
             self._record = None
-        rec.end_ns = time.time_ns()
-        self._prev_end_ns = rec.end_ns
-        self._cycles_ms.append((rec.end_ns - rec.start_ns) / 1e6)
-        self.step_index += 1
-        t = self._telemetry(rec, self._timer.read())
-        self.last_telemetry = t
-        self.link.send(t)
-        t0 = time.perf_counter_ns()
-        self._boundary(self.step_index)
-        self._control_ms = (time.perf_counter_ns() - t0) / 1e6
+            raise
+        self._end()
 
     @contextlib.contextmanager
     def outside_steps(self):
@@ -232,6 +223,44 @@ class Session:
         finally:
             self._prev_end_ns = None
             self._control_ms = 0.0
+
+    def keras_loss(self, per_example_loss: Callable):
+        """For Keras's model.fit: a Loss (of the model's Keras, reduction "sum") whose value is
+        per_example_loss(y_true, y_pred) (a Keras loss with reduction "none", or a function
+        giving one loss per example) summed over this worker's examples and divided by the
+        global batch: what scale_loss does in a custom loop."""
+        keras = _keras_of(self.model)
+        global_batch = self.global_batch
+
+        class GlobalBatchLoss(keras.losses.Loss):
+            def __init__(self):
+                super().__init__(reduction="sum", name="global_batch_loss")
+
+            def call(self, y_true, y_pred):
+                per_example = per_example_loss(y_true, y_pred)
+                return per_example / tf.cast(global_batch, per_example.dtype)
+        return GlobalBatchLoss()
+
+    def keras_callback(self):
+        """For Keras's model.fit: a Callback (of the model's Keras) that makes each training
+        batch a step() (on_train_batch_begin/end), marks the time between epochs as outside
+        the steps, and sets model.stop_training when the workers agreed to stop."""
+        keras = _keras_of(self.model)
+        session = self
+
+        class StepCallback(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                session._begin()
+
+            def on_train_batch_end(self, batch, logs=None):
+                session._end()
+                if session.should_stop:
+                    self.model.stop_training = True
+
+            def on_epoch_end(self, epoch, logs=None):
+                session._prev_end_ns = None
+                session._control_ms = 0.0
+        return StepCallback()
 
     def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
         """The JobInfo this worker announces on each connection (as many layers as fit)."""
@@ -259,6 +288,31 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # ---- the step ----
+
+    def _begin(self) -> None:
+        if self._closed:
+            raise RuntimeError("parapilot.tensorflow.Session: a step after close()")
+        now = time.time_ns()
+        self._record = _Step(self.step_index, self.plan_id, self.local_batch,
+                             start_ns=self._prev_end_ns if self._prev_end_ns is not None else now,
+                             control_ms=self._control_ms)
+
+    def _end(self) -> None:
+        rec, self._record = self._record, None
+        if rec is None:
+            return
+        rec.end_ns = time.time_ns()
+        self._prev_end_ns = rec.end_ns
+        self._cycles_ms.append((rec.end_ns - rec.start_ns) / 1e6)
+        self.step_index += 1
+        t = self._telemetry(rec, self._timer.read())
+        self.last_telemetry = t
+        self.link.send(t)
+        t0 = time.perf_counter_ns()
+        self._boundary(self.step_index)
+        self._control_ms = (time.perf_counter_ns() - t0) / 1e6
 
     # ---- the boundary ----
 
@@ -357,6 +411,15 @@ class Session:
             grad = sum(int(_size(w)) * _itemsize(w) for w in layer.trainable_weights)
             out.append(wire.LayerInfo(params, grad))
         return out[:wire.MAX_LAYERS]
+
+
+def _keras_of(model):
+    """The Keras package the model belongs to: tf_keras (Keras 2) or keras (Keras 3)."""
+    if type(model).__module__.startswith("tf_keras"):
+        import tf_keras
+        return tf_keras
+    import keras
+    return keras
 
 
 def _weighted_layers(model) -> List[Any]:

@@ -2,7 +2,8 @@
 (tf_job.py, launched with `python -m parapilot.launch --tf-config`). Runs under the TensorFlow
 venv's Python (scripts/install-tensorflow.sh); without TensorFlow every test is skipped.
 
-ExactTest (the scripted agent plays the agent):
+ExactTest (the scripted agent plays the agent), once in a custom training loop with Keras 3 and
+once in model.fit with tf_keras (TF_USE_LEGACY_KERAS=1; Keras 3's fit fails under the strategy):
   * uneven shares 1,2,3,4 of a global batch of 64, then a plan to 4,3,2,1 committed mid-run:
     after every step the 4 workers' model equals (to 1e-12, float64) a copy trained in one
     process on the whole global batch; each worker takes its new share exactly from the step the
@@ -27,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import harness
@@ -67,25 +69,45 @@ class ExactTest(unittest.TestCase):
         self.addCleanup(self.agent.stop)
         self.out = os.path.join(tempfile.mkdtemp(prefix="parapilot-tf-"), "out.json")
 
+    def wait(self, pred, timeout):
+        """The agent's next event matching pred; fails with the job's log if the job ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.agent.wait_for(pred, timeout=1)
+            except AssertionError:
+                if self.job.poll() is not None:
+                    self.fail(f"the job exited {self.job.returncode}:\n"
+                              f"{self.job.communicate()[1][-4000:]}")
+                if time.monotonic() > deadline:
+                    raise
+
     def prepare(self, plan_id, args, ok):
         """Prepares on every worker; returns their PlanReady events, each ok as expected."""
         self.agent.command(f"prepare {plan_id} {args}")
-        ready = [self.agent.wait_for(lambda e: e["event"] == "plan_ready" and
-                                     e["plan_id"] == plan_id, timeout=30)
+        ready = [self.wait(lambda e: e["event"] == "plan_ready" and e["plan_id"] == plan_id,
+                           timeout=30)
                  for _ in range(WORKERS)]
         self.assertEqual([r["ok"] for r in ready], [ok] * WORKERS, ready)
         return ready
 
-    def test_shares_and_a_switch_match_the_full_batch_and_waits_are_attributed(self):
-        job = launch(["--runs", "exact", "--steps", "400", "--global-batch", "64",
-                      "--step-sleep-ms", "30", "--slow-ms", "40", "--out", self.out],
-                     {"PARAPILOT_AGENT": self.agent.address,
-                      "PARAPILOT_SECRET_FILE": self.secret.path}, timeout=240)
+    def test_custom_loop_keras3(self):
+        self.run_exact([], {})
+
+    def test_model_fit_tf_keras(self):
+        self.run_exact(["--fit"], {"TF_USE_LEGACY_KERAS": "1"})
+
+    def run_exact(self, args, env):
+        """The exact job (tf_job.py) with a switch, checked against the full batch."""
+        self.job = job = launch(
+            ["--runs", "exact", "--steps", "400", "--global-batch", "64", "--step-sleep-ms",
+             "30", "--slow-ms", "40", "--out", self.out, *args],
+            {"PARAPILOT_AGENT": self.agent.address, "PARAPILOT_SECRET_FILE": self.secret.path,
+             **env}, timeout=240)
         try:
             telemetry = []
             while len({e["rank"] for e in telemetry if e["step"] >= 3}) < WORKERS:
-                telemetry.append(self.agent.wait_for(lambda e: e["event"] == "telemetry",
-                                                     timeout=120))
+                telemetry.append(self.wait(lambda e: e["event"] == "telemetry", timeout=120))
             for r in self.prepare(9, f"{WORKERS} - - 1000 tp2 2 1", ok=False):
                 self.assertIn("this TensorFlow job only runs pure data parallel", r["detail"])
             for r in self.prepare(10, f"{WORKERS} - 0-1:1:0 1000", ok=False):
@@ -95,7 +117,7 @@ class ExactTest(unittest.TestCase):
             at = newest + 4
             self.agent.command(f"commit 11 {at}")
             for _ in range(WORKERS):
-                self.agent.wait_for(lambda e: e["event"] == "ack" and e["id"] == 11, timeout=60)
+                self.wait(lambda e: e["event"] == "ack" and e["id"] == 11, timeout=60)
             _, err = job.communicate(timeout=240)
         finally:
             if job.poll() is None:

@@ -37,6 +37,7 @@ FACTOR = 3.0
 DEVICE_MS = 1.0
 SIZE, FEATURES, CLASSES = 4096, 16, 4
 AFTER_PLAN = 8
+LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"  # tf.keras is tf_keras (Keras 2)
 
 
 def make_model(dtype):
@@ -61,73 +62,136 @@ def sleep_ms(ms):
     return tf.py_function(fn, [tf.cast(ms, tf.float32)], tf.float32)
 
 
-def run_job(strategy, a, condition, agent, steps, rank):
-    dtype = "float64" if condition == "exact" else "float32"
-    tf.keras.utils.set_random_seed(3)
-    with strategy.scope():
-        model = make_model(dtype)
-        optimizer = tf.keras.optimizers.SGD(0.5 if condition == "exact" else 0.05)
-    x, y = data(dtype)
-    shares = [1, 2, 3, 4] if condition == "exact" else None
-    session = parapilot.tensorflow.Session(strategy, model, optimizer,  # parapilot
-                                           global_batch=a.global_batch, initial_shares=shares,
-                                           agent=agent)
-    slow = rank == SLOW_RANK
-    step_factor = FACTOR if slow and condition == "step" else 1.0
-    input_extra = (FACTOR - 1) * DEVICE_MS if slow and condition == "input" else 0.0
-    device_ms = DEVICE_MS if condition != "exact" else 0.0
-    fixed_ms = a.slow_ms if slow and condition == "exact" else 0.0
+def sparse_ce(dtype, **kwargs):
+    """Sparse cross-entropy on logits in `dtype` (Keras 3 losses compute in floatx, float32,
+    unless told the dtype; tf_keras ones in their inputs' dtype and take no dtype)."""
+    if not LEGACY:
+        kwargs["dtype"] = dtype
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
 
-    def batch_fn(idx):
-        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
-        if input_extra:
-            with tf.control_dependencies([sleep_ms(input_extra * tf.cast(tf.size(idx),
-                                                                         tf.float32))]):
-                xb = tf.identity(xb)
-        return xb, yb
 
-    iterator = iter(session.distribute_dataset(SIZE, batch_fn, seed=11))
-    # Keras 3 losses compute in floatx (float32) unless told the dtype.
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none",
-                                                            dtype=dtype)
+class Job:
+    """One job of a launch: model, optimizer, Session, data and the emulated device."""
+
+    def __init__(self, strategy, a, condition, agent, rank):
+        self.condition, self.rank, self.a = condition, rank, a
+        self.dtype = "float64" if condition == "exact" else "float32"
+        tf.keras.utils.set_random_seed(3)
+        with strategy.scope():
+            self.model = make_model(self.dtype)
+            self.optimizer = tf.keras.optimizers.SGD(0.5 if condition == "exact" else 0.05)
+        self.x, self.y = data(self.dtype)
+        shares = [1, 2, 3, 4] if condition == "exact" else None
+        self.session = parapilot.tensorflow.Session(  # parapilot
+            strategy, self.model, self.optimizer, global_batch=a.global_batch,
+            initial_shares=shares, agent=agent)
+        slow = rank == SLOW_RANK
+        self.input_extra = (FACTOR - 1) * DEVICE_MS if slow and condition == "input" else 0.0
+        step_factor = FACTOR if slow and condition == "step" else 1.0
+        self.step_ms_per_sample = 0.0 if condition == "exact" else DEVICE_MS * step_factor
+        self.fixed_ms = a.slow_ms if slow and condition == "exact" else 0.0
+        self.drawn = []  # the size of every batch this worker's pipeline drew, in order
+        self.dataset = self.session.distribute_dataset(SIZE, self.batch_fn, seed=11)
+        self.ref = (Reference(self.model, self.x, self.y, a.global_batch)
+                    if condition == "exact" and rank == 0 else None)
+        self.step_ms, self.diffs = [], []
+        self.applied_at = None
+
+    def batch_fn(self, idx):
+        n = tf.cast(tf.size(idx), tf.float32)
+        marks = [tf.py_function(lambda v: self.drawn.append(int(v)) or np.float32(0), [n],
+                                tf.float32)]
+        if self.input_extra:
+            marks.append(sleep_ms(self.input_extra * n))
+        with tf.control_dependencies(marks):
+            return tf.identity(tf.gather(self.x, idx)), tf.gather(self.y, idx)
+
+    def device(self, xb):
+        """xb once the emulated device's time for the batch has been slept."""
+        n = tf.cast(tf.shape(xb)[0], tf.float32)
+        with tf.control_dependencies([sleep_ms(self.step_ms_per_sample * n + self.fixed_ms)]):
+            return tf.identity(xb)
+
+    def after_step(self, i, t0):
+        """Records step i; True when the job is done (the exact job: AFTER_PLAN steps after
+        its plan applied, the same step on every worker)."""
+        self.step_ms.append((time.perf_counter() - t0) * 1e3)
+        if self.ref is not None:
+            self.diffs.append(self.ref.step_and_compare(self.model))
+        if self.condition == "exact":
+            if self.session.applied_plans and self.applied_at is None:
+                self.applied_at = i
+            if self.applied_at is not None and i >= self.applied_at + AFTER_PLAN:
+                return True
+            time.sleep(self.a.step_sleep_ms / 1000.0)
+        return self.session.should_stop  # parapilot
+
+    def result(self, agent):
+        s = self.session
+        return {"condition": self.condition, "mode": "agent" if agent else "none",
+                "step_ms": self.step_ms, "final_counts": s.local_counts(),
+                "plans": list(s.applied_plans), "samples": self.drawn[:len(self.step_ms)],
+                "diffs": self.diffs}
+
+
+def custom_loop(strategy, job, steps):
+    """The job in a custom training loop (strategy.run)."""
+    model, optimizer, session = job.model, job.optimizer, job.session
+    loss_fn = sparse_ce(job.dtype, reduction="none")
+    iterator = iter(job.dataset)
 
     @tf.function
     def train_step(iterator):
         def step_fn(xb, yb):
-            n = tf.cast(tf.shape(xb)[0], tf.float32)
-            with tf.control_dependencies([sleep_ms(device_ms * step_factor * n + fixed_ms)]):
-                xb = tf.identity(xb)
+            xb = job.device(xb)
             with tf.GradientTape() as tape:
                 loss = session.scale_loss(loss_fn(yb, model(xb, training=True)))  # parapilot
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return tf.shape(xb)[0]
-        return strategy.run(step_fn, args=next(iterator))
+        strategy.run(step_fn, args=next(iterator))
 
-    ref = Reference(model, x, y, a.global_batch) if condition == "exact" and rank == 0 else None
-    step_ms, diffs, samples = [], [], []
-    applied_at = None
     for i in range(steps):
         t0 = time.perf_counter()
         with session.step():  # parapilot
-            n = int(train_step(iterator))
-        step_ms.append((time.perf_counter() - t0) * 1e3)
-        samples.append(n)
-        if ref is not None:
-            diffs.append(ref.step_and_compare(model))
-        if condition == "exact":
-            if session.applied_plans and applied_at is None:
-                applied_at = i
-            if applied_at is not None and i >= applied_at + AFTER_PLAN:
-                break
-            time.sleep(a.step_sleep_ms / 1000.0)
-        if session.should_stop:  # parapilot
+            train_step(iterator)
+        if job.after_step(i, t0):
             break
-    result = {"condition": condition, "mode": "agent" if agent else "none",
-              "step_ms": step_ms, "final_counts": session.local_counts(),
-              "plans": list(session.applied_plans), "samples": samples, "diffs": diffs,
-              "telemetry_keys": sorted(session.last_telemetry.collectives)}
-    session.close()  # parapilot
+
+
+def keras_fit(strategy, job, steps):
+    """The job in Keras's model.fit (tf_keras: TF_USE_LEGACY_KERAS=1)."""
+    session = job.session
+    per_example = sparse_ce(job.dtype, reduction="none")
+    model = job.model
+
+    class Device(tf.keras.layers.Layer):  # the emulated device, inside the step
+        def call(self, xb):
+            return job.device(xb)
+    with strategy.scope():
+        fit_model = tf.keras.Sequential([tf.keras.Input((FEATURES,), dtype=job.dtype),
+                                         Device(dtype=job.dtype), model])
+        fit_model.compile(optimizer=job.optimizer,
+                          loss=session.keras_loss(per_example))  # parapilot
+
+    class Record(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if job.after_step(len(job.step_ms), self.t0):
+                self.model.stop_training = True
+    fit_model.fit(job.dataset, steps_per_epoch=steps, epochs=1, verbose=0,
+                  callbacks=[session.keras_callback(), Record()])  # parapilot
+
+
+def run_job(strategy, a, condition, agent, steps, rank):
+    job = Job(strategy, a, condition, agent, rank)
+    if a.fit:
+        keras_fit(strategy, job, steps)
+    else:
+        custom_loop(strategy, job, steps)
+    result = job.result(agent)
+    job.session.close()  # parapilot
     return result
 
 
@@ -141,13 +205,13 @@ class Reference:
         self.model = make_model("float64")
         self.model.set_weights(model.get_weights())
         self.order = share_indices(SIZE, 0, global_batch, lambda: [global_batch], True, 11)
-        self.loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                                     dtype="float64")
+        self.loss_fn = sparse_ce("float64", reduction="none")
 
     def step_and_compare(self, model):
         idx = next(self.order)
         with tf.GradientTape() as tape:
-            loss = self.loss_fn(tf.gather(self.y, idx), self.model(tf.gather(self.x, idx)))
+            loss = tf.reduce_mean(self.loss_fn(tf.gather(self.y, idx),
+                                               self.model(tf.gather(self.x, idx))))
         grads = tape.gradient(loss, self.model.trainable_variables)
         for w, g in zip(self.model.trainable_variables, grads):
             w.assign_sub(self.lr * g)
@@ -164,6 +228,8 @@ def main():
     ap.add_argument("--global-batch", type=int, default=128)
     ap.add_argument("--step-sleep-ms", type=float, default=30)
     ap.add_argument("--slow-ms", type=float, default=0)
+    ap.add_argument("--fit", action="store_true",
+                    help="train with Keras's model.fit (needs TF_USE_LEGACY_KERAS=1: tf_keras)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     logging.basicConfig(format="%(name)s %(levelname)s %(message)s")
