@@ -27,6 +27,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, avoid: int = 0) -> list:
+    """n distinct free ports (all held open until each is known, so none repeats), not `avoid`."""
+    socks = []
+    try:
+        while len(socks) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] == avoid:
+                s.close()
+                continue
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m parapilot.launch")
     ap.add_argument("--nproc", type=int, default=2)
@@ -40,7 +57,7 @@ def main(argv=None) -> int:
     if a.nproc < 1:
         ap.error("--nproc must be >= 1")
     port = a.master_port or free_port()
-    workers = [f"127.0.0.1:{free_port()}" for _ in range(a.nproc)] if a.tf_config else []
+    workers = [f"127.0.0.1:{p}" for p in free_ports(a.nproc, avoid=port)] if a.tf_config else []
     procs = []
     for rank in range(a.nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(a.nproc),
