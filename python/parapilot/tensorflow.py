@@ -105,7 +105,7 @@ class _Step:
     samples: int
     start_ns: int = 0
     end_ns: int = 0
-    control_ms: float = 0.0  # the boundary before this step: time in its reductions
+    control: tuple = (0.0, 0, 0)  # the boundary before this step: ms in its reductions, calls, bytes
 
 
 class Session:
@@ -154,18 +154,18 @@ class Session:
         self._refused: List[int] = []
         self._cycles_ms: List[float] = []
         self._prev_end_ns: Optional[int] = None
-        self._control_ms = 0.0
+        self._control = (0.0, 0, 0)  # the last boundary's reductions: ms, calls, bytes
         self._record: Optional[_Step] = None
         self._closed = False
         self._layers = self._layer_infos()
         self._grad_bytes = sum(l.grad_bytes for l in self._layers)
         self._timer = GradientTimer(strategy, optimizer)
-        self._control = Control(strategy)
+        self._reduce = Control(strategy)
         self.link = AgentLink(self.rank, job_info=self.job_info, check=self._check,
                               stage=self._stage, say=self._say, agent=agent,
                               secret_file=secret_file, secret_env=secret_env,
                               client_options=client_options)
-        self._agreement = Boundary(self.link.book, self._start_max, self._control.min_of)
+        self._agreement = Boundary(self.link.book, self._start_max, self._reduce.min_of)
         params = sum(l.params for l in self._layers)
         self._say("info", f"session started: world size {self.world_size}, global batch "
                           f"{self.global_batch}, {len(self._layers)} layers ({params:,} "
@@ -222,7 +222,7 @@ class Session:
             yield self
         finally:
             self._prev_end_ns = None
-            self._control_ms = 0.0
+            self._control = (0.0, 0, 0)
 
     def keras_loss(self, per_example_loss: Callable):
         """For Keras's model.fit: a Loss (of the model's Keras, reduction "sum") whose value is
@@ -259,7 +259,7 @@ class Session:
 
             def on_epoch_end(self, epoch, logs=None):
                 session._prev_end_ns = None
-                session._control_ms = 0.0
+                session._control = (0.0, 0, 0)
         return StepCallback()
 
     def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
@@ -297,7 +297,7 @@ class Session:
         now = time.time_ns()
         self._record = _Step(self.step_index, self.plan_id, self.local_batch,
                              start_ns=self._prev_end_ns if self._prev_end_ns is not None else now,
-                             control_ms=self._control_ms)
+                             control=self._control)
 
     def _end(self) -> None:
         rec, self._record = self._record, None
@@ -310,14 +310,15 @@ class Session:
         t = self._telemetry(rec, self._timer.read())
         self.last_telemetry = t
         self.link.send(t)
-        t0 = time.perf_counter_ns()
+        t0, calls, nbytes = time.perf_counter_ns(), self._reduce.calls, self._reduce.bytes
         self._boundary(self.step_index)
-        self._control_ms = (time.perf_counter_ns() - t0) / 1e6
+        self._control = ((time.perf_counter_ns() - t0) / 1e6, self._reduce.calls - calls,
+                         self._reduce.bytes - nbytes)
 
     # ---- the boundary ----
 
     def _start_max(self, values: List[int]) -> Callable[[], List[int]]:
-        reduced = self._control.max_of(values)  # synchronous: collected at the next boundary
+        reduced = self._reduce.max_of(values)  # synchronous: collected at the next boundary
         return lambda: reduced
 
     def _boundary(self, next_step: int) -> None:
@@ -369,10 +370,11 @@ class Session:
             arrive, wait = at(stamps[0]), max(at(stamps[1]) - at(stamps[0]), 0.0)
         else:  # no gradient reduction seen in this cycle
             arrive, wait = cycle, 0.0
-        other = min(rec.control_ms, cycle - wait)
+        control_ms, control_calls, control_bytes = rec.control
+        other = min(control_ms, cycle - wait)
         coll = {
             keys.ALL_REDUCE_DP: wire.CollectiveStat(wait, self._grad_bytes, 1 if wait else 0),
-            keys.ALL_REDUCE_CONTROL: wire.CollectiveStat(other, 16, 2 if rec.step else 0),
+            keys.ALL_REDUCE_CONTROL: wire.CollectiveStat(other, control_bytes, control_calls),
             keys.WAIT_DP: wire.CollectiveStat(wait, 0, 1),
             keys.WAIT_OTHER: wire.CollectiveStat(other, 0, 1),
             keys.PHASE_COMM_WAIT: wire.CollectiveStat(wait, 0, 1),

@@ -15,7 +15,8 @@ Contract:
 * Control(strategy) runs the boundary agreement's reductions as an all-gather of a small int64
   vector over the workers (MultiWorkerMirroredStrategy's collective ops; the strategy offers only
   SUM and MEAN reductions), reduced on the host: max_of(values) and min_of(value). Each is one
-  collective every worker must call in the same order; a failure is TensorFlow's error.
+  collective every worker must call in the same order; a failure is TensorFlow's error. `calls`
+  and `bytes` count the all-gathers run and the bytes this worker contributed to them.
 Thread-safety: the training thread's.
 """
 
@@ -88,6 +89,8 @@ class Control:
 
     def __init__(self, strategy: tf.distribute.Strategy):
         self._strategy = strategy
+        self.calls = 0
+        self.bytes = 0
 
         @tf.function
         def gather(v):
@@ -97,6 +100,8 @@ class Control:
         self._gather = gather
 
     def _all(self, values: List[int]) -> List[List[int]]:
+        self.calls += 1
+        self.bytes += 8 * len(values)
         out = self._gather(tf.constant(values, tf.int64))
         return self._strategy.experimental_local_results(out)[0].numpy().tolist()
 

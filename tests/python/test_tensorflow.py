@@ -114,7 +114,7 @@ class ExactTest(unittest.TestCase):
                 self.assertIn("does not compress gradients", r["detail"])
             self.prepare(11, f"{WORKERS} 4,3,2,1 - 10000", ok=True)
             newest = max(e["step"] for e in self.agent.events_of("telemetry"))
-            at = newest + 4
+            at = newest + 10  # far enough ahead that every worker has the commit in time
             self.agent.command(f"commit 11 {at}")
             for _ in range(WORKERS):
                 self.wait(lambda e: e["event"] == "ack" and e["id"] == 11, timeout=60)
@@ -152,9 +152,13 @@ class ExactTest(unittest.TestCase):
             c = e["collectives"]
             self.assertLessEqual(e["compute_ms"] + c["wait/dp"][0] + c["wait/other"][0],
                                  cycle + 1e-3, e)
-        rank0 = {e["step"]: e["counts"]["info/samples"] for e in steady if e["rank"] == 0}
-        self.assertEqual([rank0[s] for s in sorted(rank0)],
+        rank0 = {e["step"]: e for e in self.agent.events_of("telemetry") if e["rank"] == 0}
+        self.assertEqual([rank0[s]["counts"]["info/samples"] for s in sorted(rank0)],
                          [samples[s] for s in sorted(rank0)])
+        # The boundary agreement: one all-gather before every step after the first, and a
+        # second (do all workers hold the plan?) before the step the plan applies to.
+        self.assertEqual({s: e["collectives"]["all_reduce/control"][2] for s, e in rank0.items()},
+                         {s: 0 if s == 0 else 2 if s == at else 1 for s in rank0})
 
 
 @unittest.skipUnless(HAVE_TF, "needs TensorFlow (bash scripts/install-tensorflow.sh)")
@@ -217,6 +221,10 @@ class DeployTest(unittest.TestCase):
                    "without_ms": [round(m, 2) for m, _ in base],
                    "committed": summary["committed"], "reverted": summary["reverted"]}
         print(json.dumps(figures), file=sys.stderr)
+        path = os.environ.get("PARAPILOT_JOB_RESULTS")
+        if path:  # as test_job_matrix.py's figures, one JSON line per case
+            with open(path, "a") as f:
+                f.write(json.dumps(dict(figures, shape="tensorflow")) + "\n")
         problems = []
         if len(learned) != 1 or learned[0]["ranks"] != WORKERS:
             problems.append(f"deploy did not learn the 4-worker job once: {learned}")
