@@ -13,9 +13,9 @@
 #
 # Idempotent: nothing is done when VENV holds the set the requirements file pins (a stamp with the
 # file's checksum, written last, and an import of tensorflow at the pinned version); otherwise VENV
-# is removed and made anew. It needs PyPI (about 300 MB of wheels, a 1.6 GB venv) and exits non-zero, saying so,
-# when the set cannot be installed; scripts/install-deps.sh carries on without it, and the
-# tensorflow entries then report skipped.
+# is removed and made anew. It needs PyPI (about 300 MB of wheels, a 1.6 GB venv) and exits
+# non-zero, saying so (2 when pip cannot install the set), when the set cannot be installed;
+# scripts/install-deps.sh carries on without it, and the tensorflow entries then report skipped.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${1:-/opt/parapilot/tf}"

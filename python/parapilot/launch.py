@@ -6,9 +6,9 @@ itself is unavailable or broken (Debian's torch 1.13 torchrun fails on Python 3.
 Starts `nproc` copies of `python3 train.py ...` with RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1) and MASTER_PORT (a free port unless --master-port);
 with --tf-config, also TF_CONFIG naming the nproc processes as the workers of a
-tf.distribute.MultiWorkerMirroredStrategy (127.0.0.1, free ports; the process's task index is its
-RANK). If one exits with an error the others are stopped; the exit code is the first failure's (0 when
-all succeed). --timeout stops everything after that many seconds (exit code 124).
+tf.distribute.MultiWorkerMirroredStrategy (127.0.0.1, free ports; the process's task index is
+its RANK). If one exits with an error the others are stopped; the exit code is the first
+failure's (0 when all succeed). --timeout stops everything after that many seconds (exit code 124).
 """
 
 import argparse

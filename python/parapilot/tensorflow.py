@@ -105,7 +105,7 @@ class _Step:
     samples: int
     start_ns: int = 0
     end_ns: int = 0
-    control: tuple = (0.0, 0, 0)  # the boundary before this step: ms in its reductions, calls, bytes
+    control: tuple = (0.0, 0, 0)  # the boundary before this step: ms, all-gathers, bytes
 
 
 class Session:
@@ -127,11 +127,11 @@ class Session:
                  agent: Optional[str] = None, secret_file: Optional[str] = None,
                  secret_env: str = "PARAPILOT_SECRET", client_options: Optional[dict] = None,
                  log: Optional[Callable[[str, str], None]] = None):
-        resolver = getattr(strategy, "cluster_resolver", None)
-        workers = len(resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             raise ValueError(f"parapilot.tensorflow.Session needs a MultiWorkerMirroredStrategy, "
                              f"not {type(strategy).__name__}")
+        resolver = strategy.cluster_resolver
+        workers = len(resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0
         self.world_size = strategy.num_replicas_in_sync
         if workers not in (0, self.world_size):
             raise ValueError(f"{self.world_size} replicas on {workers} workers: the session "
