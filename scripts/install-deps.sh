@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs parapilot's build and test dependencies from Debian 12 packages (run as root).
 # CUDA and NCCL are optional and not installed here; they are used when found under /usr/local/cuda.
-# Last, the virtual environment with torch 2.x from PyPI for the Python client's torch2 test entries
-# (scripts/install-torch2.sh); without it (no network to PyPI) everything else still builds and
-# runs, and those entries report skipped.
+# Last, the virtual environments from PyPI: torch 2.x for the Python client's torch2 test entries
+# (scripts/install-torch2.sh) and TensorFlow for its tensorflow entries
+# (scripts/install-tensorflow.sh); without them (no network to PyPI) everything else still builds
+# and runs, and those entries report skipped.
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
@@ -25,3 +26,5 @@ else
 fi
 bash "$(dirname "$0")/install-torch2.sh" ||
   echo "install-deps: no torch 2.x environment (see above); the torch2 test entries will be skipped" >&2
+bash "$(dirname "$0")/install-tensorflow.sh" ||
+  echo "install-deps: no TensorFlow environment (see above); the tensorflow test entries will be skipped" >&2

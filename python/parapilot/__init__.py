@@ -1,9 +1,11 @@
-"""parapilot: a pure-Python client of the parapilot agent's bus and a PyTorch DDP integration.
+"""parapilot: a pure-Python client of the parapilot agent's bus, and its PyTorch and TensorFlow
+integrations.
 
     from parapilot import wire, Client          # the protocol (standard library only)
     from parapilot.pytorch import Session       # DDP telemetry, comm hook, shares (needs torch)
+    from parapilot.tensorflow import Session    # MultiWorkerMirroredStrategy jobs (no torch)
 
-See docs/pytorch.md and docs/wire-format.md.
+See docs/pytorch.md, docs/tensorflow.md and docs/wire-format.md.
 """
 
 from .auth import Secret, SecretError, load_secret, load_secret_from_env, load_secret_from_file

@@ -20,10 +20,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch.utils.data import DataLoader
 
-from . import plan_name, wire
+from . import wire
 from .hooks import PlanConfig
 from .share_sampler import ShareBatchSampler
-from .shares import plan_shares, split_batch
+from .shares import dp_layout_problem, plan_shares, split_batch
 from .step_session import StepSession
 
 
@@ -93,28 +93,7 @@ class ShareSession(StepSession):
         return f"final share {self.local_batch}/{self.global_batch}"
 
     def _layout_problem(self, p: wire.PlanPrepare) -> str:
-        lay = p.layout
-        if lay.tp != 1 or lay.pp != 1:
-            return (f"layout tp={lay.tp} pp={lay.pp}: this {self.job_kind} job only runs pure "
-                    "data parallel layouts")
-        if lay.dp != self.world_size:
-            w = self.world_size
-            return (f"layout dp={lay.dp} but the job has {w} ranks: the agent planned for a "
-                    f"world size of {lay.dp}, not this job's {w} (start parapilot deploy with "
-                    f"--gpus {w}, or a scenario whose cluster has {w} GPUs)")
-        try:
-            name = plan_name.decode(p.layout_name)
-            shares = plan_shares(p)
-        except ValueError as e:
-            return str(e)
-        # The device map of a deploy layout name (replica i on GPU g[i]); none in other kinds.
-        gpus = name.gpus if isinstance(name, plan_name.LayoutPlanName) and name.gpus else None
-        if shares and len(shares) != self.world_size:
-            return f"{len(shares)} shares for {self.world_size} ranks"
-        if not shares and gpus is not None and gpus != list(range(len(gpus))):
-            return ("device remapping without shares changes nothing here: a rank keeps its "
-                    "device")
-        return ""
+        return dp_layout_problem(p, self.world_size, self.job_kind)
 
     def _stage_plan(self, p: wire.PlanPrepare) -> PlanConfig:
         return self._build_config(p.plan_id, plan_shares(p), p.layout.compression,

@@ -9,6 +9,8 @@ Contract:
 * plan_shares(PlanPrepare) reads a plan's shares (Layout.dp_shares, else the deploy layout name's
   `sh=`), per rank (a `g=` device map of a pure data-parallel layout is applied: a rank keeps
   its device). Malformed layout names raise ValueError (the session refuses such plans).
+* dp_layout_problem(PlanPrepare, world_size, job_kind) is the one check of a plan's layout for
+  a data-parallel job with elastic shares: "" when it runs, else the reason it is refused.
 Pure functions; no framework import (the TensorFlow client uses them too). The torch sampler
 that hands each rank its slice is share_sampler.py's ShareBatchSampler.
 """
@@ -79,3 +81,31 @@ def plan_shares(p: wire.PlanPrepare) -> List[int]:
         out[gpu] = shares[replica]
     return out
 
+
+
+def dp_layout_problem(p: wire.PlanPrepare, world_size: int, job_kind: str) -> str:
+    """Why a data-parallel job of `world_size` ranks with elastic shares cannot run p's layout
+    ("" when it can): it must be pure data parallel (tp = pp = 1) with dp = world_size, its
+    shares (plan_shares) one per rank, and a device map only together with shares (a rank keeps
+    its device). `job_kind` names the job in the reason ("PyTorch DDP", "TensorFlow")."""
+    lay = p.layout
+    if lay.tp != 1 or lay.pp != 1:
+        return (f"layout tp={lay.tp} pp={lay.pp}: this {job_kind} job only runs pure "
+                "data parallel layouts")
+    if lay.dp != world_size:
+        w = world_size
+        return (f"layout dp={lay.dp} but the job has {w} ranks: the agent planned for a "
+                f"world size of {lay.dp}, not this job's {w} (start parapilot deploy with "
+                f"--gpus {w}, or a scenario whose cluster has {w} GPUs)")
+    try:
+        name = plan_name.decode(p.layout_name)
+        shares = plan_shares(p)
+    except ValueError as e:
+        return str(e)
+    # The device map of a deploy layout name (replica i on GPU g[i]); none in other kinds.
+    gpus = name.gpus if isinstance(name, plan_name.LayoutPlanName) and name.gpus else None
+    if shares and len(shares) != world_size:
+        return f"{len(shares)} shares for {world_size} ranks"
+    if not shares and gpus is not None and gpus != list(range(len(gpus))):
+        return "device remapping without shares changes nothing here: a rank keeps its device"
+    return ""
