@@ -29,7 +29,6 @@ using Clock = std::chrono::steady_clock;
 using boost::system::error_code;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kReadChunkBytes = 64u << 10;
 // send() writes directly from the caller's thread when the previous direct write on the same
 // connection is at least this old (sparse traffic); denser traffic is batched by the I/O thread.
 constexpr std::int64_t kDirectWriteGapNs = 50'000;
@@ -273,7 +272,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
 
   void read() {
     auto conn = conn_;
-    auto space = conn->decoder.prepare(kReadChunkBytes);
+    auto space = conn->decoder.prepare_read();
     conn->sock.async_read_some(
         asio::buffer(space.data(), space.size()),
         [self = shared_from_this(), conn](const error_code& ec, std::size_t n) {
