@@ -687,9 +687,13 @@ JobPace DeployAgent::pace() const {
 }
 
 AgentStats DeployAgent::stats() const {
-  std::lock_guard lock(impl_->mutex);
-  AgentStats s = impl_->stats;
-  s.connected_ranks = static_cast<int>(impl_->live.size());
+  AgentStats s;
+  {
+    std::lock_guard lock(impl_->mutex);
+    s = impl_->stats;
+    s.connected_ranks = static_cast<int>(impl_->live.size());
+  }
+  if (impl_->server) s.bus = impl_->server->stats();
   return s;
 }
 

@@ -267,7 +267,9 @@ int run_child(const Args& a) {
       {"steps", r.steps},
       {"commits", r.commits},
       {"missed_commits", r.missed_commits},
-      {"telemetry_sent", r.telemetry_sent}};
+      {"telemetry_sent", r.telemetry_sent},
+      {"live_ranks", r.live_ranks},
+      {"connected_ranks", r.connected_ranks}};
   std::printf("cluster: %s\n", j.dump().c_str());
   if (a.report_fd >= 0) {
     const std::string line = j.dump() + "\n";
@@ -409,6 +411,18 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
               static_cast<unsigned long long>(mc.outliers));
   fig["telemetry"] = {
       {"accepted", mc.accepted}, {"rejected", mc.rejected}, {"outliers", mc.outliers}};
+  // Every rank connected once (authenticated == ranks) and none was refused or dropped.
+  std::printf(
+      "  bus: %llu connections accepted, %llu authenticated, %llu closed for an error, %llu "
+      "waited for a handshake slot\n",
+      static_cast<unsigned long long>(s.bus.accepted),
+      static_cast<unsigned long long>(s.bus.authenticated),
+      static_cast<unsigned long long>(s.bus.rejected),
+      static_cast<unsigned long long>(s.bus.handshakes_queued));
+  fig["bus"] = {{"accepted", s.bus.accepted},
+                {"authenticated", s.bus.authenticated},
+                {"rejected", s.bus.rejected},
+                {"handshakes_queued", s.bus.handshakes_queued}};
   const double cpu_s = usage.cpu_s - at_start.cpu_s;
   const double rss_mib = usage.max_rss_bytes / (1 << 20);
   std::printf("  agent CPU %.2f s over %.1f s wall (%.0f%% of one core), peak RSS %.0f MiB\n",
