@@ -509,6 +509,51 @@ TEST_CASE("tcp: a full telemetry buffer drops the oldest telemetry, never a cont
   CHECK(std::holds_alternative<Ack>(got[51]));
 }
 
+TEST_CASE("tcp: a long outage keeps the newest telemetry and every control message, in order") {
+  // Many times the buffer's capacity is sent while disconnected: evicted frames pile up and are
+  // compacted away over and over; what arrives is exactly the newest telemetry and all control
+  // messages, in the order sent.
+  LogCapture log;
+  ServerLog sl;
+  auto probe = start_server(server_options(log), sl);
+  const std::uint16_t port = probe->port();
+  probe.reset();
+
+  ClientLog cl;
+  auto co = client_options(port, log);
+  co.telemetry_buffer_capacity = 700;
+  auto client = start_client(co, cl);
+  constexpr std::uint64_t kSteps = 20'000;
+  for (std::uint64_t s = 0; s < kSteps; ++s) {
+    REQUIRE(client->send(make_telemetry(0, s)));
+    if (s % 1000 == 999) REQUIRE(client->send(PlanReady{s, 0, true, ""}));
+  }
+  CHECK(client->stats().telemetry_dropped == kSteps - 700);
+  CHECK(client->stats().queued == 700 + 20);
+
+  auto so = server_options(log);
+  so.port = port;
+  ServerLog sl2;
+  auto server = start_server(so, sl2);
+  REQUIRE(wait_until([&] { return sl2.message_count() == 720; }));
+  const auto got = sl2.from(server->peers().at(0).id);
+  std::uint64_t next_step = kSteps - 700, next_plan = 999;
+  for (const Message& m : got) {
+    if (const auto* t = std::get_if<Telemetry>(&m)) {
+      CHECK(t->step == next_step);
+      ++next_step;
+      // A control message sent after this step must come after it.
+      if (t->step > next_plan) FAIL("PlanReady " << next_plan << " arrived after step " << t->step);
+    } else {
+      REQUIRE(std::holds_alternative<PlanReady>(m));
+      CHECK(std::get<PlanReady>(m).plan_id == next_plan);
+      next_plan += 1000;
+    }
+  }
+  CHECK(next_step == kSteps);
+  CHECK(next_plan == kSteps + 999);
+}
+
 TEST_CASE("tcp: heartbeats keep idle peers alive and detect dead ones") {
   LogCapture log;
   ServerLog sl;
