@@ -37,6 +37,10 @@ constexpr std::int64_t kDirectWriteGapNs = 50'000;
 // I/O thread batches them and the caller does not pay one system call per message.
 constexpr std::int64_t kStreamingMsgsPerSecond = 150'000;
 constexpr std::int64_t kRateWindowSends = 256;
+// ...except on a client it last sent to kFanOutGapNs or longer ago: a thread fanning out to
+// many clients (a simulated cluster's ranks, one frame each per step) has nothing for the I/O
+// thread to coalesce on each, so it writes directly rather than pay a wake-up per frame.
+constexpr std::int64_t kFanOutGapNs = 10'000'000;
 
 bool caller_is_streaming(std::int64_t now_ns) {
   thread_local std::int64_t window_start_ns = 0;
@@ -200,8 +204,11 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     {
       std::lock_guard lk(mu_);
       const std::int64_t now = now_ns();
+      const std::int64_t since_send = now - last_send_ns_;
+      last_send_ns_ = now;
       if (fd_ >= 0 && !write_in_flight_ && queue_.empty() &&
-          now - last_direct_ns_ >= kDirectWriteGapNs && !caller_is_streaming(now)) {
+          now - last_direct_ns_ >= kDirectWriteGapNs &&
+          (since_send >= kFanOutGapNs || !caller_is_streaming(now))) {
         // Fast path for sparse traffic: nothing is pending, so write from the caller's thread
         // without waking the I/O thread. Dense traffic takes the queue, where the I/O thread
         // coalesces frames into large writes. fd_ is only closed under mu_, so it is valid here.
@@ -602,6 +609,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   bool write_in_flight_ = false;         // guarded by mu_
   int fd_ = -1;  // guarded by mu_: the authenticated socket for the send() fast path, or -1
   std::int64_t last_direct_ns_ = 0;  // guarded by mu_: time of the last fast-path write
+  std::int64_t last_send_ns_ = 0;    // guarded by mu_: time of the last send()
 };
 
 class TcpClient final : public Client {
