@@ -293,8 +293,10 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   }
 
   // mu_ held. Sets `post` when the caller must call post_flush() (after unlocking).
+  // No post while a write is in flight: its completion calls start_write(), which takes what
+  // was queued meanwhile.
   void schedule_flush_locked(bool& post) {
-    if (ready_ && !flush_posted_) {
+    if (ready_ && !flush_posted_ && !write_in_flight_) {
       flush_posted_ = true;
       post = true;
     }
