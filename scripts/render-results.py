@@ -284,7 +284,8 @@ def deploy_latency(d):
 
 
 def deploy_scale(d):
-    reports = [d("deploy-scale-%d.json" % n) for n in (16384, 65536)]
+    reports = [d("deploy-scale-16384-%d.json" % i) for i in (1, 2, 3)]
+    reports.append(d("deploy-scale-65536-1.json"))
     rows = []
     for r in reports:
         f = r["figures"]
