@@ -283,6 +283,64 @@ def deploy_latency(d):
     return table(head, rows) + "\n\n" + source(*reports)
 
 
+def deploy_scale(d):
+    reports = [d("deploy-scale-16384-%d.json" % i) for i in (1, 2, 3)]
+    reports.append(d("deploy-scale-65536-1.json"))
+    rows = []
+    for r in reports:
+        f = r["figures"]
+        la = r["load_average"]
+        load = "%.1f–%.1f" % (la["start"][0], la["end"][0])
+        ranks = n0(f["config"]["ranks"])
+        if "not_run" in f:
+            rows.append([ranks, load, "not run: " + f["not_run"], "", "", "", ""])
+            continue
+        bus = f["bus"]
+        cluster = f.get("cluster") or {}
+        rows.append([ranks, load,
+                     q3(f["decision_latency_ms"]) + " ms (%d)" % f["decision_latency_ms"]["n"],
+                     q3(f["step_close_ms"]) + " ms", q3(f["decide_ms"], 3) + " ms",
+                     "%.0f%% of one core, %.0f MiB" % (100 * f["agent_cpu_share_of_core"],
+                                                       f["peak_rss_mib"]),
+                     "%s accepted, %s authenticated, %s closed for an error, %s waited for a "
+                     "handshake slot; %s of %s ranks connected at the last step" % (
+                         n0(bus["accepted"]), n0(bus["authenticated"]), n0(bus["rejected"]),
+                         n0(bus["handshakes_queued"]), n0(cluster.get("connected_ranks", 0)),
+                         ranks)])
+    head = ["ranks", "load (1-min, start–end)", "last telemetry → decision p50 / p99 / max (n)",
+            "of which step close", "of which decide()", "agent CPU, peak RSS", "bus"]
+    return table(head, rows) + "\n\n" + source(*reports)
+
+
+def transport_bus(d):
+    r = d("transport.json")
+    f = r["figures"]
+    by = {(m["publishers"], m["bus"]): m for m in f["medians"]}
+    rows = []
+    for n in sorted({m["publishers"] for m in f["medians"]}):
+        ours, zmq = by.get((n, "parapilot")), by.get((n, "zeromq"))
+        if not ours or not zmq:
+            continue
+        runs = [x for x in f["runs"] if x["publishers"] == n]
+        per_run = " ".join("%.2f" % (a["throughput_msgs_per_s"] / b["throughput_msgs_per_s"])
+                           for a, b in zip([x for x in runs if x["bus"] == "parapilot"],
+                                           [x for x in runs if x["bus"] == "zeromq"]))
+        rows.append([n, "%s / %s" % (n0(ours["throughput_msgs_per_s"]),
+                                     n0(zmq["throughput_msgs_per_s"])),
+                     "%.2f× (runs: %s)" % (ours["throughput_msgs_per_s"] /
+                                           zmq["throughput_msgs_per_s"], per_run),
+                     "%.0f / %.0f µs" % (ours["p99_us"], zmq["p99_us"]),
+                     "%.0f / %.0f µs" % (ours["p50_us"], zmq["p50_us"]),
+                     "%.2f / %.2f µs" % (ours["cpu_us_per_msg"], zmq["cpu_us_per_msg"])])
+    c = f["config"]
+    head = ["publishers", "throughput msgs/s, parapilot / ZeroMQ", "ratio (median)",
+            "p99 latency", "p50 latency", "CPU per message"]
+    return table(head, rows) + (
+        "\n\n%d-byte frames; throughput with at most %s in flight; latency at %s msgs/s "
+        "offered; %.1f s per phase; medians of %d runs, the buses alternating. " % (
+            c["frame_bytes"], n0(c["window"]), n0(c["rate"]), c["seconds"], c["repeat"])) + source(r)
+
+
 def pct(x):
     return "–" if x is None else "%.1f%%" % (100 * x)
 
@@ -632,6 +690,8 @@ RENDER = {
     "policy-latency": policy_latency,
     "deploy-straggler": deploy_straggler,
     "deploy-latency": deploy_latency,
+    "deploy-scale": deploy_scale,
+    "transport-bus": transport_bus,
     "deploy-live": deploy_live,
     "pytorch-job": pytorch_job,
     "pytorch-overhead": pytorch_overhead,

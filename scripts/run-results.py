@@ -17,6 +17,10 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   planner         bench_planner, bench_env, bench_cost_model
   calibration     calibration_report: the cost model on the published runs (deterministic)
   deploy-sim      bench_deploy straggler (64 and 256 ranks) and latency (1024 ranks, 3 runs)
+  deploy-scale    bench_deploy latency beside 16,384 (3 runs) and 65,536 simulated ranks (200
+                  steps of 200 ms; a size the machine cannot connect is recorded as not run, with
+                  why)
+  transport       bench_transport: the bus against ZeroMQ PUSH/PULL, 1, 16 and 256 publishers
   deploy-live     bench_closed_loop, 3 rounds, the shipped policy and reactive
   pytorch         the PyTorch job test (its JSON lines) and the per-step overhead example
   pytorch-matrix  the job-shape matrix (ctest -L matrix -LE torch2, its JSON lines; about 10 minutes)
@@ -64,7 +68,7 @@ DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rent
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
-            "deploy-sim", "deploy-live", "pytorch", "pytorch-matrix", "pytorch-policies", "live",
+            "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix", "pytorch-policies", "live",
             "live-layouts", "live-switch"]
 
 
@@ -215,6 +219,22 @@ class Runner:
                                                  "300"])
         for i in (1, 2, 3):
             self.bench("deploy-latency-%d.json" % i, [b, "latency"])
+
+    def deploy_scale(self):
+        b = self.bin("benchmarks", "agent", "bench_deploy")
+        for ranks, runs in ((16384, 3), (65536, 1)):
+            for i in range(1, runs + 1):
+                # Exit code 3: this machine cannot hold that many connections; the report says
+                # why.
+                r = run([b, "latency", "--ranks", str(ranks), "--steps", "200", "--step-ms", "200",
+                         "--json", self.path("deploy-scale-%d-%d.json" % (ranks, i))],
+                        check=False)
+                if r.returncode not in (0, 3):
+                    sys.exit("failed (exit %d): bench_deploy latency --ranks %d"
+                             % (r.returncode, ranks))
+
+    def transport(self):
+        self.bench("transport.json", [self.bin("benchmarks", "transport", "bench_transport")])
 
     def deploy_live(self):
         b = self.bin("benchmarks", "live", "bench_closed_loop")

@@ -59,8 +59,15 @@ struct ServerOptions {
   Secret secret;                             ///< required, >= kMinSecretBytes.
   std::size_t io_threads = 0;                ///< io_contexts (one thread each); 0 = cores.
   std::uint32_t max_frame_bytes = kDefaultMaxFrameBytes;  ///< header + payload, 1 MiB.
-  std::size_t max_connections = 4096;               ///< open connections, authenticated or not.
-  std::size_t max_unauthenticated = 256;            ///< connections still in the handshake.
+  /// Open connections, authenticated or not. At the limit the server stops accepting: new
+  /// connections wait in the kernel's listen backlog (the client's connect times out and retries
+  /// if the wait is long) until one closes. Never refused.
+  std::size_t max_connections = 4096;
+  /// Connections in the handshake at once. Beyond it an accepted connection waits, unread and
+  /// with its handshake timeout not yet running, in a FIFO until a handshake finishes or fails
+  /// (a connection storm is paced, not refused). Bounds the work an unauthenticated flood can
+  /// cause; the queue itself is bounded by max_connections.
+  std::size_t max_unauthenticated = 256;
   std::uint32_t unauthenticated_timeout_ms = 5000;  ///< handshake must finish within this.
   std::uint32_t heartbeat_interval_ms = 1000;       ///< heartbeat sent when idle this long.
   std::uint32_t heartbeat_timeout_ms = 5000;        ///< silence after which a peer is dead.
@@ -89,10 +96,12 @@ struct ServerHandlers {
 struct ServerStats {
   std::uint64_t accepted = 0;           ///< connections accepted.
   std::uint64_t authenticated = 0;      ///< handshakes completed.
-  std::uint64_t rejected = 0;           ///< closed for a protocol error, auth or a limit.
+  std::uint64_t rejected = 0;  ///< closed: protocol error, auth, handshake timeout, slow peer.
   std::uint64_t messages_received = 0;  ///< delivered to on_message.
   std::uint64_t messages_sent = 0;
-  std::size_t connections = 0;  ///< currently open.
+  std::uint64_t handshakes_queued = 0;  ///< connections that waited for a handshake slot.
+  std::size_t connections = 0;          ///< currently open (waiting ones included).
+  std::size_t waiting = 0;              ///< waiting for a handshake slot now.
 };
 
 /// The agent side.

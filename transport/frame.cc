@@ -126,7 +126,12 @@ std::span<std::uint8_t> FrameDecoder::prepare(std::size_t n) {
   return {buf_.data() + end_, n};
 }
 
-void FrameDecoder::commit(std::size_t n) { end_ += n; }
+std::span<std::uint8_t> FrameDecoder::prepare_read() { return prepare(read_bytes_); }
+
+void FrameDecoder::commit(std::size_t n) {
+  end_ += n;
+  if (n >= read_bytes_ && read_bytes_ < kMaxReadBytes) read_bytes_ *= 2;
+}
 
 void FrameDecoder::feed(std::span<const std::uint8_t> bytes) {
   if (bytes.empty()) return;

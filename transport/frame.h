@@ -74,6 +74,12 @@ class FrameDecoder {
 
   /// Space for at least `n` more bytes; pass the number actually written to commit().
   std::span<std::uint8_t> prepare(std::size_t n);
+  /// Space for the next read from a socket: kFirstReadBytes at first, doubled each time a read
+  /// fills it, up to kMaxReadBytes. A sparse peer's buffer stays a few KiB (a server of 16,384
+  /// ranks holds 16,384 of them); a streaming peer reads 64 KiB per system call.
+  std::span<std::uint8_t> prepare_read();
+  static constexpr std::size_t kFirstReadBytes = 4u << 10;
+  static constexpr std::size_t kMaxReadBytes = 64u << 10;
   void commit(std::size_t n);
   /// prepare + copy + commit.
   void feed(std::span<const std::uint8_t> bytes);
@@ -90,6 +96,7 @@ class FrameDecoder {
   std::vector<std::uint8_t> buf_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
+  std::size_t read_bytes_ = kFirstReadBytes;  // prepare_read()'s size
   std::string error_;
 };
 

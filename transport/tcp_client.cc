@@ -29,7 +29,6 @@ using Clock = std::chrono::steady_clock;
 using boost::system::error_code;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kReadChunkBytes = 64u << 10;
 // send() writes directly from the caller's thread when the previous direct write on the same
 // connection is at least this old (sparse traffic); denser traffic is batched by the I/O thread.
 constexpr std::int64_t kDirectWriteGapNs = 50'000;
@@ -38,6 +37,10 @@ constexpr std::int64_t kDirectWriteGapNs = 50'000;
 // I/O thread batches them and the caller does not pay one system call per message.
 constexpr std::int64_t kStreamingMsgsPerSecond = 150'000;
 constexpr std::int64_t kRateWindowSends = 256;
+// ...except on a client it last sent to kFanOutGapNs or longer ago: a thread fanning out to
+// many clients (a simulated cluster's ranks, one frame each per step) has nothing for the I/O
+// thread to coalesce on each, so it writes directly rather than pay a wake-up per frame.
+constexpr std::int64_t kFanOutGapNs = 10'000'000;
 
 bool caller_is_streaming(std::int64_t now_ns) {
   thread_local std::int64_t window_start_ns = 0;
@@ -51,6 +54,119 @@ bool caller_is_streaming(std::int64_t now_ns) {
   }
   return streaming;
 }
+
+// The frames a client has queued, oldest first: back to back in one buffer (no allocation or
+// copy per frame beyond the append), each frame's size and kind beside them. Evicting the oldest
+// telemetry marks it dead; dead frames are skipped when a batch is taken, and compacted away
+// once they outweigh the live ones. Not thread-safe (the client guards it with mu_).
+class FrameQueue {
+ public:
+  std::size_t size() const { return live_; }
+  bool empty() const { return live_ == 0; }
+  std::size_t telemetry() const { return telemetry_; }
+
+  void push(std::string_view frame, bool telemetry) {
+    bytes_.append(frame);
+    marks_.push_back(Mark{static_cast<std::uint32_t>(frame.size()), telemetry, false});
+    ++live_;
+    telemetry_ += telemetry ? 1 : 0;
+  }
+
+  /// Drops the oldest telemetry frame still queued; false when there is none.
+  bool evict_oldest_telemetry() {
+    for (std::size_t i = hint_; i < marks_.size(); ++i) {
+      Mark& m = marks_[i];
+      if (m.dead || !m.telemetry) continue;
+      m.dead = true;
+      dead_bytes_ += m.bytes;
+      --live_;
+      --telemetry_;
+      hint_ = i + 1;
+      if (dead_bytes_ > kCompactBytes && dead_bytes_ > bytes_.size() - begin_ - dead_bytes_) {
+        compact();
+      }
+      return true;
+    }
+    return false;
+  }
+
+  /// Moves whole frames from the front into `out` until it holds at least `max_bytes` or the
+  /// queue is empty; returns how many frames moved.
+  std::size_t take(std::string& out, std::size_t max_bytes) {
+    if (out.empty() && begin_ == 0 && dead_bytes_ == 0 && bytes_.size() <= max_bytes) {
+      // Everything, in one piece: hand the buffer over.
+      const std::size_t n = live_;
+      out.swap(bytes_);
+      bytes_.clear();
+      marks_.clear();
+      live_ = telemetry_ = 0;
+      hint_ = 0;
+      return n;
+    }
+    std::size_t n = 0, popped = 0;
+    std::size_t run_begin = begin_, run_bytes = 0;  // live frames in a row, copied at once
+    while (!marks_.empty() && out.size() + run_bytes < max_bytes) {
+      const Mark m = marks_.front();
+      marks_.pop_front();
+      ++popped;
+      if (m.dead) {
+        out.append(bytes_, run_begin, run_bytes);
+        run_begin = begin_ + m.bytes;
+        run_bytes = 0;
+        dead_bytes_ -= m.bytes;
+      } else {
+        run_bytes += m.bytes;
+        --live_;
+        telemetry_ -= m.telemetry ? 1 : 0;
+        ++n;
+      }
+      begin_ += m.bytes;
+    }
+    out.append(bytes_, run_begin, run_bytes);
+    hint_ = hint_ > popped ? hint_ - popped : 0;
+    if (marks_.empty()) {
+      bytes_.clear();
+      begin_ = 0;
+    } else if (begin_ > kCompactBytes && begin_ > bytes_.size() / 2) {
+      bytes_.erase(0, begin_);
+      begin_ = 0;
+    }
+    return n;
+  }
+
+ private:
+  static constexpr std::size_t kCompactBytes = 64u << 10;
+  struct Mark {
+    std::uint32_t bytes;
+    bool telemetry;
+    bool dead;
+  };
+  // Rewrites the buffer with the live frames only.
+  void compact() {
+    std::string live;
+    live.reserve(bytes_.size() - begin_ - dead_bytes_);
+    std::deque<Mark> marks;
+    std::size_t at = begin_;
+    for (const Mark& m : marks_) {
+      if (!m.dead) {
+        live.append(bytes_, at, m.bytes);
+        marks.push_back(m);
+      }
+      at += m.bytes;
+    }
+    bytes_.swap(live);
+    marks_.swap(marks);
+    begin_ = 0;
+    dead_bytes_ = 0;
+    hint_ = 0;
+  }
+
+  std::string bytes_;  // frames at [begin_, size()), dead ones included
+  std::size_t begin_ = 0;
+  std::deque<Mark> marks_;
+  std::size_t live_ = 0, telemetry_ = 0, dead_bytes_ = 0;
+  std::size_t hint_ = 0;  // no live telemetry among marks_[0, hint_)
+};
 
 class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
  public:
@@ -75,9 +191,12 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
 
   bool send(const Message& m) {
     if (stopped_.load(std::memory_order_acquire) || is_internal_type(type_of(m))) return false;
-    auto frame = encode_frame(m, opt_.max_frame_bytes);
-    if (!frame) {
-      log(LogLevel::warn, "not sending: " + frame.status().message());
+    // Encoded into a per-thread buffer, then written or appended to the queue: no allocation
+    // per message.
+    thread_local std::string frame;
+    frame.clear();
+    if (auto r = append_frame(m, frame, opt_.max_frame_bytes); !r) {
+      log(LogLevel::warn, "not sending: " + r.status().message());
       return false;
     }
     const bool telemetry = std::holds_alternative<Telemetry>(m);
@@ -85,21 +204,25 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     {
       std::lock_guard lk(mu_);
       const std::int64_t now = now_ns();
+      const std::int64_t since_send = now - last_send_ns_;
+      last_send_ns_ = now;
       if (fd_ >= 0 && !write_in_flight_ && queue_.empty() &&
-          now - last_direct_ns_ >= kDirectWriteGapNs && !caller_is_streaming(now)) {
+          now - last_direct_ns_ >= kDirectWriteGapNs &&
+          (since_send >= kFanOutGapNs || !caller_is_streaming(now))) {
         // Fast path for sparse traffic: nothing is pending, so write from the caller's thread
         // without waking the I/O thread. Dense traffic takes the queue, where the I/O thread
         // coalesces frames into large writes. fd_ is only closed under mu_, so it is valid here.
         last_direct_ns_ = now;
-        const ssize_t n = ::send(fd_, frame->data(), frame->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        const ssize_t n = ::send(fd_, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) {
           last_tx_ns_.store(now, std::memory_order_relaxed);
-          if (static_cast<std::size_t>(n) == frame->size()) {
+          if (static_cast<std::size_t>(n) == frame.size()) {
             messages_sent_.fetch_add(1, std::memory_order_relaxed);
             return true;
           }
-          // The rest of a partly written frame goes first and is never evicted.
-          queue_.push_front(Entry{frame->substr(static_cast<std::size_t>(n)), false});
+          // The rest of a partly written frame goes first (the queue is empty) and is never
+          // evicted.
+          queue_.push(std::string_view(frame).substr(static_cast<std::size_t>(n)), false);
           schedule_flush_locked(post);
           if (post) post_flush();
           return true;
@@ -107,13 +230,13 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         // EAGAIN (socket buffer full) or an error the I/O thread will see: queue it.
       }
       if (telemetry) {
-        if (telemetry_queued_ >= opt_.telemetry_buffer_capacity) {
-          evict_oldest_telemetry();
-        }
         if (opt_.telemetry_buffer_capacity == 0) return true;  // dropped at once
-        ++telemetry_queued_;
+        if (queue_.telemetry() >= opt_.telemetry_buffer_capacity &&
+            queue_.evict_oldest_telemetry()) {
+          ++telemetry_dropped_;
+        }
       }
-      queue_.push_back(Entry{std::move(*frame), telemetry});
+      queue_.push(frame, telemetry);
       schedule_flush_locked(post);
     }
     if (post) post_flush();
@@ -170,8 +293,10 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   }
 
   // mu_ held. Sets `post` when the caller must call post_flush() (after unlocking).
+  // No post while a write is in flight: its completion calls start_write(), which takes what
+  // was queued meanwhile.
   void schedule_flush_locked(bool& post) {
-    if (ready_ && !flush_posted_) {
+    if (ready_ && !flush_posted_ && !write_in_flight_) {
       flush_posted_ = true;
       post = true;
     }
@@ -207,25 +332,9 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     tcp::socket sock;
     FrameDecoder decoder;
   };
-  struct Entry {
-    std::string frame;
-    bool telemetry;
-  };
 
   void log(LogLevel level, const std::string& line) const {
     opt_.logger(level, "client '" + opt_.name + "': " + line);
-  }
-
-  // mu_ held.
-  void evict_oldest_telemetry() {
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->telemetry) {
-        queue_.erase(it);
-        --telemetry_queued_;
-        ++telemetry_dropped_;
-        return;
-      }
-    }
   }
 
   void connect_now() {
@@ -273,7 +382,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
 
   void read() {
     auto conn = conn_;
-    auto space = conn->decoder.prepare(kReadChunkBytes);
+    auto space = conn->decoder.prepare_read();
     conn->sock.async_read_some(
         asio::buffer(space.data(), space.size()),
         [self = shared_from_this(), conn](const error_code& ec, std::size_t n) {
@@ -372,33 +481,22 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   void start_write() {
     if (!conn_ || state_ == State::connecting || state_ == State::stopped) return;
     auto batch = std::make_shared<std::string>();
-    std::size_t bytes = 0;
+    std::size_t count = 0;
     {
-      // Only move entries out under the lock; copying them into the batch happens outside it,
-      // so that senders are not held up while a large batch is assembled.
+      // The queue's bytes are handed over whole when they fit (the common case), else copied
+      // in runs of live frames, under the lock.
       std::lock_guard lk(mu_);
       if (write_in_flight_) return;
       batch->swap(priority_out_);
-      bytes = batch->size();
-      if (state_ == State::ready) {
-        while (!queue_.empty() && bytes < opt_.max_batch_bytes) {
-          Entry& e = queue_.front();
-          bytes += e.frame.size();
-          if (e.telemetry) --telemetry_queued_;
-          taken_.push_back(std::move(e));
-          queue_.pop_front();
-        }
+      if (state_ == State::ready && !queue_.empty()) {
+        count = queue_.take(*batch, opt_.max_batch_bytes);
       }
-      if (bytes == 0) {
+      if (batch->empty()) {
         cv_.notify_all();
         return;
       }
       write_in_flight_ = true;
     }
-    const std::size_t count = taken_.size();
-    batch->reserve(bytes);
-    for (const Entry& e : taken_) batch->append(e.frame);
-    taken_.clear();
     last_tx_ns_.store(now_ns(), std::memory_order_relaxed);
     auto conn = conn_;
     asio::async_write(
@@ -498,7 +596,6 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   Clock::time_point phase_start_{}, last_rx_{};
   std::atomic<std::int64_t> last_tx_ns_{0};  // steady clock; written by senders and the strand
   std::uint64_t heartbeat_seq_ = 0;
-  std::vector<Entry> taken_;  // entries being copied into the next batch
 
   std::atomic<bool> stopped_{false};
   std::atomic<bool> connected_{false};
@@ -506,15 +603,15 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Entry> queue_;              // guarded by mu_
+  FrameQueue queue_;                     // guarded by mu_
   std::string priority_out_;             // guarded by mu_ when swapped; strand writes
-  std::size_t telemetry_queued_ = 0;     // guarded by mu_
   std::uint64_t telemetry_dropped_ = 0;  // guarded by mu_
   bool ready_ = false;                   // guarded by mu_
   bool flush_posted_ = false;            // guarded by mu_
   bool write_in_flight_ = false;         // guarded by mu_
   int fd_ = -1;  // guarded by mu_: the authenticated socket for the send() fast path, or -1
   std::int64_t last_direct_ns_ = 0;  // guarded by mu_: time of the last fast-path write
+  std::int64_t last_send_ns_ = 0;    // guarded by mu_: time of the last send()
 };
 
 class TcpClient final : public Client {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -26,8 +27,6 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using boost::system::error_code;
 
-constexpr std::size_t kReadChunkBytes = 64u << 10;
-
 class TcpServer;
 
 class ServerConn : public std::enable_shared_from_this<ServerConn> {
@@ -35,12 +34,19 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket sock, PeerId id,
              std::string remote);
   void start();
+  /// Any thread: start() on the connection's I/O thread.
+  void start_async() {
+    asio::post(ctx_, [self = shared_from_this()] { self->start(); });
+  }
   /// Any thread. Appends an encoded frame to the send queue.
   bool enqueue(std::string_view frame);
   /// Any thread.
   void close_async(std::string reason, bool protocol_error);
 
   PeerId id() const { return id_; }
+  /// Where the connection stands in admission; read and written under the server's mu_ only.
+  enum class Admission { waiting, handshaking, done };
+  Admission admission = Admission::handshaking;
   bool authenticated() const { return authenticated_.load(std::memory_order_acquire); }
   const PeerInfo& info() const { return info_; }  // stable once authenticated()
 
@@ -185,8 +191,10 @@ class TcpServer final : public Server {
     s.rejected = rejected_.load();
     s.messages_received = messages_received_.load();
     s.messages_sent = messages_sent_.load();
+    s.handshakes_queued = handshakes_queued_.load();
     std::lock_guard lk(mu_);
     s.connections = conns_.size();
+    s.waiting = handshake_queue_.size() - handshake_queue_closed_;
     return s;
   }
 
@@ -211,6 +219,8 @@ class TcpServer final : public Server {
     }
     std::lock_guard lk(mu_);
     conns_.clear();
+    handshake_queue_.clear();
+    handshake_queue_closed_ = 0;
   }
 
   // ---- used by connections (on their I/O thread) ----
@@ -223,7 +233,8 @@ class TcpServer final : public Server {
   void on_authenticated(const std::shared_ptr<ServerConn>& c) {
     {
       std::lock_guard lk(mu_);
-      --unauthenticated_;
+      c->admission = ServerConn::Admission::done;
+      release_handshake_slot();
     }
     authenticated_.fetch_add(1);
     log(LogLevel::info, "peer " + std::to_string(c->id()) + " '" + c->info().name + "' (" +
@@ -232,11 +243,22 @@ class TcpServer final : public Server {
 
   void on_closed(const std::shared_ptr<ServerConn>& c, bool was_authenticated,
                  const std::string& reason, bool protocol_error) {
+    bool resume_accept = false;
     {
       std::lock_guard lk(mu_);
       conns_.erase(c->id());
-      if (!was_authenticated) --unauthenticated_;
+      if (c->admission == ServerConn::Admission::handshaking) {
+        release_handshake_slot();
+      } else if (c->admission == ServerConn::Admission::waiting) {
+        ++handshake_queue_closed_;  // skipped when it reaches the queue's front
+      }
+      c->admission = ServerConn::Admission::done;
+      if (accept_paused_ && !stopped_ && conns_.size() < opt_.max_connections) {
+        accept_paused_ = false;
+        resume_accept = true;
+      }
     }
+    if (resume_accept) asio::post(workers_[0]->ctx, [this] { accept(); });
     if (protocol_error) rejected_.fetch_add(1);
     const std::string who = "peer " + std::to_string(c->id()) +
                             (was_authenticated ? " '" + c->info().name + "'" : std::string()) +
@@ -252,7 +274,36 @@ class TcpServer final : public Server {
     std::thread thread;
   };
 
+  // Under mu_: a handshake slot frees; the longest-waiting connection (if any) takes it.
+  void release_handshake_slot() {
+    --unauthenticated_;
+    while (!stopped_ && !handshake_queue_.empty()) {
+      std::shared_ptr<ServerConn> next = std::move(handshake_queue_.front());
+      handshake_queue_.pop_front();
+      if (next->admission != ServerConn::Admission::waiting) {  // closed while it waited
+        --handshake_queue_closed_;
+        continue;
+      }
+      next->admission = ServerConn::Admission::handshaking;
+      ++unauthenticated_;
+      next->start_async();
+      return;
+    }
+  }
+
+  // Worker 0 only. At max_connections the acceptor pauses (the kernel's listen backlog holds new
+  // connections) until a connection closes (on_closed resumes it).
   void accept() {
+    {
+      std::lock_guard lk(mu_);
+      if (stopped_) return;
+      if (conns_.size() >= opt_.max_connections) {
+        accept_paused_ = true;
+        log(LogLevel::warn, "connection limit (" + std::to_string(opt_.max_connections) +
+                                ") reached: new connections wait in the listen backlog");
+        return;
+      }
+    }
     auto& target = workers_[next_worker_++ % workers_.size()]->ctx;
     acceptor_->async_accept(target, [this, &target](const error_code& ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
@@ -270,6 +321,9 @@ class TcpServer final : public Server {
     });
   }
 
+  // Admits every connection while the server runs: it starts its handshake at once while fewer
+  // than max_unauthenticated are in one, else it waits (unread, its handshake timeout not yet
+  // running) in a FIFO for a slot.
   void on_accept(asio::io_context& ctx, tcp::socket sock) {
     accepted_.fetch_add(1);
     error_code ec;
@@ -278,30 +332,30 @@ class TcpServer final : public Server {
         ec ? std::string("?")
            : remote_ep.address().to_string() + ":" + std::to_string(remote_ep.port());
     std::shared_ptr<ServerConn> c;
-    std::string refuse;
+    bool start = false;
     {
       std::lock_guard lk(mu_);
-      if (stopped_) {
-        refuse = "server stopping";
-      } else if (conns_.size() >= opt_.max_connections) {
-        refuse = "connection limit (" + std::to_string(opt_.max_connections) + ") reached";
-      } else if (unauthenticated_ >= opt_.max_unauthenticated) {
-        refuse = "unauthenticated connection limit (" + std::to_string(opt_.max_unauthenticated) +
-                 ") reached";
-      } else {
+      if (!stopped_) {
         const PeerId id = next_id_++;
         c = std::make_shared<ServerConn>(*this, ctx, std::move(sock), id, remote);
         conns_.emplace(id, c);
-        ++unauthenticated_;
+        if (unauthenticated_ < opt_.max_unauthenticated) {
+          ++unauthenticated_;
+          c->admission = ServerConn::Admission::handshaking;
+          start = true;
+        } else {
+          c->admission = ServerConn::Admission::waiting;
+          handshake_queue_.push_back(c);
+          handshakes_queued_.fetch_add(1, std::memory_order_relaxed);
+        }
       }
     }
     if (!c) {
-      rejected_.fetch_add(1);
-      log(LogLevel::warn, "refused connection from " + remote + ": " + refuse);
+      log(LogLevel::info, "closed connection from " + remote + ": server stopping");
       sock.close(ec);
       return;
     }
-    asio::post(ctx, [c] { c->start(); });
+    if (start) c->start_async();
   }
 
   ServerOptions opt_;
@@ -315,11 +369,17 @@ class TcpServer final : public Server {
   mutable std::mutex mu_;
   bool stopped_ = false;                                           // guarded by mu_
   PeerId next_id_ = 1;                                             // guarded by mu_
-  std::size_t unauthenticated_ = 0;                                // guarded by mu_
+  std::size_t unauthenticated_ = 0;  // guarded by mu_: connections holding a handshake slot
+  bool accept_paused_ = false;       // guarded by mu_: at max_connections, no accept pending
+  // Guarded by mu_: connections waiting for a handshake slot, oldest first, and how many of
+  // those closed while waiting (skipped when they reach the front).
+  std::deque<std::shared_ptr<ServerConn>> handshake_queue_;
+  std::size_t handshake_queue_closed_ = 0;
   std::unordered_map<PeerId, std::shared_ptr<ServerConn>> conns_;  // guarded by mu_
 
   std::atomic<std::uint64_t> accepted_{0}, authenticated_{0}, rejected_{0};
   std::atomic<std::uint64_t> messages_received_{0}, messages_sent_{0};
+  std::atomic<std::uint64_t> handshakes_queued_{0};
 };
 
 // ---- ServerConn ----
@@ -337,6 +397,7 @@ ServerConn::ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket soc
 }
 
 void ServerConn::start() {
+  if (state_ == State::closed) return;  // closed (the server stopping) before it started
   error_code ec;
   sock_.set_option(tcp::no_delay(true), ec);
   opened_ = last_rx_ = last_tx_ = Clock::now();
@@ -345,7 +406,7 @@ void ServerConn::start() {
 }
 
 void ServerConn::read() {
-  auto space = decoder_.prepare(kReadChunkBytes);
+  auto space = decoder_.prepare_read();
   sock_.async_read_some(
       asio::buffer(space.data(), space.size()),
       [self = shared_from_this()](const error_code& ec, std::size_t n) { self->on_read(ec, n); });

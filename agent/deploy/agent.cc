@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -91,7 +92,7 @@ struct DeployAgent::Impl {
   std::atomic<bool> stopped{false};
 
   mutable std::mutex mutex;  // guards the fields below
-  std::map<transport::PeerId, uint32_t> peer_rank;
+  std::unordered_map<transport::PeerId, uint32_t> peer_rank;  // looked up per telemetry sample
   std::map<uint32_t, int> rank_connections;
   std::set<uint32_t> live;
   AgentStats stats;
@@ -127,8 +128,7 @@ struct DeployAgent::Impl {
   std::unique_ptr<env::dp::DataParallelDecider> learned_decider(const transport::JobInfo& info);
   void decide_learned(uint64_t step, monitor::Clock::time_point last_arrival, monitor::Clock::time_point start,
                       bool staging, const monitor::Beliefs& beliefs,
-                      const std::vector<std::string>& evidence, const std::set<uint32_t>& ranks,
-                      const nlohmann::json& rejected);
+                      const std::vector<std::string>& evidence, const nlohmann::json& rejected);
   // Latency figures of one decision (timestamps in order), under no lock.
   void record_decision(monitor::Clock::time_point last_arrival, monitor::Clock::time_point callback_start,
                        monitor::Clock::time_point decide_start, monitor::Clock::time_point decided,
@@ -365,14 +365,12 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
 
   const bool staging = executor->busy();
   std::vector<std::string> evidence;
-  std::set<uint32_t> ranks;
   double staging_left = 0;
   std::string blocked;
   {
     std::lock_guard lock(mutex);
     evidence.assign(recent_evidence.begin(), recent_evidence.end());
     recent_evidence.clear();
-    ranks = live;
     staging_left =
         staging ? std::max(0.0, staging_predicted_s - executor->staging_elapsed_s(monitor::Clock::now()))
                 : 0.0;
@@ -382,7 +380,7 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
   nlohmann::json rejected = nlohmann::json::object();
   for (const auto& [reason, n] : mc.rejected_by_reason) rejected[reason] = n;
   if (dp) {
-    decide_learned(step, last_arrival, callback_start, staging, beliefs, evidence, ranks, rejected);
+    decide_learned(step, last_arrival, callback_start, staging, beliefs, evidence, rejected);
     return;
   }
   const auto decide_start = monitor::Clock::now();
@@ -391,8 +389,12 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
   bool prepared = false;
   std::string held;
   if (d.action > 0 && d.target) {
+    // The ranks the plan goes to: those live now (copied only for a switch: 16,384 ranks are
+    // a tree of 16,384 nodes).
+    std::set<uint32_t> ranks;
     {
       std::lock_guard lock(mutex);
+      ranks = live;
       if (!blocked.empty()) {
         held = blocked;
       } else {
@@ -415,7 +417,6 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
                                        monitor::Clock::time_point start, bool staging,
                                        const monitor::Beliefs& beliefs,
                                        const std::vector<std::string>& evidence,
-                                       const std::set<uint32_t>& ranks,
                                        const nlohmann::json& rejected) {
   const env::Observation observation = dp->observe(beliefs, staging);
   const int action = dp_policy->act(observation);
@@ -439,9 +440,12 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
         pending_revert = d.kind == env::dp::DataParallelDecision::Kind::revert;
         staging_predicted_s = 0;
       }
-      std::set<uint32_t> members;  // ranks of this job (a stray rank id never answers)
-      for (uint32_t r : ranks) {
-        if (r < d.counts.size()) members.insert(r);
+      std::set<uint32_t> members;  // live ranks of this job (a stray rank id never answers)
+      {
+        std::lock_guard lock(mutex);
+        for (uint32_t r : live) {
+          if (r < d.counts.size()) members.insert(r);
+        }
       }
       prepared = prepare_switch(
           pipeline ? dp->layout_of(d.counts) : shares_layout(d.counts, global_batch), members,
@@ -742,9 +746,13 @@ JobPace DeployAgent::pace() const {
 }
 
 AgentStats DeployAgent::stats() const {
-  std::lock_guard lock(impl_->mutex);
-  AgentStats s = impl_->stats;
-  s.connected_ranks = static_cast<int>(impl_->live.size());
+  AgentStats s;
+  {
+    std::lock_guard lock(impl_->mutex);
+    s = impl_->stats;
+    s.connected_ranks = static_cast<int>(impl_->live.size());
+  }
+  if (impl_->server) s.bus = impl_->server->stats();
   return s;
 }
 

@@ -93,6 +93,10 @@ struct AgentStats {
   uint64_t features_unseen = 0;
   std::map<std::string, uint64_t> features_unseen_by_input;
   int connected_ranks = 0;
+  /// The bus server's counters (TCP or the in-process hub): connections accepted,
+  /// handshakes completed (one per rank when none reconnected), closed for an error, and those
+  /// that waited for a handshake slot.
+  transport::ServerStats bus;
   std::vector<double> decision_latency_ms;  ///< every decision (most recent 100000).
   std::vector<double> prepare_latency_ms;   ///< decisions that sent a PlanPrepare.
   std::vector<double> step_close_ms;  ///< closing sample's arrival -> step callback (monitor).

@@ -4,7 +4,10 @@
 //     The agent runs in this process; the simulated cluster in a child process (this program
 //     re-executed), so the agent's CPU time and peak RSS (getrusage) are its own. Prints the
 //     decision latency (last telemetry of an interval arriving -> decision; -> PlanPrepare for
-//     switches), planner figures, and the agent's CPU and memory.
+//     switches), planner figures, the agent's CPU and memory, and the bus's connection counts.
+//     Each rank is one loopback connection: when the file-descriptor limit (raised to the hard
+//     limit) or 127.0.0.1's ephemeral ports cannot hold them, it exits with code 3 before
+//     starting, saying why (and with --json, a report whose "not_run" says it).
 //   bench_deploy straggler [--ranks 64] ...
 //     A rank slowed 3x mid-run, with and without the agent: steps to detection, to the committed
 //     switch, and true throughput (cost model under the true conditions) before, during, after.
@@ -15,6 +18,7 @@
 // a checkpoint. --json FILE also writes every printed figure as JSON (benchmarks/report.h);
 // --help prints the options. Malformed numbers and flags without a value exit with code 2.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,6 +52,9 @@ using namespace parapilot::env;
 namespace {
 
 const char* kSecret = "bench-deploy-secret-0123456789";
+// latency's exit code when the machine cannot hold the ranks' connections (the JSON report
+// says why, under "not_run").
+constexpr int kNotRun = 3;
 
 struct Args {
   std::string mode = "latency";
@@ -267,7 +275,9 @@ int run_child(const Args& a) {
       {"steps", r.steps},
       {"commits", r.commits},
       {"missed_commits", r.missed_commits},
-      {"telemetry_sent", r.telemetry_sent}};
+      {"telemetry_sent", r.telemetry_sent},
+      {"live_ranks", r.live_ranks},
+      {"connected_ranks", r.connected_ranks}};
   std::printf("cluster: %s\n", j.dump().c_str());
   if (a.report_fd >= 0) {
     const std::string line = j.dump() + "\n";
@@ -278,11 +288,50 @@ int run_child(const Args& a) {
   return 0;
 }
 
+/// Whether this machine can hold `ranks` loopback connections to one port: each takes a file
+/// descriptor in the agent and one in the cluster (the soft limit is raised to the hard one
+/// here; the cluster inherits it) and an ephemeral port of 127.0.0.1. Empty when it can, else
+/// why not; `limits` gets the figures.
+std::string connection_capacity_problem(int ranks, nlohmann::json& limits) {
+  rlimit fd{};
+  getrlimit(RLIMIT_NOFILE, &fd);
+  if (fd.rlim_cur < fd.rlim_max) {
+    fd.rlim_cur = fd.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &fd);
+    getrlimit(RLIMIT_NOFILE, &fd);
+  }
+  long first = 0, last = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> first >> last;
+  const long ports = last >= first && first > 0 ? last - first + 1 : 0;
+  constexpr long kSpareFds = 512;  // the agent's and the cluster's own files, policy, pipes
+  limits = {{"fd_limit", static_cast<long long>(fd.rlim_cur)},
+            {"fd_needed", ranks + kSpareFds},
+            {"ephemeral_ports", ports}};
+  std::string why;
+  if (fd.rlim_cur != RLIM_INFINITY && static_cast<long long>(fd.rlim_cur) < ranks + kSpareFds) {
+    why = std::to_string(ranks) + " ranks need " + std::to_string(ranks + kSpareFds) +
+          " file descriptors in each process; the limit is " + std::to_string(fd.rlim_cur) +
+          " (hard limit " + std::to_string(fd.rlim_max) + ")";
+  }
+  if (ports > 0 && ports < ranks) {
+    why += (why.empty() ? "" : "; ") + std::to_string(ranks) +
+           " loopback connections to one port need as many ephemeral ports of 127.0.0.1; "
+           "ip_local_port_range has " + std::to_string(ports);
+  }
+  return why;
+}
+
 int run_latency(Args a, const char* self, nlohmann::json& fig) {
   if (a.ranks == 0) a.ranks = 1024;
   if (a.steps == 0) a.steps = 600;
   if (a.step_ms < 0) a.step_ms = 50;
   settle_slow_rank(a);
+  if (const std::string why = connection_capacity_problem(a.ranks, fig["limits"]); !why.empty()) {
+    std::printf("agent: %d ranks: not run on this machine: %s\n", a.ranks, why.c_str());
+    fig["config"] = config_json(a);
+    fig["not_run"] = why;
+    return kNotRun;
+  }
   AgentOptions o;
   set_policy(o, a);
   o.job = parapilot::take(make_job(a.scenario, a.ranks));
@@ -409,6 +458,18 @@ int run_latency(Args a, const char* self, nlohmann::json& fig) {
               static_cast<unsigned long long>(mc.outliers));
   fig["telemetry"] = {
       {"accepted", mc.accepted}, {"rejected", mc.rejected}, {"outliers", mc.outliers}};
+  // Every rank connected once (authenticated == ranks) and none was refused or dropped.
+  std::printf(
+      "  bus: %llu connections accepted, %llu authenticated, %llu closed for an error, %llu "
+      "waited for a handshake slot\n",
+      static_cast<unsigned long long>(s.bus.accepted),
+      static_cast<unsigned long long>(s.bus.authenticated),
+      static_cast<unsigned long long>(s.bus.rejected),
+      static_cast<unsigned long long>(s.bus.handshakes_queued));
+  fig["bus"] = {{"accepted", s.bus.accepted},
+                {"authenticated", s.bus.authenticated},
+                {"rejected", s.bus.rejected},
+                {"handshakes_queued", s.bus.handshakes_queued}};
   const double cpu_s = usage.cpu_s - at_start.cpu_s;
   const double rss_mib = usage.max_rss_bytes / (1 << 20);
   std::printf("  agent CPU %.2f s over %.1f s wall (%.0f%% of one core), peak RSS %.0f MiB\n",
@@ -610,7 +671,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s", kUsage);
       return 2;
     }
-    if (rc == 0 && !report.write(json_path)) rc = 1;
+    if ((rc == 0 || rc == kNotRun) && !report.write(json_path)) rc = 1;
     return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_deploy: %s\n", e.what());

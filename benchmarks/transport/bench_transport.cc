@@ -11,7 +11,10 @@
 // the receiver has one I/O thread. Prints a table; not a test.
 //
 //   bench_transport [--seconds S] [--rate R] [--window W] [--publishers 1,16,256] [--repeat N]
-//                   [--buses parapilot,zeromq]
+//                   [--buses parapilot,zeromq] [--json FILE]
+// Each configuration runs --repeat times, the buses alternating (parapilot, ZeroMQ, parapilot,
+// ...), so that both see the same machine load; the table shows medians. --json also writes
+// every run and the medians (benchmarks/report.h).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,6 +28,7 @@
 
 #include <sys/resource.h>
 
+#include "benchmarks/report.h"
 #include "transport/bus.h"
 #include "transport/frame.h"
 #include "transport/messages.h"
@@ -317,7 +321,23 @@ std::vector<std::size_t> parse_list(const char* s) {
 
 }  // namespace
 
+nlohmann::json row_json(const Row& r) {
+  return {{"bus", r.bus},
+          {"publishers", r.publishers},
+          {"throughput_msgs_per_s", r.max_msgs_per_s},
+          {"p50_us", r.p50_us},
+          {"p99_us", r.p99_us},
+          {"p999_us", r.p999_us},
+          {"max_us", r.max_us},
+          {"achieved_msgs_per_s", r.achieved_rate},
+          {"cpu_us_per_msg", r.cpu_us_per_msg},
+          {"dropped", r.dropped},
+          {"complete", r.ok}};
+}
+
 int main(int argc, char** argv) {
+  const std::string json_path = parapilot::bench::take_json_flag(argc, argv);
+  parapilot::bench::Report report("bench_transport", argc, argv);
   Config cfg;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -325,7 +345,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_transport [--seconds S] [--rate R] [--window N] "
           "[--buses parapilot,zeromq]\n"
-          "                       [--repeat N] [--publishers N,N,...]\n"
+          "                       [--repeat N] [--publishers N,N,...] [--json FILE]\n"
           "  telemetry throughput and latency of the parapilot bus (and ZeroMQ, side by side)\n");
       return 0;
     }
@@ -372,6 +392,12 @@ int main(int argc, char** argv) {
   std::printf(
       "|-----------:|-----------|------------------:|-------:|-------:|---------:|-------:|"
       "----------------:|-----------:|--------:|\n");
+  nlohmann::json& fig = report.figures();
+  fig["config"] = {{"frame_bytes", frame_bytes},   {"window", cfg.window},
+                   {"rate", cfg.rate},             {"seconds", cfg.seconds},
+                   {"repeat", cfg.repeat},         {"cores", std::thread::hardware_concurrency()}};
+  fig["medians"] = nlohmann::json::array();
+  fig["runs"] = nlohmann::json::array();
   for (std::size_t n : cfg.publishers) {
     std::vector<Row> ours, zmq;
     for (int r = 0; r < cfg.repeat; ++r) {
@@ -383,7 +409,10 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     if (!ours.empty()) rows.push_back(median(ours));
     if (!zmq.empty()) rows.push_back(median(zmq));
+    for (const Row& r : ours) fig["runs"].push_back(row_json(r));
+    for (const Row& r : zmq) fig["runs"].push_back(row_json(r));
     for (const Row& r : rows) {
+      fig["medians"].push_back(row_json(r));
       std::printf(
           "| %10zu | %-9s | %17.0f | %6.1f | %6.1f | %8.1f | %6.0f | %15.0f | %10.2f | %7llu |%s\n",
           r.publishers, r.bus.c_str(), r.max_msgs_per_s, r.p50_us, r.p99_us, r.p999_us, r.max_us,
@@ -392,5 +421,5 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  return 0;
+  return report.write(json_path) ? 0 : 1;
 }

@@ -356,19 +356,26 @@ TEST_CASE("tcp: limits on unauthenticated time and on connections") {
   REQUIRE(slow.write(encode_frame(Hello{PeerRole::worker, 0, "slow", {}})->substr(0, 10)));
   CHECK(slow.closed_by_peer());
 
-  // Two connections in the handshake fill max_unauthenticated; a third is refused at once.
+  // Two connections in the handshake fill max_unauthenticated; a third waits for a slot (not
+  // refused, not read, its handshake timeout not running) and gets one when the first goes.
   auto o2 = server_options(log);
   o2.unauthenticated_timeout_ms = 60'000;
   o2.max_unauthenticated = 2;
   ServerLog sl2;
   auto server2 = start_server(o2, sl2);
-  RawPeer a, b, c;
-  REQUIRE(a.connect(server2->port()));
+  std::optional<RawPeer> a(std::in_place);
+  RawPeer b, c;
+  REQUIRE(a->connect(server2->port()));
   REQUIRE(b.connect(server2->port()));
   REQUIRE(wait_until([&] { return server2->stats().connections == 2; }));
   REQUIRE(c.connect(server2->port()));
-  CHECK(c.closed_by_peer(2s));
-  CHECK(wait_until([&] { return log.contains("unauthenticated connection limit"); }));
+  REQUIRE(wait_until([&] { return server2->stats().waiting == 1; }));
+  CHECK_FALSE(c.closed_by_peer(300ms));
+  CHECK(server2->stats().handshakes_queued == 1);
+  a.reset();  // frees a handshake slot
+  CHECK(c.client_handshake(Secret(kTestSecret), "waited") != 0);
+  CHECK(server2->stats().waiting == 0);
+  CHECK(server2->stats().rejected == 0);
 }
 
 TEST_CASE("tcp: connection limit") {
@@ -377,16 +384,64 @@ TEST_CASE("tcp: connection limit") {
   auto o = server_options(log);
   o.max_connections = 2;
   auto server = start_server(o, sl);
-  ClientLog cl1, cl2;
+  ClientLog cl1, cl2, cl3;
   auto c1 = start_client(client_options(server->port(), log, "w1"), cl1);
   auto c2 = start_client(client_options(server->port(), log, "w2"), cl2);
   REQUIRE(wait_until([&] { return sl.connect_count() == 2; }));
-  RawPeer extra;
-  REQUIRE(extra.connect(server->port()));
-  CHECK(extra.closed_by_peer());
+  // A third waits in the listen backlog (the acceptor pauses), is never refused, and is
+  // admitted once a connection closes.
+  auto c3 = start_client(client_options(server->port(), log, "w3"), cl3);
   CHECK(wait_until([&] { return log.contains("connection limit (2) reached"); }));
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(c3->connected());
+  CHECK(server->stats().connections == 2);
   CHECK(c1->connected());
   CHECK(c2->connected());
+  c1->stop();
+  CHECK(wait_until([&] { return c3->connected(); }));
+  CHECK(sl.connect_count() == 3);
+  CHECK(server->stats().rejected == 0);
+  CHECK_FALSE(cl3.disconnected_with(""));  // never refused, never dropped
+}
+
+TEST_CASE("tcp: a connection storm is admitted, not refused") {
+  // 2,000 clients connect at once to a server that runs at most 64 handshakes at a time:
+  // every one is admitted (the rest wait for a slot), none is refused or has to retry.
+  constexpr int kClients = 2000;
+  LogCapture log;
+  ServerLog sl;
+  auto o = server_options(log);
+  o.max_unauthenticated = 64;
+  o.max_connections = 4096;
+  o.unauthenticated_timeout_ms = 30'000;
+  o.heartbeat_timeout_ms = 30'000;
+  auto server = start_server(o, sl);
+  auto runtime = std::make_shared<IoRuntime>(2);
+  std::vector<std::unique_ptr<ClientLog>> logs;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    auto co = client_options(server->port(), log, "storm-" + std::to_string(i));
+    co.rank = static_cast<std::uint32_t>(i);
+    co.connect_timeout_ms = 60'000;
+    co.heartbeat_timeout_ms = 30'000;
+    logs.push_back(std::make_unique<ClientLog>());
+    auto c = make_tcp_client(co, logs.back()->handlers(), runtime);
+    REQUIRE(c.ok());
+    clients.push_back(std::move(*c));
+  }
+  CHECK(wait_until([&] { return sl.connect_count() == kClients; }, 120s));
+  const ServerStats st = server->stats();
+  CHECK(st.authenticated == static_cast<std::uint64_t>(kClients));
+  CHECK(st.accepted == static_cast<std::uint64_t>(kClients));  // one connection each: no retry
+  CHECK(st.rejected == 0);
+  CHECK(st.handshakes_queued > 0);  // the limit was reached: the queue paced the storm
+  CHECK(st.waiting == 0);
+  std::size_t reconnects = 0;
+  for (const auto& l : logs) reconnects += l->disconnected_with("") ? 1 : 0;
+  CHECK(reconnects == 0);
+  CHECK_FALSE(log.contains("refused"));
+  for (auto& c : clients) c->stop();
+  clients.clear();
 }
 
 TEST_CASE("tcp: reconnect delivers buffered telemetry in order") {
@@ -452,6 +507,51 @@ TEST_CASE("tcp: a full telemetry buffer drops the oldest telemetry, never a cont
   CHECK(std::holds_alternative<PlanReady>(got[0]));
   for (std::size_t i = 1; i <= 50; ++i) CHECK(std::get<Telemetry>(got[i]).step == 49 + i);
   CHECK(std::holds_alternative<Ack>(got[51]));
+}
+
+TEST_CASE("tcp: a long outage keeps the newest telemetry and every control message, in order") {
+  // Many times the buffer's capacity is sent while disconnected: evicted frames pile up and are
+  // compacted away over and over; what arrives is exactly the newest telemetry and all control
+  // messages, in the order sent.
+  LogCapture log;
+  ServerLog sl;
+  auto probe = start_server(server_options(log), sl);
+  const std::uint16_t port = probe->port();
+  probe.reset();
+
+  ClientLog cl;
+  auto co = client_options(port, log);
+  co.telemetry_buffer_capacity = 700;
+  auto client = start_client(co, cl);
+  constexpr std::uint64_t kSteps = 20'000;
+  for (std::uint64_t s = 0; s < kSteps; ++s) {
+    REQUIRE(client->send(make_telemetry(0, s)));
+    if (s % 1000 == 999) REQUIRE(client->send(PlanReady{s, 0, true, ""}));
+  }
+  CHECK(client->stats().telemetry_dropped == kSteps - 700);
+  CHECK(client->stats().queued == 700 + 20);
+
+  auto so = server_options(log);
+  so.port = port;
+  ServerLog sl2;
+  auto server = start_server(so, sl2);
+  REQUIRE(wait_until([&] { return sl2.message_count() == 720; }));
+  const auto got = sl2.from(server->peers().at(0).id);
+  std::uint64_t next_step = kSteps - 700, next_plan = 999;
+  for (const Message& m : got) {
+    if (const auto* t = std::get_if<Telemetry>(&m)) {
+      CHECK(t->step == next_step);
+      ++next_step;
+      // A control message sent after this step must come after it.
+      if (t->step > next_plan) FAIL("PlanReady " << next_plan << " arrived after step " << t->step);
+    } else {
+      REQUIRE(std::holds_alternative<PlanReady>(m));
+      CHECK(std::get<PlanReady>(m).plan_id == next_plan);
+      next_plan += 1000;
+    }
+  }
+  CHECK(next_step == kSteps);
+  CHECK(next_plan == kSteps + 999);
 }
 
 TEST_CASE("tcp: heartbeats keep idle peers alive and detect dead ones") {
