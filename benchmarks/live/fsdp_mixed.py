@@ -61,7 +61,21 @@ def _load_run_results():
 
 
 def run_job(a, kind, secret, tmp):
-    """One launch of fsdp_worker.py; returns rank 0's result and deploy (or None)."""
+    """One launch of fsdp_worker.py; returns rank 0's result and deploy (or None). A launch
+    whose rendezvous port another process took between its choice and its use (EADDRINUSE, on
+    a shared machine) is run again, once."""
+    try:
+        return launch_job(a, kind, secret, tmp)
+    except PortTaken:
+        print("%s run: the rendezvous port was taken; running it again" % kind, file=sys.stderr)
+        return launch_job(a, kind, secret, tmp)
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def launch_job(a, kind, secret, tmp):
     cfg = {"model": "device", "steps": a.steps, "global_batch": GLOBAL_BATCH,
            "device_where": "forward",
            "speeds": [1.0] * RANKS if kind == "healthy" else FACTORS,
@@ -79,6 +93,8 @@ def run_job(a, kind, secret, tmp):
     finally:
         if deploy is not None:
             deploy.stop()
+    if job.returncode != 0 and "EADDRINUSE" in job.stderr:
+        raise PortTaken(kind)
     if job.returncode != 0:
         raise RuntimeError("%s run failed (exit %d):\n%s" % (kind, job.returncode,
                                                              job.stderr[-4000:]))

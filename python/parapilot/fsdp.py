@@ -129,6 +129,9 @@ class FSDPSession(ShareSession):
                  grad_stats_every: int = 10, start_step: int = 0,
                  initial_shares: Optional[Sequence[int]] = None, log=None,
                  client_options: Optional[dict] = None, control_timeout_s: float = 1800.0):
+        if not torch.distributed.is_initialized():
+            raise RuntimeError("parapilot: FSDPSession needs torch.distributed initialised "
+                               "(init_process_group) first")
         fsdp_module, all_gather, reduce_scatter = _fsdp_api()
         if not isinstance(model, fsdp_module):
             raise ValueError(f"FSDPSession: the model ({type(model).__name__}) is not wrapped "
