@@ -90,6 +90,7 @@ struct DeployFlags {
   std::string log_format = "json";
   int interval_steps = 10;
   int cooldown = 2;
+  std::string pp_schedule = "1f1b";
   uint32_t prepare_deadline_ms = 30000;
   uint32_t commit_margin_steps = 3;
   uint32_t commit_lead_ms = 500;
@@ -118,14 +119,19 @@ std::string text_line(const std::string& json) {
     return "deploy: listening on port " + std::to_string(j["port"].get<int>()) + "; policy " +
            str("policy") + "; job " + str("job");
   }
+  // A learned job's knob: a pipeline's blocks per stage, or batch shares.
+  const bool pipeline = j.contains("split");
+  const char* knob = pipeline ? "split" : "shares";
+  const std::string target = std::string("target_") + knob;
   if (event == "job_learned") {
     char text[320];
     std::snprintf(text, sizeof text,
                   "job: %.0f ranks, global batch %.0f, %s, %.0f layers, %.0f parameters; "
-                  "switchable: batch shares%s; shares %s",
+                  "switchable: %s%s; %s %s",
                   num("ranks"), num("global_batch"), str("framework").c_str(), num("layers"),
-                  num("params"), j["can_switch"].value("compression", false) ? ", compression" : "",
-                  str("shares").c_str());
+                  num("params"), pipeline ? "pipeline stages" : "batch shares",
+                  j["can_switch"].value("compression", false) ? ", compression" : "", knob,
+                  str(knob).c_str());
     return text;
   }
   if (event == "decision" && j.contains("reason")) {  // a learned job's decision
@@ -137,16 +143,16 @@ std::string text_line(const std::string& json) {
         std::snprintf(rate, sizeof rate, "%.1f ms/step  %.0f samples/s", num("step_ms"),
                       num("samples_per_s"));
       }
-      std::snprintf(text, sizeof text, "%skeep       shares %s  %s  (%s)", head,
-                    shares_or(j, "shares").c_str(), rate, str("reason").c_str());
+      std::snprintf(text, sizeof text, "%skeep       %s %s  %s  (%s)", head, knob,
+                    shares_or(j, knob).c_str(), rate, str("reason").c_str());
     } else {
       char gain[48] = "";
       if (j.contains("predicted_gain")) {
         std::snprintf(gain, sizeof gain, ", predicted gain %.2fx", num("predicted_gain"));
       }
-      std::snprintf(text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head,
-                    action.c_str(), shares_or(j, "shares").c_str(),
-                    shares_or(j, "target_shares").c_str(), num("step_ms"), gain,
+      std::snprintf(text, sizeof text, "%s%-10s %s %s -> %s  %.1f ms/step%s  (%s)", head,
+                    action.c_str(), knob, shares_or(j, knob).c_str(),
+                    shares_or(j, target.c_str()).c_str(), num("step_ms"), gain,
                     str("reason").c_str());
     }
     return text;
@@ -161,7 +167,9 @@ std::string text_line(const std::string& json) {
   if (event == "migration") {
     std::snprintf(head, sizeof head, "step %6.0f  ", num("switch_at_step"));
     const bool committed = str("outcome") == "committed";
-    std::string what = j.contains("shares") ? "shares " + str("shares") : str("layout");
+    std::string what = j.contains("shares") || pipeline
+                           ? std::string(knob) + " " + str(knob)
+                           : str("layout");
     if (j.value("revert", false)) what += " (revert)";
     return head + std::string(committed ? "committed  " : "ABORTED    ") + what +
            (str("reason").empty() ? "" : "  (" + str("reason") + ")");
@@ -182,7 +190,8 @@ std::string text_line(const std::string& json) {
       text += ", " + std::to_string(n.get<long>()) + " rejected (" + reason + ")";
     }
     if (j.contains("layout")) {
-      text += "; now " + str("layout") + (j.contains("shares") ? " shares " + str("shares") : "");
+      text += "; now " + str("layout") +
+              (j.contains("shares") || pipeline ? std::string(" ") + knob + " " + str(knob) : "");
     }
     char pace[160] = "";
     if (num("step_ms_before") > 0 && num("step_ms_after") > 0) {
@@ -229,6 +238,13 @@ void run_deploy(const DeployFlags& f) {
     o.monitor.confirm_steps = 5;
   }
   o.data_parallel.cooldown_intervals = f.cooldown;
+  if (f.pp_schedule == "gpipe") {
+    o.pipeline_schedule = Schedule::kGPipe;
+  } else if (f.pp_schedule == "1f1b") {
+    o.pipeline_schedule = Schedule::k1F1B;
+  } else {
+    throw InputError("--pp-schedule \"" + f.pp_schedule + "\": expected gpipe or 1f1b");
+  }
   // No --policy: the shipped default policy, rl. A value is checked here (a bad id is exit
   // code 2); the agent then makes it, falling back to reactive when a checkpoint cannot be read.
   const policy::PolicyArgs chosen =
@@ -327,6 +343,11 @@ void run_deploy(const DeployFlags& f) {
       std::string shares;
       for (int c : now.dp_shares) shares += (shares.empty() ? "" : ",") + std::to_string(c);
       j["shares"] = shares;
+    }
+    if (f.scenario.empty() && now.pp > 1) {  // a learned pipeline: its blocks per stage
+      std::string split;
+      for (int n : now.stage_layers) split += (split.empty() ? "" : ",") + std::to_string(n);
+      j["split"] = split;
     }
   }
   auto per_s = [&](double step_ms) {
@@ -446,8 +467,8 @@ void add_deploy_command(CLI::App& app) {
                   "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)");
   cmd->add_option("--scenario", d->scenario,
                   "the job: a scenario family or .toml (model, cluster, search space); default: "
-                  "learn a data-parallel job from its ranks' announcements and rebalance its batch "
-                  "shares from its own telemetry");
+                  "learn the job from its ranks' announcements and, from its own telemetry, "
+                  "rebalance a data-parallel job's batch shares or a pipeline's blocks per stage");
   cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a --scenario family name")
       ->capture_default_str();
   cmd->add_option("--log-format", d->log_format,
@@ -456,6 +477,10 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--interval-steps", d->interval_steps, "training steps per decision")
       ->capture_default_str();
   cmd->add_option("--cooldown", d->cooldown, "decisions to wait after a switch")
+      ->capture_default_str();
+  cmd->add_option("--pp-schedule", d->pp_schedule,
+                  "a learned pipeline job's schedule, gpipe or 1f1b (its plans repeat it; the "
+                  "ranks do not announce it)")
       ->capture_default_str();
   cmd->add_option("--prepare-deadline-ms", d->prepare_deadline_ms,
                   "time allowed for every PlanReady")
