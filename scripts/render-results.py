@@ -464,6 +464,34 @@ def pytorch_policies(d):
     return out
 
 
+def fsdp(d):
+    r = d("fsdp-mixed.json")
+    f = r["figures"]
+    s = f["summary"]
+    names = {"healthy": "healthy devices, no agent", "none": "mixed devices, no agent",
+             "agent": "mixed devices, deploy"}
+    rows = []
+    for k in ("healthy", "none", "agent"):
+        shares = {}
+        for counts in s["final_counts"][k]:
+            key = ",".join(str(v) for v in counts)
+            shares[key] = shares.get(key, 0) + 1
+        rows.append([names[k], "%.1f" % s["second_half_ms"][k], "%.2f" % s["steps_per_s"][k],
+                     "; ".join("%s ×%d" % (c, n) if n > 1 else c for c, n in shares.items())])
+    rows.append(["sum-of-speeds bound (mixed)", "%.1f" % s["bound_step_ms"],
+                 "%.2f" % s["bound_steps_per_s"], "–"])
+    head = ["run", "second half (ms)", "steps/s", "final shares (rounds)"]
+    out = ("Medians over %d rounds of %d steps. Bound: %d samples / %.2f (the sum of the speeds) × "
+           "%.1f ms + %.1f ms fixed (the healthy run's step less an even share's device time)."
+           "\n\n" % (f["rounds"], f["steps"], f["global_batch"], s["sum_of_speeds"],
+                      f["device_ms_per_sample"], s["fixed_ms"])) + table(head, rows)
+    out += ("\n\nWith deploy: %.2f× the steps/s without it, %.0f%% of the bound; %d commits "
+            "(%d reverts) over the rounds.\n\n" % (s["agent_over_none"],
+                                                    100 * s["agent_of_bound"], s["commits"],
+                                                    s["reverts"]) + source(r))
+    return out
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -697,6 +725,7 @@ RENDER = {
     "pytorch-overhead": pytorch_overhead,
     "pytorch-matrix": pytorch_matrix,
     "pytorch-policies": pytorch_policies,
+    "fsdp": fsdp,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
     "live-layouts": live_layouts,

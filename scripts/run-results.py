@@ -26,6 +26,9 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   pytorch-matrix  the job-shape matrix (ctest -L matrix -LE torch2, its JSON lines; about 10 minutes)
   pytorch-policies  deploy's policies on a real PyTorch job, 5 interleaved rounds
                   (benchmarks/live/pytorch_policies.py; about 20 minutes)
+  fsdp            an FSDP2 job on devices of speeds 1, 1, 1/2, 1/3 with and without deploy, and the
+                  sum-of-speeds bound, 3 rounds (benchmarks/live/fsdp_mixed.py under the torch 2.x
+                  Python; about 5 minutes)
   live            bench_live elastic and compression
   live-layouts    one training job under six layouts: final loss and parameters against dp=4
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
@@ -68,8 +71,8 @@ DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rent
 # The rules that read beliefs, for the information section (static and uniform-dp do not).
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
-            "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix", "pytorch-policies", "live",
-            "live-layouts", "live-switch"]
+            "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix",
+            "pytorch-policies", "fsdp", "live", "live-layouts", "live-switch"]
 
 
 def git(*args):
@@ -272,6 +275,13 @@ class Runner:
         self.bench("pytorch-policies.json",
                    [sys.executable, os.path.join(ROOT, "benchmarks", "live", "pytorch_policies.py"),
                     "--build", self.build, "--rounds", "5"])
+
+    def fsdp(self):
+        # FSDP2 needs torch 2.x: the job runs under the Python of the _torch2 test entries.
+        python = os.environ.get("PARAPILOT_TORCH2_PYTHON", "/opt/parapilot/torch2/bin/python")
+        self.bench("fsdp-mixed.json",
+                   [python, os.path.join(ROOT, "benchmarks", "live", "fsdp_mixed.py"),
+                    "--build", self.build, "--python", python, "--rounds", "3"])
 
     def pytorch_overhead(self):
         args = ["--model", "tutorial", "--global-batch", "256", "--steps", "300",

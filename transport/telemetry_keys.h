@@ -33,6 +33,10 @@ inline constexpr char kAllReduceControl[] = "all_reduce/control";  ///< control 
 /// Cycle start to the last gradient bucket ready (the Python client's hooks).
 inline constexpr char kArriveDp[] = "arrive/dp";
 inline constexpr char kBroadcastBuffers[] = "broadcast/buffers";  ///< DDP's buffer broadcast.
+/// FSDP2's parameter all-gathers (the Python client counts their blocked time in kWaitOther).
+inline constexpr char kAllGatherFsdp[] = "all_gather/fsdp";
+/// FSDP2's gradient reduce-scatters (the Python client counts their blocked time in kWaitDp).
+inline constexpr char kReduceScatterFsdp[] = "reduce_scatter/fsdp";
 // Waits: time the rank was blocked for its peers.
 inline constexpr char kWaitDp[] = "wait/dp";        ///< in the gradient collectives.
 inline constexpr char kWaitOther[] = "wait/other";  ///< in the step's other collectives.

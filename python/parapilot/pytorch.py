@@ -49,6 +49,8 @@ Where it lives (this module is the public face; it imports and re-exports):
   share_session.py (ShareSession: elastic batch shares of data-parallel jobs) and
   step_session.py (StepSession: the step context, the plan boundary, failures, close()), which
   use agent_link.py (the bus connection, JobInfo, the plan book) and boundary.py (the agreement).
+* fsdp.py: FSDPSession, the session of a model sharded with FSDP2 (fully_shard): elastic batch
+  shares through session.loss_scale, FSDP2's all-gathers and reduce-scatters timed as waits.
 * hooks.py: the DDP comm hook, PlanConfig, layer_map, the clocks and the step's timing.
 * collectives.py: the waits in collectives outside the gradient hook (torch.distributed's
   collectives and DDP's buffer broadcast, wrapped while a session is open).
@@ -62,11 +64,12 @@ Where it lives (this module is the public face; it imports and re-exports):
 from __future__ import annotations
 
 from .compressors import NONE, FP16, TOPK, POWERSGD  # noqa: F401
+from .fsdp import FSDPSession, FSDPUnavailable  # noqa: F401
 from .hooks import PlanConfig, layer_map  # noqa: F401
 from .peer_failure import PeerLost  # noqa: F401
 from .session import Session  # noqa: F401
 from .share_sampler import ShareBatchSampler  # noqa: F401
 from .shares import plan_shares, shares_from_layout_name, split_batch  # noqa: F401
 
-__all__ = ["Session", "PeerLost", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
+__all__ = ["Session", "FSDPSession", "FSDPUnavailable", "PeerLost", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
            "plan_shares", "shares_from_layout_name", "NONE", "FP16", "TOPK", "POWERSGD"]

@@ -22,7 +22,8 @@ from .wire import CollectiveStat, Telemetry
 
 __all__ = [
     "ALL_REDUCE_DP", "ALL_GATHER_DP", "ALL_REDUCE_DP_INTER", "ALL_REDUCE_TP", "P2P_PP",
-    "ALL_REDUCE_CONTROL", "ARRIVE_DP", "BROADCAST_BUFFERS", "WAIT_DP", "WAIT_OTHER",
+    "ALL_REDUCE_CONTROL", "ARRIVE_DP", "BROADCAST_BUFFERS", "ALL_GATHER_FSDP",
+    "REDUCE_SCATTER_FSDP", "WAIT_DP", "WAIT_OTHER",
     "PHASE_FORWARD", "PHASE_BACKWARD", "PHASE_COMM_WAIT", "PHASE_OPTIMIZER", "SWITCH_LAYOUT",
     "PLAN", "SAMPLES", "MICROBATCHES", "MICROBATCHES_TOTAL", "LOSS", "REPLICA", "STAGE",
     "FIRST_BLOCK", "BLOCKS", "BLOCK_MS_PREFIX", "block_ms_key", "set_block_ms", "block_ms",
@@ -40,6 +41,8 @@ P2P_PP = "p2p/pp"                            # pipeline sends and receives
 ALL_REDUCE_CONTROL = "all_reduce/control"    # control and loss
 ARRIVE_DP = "arrive/dp"                      # cycle start -> last gradient bucket ready
 BROADCAST_BUFFERS = "broadcast/buffers"      # DDP's buffer broadcast
+ALL_GATHER_FSDP = "all_gather/fsdp"          # FSDP2's parameter all-gathers (part of wait/other)
+REDUCE_SCATTER_FSDP = "reduce_scatter/fsdp"  # FSDP2's gradient reduce-scatters (wait/dp)
 # Waits: time the rank was blocked for its peers.
 WAIT_DP = "wait/dp"        # in the gradient collectives
 WAIT_OTHER = "wait/other"  # in the step's other collectives

@@ -46,6 +46,8 @@ TEST_CASE("every key is spelled as the shared vectors spell it") {
       {"ALL_REDUCE_CONTROL", keys::kAllReduceControl},
       {"ARRIVE_DP", keys::kArriveDp},
       {"BROADCAST_BUFFERS", keys::kBroadcastBuffers},
+      {"ALL_GATHER_FSDP", keys::kAllGatherFsdp},
+      {"REDUCE_SCATTER_FSDP", keys::kReduceScatterFsdp},
       {"WAIT_DP", keys::kWaitDp},
       {"WAIT_OTHER", keys::kWaitOther},
       {"PHASE_FORWARD", keys::kPhaseForward},
