@@ -45,12 +45,16 @@ client's I/O thread (staging only builds new objects; nothing the training threa
 modified until the step boundary).
 
 Where it lives (this module is the public face; it imports and re-exports):
-* session.py: Session (the step context, telemetry, the plan boundary, close()).
+* session.py: Session, the DDP session (its comm hook, its telemetry); built on
+  share_session.py (ShareSession: elastic batch shares of data-parallel jobs) and
+  step_session.py (StepSession: the step context, the plan boundary, failures, close()), which
+  use agent_link.py (the bus connection, JobInfo, the plan book) and boundary.py (the agreement).
 * hooks.py: the DDP comm hook, PlanConfig, layer_map, the clocks and the step's timing.
 * collectives.py: the waits in collectives outside the gradient hook (torch.distributed's
   collectives and DDP's buffer broadcast, wrapped while a session is open).
 * compressors.py: fp16, top-k and PowerSGD gradient compression and its state.
-* shares.py: split_batch, ShareBatchSampler, plan_shares, shares_from_layout_name.
+* shares.py: split_batch, plan_shares, shares_from_layout_name (no torch);
+  share_sampler.py: ShareBatchSampler.
 * peer_failure.py: PeerLost (what step() raises when a collective fails among the ranks: a peer
   killed, a link cut, a timeout) and the census in the job's store that names what was lost.
 """
@@ -61,7 +65,8 @@ from .compressors import NONE, FP16, TOPK, POWERSGD  # noqa: F401
 from .hooks import PlanConfig, layer_map  # noqa: F401
 from .peer_failure import PeerLost  # noqa: F401
 from .session import Session  # noqa: F401
-from .shares import ShareBatchSampler, plan_shares, shares_from_layout_name, split_batch  # noqa: F401
+from .share_sampler import ShareBatchSampler  # noqa: F401
+from .shares import plan_shares, shares_from_layout_name, split_batch  # noqa: F401
 
 __all__ = ["Session", "PeerLost", "ShareBatchSampler", "split_batch", "PlanConfig", "layer_map",
            "plan_shares", "shares_from_layout_name", "NONE", "FP16", "TOPK", "POWERSGD"]

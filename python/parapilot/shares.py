@@ -1,32 +1,24 @@
 """Per-rank batch shares and the data split: how many samples of each global batch every rank
-takes, where a plan says so, and the sampler that hands each rank its slice.
+takes, and where a plan says so.
 
 Contract:
 * split_batch(global_batch, shares) is the one rounding rule: proportional to the shares,
-  largest remainder, every rank at least 1 sample, summing to the global batch. The comm hook's
-  gradient weights and ShareBatchSampler both use its counts, so the share-weighted average
+  largest remainder, every rank at least 1 sample, summing to the global batch. The sessions'
+  gradient weights and their samplers all use its counts, so the share-weighted average
   of the gradients is exactly the full-batch average.
 * plan_shares(PlanPrepare) reads a plan's shares (Layout.dp_shares, else the deploy layout name's
   `sh=`), per rank (a `g=` device map of a pure data-parallel layout is applied: a rank keeps
   its device). Malformed layout names raise ValueError (the session refuses such plans).
-* ShareBatchSampler reads the session's active counts when each batch is drawn; it never changes
-  the data order, only which rank reads which slice of each global batch. Each pass walks one
-  epoch's permutation: the one set_epoch named, else the one after the previous pass's.
-Pure functions except ShareBatchSampler (which reads, never writes, the session).
+Pure functions; no framework import (the TensorFlow client uses them too). The torch sampler
+that hands each rank its slice is share_sampler.py's ShareBatchSampler.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
-
-import torch
-from torch.utils.data import Sampler
+from typing import List, Optional, Sequence
 
 from . import plan_name, wire
-
-if TYPE_CHECKING:
-    from .session import Session
 
 
 def split_batch(global_batch: int, shares: Sequence[int]) -> List[int]:
@@ -51,54 +43,6 @@ def split_batch(global_batch: int, shares: Sequence[int]) -> List[int]:
         j = max(range(n), key=lambda k: (counts[k], -k))
         counts[j] -= 1
     return counts
-
-
-class ShareBatchSampler(Sampler):
-    """Yields this rank's indices of each global batch, split by the session's current shares.
-
-    Every rank walks the same permutation (seeded by seed + epoch) in global batches of
-    `global_batch` samples (the last partial batch is dropped); rank r takes the slice that
-    split_batch(global_batch, shares)[r] gives it. Shares are read when each batch is drawn, so a
-    plan applied at a step boundary splits the next batch (with DataLoader worker processes the
-    indices of prefetched batches were already drawn; use num_workers=0, or accept that a share
-    change reaches the data a few steps after the gradient weights).
-    """
-
-    def __init__(self, dataset_len: int, session: "Session", shuffle: bool = True,
-                 seed: int = 0):
-        self.n = int(dataset_len)
-        self.session = session
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self._epoch_set = True  # the next pass uses self.epoch as it is
-
-    def set_epoch(self, epoch: int) -> None:
-        """The next pass walks epoch `epoch`'s permutation (as DistributedSampler.set_epoch).
-        Without a call, each pass after the first walks the next epoch's."""
-        self.epoch = epoch
-        self._epoch_set = True
-
-    def __len__(self) -> int:
-        return self.n // self.session.global_batch
-
-    def __iter__(self) -> Iterator[List[int]]:
-        if not self._epoch_set:
-            self.epoch += 1
-        self._epoch_set = False
-        b = self.session.global_batch
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
-        else:
-            order = list(range(self.n))
-        for start in range(0, self.n - b + 1, b):
-            counts = self.session._hook.config.counts
-            first = sum(counts[:self.session.rank])
-            yield order[start + first:start + first + counts[self.session.rank]]
-
-
 
 
 def shares_from_layout_name(name: str) -> List[int]:
