@@ -90,6 +90,7 @@ struct DeployFlags {
   std::string log_format = "json";
   int interval_steps = 10;
   int cooldown = 2;
+  std::string pp_schedule = "1f1b";
   uint32_t prepare_deadline_ms = 30000;
   uint32_t commit_margin_steps = 3;
   uint32_t commit_lead_ms = 500;
@@ -229,6 +230,13 @@ void run_deploy(const DeployFlags& f) {
     o.monitor.confirm_steps = 5;
   }
   o.data_parallel.cooldown_intervals = f.cooldown;
+  if (f.pp_schedule == "gpipe") {
+    o.pipeline_schedule = Schedule::kGPipe;
+  } else if (f.pp_schedule == "1f1b") {
+    o.pipeline_schedule = Schedule::k1F1B;
+  } else {
+    throw InputError("--pp-schedule \"" + f.pp_schedule + "\": expected gpipe or 1f1b");
+  }
   // No --policy: the shipped default policy, rl. A value is checked here (a bad id is exit
   // code 2); the agent then makes it, falling back to reactive when a checkpoint cannot be read.
   const policy::PolicyArgs chosen =
@@ -446,8 +454,8 @@ void add_deploy_command(CLI::App& app) {
                   "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)");
   cmd->add_option("--scenario", d->scenario,
                   "the job: a scenario family or .toml (model, cluster, search space); default: "
-                  "learn a data-parallel job from its ranks' announcements and rebalance its batch "
-                  "shares from its own telemetry");
+                  "learn the job from its ranks' announcements and, from its own telemetry, "
+                  "rebalance a data-parallel job's batch shares or a pipeline's blocks per stage");
   cmd->add_option("--gpus", d->gpus, "GPUs (= ranks) of the job, for a --scenario family name")
       ->capture_default_str();
   cmd->add_option("--log-format", d->log_format,
@@ -456,6 +464,10 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--interval-steps", d->interval_steps, "training steps per decision")
       ->capture_default_str();
   cmd->add_option("--cooldown", d->cooldown, "decisions to wait after a switch")
+      ->capture_default_str();
+  cmd->add_option("--pp-schedule", d->pp_schedule,
+                  "a learned pipeline job's schedule, gpipe or 1f1b (its plans repeat it; the "
+                  "ranks do not announce it)")
       ->capture_default_str();
   cmd->add_option("--prepare-deadline-ms", d->prepare_deadline_ms,
                   "time allowed for every PlanReady")

@@ -32,6 +32,19 @@ std::optional<double> loss(const Telemetry& t) {
   return it->second;
 }
 
+std::string block_ms_key(std::size_t block) { return kBlockMsPrefix + std::to_string(block); }
+
+void set_block_ms(Telemetry& t, std::size_t block, double ms) {
+  if (std::isfinite(ms) && ms >= 0.0) t.measures[block_ms_key(block)] = ms;
+  else t.measures.erase(block_ms_key(block));
+}
+
+std::optional<double> block_ms(const Telemetry& t, std::size_t block) {
+  const auto it = t.measures.find(block_ms_key(block));
+  if (it == t.measures.end()) return std::nullopt;
+  return it->second;
+}
+
 void set_replica_and_stage(Telemetry& t, std::uint64_t replica, std::uint64_t stage) {
   set_info(t, kReplica, replica);
   set_info(t, kStage, stage);

@@ -7,14 +7,16 @@
 //    calls mean what they say. Their keys are the constants below ("all_reduce/dp", "wait/dp",
 //    "phase/optimizer", ...); a writer fills the CollectiveStat itself.
 //  - facts ("info/..."): one number about the step, not a collective. Whole numbers live in
-//    Telemetry::counts, real numbers (the loss) in Telemetry::measures; the accessors below
-//    read and write them.
+//    Telemetry::counts, real numbers (the loss, a pipeline block's compute) in
+//    Telemetry::measures; the accessors below read and write them.
 //
 // Thread-safety: constants and pure functions on the Telemetry passed in.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "transport/messages.h"
@@ -51,6 +53,12 @@ inline constexpr char kMicrobatchesTotal[] = "info/microbatches_total";  ///< ..
 inline constexpr char kLoss[] = "info/loss";        ///< global loss (a measure).
 inline constexpr char kReplica[] = "info/replica";  ///< data-parallel replica (hybrid layouts).
 inline constexpr char kStage[] = "info/stage";      ///< pipeline stage (hybrid layouts).
+/// A pipeline stage's first block and how many blocks it holds (a pipeline job's blocks are
+/// numbered 0..B-1 in the JobInfo's layers order; the stage holds [first, first + blocks)).
+inline constexpr char kFirstBlock[] = "info/first_block";
+inline constexpr char kBlocks[] = "info/blocks";
+/// Prefix of a block's compute (a measure, ms): "info/block_ms/<i>" for block i.
+inline constexpr char kBlockMsPrefix[] = "info/block_ms/";
 
 /// True for a fact's key ("info/..."), whose entry is no collective.
 bool is_info(std::string_view key);
@@ -64,6 +72,14 @@ std::optional<std::uint64_t> info(const Telemetry& t, const char* key);
 void set_loss(Telemetry& t, double loss);
 /// The loss set_loss sent; nullopt when `t` does not report it.
 std::optional<double> loss(const Telemetry& t);
+
+/// The key of block `block`'s compute in the step: "info/block_ms/<block>".
+std::string block_ms_key(std::size_t block);
+/// Block `block`'s compute in the step (forward and backward over all micro-batches), in ms; a
+/// non-finite or negative value is not reported.
+void set_block_ms(Telemetry& t, std::size_t block, double ms);
+/// The compute set_block_ms sent for `block`; nullopt when `t` does not report it.
+std::optional<double> block_ms(const Telemetry& t, std::size_t block);
 
 /// Where a rank sits in a hybrid layout: its data-parallel replica and pipeline stage.
 void set_replica_and_stage(Telemetry& t, std::uint64_t replica, std::uint64_t stage);

@@ -14,6 +14,7 @@
 
 #include "agent/deploy/metrics.h"
 #include "env/dp/shares.h"
+#include "env/pp/pipeline_model.h"
 #include "env/monitor/robust_stats.h"
 #include "core/error.h"
 
@@ -39,6 +40,36 @@ Strategy shares_layout(const std::vector<int>& counts, int global_batch) {
   return s;
 }
 
+// A learned job whose stages can move blocks and whose shares cannot: a pipeline.
+bool is_pipeline_job(const transport::JobInfo& info) {
+  return (info.capabilities & transport::kCapPipeline) &&
+         !(info.capabilities & transport::kCapDpShares);
+}
+
+// Why deploy cannot decide for the learned job `info` announces ("" when it can).
+std::string learned_job_problem(const transport::JobInfo& info) {
+  const std::string who = "rank " + std::to_string(info.rank) + " announced ";
+  if (is_pipeline_job(info)) {
+    if (info.global_batch < 1) {
+      return who + "no global batch for its pipeline: deploy only observes";
+    }
+    if (info.layers.size() < info.world_size) {
+      return who + std::to_string(info.layers.size()) + " blocks for " +
+             std::to_string(info.world_size) +
+             " pipeline stages: a stage needs a block; deploy only observes";
+    }
+    return "";
+  }
+  if (info.global_batch < info.world_size) {
+    return who + "global batch " + std::to_string(info.global_batch) + " for " +
+           std::to_string(info.world_size) + " ranks: deploy cannot split it and only observes";
+  }
+  if (!(info.capabilities & transport::kCapDpShares)) {
+    return "the job cannot switch batch shares or pipeline stages: deploy only observes";
+  }
+  return "";
+}
+
 }  // namespace
 
 struct DeployAgent::Impl {
@@ -47,6 +78,7 @@ struct DeployAgent::Impl {
   std::atomic<monitor::Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
   std::unique_ptr<env::dp::DataParallelDecider> dp;  // a learned job, once known
+  bool pipeline = false;  // the learned job is a pipeline (dp's split: blocks per stage)
   std::unique_ptr<policy::Policy> dp_policy;  // decides for a learned job (under decide_mutex)
   std::unique_ptr<transport::PlanExecutor> executor;
   // The layout of each plan in flight, by plan id (prepare_switch, on_outcome).
@@ -91,6 +123,8 @@ struct DeployAgent::Impl {
                       transport::PlanExecutor::Clock::time_point now);
   void on_outcome(const transport::PlanOutcome& outcome);
   void on_job_info(transport::PeerId id, const transport::JobInfo& info);
+  // Makes the learned job's decider: batch shares, or the blocks of a pipeline.
+  std::unique_ptr<env::dp::DataParallelDecider> learned_decider(const transport::JobInfo& info);
   void decide_learned(uint64_t step, monitor::Clock::time_point last_arrival, monitor::Clock::time_point start,
                       bool staging, const monitor::Beliefs& beliefs,
                       const std::vector<std::string>& evidence, const std::set<uint32_t>& ranks,
@@ -203,13 +237,7 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
                   "from its ranks, or give a scenario of the job's size)";
       }
     } else if (first) {
-      if (info.global_batch < info.world_size) {
-        warning = "rank " + std::to_string(info.rank) + " announced global batch " +
-                  std::to_string(info.global_batch) + " for " + std::to_string(info.world_size) +
-                  " ranks: deploy cannot split it and only observes";
-      } else if (!(info.capabilities & transport::kCapDpShares)) {
-        warning = "the job cannot switch batch shares: deploy only observes";
-      }
+      warning = learned_job_problem(info);
       learned_now = warning.empty();
     } else if (info.world_size != job_info->world_size ||
                info.global_batch != job_info->global_batch) {
@@ -235,17 +263,13 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
   mo.peer_group.clear();
   mo.compute_standard_errors = true;  // the data-parallel decider's noise band
   monitor_owner = std::make_unique<monitor::Monitor>(mo);
-  env::dp::DataParallelOptions dpo = o.data_parallel;
-  dpo.ranks = mo.ranks;
-  dpo.global_batch = static_cast<int>(info.global_batch);
-  dpo.decision_steps = o.interval_steps;
-  dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
   {
     std::lock_guard decide_lock(decide_mutex);  // current_layout() reads dp under it
-    dp = std::make_unique<env::dp::DataParallelDecider>(dpo);
+    pipeline = is_pipeline_job(info);
+    dp = learned_decider(info);
     dp_policy->begin_episode();
   }
-  const std::string initial_shares = counts_text(dp->counts());  // before telemetry flows
+  const std::string initial_split = counts_text(dp->counts());  // before telemetry flows
   monitor_owner->set_step_callback(
       [this](uint64_t step, monitor::Clock::time_point t) { on_step(step, t); });
   monitor.store(monitor_owner.get());
@@ -276,8 +300,31 @@ void DeployAgent::Impl::on_job_info(transport::PeerId id, const transport::JobIn
                         {"compression", (info.capabilities & transport::kCapCompression) != 0},
                         {"tp", (info.capabilities & transport::kCapTensor) != 0},
                         {"pp", (info.capabilities & transport::kCapPipeline) != 0}}},
-                      {"shares", initial_shares}};
+                      {"kind", pipeline ? "pipeline" : "data-parallel"},
+                      {pipeline ? "split" : "shares", initial_split}};
   log(j.dump());
+}
+
+std::unique_ptr<env::dp::DataParallelDecider> DeployAgent::Impl::learned_decider(
+    const transport::JobInfo& info) {
+  env::dp::DataParallelOptions dpo = o.data_parallel;
+  dpo.ranks = static_cast<int>(info.world_size);
+  dpo.global_batch = static_cast<int>(info.global_batch);
+  dpo.decision_steps = o.interval_steps;
+  dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
+  if (!is_pipeline_job(info)) return std::make_unique<env::dp::DataParallelDecider>(dpo);
+  env::pp::PipelineModelOptions ppo;
+  ppo.stages = dpo.ranks;
+  ppo.global_batch = dpo.global_batch;
+  for (const transport::LayerInfo& l : info.layers) {
+    ppo.block_params.push_back(l.params);
+    ppo.block_bytes.push_back(l.grad_bytes);
+  }
+  ppo.schedule = o.pipeline_schedule;
+  ppo.equal_band = dpo.equal_band;
+  ppo.noise_k = dpo.noise_k;
+  return std::make_unique<env::dp::DataParallelDecider>(
+      dpo, std::make_unique<env::pp::PipelineModel>(std::move(ppo)));
 }
 
 void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_arrival) {
@@ -396,7 +443,9 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       for (uint32_t r : ranks) {
         if (r < d.counts.size()) members.insert(r);
       }
-      prepared = prepare_switch(shares_layout(d.counts, global_batch), members, decided);
+      prepared = prepare_switch(
+          pipeline ? dp->layout_of(d.counts) : shares_layout(d.counts, global_batch), members,
+          decided);
     }
   }
   record_decision(last_arrival, start, start, decided, monitor::Clock::now(), prepared);
@@ -411,7 +460,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       {"policy", dp_policy->name()},
       {"policy_action", d.action},
       {"reason", d.reason},
-      {"shares", counts_text(dp->counts())},
+      {pipeline ? "split" : "shares", counts_text(dp->counts())},
       {"step_ms", d.current_step_ms},
       {"samples_per_s", sps},
       {"slow_ranks", beliefs.slow_ranks},
@@ -419,7 +468,8 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       {"telemetry_rejected", rejected},
       {"evidence", evidence}};
   if (d.kind != env::dp::DataParallelDecision::Kind::keep) {
-    j["target_shares"] = counts_text(d.counts);
+    j[pipeline ? "target_split" : "target_shares"] = counts_text(d.counts);
+    if (pipeline) j["target_layout"] = plan_prepare_for(dp->layout_of(d.counts)).layout_name;
     if (d.kind == env::dp::DataParallelDecision::Kind::rebalance) {
       j["predicted_gain"] = d.predicted_new_ms > 0 ? d.predicted_now_ms / d.predicted_new_ms : 1.0;
       j["predicted_compute_ms"] = {d.predicted_now_ms, d.predicted_new_ms};
@@ -459,7 +509,10 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
   std::lock_guard decide_lock(decide_mutex);
   if (r.committed) {
     if (decider) decider->committed(r.target);
-    if (dp) dp->committed(r.target.dp_shares, r.switch_at_step, revert);
+    if (dp) {
+      dp->committed(pipeline ? r.target.stage_layers : r.target.dp_shares, r.switch_at_step,
+                    revert);
+    }
     if (decider) {
       // Peers are ranks at the same pipeline stage on the same GPU type, as in the simulator.
       monitor.load()->layout_changed(
@@ -485,7 +538,8 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
                       {"prepare_ms", r.prepare_ms},
                       {"total_ms", r.total_ms}};
   if (dp) {
-    j["shares"] = counts_text(r.target.dp_shares);
+    j[pipeline ? "split" : "shares"] =
+        counts_text(pipeline ? r.target.stage_layers : r.target.dp_shares);
     j["revert"] = revert;
   }
   log(j.dump());
@@ -655,6 +709,7 @@ Strategy DeployAgent::current_layout() const {
   std::lock_guard lock(impl_->decide_mutex);
   std::lock_guard state_lock(impl_->mutex);
   if (!impl_->dp || !impl_->job_info) return Strategy{};
+  if (impl_->pipeline) return impl_->dp->layout_of(impl_->dp->counts());
   return shares_layout(impl_->dp->counts(), static_cast<int>(impl_->job_info->global_batch));
 }
 

@@ -7,11 +7,16 @@
 //   hybrid layouts with the cost model and the policy chooses. Plans that need a degree the ranks
 //   announced they cannot switch (JobInfo::capabilities) are held back by a guardrail.
 // * Learned (job empty): the ranks' JobInfo announcements say what the job is (world size,
-//   global batch, what it can switch). Until the first one arrives the agent only listens. The
-//   data-parallel decider (env/dp/decider.h) offers batch-share candidates modelled from the
-//   job's own telemetry, in its own units, the policy chooses among them, and the decider's
-//   guardrail refuses switches that arrival order contradicts and reverts a switch that made
-//   steps slower, whatever the policy.
+//   global batch, what it can switch). Until the first one arrives the agent only listens. A
+//   job that can switch batch shares (Capability DP_SHARES) is data-parallel; one that can
+//   switch its pipeline (PIPELINE, without DP_SHARES) is a pipeline of world_size stages over
+//   the announced layers (its blocks; docs/pytorch.md's pipeline contract). The learned-job
+//   decider (env/dp/decider.h) offers candidates modelled from the job's own telemetry, in its
+//   own units — batch shares (env/dp/shares_model.h) or blocks per stage
+//   (env/pp/pipeline_model.h) —, the policy chooses among them, and the decider's guardrail
+//   refuses switches the measurements contradict and reverts a switch that made steps slower,
+//   whatever the policy. A pipeline plan is dp1-ppS with the new stage boundaries (";st=") and
+//   the job's schedule (AgentOptions::pipeline_schedule: JobInfo does not carry it).
 // Ranks whose JobInfo disagrees with the job (another world size, another global batch) are
 // warned in the log and told why by PlanAbort{plan_id = 0, reason}; no plan is sent to a job in
 // disagreement. Serves Prometheus metrics
@@ -44,6 +49,8 @@ struct AgentOptions {
   std::shared_ptr<const Job> job;     ///< empty: learn the job from the ranks' JobInfo.
   /// A learned job: cool-down, verification, noise bands (ranks and batch come from JobInfo).
   env::dp::DataParallelOptions data_parallel;
+  /// A learned pipeline job's schedule (kGPipe or k1F1B), which its plans must repeat.
+  Schedule pipeline_schedule = Schedule::k1F1B;
   std::string policy_path;            ///< empty: the reactive baseline. Decides for both kinds.
   PolicyLoader loader;                ///< how to load policy_path (the CLI passes the RL loader).
   /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.

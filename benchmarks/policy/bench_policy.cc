@@ -1,8 +1,9 @@
 // Latency of one scheduling decision on CPU: normalise an observation, score keep and the
 // candidates, pick greedily. Prints median and p99 for the shipped inference path (the
 // hand-written actor) and for a batch-1 libtorch forward pass; and the whole decision deploy
-// makes for a data-parallel job (env/dp/decider.h: the observation from the monitor's beliefs,
-// the shipped policy's act, the guardrail) at 8, 64 and 512 ranks.
+// makes for a learned job (env/dp/decider.h: the observation from the monitor's beliefs, the
+// shipped policy's act, the guardrail): a data-parallel job at 8, 64 and 512 ranks, a pipeline
+// (env/pp/pipeline_model.h, 8 blocks per stage) at 4, 16 and 64 stages.
 //
 //   build/benchmarks/policy/bench_policy [CHECKPOINT] [--json FILE]
 //     CHECKPOINT: default the shipped default policy; when the file is absent only the fresh
@@ -18,6 +19,7 @@
 
 #include "env/dp/decider.h"
 #include "env/dp/shares.h"
+#include "env/pp/pipeline_model.h"
 #include "policy/loader.h"
 #include "benchmarks/report.h"
 #include "policy/features.h"
@@ -113,6 +115,36 @@ int main(int argc, char** argv) {
       b.rank_fixed_ms.assign(ranks, 5.0);
       const std::string id = "dp_decision_" + std::to_string(ranks);
       const std::string what = "data-parallel decision, " + std::to_string(ranks) + " ranks";
+      fig["paths"].push_back(measure(id.c_str(), what.c_str(), n / 4, [&](int) {
+        const int action = policy->act(decider.observe(b, false));
+        return action + static_cast<int>(decider.decide(0).kind);  // kept: the same state
+      }));
+    }
+    for (int stages : {4, 16, 64}) {
+      // A pipeline of 8 equal blocks per stage, the middle stage at half speed: every decision
+      // fits the model and has three candidates.
+      const int blocks = 8 * stages;
+      env::pp::PipelineModelOptions po;
+      po.stages = stages;
+      po.global_batch = 64;
+      po.block_params.assign(blocks, 1000);
+      po.block_bytes.assign(blocks, 4000000);
+      po.microbatches = 8;
+      env::dp::DataParallelOptions o;
+      o.ranks = stages;
+      o.global_batch = 64;
+      o.warmup_steps = 0;
+      env::dp::DataParallelDecider decider(o, std::make_unique<env::pp::PipelineModel>(po));
+      for (uint64_t s = 0; s < 20; ++s) decider.observe_step(s, 100);
+      parapilot::monitor::Beliefs b;
+      for (int s = 0; s < stages; ++s) {
+        const double block_ms = s == stages / 2 ? 4.0 : 2.0;
+        b.rank_stage.push_back({8 * s, 8, 8, std::vector<double>(8, block_ms), 4.0, 4e6});
+        b.rank_compute_ms.push_back(8 * block_ms + 1);
+        b.rank_compute_se_ms.push_back(0.01);
+      }
+      const std::string id = "pp_decision_" + std::to_string(stages);
+      const std::string what = "pipeline decision, " + std::to_string(stages) + " stages";
       fig["paths"].push_back(measure(id.c_str(), what.c_str(), n / 4, [&](int) {
         const int action = policy->act(decider.observe(b, false));
         return action + static_cast<int>(decider.decide(0).kind);  // kept: the same state

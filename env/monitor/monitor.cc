@@ -90,6 +90,9 @@ const char* sample_problem(const StepSample& x, const MonitorOptions& o) {
     if (const char* r = bad_number(v, o)) return r;
   }
   if (x.compute_ms > wall_ms + 1.0 || x.longest_collective_ms > wall_ms + 1.0) return "absurd";
+  for (double v : x.stage.block_ms) {
+    if (const char* r = bad_number(v, o)) return r;
+  }
   if (const char* r = layers_problem(x.layers)) return r;
   return nullptr;
 }
@@ -289,6 +292,55 @@ void Monitor::set_step_callback(StepCallback callback) {
   callback_ = std::move(callback);
 }
 
+namespace {
+
+// A pipeline stage's facts, when `t` reports its blocks (pp-contract: a stage holding more than
+// kMaxReportedBlocks blocks reports no block's compute).
+constexpr uint64_t kMaxReportedBlocks = 60;
+
+void read_stage(const transport::Telemetry& t, StageFacts& f) {
+  const auto first = keys::info(t, keys::kFirstBlock);
+  const auto blocks = keys::info(t, keys::kBlocks);
+  if (!first || !blocks || *blocks < 1 || *first > INT32_MAX / 2 || *blocks > INT32_MAX / 2) {
+    return;
+  }
+  f.first_block = static_cast<int>(*first);
+  f.blocks = static_cast<int>(*blocks);
+  if (const auto m = keys::info(t, keys::kMicrobatches)) {
+    f.microbatches = static_cast<int>(std::min<uint64_t>(*m, INT32_MAX));
+  }
+  if (const auto* p2p = keys::timing(t, keys::kP2pPp)) {
+    f.p2p_ms = p2p->ms;
+    f.p2p_bytes = static_cast<double>(p2p->bytes);
+  }
+  if (*blocks > kMaxReportedBlocks) return;
+  for (uint64_t i = 0; i < *blocks; ++i) {
+    const auto ms = keys::block_ms(t, static_cast<size_t>(*first + i));
+    if (!ms) {
+      f.block_ms.clear();  // not every block: none (deploy then assumes equal costs)
+      return;
+    }
+    f.block_ms.push_back(*ms);
+  }
+}
+
+// The stage facts of a closed step into the rank's smoothed ones.
+void fold_stage(const StageFacts& x, StageFacts& f) {
+  if (f.first_block != x.first_block || f.blocks != x.blocks ||
+      f.block_ms.size() != x.block_ms.size()) {
+    f = x;  // a new stage (or the first report): its figures start afresh
+    return;
+  }
+  f.microbatches = x.microbatches;
+  for (size_t i = 0; i < f.block_ms.size(); ++i) {
+    f.block_ms[i] = 0.8 * f.block_ms[i] + 0.2 * x.block_ms[i];
+  }
+  f.p2p_ms = 0.8 * f.p2p_ms + 0.2 * x.p2p_ms;
+  f.p2p_bytes = 0.8 * f.p2p_bytes + 0.2 * x.p2p_bytes;
+}
+
+}  // namespace
+
 StepSample to_sample(const transport::Telemetry& t) {
   StepSample x;
   x.rank = static_cast<int>(std::min<uint32_t>(t.rank, INT32_MAX));
@@ -311,6 +363,7 @@ StepSample to_sample(const transport::Telemetry& t) {
   }
   if (const auto* optimizer = keys::timing(t, keys::kPhaseOptimizer)) x.fixed_ms = optimizer->ms;
   x.layers = t.layers;
+  read_stage(t, x.stage);
   return x;
 }
 
@@ -334,6 +387,19 @@ transport::Telemetry to_telemetry(const StepSample& x) {
                                               1};
   }
   t.layers = x.layers;
+  if (x.stage.first_block >= 0) {
+    keys::set_info(t, keys::kFirstBlock, static_cast<uint64_t>(x.stage.first_block));
+    keys::set_info(t, keys::kBlocks, static_cast<uint64_t>(x.stage.blocks));
+    if (x.stage.microbatches > 0) {
+      keys::set_info(t, keys::kMicrobatches, static_cast<uint64_t>(x.stage.microbatches));
+    }
+    for (size_t i = 0; i < x.stage.block_ms.size(); ++i) {
+      keys::set_block_ms(t, static_cast<size_t>(x.stage.first_block) + i, x.stage.block_ms[i]);
+    }
+    if (x.stage.p2p_ms > 0 || x.stage.p2p_bytes > 0) {
+      t.collectives[keys::kP2pPp] = {x.stage.p2p_ms, static_cast<uint64_t>(x.stage.p2p_bytes), 1};
+    }
+  }
   return t;
 }
 
@@ -522,6 +588,10 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
     walls[i] = wall_ms;
     one_wall &= wall_ms == first_wall;
     beliefs.rank_samples[x.rank] = std::max(0.0, x.samples);
+    if (x.stage.first_block >= 0) {
+      beliefs.rank_stage.resize(o.ranks);
+      fold_stage(x.stage, beliefs.rank_stage[x.rank]);
+    }
     const double wait = x.wait_ms >= 0 ? x.wait_ms : last - arrivals[i];
     waits[i] = wait;
     r.last_wait_ms = wait;

@@ -81,6 +81,21 @@ struct MonitorEvent {
 };
 const char* to_string(MonitorEvent::Kind kind);
 
+/// What a pipeline stage reports of itself (docs/deploy.md, "Learned pipeline jobs"): the
+/// contiguous blocks [first_block, first_block + blocks) of the job's block list, the
+/// micro-batches of a step, each block's compute in the step (forward and backward over all
+/// micro-batches, ms; block_ms[i] is block first_block + i; empty when the stage does not report
+/// every block it holds) and the time and bytes of its pipeline sends and receives ("p2p/pp").
+struct StageFacts {
+  int first_block = -1;  ///< -1: the rank is no pipeline stage (or does not say).
+  int blocks = 0;
+  int microbatches = 0;  ///< 0: not reported.
+  std::vector<double> block_ms;
+  double p2p_ms = 0, p2p_bytes = 0;
+
+  bool operator==(const StageFacts&) const = default;
+};
+
 /// The monitor's current view (a snapshot; copying it is cheap enough once per step).
 struct Beliefs {
   Conditions conditions;  ///< gpu_speed per rank, node_inter_bw per node, gpu_failed = lost.
@@ -113,6 +128,10 @@ struct Beliefs {
   std::vector<double> layer_grad_norm;  ///< per layer: median over ranks, latest step.
   std::vector<double> rank_samples;     ///< samples in the rank's last step; 0: not reported.
   bool compute_per_sample = false;      ///< rank_compute_ms is per sample.
+  /// Per rank, its pipeline stage's facts from its latest closed step, block_ms and p2p smoothed
+  /// (a moving average, restarted when the stage's blocks change); empty until a rank reports
+  /// a stage (a job that is no pipeline never fills it).
+  std::vector<StageFacts> rank_stage;
   double last_step_ms = 0;              ///< the last closed step's wall time (median over ranks).
   uint64_t nonfinite_gradients = 0;     ///< summed over all accepted telemetry.
   double missing_fraction = 0;          ///< of the last closed step's expected samples.
@@ -143,6 +162,7 @@ struct StepSample {
   double longest_collective_ms = 0;  ///< the longest single collective (validation).
   double queue_depth = 0;
   std::vector<transport::LayerGradStat> layers;  ///< per-layer gradient statistics.
+  StageFacts stage;  ///< a pipeline stage's facts ("info/first_block", ...); first_block -1: none.
 };
 
 /// The sample a bus Telemetry message carries (collective keys as documented in wire-format.md).

@@ -112,7 +112,8 @@ double StepTelemetry::generate(const Conditions& truth, uint64_t step, uint64_t 
                    .inter_bytes = r.inter_bytes,
                    .inter_ms = r.inter_bytes > 0 ? collective_ms : m.transfer_ms,
                    .longest_collective_ms = collective_ms,
-                   .layers = {}});
+                   .layers = {},
+                   .stage = {}});
   }
   return step_ms;
 }

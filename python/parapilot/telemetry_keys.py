@@ -6,8 +6,9 @@ Two kinds of entry:
 * timings, in Telemetry.collectives: a collective or a phase of the step; ms, bytes and calls
   mean what they say. A writer fills the CollectiveStat itself under one of the keys below.
 * facts ("info/..."): one number about the step, not a collective. Whole numbers live in
-  Telemetry.counts, real numbers (the loss) in Telemetry.measures; set_info/info,
-  set_loss/loss and set_replica_and_stage read and write them.
+  Telemetry.counts, real numbers (the loss, a pipeline block's compute) in Telemetry.measures;
+  set_info/info, set_loss/loss, set_block_ms/block_ms and set_replica_and_stage read and write
+  them.
 
 Every accessor takes the Telemetry and is pure apart from it.
 """
@@ -24,6 +25,7 @@ __all__ = [
     "ALL_REDUCE_CONTROL", "ARRIVE_DP", "BROADCAST_BUFFERS", "WAIT_DP", "WAIT_OTHER",
     "PHASE_FORWARD", "PHASE_BACKWARD", "PHASE_COMM_WAIT", "PHASE_OPTIMIZER", "SWITCH_LAYOUT",
     "PLAN", "SAMPLES", "MICROBATCHES", "MICROBATCHES_TOTAL", "LOSS", "REPLICA", "STAGE",
+    "FIRST_BLOCK", "BLOCKS", "BLOCK_MS_PREFIX", "block_ms_key", "set_block_ms", "block_ms",
     "script_key", "is_info", "set_info", "info", "set_loss", "loss", "set_replica_and_stage",
 ]
 
@@ -56,6 +58,11 @@ MICROBATCHES_TOTAL = "info/microbatches_total"  # ... all ranks ran
 LOSS = "info/loss"                              # global loss, a measure (set_loss, loss)
 REPLICA = "info/replica"                        # data-parallel replica (hybrid layouts)
 STAGE = "info/stage"                            # pipeline stage (hybrid layouts)
+# A pipeline stage's first block and how many blocks it holds (blocks are numbered 0..B-1 in the
+# JobInfo's layers order; the stage holds [first, first + blocks)).
+FIRST_BLOCK = "info/first_block"
+BLOCKS = "info/blocks"
+BLOCK_MS_PREFIX = "info/block_ms/"  # + block index: that block's compute (a measure, ms)
 
 
 def script_key(op: str) -> str:
@@ -91,6 +98,25 @@ def set_loss(t: Telemetry, value: float) -> None:
 def loss(t: Telemetry) -> Optional[float]:
     """The loss set_loss sent; None when the telemetry does not report it."""
     return t.measures.get(LOSS)
+
+
+def block_ms_key(block: int) -> str:
+    """The key of block `block`'s compute in the step: "info/block_ms/<block>"."""
+    return f"{BLOCK_MS_PREFIX}{int(block)}"
+
+
+def set_block_ms(t: Telemetry, block: int, ms: float) -> None:
+    """Block `block`'s compute in the step (forward and backward over all micro-batches), in ms;
+    a non-finite or negative value is not reported."""
+    if math.isfinite(ms) and ms >= 0.0:
+        t.measures[block_ms_key(block)] = float(ms)
+    else:
+        t.measures.pop(block_ms_key(block), None)
+
+
+def block_ms(t: Telemetry, block: int) -> Optional[float]:
+    """The compute set_block_ms sent for `block`; None when the telemetry does not report it."""
+    return t.measures.get(block_ms_key(block))
 
 
 def set_replica_and_stage(t: Telemetry, replica: int, stage: int) -> None:

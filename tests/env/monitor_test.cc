@@ -707,3 +707,57 @@ TEST_CASE("samples handed in together leave the monitor as one at a time does") 
     CHECK(events_one[i].evidence == events_together[i].evidence);
   }
 }
+
+TEST_CASE("a pipeline stage's facts are read from its telemetry, smoothed, and start afresh when "
+          "its blocks change") {
+  StepSample x;
+  x.rank = 1;
+  x.step = 0;
+  x.start_ns = 1'000'000'000;
+  x.end_ns = 1'050'000'000;
+  x.compute_ms = 20;
+  x.stage = {4, 3, 8, {1.0, 2.0, 3.0}, 5.0, 1e6};
+  CHECK(to_sample(to_telemetry(x)).stage == x.stage);
+  // Not every block reported, or more blocks than a stage reports: no block's compute.
+  transport::Telemetry t = to_telemetry(x);
+  t.measures.erase(keys::block_ms_key(5));
+  CHECK(to_sample(t).stage.block_ms.empty());
+  CHECK(to_sample(t).stage.blocks == 3);
+  StepSample wide = x;
+  wide.stage.blocks = 61;
+  wide.stage.block_ms.assign(61, 1.0);
+  CHECK(to_sample(to_telemetry(wide)).stage.block_ms.empty());
+  // A job that is no pipeline leaves rank_stage empty.
+  CHECK(to_sample(sync_step(0, {1, 1}, {0, 0})[0]).stage.first_block == -1);
+
+  Monitor m(options(2));
+  auto step = [&](uint64_t s, int first, std::vector<double> block_ms) {
+    StepSample a = x, b = x;
+    a.rank = 0;
+    a.stage = {0, first, 8, std::vector<double>(static_cast<size_t>(first), 1.0), 5.0, 1e6};
+    b.stage.first_block = first;
+    b.stage.block_ms = std::move(block_ms);
+    for (StepSample* y : {&a, &b}) {
+      y->step = s;
+      y->start_ns = x.start_ns + s * 100'000'000;
+      y->end_ns = y->start_ns + 50'000'000;
+      REQUIRE(m.ingest(*y).ok());
+    }
+  };
+  step(0, 4, {1.0, 2.0, 3.0});
+  REQUIRE(m.beliefs().rank_stage.size() == 2);
+  CHECK(m.beliefs().rank_stage[1] == x.stage);
+  CHECK(m.beliefs().rank_stage[0].first_block == 0);
+  step(1, 4, {2.0, 2.0, 3.0});
+  CHECK(m.beliefs().rank_stage[1].block_ms[0] == doctest::Approx(1.2));
+  CHECK(m.beliefs().rank_stage[1].block_ms[1] == doctest::Approx(2.0));
+  // The stage now starts at block 5: what it measured before says nothing of its new blocks.
+  step(2, 5, {4.0, 4.0, 4.0});
+  CHECK(m.beliefs().rank_stage[1].first_block == 5);
+  CHECK(m.beliefs().rank_stage[1].block_ms == std::vector<double>{4.0, 4.0, 4.0});
+  // A block's compute is checked as every other figure is.
+  StepSample bad = x;
+  bad.step = 3;
+  bad.stage.block_ms[1] = std::numeric_limits<double>::quiet_NaN();
+  CHECK(m.ingest(bad).message() == "nan");
+}

@@ -26,6 +26,9 @@ class TelemetryKeysTest(unittest.TestCase):
             self.assertEqual(keys.is_info(getattr(keys, name)), key.startswith("info/"), name)
         for op, key in v["script_keys_python_only"].items():
             self.assertEqual(keys.script_key(op), key)
+        self.assertGreaterEqual(len(v["block_ms_keys"]), 2)
+        for block, key in v["block_ms_keys"].items():
+            self.assertEqual(keys.block_ms_key(int(block)), key, block)
 
     def test_each_fact_is_stored_and_read_back_as_the_vectors_say(self):
         facts = load()["facts"]
@@ -39,6 +42,9 @@ class TelemetryKeysTest(unittest.TestCase):
                 elif f["set"] == "loss":
                     keys.set_loss(t, f["value"])
                     self.assertEqual(keys.loss(t), f["read"])
+                elif f["set"] == "block_ms":
+                    keys.set_block_ms(t, f["block"], f["value"])
+                    self.assertEqual(keys.block_ms(t, f["block"]), f["read"])
                 else:
                     self.assertEqual(f["set"], "replica_and_stage")
                     keys.set_replica_and_stage(t, *f["value"])
@@ -59,6 +65,17 @@ class TelemetryKeysTest(unittest.TestCase):
         self.assertEqual(t.measures, {})
         keys.set_loss(t, -0.5)
         self.assertEqual(keys.loss(t), -0.5)
+
+    def test_a_blocks_non_finite_or_negative_compute_is_not_reported(self):
+        t = wire.Telemetry()
+        keys.set_block_ms(t, 3, 2.0)
+        keys.set_block_ms(t, 3, float("nan"))
+        self.assertIsNone(keys.block_ms(t, 3))
+        keys.set_block_ms(t, 4, -1.0)
+        self.assertEqual(t.measures, {})
+        keys.set_block_ms(t, 4, 1.0)
+        self.assertIsNone(keys.block_ms(t, 3))
+        self.assertEqual(keys.block_ms(t, 4), 1.0)
 
     def test_a_fact_the_telemetry_does_not_carry_reads_as_absent(self):
         t = wire.Telemetry(collectives={keys.WAIT_DP: wire.CollectiveStat(1.5, 0, 1)})

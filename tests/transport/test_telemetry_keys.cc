@@ -59,7 +59,10 @@ TEST_CASE("every key is spelled as the shared vectors spell it") {
       {"MICROBATCHES_TOTAL", keys::kMicrobatchesTotal},
       {"LOSS", keys::kLoss},
       {"REPLICA", keys::kReplica},
-      {"STAGE", keys::kStage}};
+      {"STAGE", keys::kStage},
+      {"FIRST_BLOCK", keys::kFirstBlock},
+      {"BLOCKS", keys::kBlocks},
+      {"BLOCK_MS_PREFIX", keys::kBlockMsPrefix}};
   const nlohmann::json v = vectors();
   CHECK(v.at("keys").size() == constants.size());
   for (const auto& [name, key] : v.at("keys").items()) {
@@ -67,6 +70,15 @@ TEST_CASE("every key is spelled as the shared vectors spell it") {
     REQUIRE(constants.count(name) == 1);
     CHECK(constants.at(name) == key.get<std::string>());
     CHECK(keys::is_info(constants.at(name)) == key.get<std::string>().starts_with("info/"));
+  }
+}
+
+TEST_CASE("a block's compute key is spelled as the shared vectors spell it") {
+  const nlohmann::json v = vectors();
+  REQUIRE(v.at("block_ms_keys").size() >= 2);
+  for (const auto& [block, key] : v.at("block_ms_keys").items()) {
+    CAPTURE(block);
+    CHECK(keys::block_ms_key(std::stoul(block)) == key.get<std::string>());
   }
 }
 
@@ -85,6 +97,11 @@ TEST_CASE("each fact is stored and read back as the shared vectors say") {
       keys::set_loss(t, f.at("value").get<double>());
       REQUIRE(keys::loss(t).has_value());
       CHECK(*keys::loss(t) == f.at("read").get<double>());
+    } else if (set == "block_ms") {
+      const std::size_t block = f.at("block").get<std::size_t>();
+      keys::set_block_ms(t, block, f.at("value").get<double>());
+      REQUIRE(keys::block_ms(t, block).has_value());
+      CHECK(*keys::block_ms(t, block) == f.at("read").get<double>());
     } else {
       REQUIRE(set == "replica_and_stage");
       keys::set_replica_and_stage(t, f.at("value")[0].get<std::uint64_t>(),
@@ -107,6 +124,18 @@ TEST_CASE("a diverged step's loss is not reported, and a later finite one replac
   CHECK(t.measures.empty());
   keys::set_loss(t, -0.5);
   CHECK(keys::loss(t) == -0.5);
+}
+
+TEST_CASE("a block's non-finite or negative compute is not reported") {
+  Telemetry t;
+  keys::set_block_ms(t, 3, 2.0);
+  keys::set_block_ms(t, 3, std::numeric_limits<double>::quiet_NaN());
+  CHECK_FALSE(keys::block_ms(t, 3).has_value());
+  keys::set_block_ms(t, 4, -1.0);
+  CHECK(t.measures.empty());
+  keys::set_block_ms(t, 4, 1.0);
+  CHECK_FALSE(keys::block_ms(t, 3).has_value());
+  CHECK(keys::block_ms(t, 4) == 1.0);
 }
 
 TEST_CASE("a fact or timing the telemetry does not carry reads as absent") {
