@@ -201,7 +201,7 @@ class StageRunner:
         cls = ScheduleGPipe if self.schedule_name == "gpipe" else Schedule1F1B
         # Every stage passes the loss: torch runs the backward only when the schedule has one.
         self.schedule = cls(self.stage, n_microbatches=self.micro_batches, loss_fn=timed_loss)
-        self._example = (tuple(example.shape), example.dtype)
+        self._example = example
 
     def _time_block(self, index: int, block: torch.nn.Module) -> None:
         """Forward and backward time of one block (module hooks). Block 0 has no backward hooks:
@@ -232,8 +232,9 @@ class StageRunner:
                                 f"samples do not divide into {self.micro_batches} "
                                 "micro-batches (every stage needs the step's inputs)")
         micro = inputs.shape[0] // self.micro_batches
-        if self.stage is None or self._example != ((micro,) + tuple(inputs.shape[1:]),
-                                                   inputs.dtype):
+        ex = self._example
+        if self.stage is None or ex is None or ex.dtype != inputs.dtype or \
+                ex.shape != (micro,) + tuple(inputs.shape[1:]):
             self._build(inputs[:micro].to("meta"))
         args = [inputs.to(self.device)] if self.is_first else []
         kwargs = {}
@@ -312,7 +313,9 @@ class StageRunner:
         for i in self.held:
             pipeline_state.attach_optim_state(self.optimizer, list(self.blocks[i].parameters()),
                                               optim[i])
-        self.stage = None  # rebuilt at the next step
+        self.stage = None
+        if self._example is not None:
+            self._build(self._example)  # the shapes of the last step's input
 
     # ---- checkpoints ----
 

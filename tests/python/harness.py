@@ -137,9 +137,10 @@ class ScriptedAgent:
                 pass
 
 
-def launch(world, cfg, env_extra=None, timeout=60):
-    """Runs ddp_worker.py on `world` local processes with torchrun's environment variables;
-    returns the per-rank results (raises with the workers' stderr on failure or timeout)."""
+def launch(world, cfg, env_extra=None, timeout=60, script="ddp_worker.py"):
+    """Runs `script` (tests/python; default ddp_worker.py) on `world` local processes with
+    torchrun's environment variables; returns the per-rank results (raises with the workers'
+    stderr on failure or timeout)."""
     out_dir = tempfile.mkdtemp(prefix="parapilot-ddp-")
     cfg = dict(cfg, out=os.path.join(out_dir, "result"))
     port = free_port()
@@ -151,7 +152,7 @@ def launch(world, cfg, env_extra=None, timeout=60):
                     "PYTHONPATH": os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", ""),
                     "OMP_NUM_THREADS": "1"})
         env.update(env_extra or {})
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_worker.py"),
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script),
                                        json.dumps(cfg)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return Job(procs, out_dir, world, timeout)
