@@ -70,11 +70,14 @@ def main():
     slow = None
     if cfg.get("slow_stage") is not None:
         slow = Slowdown(blocks, cfg.get("slow_factor", 3.0))
-    records, result = [], {"rank": rank}
+    # Wall-clock times (time.time()) for the restart's pause: the first step's start after
+    # construction (and loading), and the start of the save.
+    records, result = [], {"rank": rank, "t_first_step": time.time()}
     try:
         while session.step_index < cfg["steps"]:
             s = session.step_index
             if s == cfg.get("save_at"):
+                result["t_save"] = time.time()
                 session.save(f"{cfg['save_prefix']}.{rank}")
                 break
             if s == cfg.get("gate_step"):
