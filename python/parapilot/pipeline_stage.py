@@ -27,6 +27,7 @@ Thread-safety: one training thread.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -130,6 +131,7 @@ class StageRunner:
         self.optimizer = optimizer_factory(self._params())
         self.stage = None  # built at the first step, from the input's shape
         self._example = None
+        self._shapes_for, self._shapes = None, []  # _activation's cache
 
     # ---- what this rank holds ----
 
@@ -160,8 +162,8 @@ class StageRunner:
         for i in self.held:
             self._time_block(i, self.blocks[i])
         self.module = torch.nn.Sequential(*[self.blocks[i] for i in self.held])
-        stage_in = _meta_forward(self.blocks[:self.held.start], example)
-        stage_out = _meta_forward([self.blocks[i] for i in self.held], stage_in)
+        stage_in = self._activation(self.held.start, example)
+        stage_out = self._activation(self.held.stop, example)
         self._io_bytes = (_nbytes(stage_in), _nbytes(stage_out))  # per micro-batch
         self.stage = PipelineStage(self.module, self.rank, self.n_stages, self.device,
                                    input_args=_empty_like(stage_in, self.device,
@@ -202,6 +204,17 @@ class StageRunner:
         # Every stage passes the loss: torch runs the backward only when the schedule has one.
         self.schedule = cls(self.stage, n_microbatches=self.micro_batches, loss_fn=timed_loss)
         self._example = example
+
+    def _activation(self, n: int, example: torch.Tensor):
+        """What the first n blocks make of `example` (meta tensors: shapes only), cached for the
+        input's shape."""
+        key = (tuple(example.shape), example.dtype)
+        if self._shapes_for != key:
+            self._shapes_for, self._shapes = key, [example]
+        while len(self._shapes) <= n:
+            i = len(self._shapes) - 1
+            self._shapes.append(_meta_forward([self.blocks[i]], self._shapes[-1]))
+        return self._shapes[n]
 
     def _time_block(self, index: int, block: torch.nn.Module) -> None:
         """Forward and backward time of one block (module hooks). Block 0 has no backward hooks:
@@ -290,25 +303,31 @@ class StageRunner:
                 outgoing.setdefault(m.dst, {})[m.block] = pipeline_state.collect(
                     self.blocks[m.block], self.optimizer)
         received, sent = pipeline_move.exchange(outgoing, incoming, self.move_group)
-        kept = {i: pipeline_state.collect(self.blocks[i], self.optimizer)
-                for i in self.held if i in pipeline_split.blocks_of(new, self.rank)}
+        # Blocks that stay keep their tensors and their optimizer state objects as they are.
+        keep = [i for i in self.held if i in pipeline_split.blocks_of(new, self.rank)]
+        kept_optim = {i: [self.optimizer.state.get(p, {}) for p in self.blocks[i].parameters()]
+                      for i in keep}
         for m in moves:
             if m.src == self.rank:
                 pipeline_state.free_block(self.blocks[m.block])
         self.split = new
-        self._install({**kept, **received})
+        self._install(received, kept_optim)
         return sent
 
-    def _install(self, states: Dict[int, dict]) -> None:
-        """Writes `states` (every held block) into the blocks and rebuilds the optimizer, the
-        stage and the schedule."""
-        missing = [i for i in self.held if i not in states]
+    def _install(self, states: Dict[int, dict],
+                 kept_optim: Optional[Dict[int, List[dict]]] = None) -> None:
+        """Writes `states` into the held blocks that are not kept (`kept_optim`: the blocks that
+        stay, with their parameters' optimizer state) and rebuilds the optimizer, the stage and
+        the schedule."""
+        kept_optim = kept_optim or {}
+        missing = [i for i in self.held if i not in states and i not in kept_optim]
         if missing:
             raise pipeline_state.BlockStateError(f"no state for blocks {missing} of stage "
                                                  f"{self.rank}")
-        optim = {}
+        optim = dict(kept_optim)
         for i in self.held:
-            optim[i] = pipeline_state.install(self.blocks[i], states[i], i, self.device)
+            if i not in kept_optim:
+                optim[i] = pipeline_state.install(self.blocks[i], states[i], i, self.device)
         self.optimizer = self.optimizer_factory(self._params())
         for i in self.held:
             pipeline_state.attach_optim_state(self.optimizer, list(self.blocks[i].parameters()),
@@ -334,15 +353,32 @@ class StageRunner:
 
 
 def _meta_forward(blocks: Sequence[torch.nn.Module], x):
-    """What `blocks` make of `x` (a meta tensor), computed on the meta device: shapes only,
-    whatever device the blocks' own tensors are on."""
+    """What `blocks` make of `x` (a meta tensor): shapes only. On the meta device when the block
+    runs there; a block that makes tensors of its own on the CPU (torch.ones(...) without
+    device=) runs instead on zeros, as a copy materialised on the CPU, once per input shape."""
     from torch.func import functional_call
     with torch.no_grad():
         for b in blocks:
             state = {n: torch.empty_like(t, device="meta")
                      for n, t in list(b.named_parameters()) + list(b.named_buffers())}
-            x = functional_call(b, state, (x,))
+            try:
+                x = functional_call(b, state, (x,))
+            except RuntimeError:
+                probe = copy.deepcopy(b).to_empty(device="cpu")
+                x = _to_meta(probe(_zeros_like(x)))
     return x
+
+
+def _zeros_like(x):
+    if isinstance(x, torch.Tensor):
+        return torch.zeros(x.shape, dtype=x.dtype)
+    return tuple(_zeros_like(v) for v in x)
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return x.to("meta")
+    return tuple(_to_meta(v) for v in x)
 
 
 def _empty_like(x, device, grad: bool = False):
