@@ -10,7 +10,7 @@ Gloo ranks on the CPU, split A = 3,3,2,2 blocks.
 
 * Live: the scripted agent (build/tests/python/scripted_agent) moves the job between A and
   B = 2,2,3,3 --switches times (PlanPrepare, every PlanReady, PlanCommit a few steps ahead, every
-  Ack). A switch's pause is the longest time a rank spent switching at the boundary (streaming
+  Ack). Each switch moves 2 blocks (their parameters and Adam state). A switch's pause is the longest time a rank spent switching at the boundary (streaming
   the moved blocks' parameters and Adam state, rebuilding its stage, schedule and optimizer:
   PipelineSession.switch_pauses_ms); the step excess is the switching step's wall time minus the
   median step, on the slowest rank.
@@ -92,6 +92,7 @@ def live(a):
         agent.stop()
         secret.close()
     pauses = [max(r["pauses_ms"][i] for r in results) for i in range(a.switches)]
+    moved = [sum(r["bytes_sent"][i] for r in results) for i in range(a.switches)]
     excess = []
     for i, plan in enumerate(range(100, 100 + a.switches)):
         worst = 0.0
@@ -104,7 +105,7 @@ def live(a):
         excess.append(worst)
     steps = [statistics.median(x["wall_ms"] for x in r["records"] if x["step"] >= 5)
              for r in results]
-    return pauses, excess, max(steps)
+    return pauses, excess, moved, max(steps)
 
 
 def restart(a, tmp):
@@ -133,13 +134,14 @@ def main(argv):
     os.environ["PARAPILOT_SCRIPTED_AGENT"] = agent
     results = _load_run_results()
     report = results.envelope("benchmarks/live/pipeline_switch.py", argv)
-    pauses, excess, step_ms = live(a)
+    pauses, excess, moved, step_ms = live(a)
     with tempfile.TemporaryDirectory() as tmp:
         restarts = [restart(a, tmp) for _ in range(a.restarts)]
     live_med, restart_med = statistics.median(pauses), statistics.median(restarts)
     figures = {"stages": WORLD, "blocks": a.layers + 2, "width": a.width,
                "split_a": SPLIT_A, "split_b": SPLIT_B, "median_step_ms": step_ms,
                "switch_pauses_ms": pauses, "switch_step_excess_ms": excess,
+               "switch_bytes_moved": moved,
                "restart_pauses_ms": restarts, "switch_pause_median_ms": live_med,
                "switch_step_excess_median_ms": statistics.median(excess),
                "restart_pause_median_ms": restart_med, "ratio": restart_med / live_med}

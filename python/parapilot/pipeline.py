@@ -119,7 +119,8 @@ class PipelineSession(StepSession):
             start = saved["step"]
         self._timings: Dict[int, StepTiming] = {}
         self._switches: Dict[int, Tuple[float, int]] = {}  # step -> (pause ms, bytes sent)
-        self.switch_pauses_ms: List[float] = []
+        self.switch_pauses_ms: List[float] = []  # every switch's pause on this rank
+        self.switch_bytes_sent: List[int] = []  # ... and the bytes it sent
         super().__init__(torch.nn.ModuleList(self.runner.blocks), None,
                          global_batch=global_batch,
                          framework=f"pytorch-pipeline {torch.__version__}",
@@ -205,6 +206,7 @@ class PipelineSession(StepSession):
         pause = (time.perf_counter_ns() - t0) / 1e6
         self._switches[self.step_index] = (pause, sent)
         self.switch_pauses_ms.append(pause)
+        self.switch_bytes_sent.append(sent)
         moved = pipeline_split.moves(old, cfg.split)
         self._say("info", f"plan {cfg.plan_id} applied at step {self.step_index}: split "
                           f"{_text(old)} -> {_text(cfg.split)}, this rank holds blocks "

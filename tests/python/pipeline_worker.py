@@ -104,7 +104,8 @@ def main():
                           "capabilities": info.capabilities, "framework": info.framework,
                           "layers": [[l.params, l.grad_bytes] for l in info.layers]}
     result.update(records=records, applied_plans=session.applied_plans,
-                  pauses_ms=session.switch_pauses_ms, split=session.split,
+                  pauses_ms=session.switch_pauses_ms,
+                  bytes_sent=session.switch_bytes_sent, split=session.split,
                   held=list(session.held))
     if cfg.get("final_prefix") and "failed" not in result:
         pipeline_state.save_blocks(f"{cfg['final_prefix']}.{rank}", session.block_states(),
