@@ -10,7 +10,7 @@ Gloo ranks on the CPU, split A = 3,3,2,2 blocks.
 
 * Live: the scripted agent (build/tests/python/scripted_agent) moves the job between A and
   B = 2,2,3,3 --switches times (PlanPrepare, every PlanReady, PlanCommit a few steps ahead, every
-  Ack). Each switch moves 2 blocks (their parameters and Adam state). A switch's pause is the longest time a rank spent switching at the boundary (streaming
+  Ack). Each switch moves 4 blocks (their parameters and Adam state). A switch's pause is the longest time a rank spent switching at the boundary (streaming
   the moved blocks' parameters and Adam state, rebuilding its stage, schedule and optimizer:
   PipelineSession.switch_pauses_ms); the step excess is the switching step's wall time minus the
   median step, on the slowest rank.
