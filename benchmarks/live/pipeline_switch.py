@@ -72,7 +72,7 @@ def live(a):
             newest = agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] >= 10 +
                                     12 * i, timeout=300)["step"]
             plan = 100 + i
-            name = pipeline_plan.layout_name(splits[i % 2], 8, "gpipe")
+            name = pipeline_plan.layout_name(splits[i % 2], 2, "gpipe")  # 8 x 2
             agent.command(f"prepare {plan} 1 - - 30000 {name} 1 {WORLD} 8")
             for _ in range(WORLD):
                 r = agent.wait_for(lambda e: e["event"] == "plan_ready" and

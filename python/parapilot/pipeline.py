@@ -33,8 +33,8 @@ Contract:
   per rank per step (pipeline_telemetry.py): compute without waits, the pipeline's sends and
   receives as p2p/pp, the stage's blocks and each block's compute.
 * Plans: a PlanPrepare is accepted when it moves blocks between this job's stages
-  (pipeline_plan.py: dp1-tp1-ppS-mbM with ;st=<split>, this job's schedule) and refused with the
-  reason otherwise. Accepted, it is staged at once (nothing is copied ahead) and answered
+  (pipeline_plan.py: Layout dp=1 tp=1 pp=S micro_batches=M, named dp1-tp1-ppS-mb<samples per
+  micro-batch> with ;st=<split> and this job's schedule) and refused with the reason otherwise. Accepted, it is staged at once (nothing is copied ahead) and answered
   PlanReady{ok}; at the boundary every rank agrees on (step_session.py, boundary.py), the blocks
   whose stage changes are streamed, with their optimizer state, from their old rank to their new
   one (pipeline_move.py), the stages, schedule and optimizers are rebuilt there, and the next
@@ -194,7 +194,8 @@ class PipelineSession(StepSession):
     def _plan_split(self, p: wire.PlanPrepare) -> List[int]:
         r = self.runner
         return plan_split(p, n_blocks=len(r.blocks), n_stages=self.world_size,
-                          micro_batches=r.micro_batches, schedule=r.schedule_name)
+                          micro_batches=r.micro_batches, global_batch=self.global_batch,
+                          schedule=r.schedule_name)
 
     def _stage_plan(self, p: wire.PlanPrepare) -> PipelineConfig:
         return PipelineConfig(p.plan_id, self._plan_split(p), p.layout_name)

@@ -29,10 +29,11 @@ STEPS, GATE = 12, 4
 SWITCH_AT = GATE + 2  # committed for the step after the one the gate releases (boundary.py)
 
 
-def prepare_line(plan_id, split, schedule, micro_batches=4, pp=WORLD, mb_layout=None):
-    name = pipeline_plan.layout_name(split, micro_batches, schedule)
-    mb = micro_batches if mb_layout is None else mb_layout
-    return f"prepare {plan_id} 1 - - 30000 {name} 1 {pp} {mb}"
+def prepare_line(plan_id, split, schedule, size=4, pp=WORLD, micro_batches=4):
+    """A plan as deploy sends it: the Layout's micro-batches (the job runs 4 of 4 samples) and
+    the name's samples per micro-batch."""
+    name = pipeline_plan.layout_name(split, size, schedule)
+    return f"prepare {plan_id} 1 - - 30000 {name} 1 {pp} {micro_batches}"
 
 
 def load_states(prefix):
@@ -94,7 +95,8 @@ class SwitchTest(unittest.TestCase):
             2: (prepare_line(2, [2, 2, 2, 3], schedule), "covers 9 blocks, the model has 8"),
             3: (prepare_line(3, NEW, other), f"this job runs '{schedule}'"),
             4: (prepare_line(4, [4, 4], schedule, pp=2), "pp=2"),
-            5: (prepare_line(5, NEW, schedule, mb_layout=8), "micro_batches=8"),
+            5: (prepare_line(5, NEW, schedule, micro_batches=8), "micro_batches=8"),
+            6: (prepare_line(6, NEW, schedule, size=2), "mb2, this job dp1-tp1-pp4-mb4"),
         }
         for plan_id, (line, reason) in refusals.items():
             self.agent.command(line)
