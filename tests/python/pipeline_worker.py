@@ -7,7 +7,7 @@ Config keys: model ("mlp" or "gpt"), blocks (mlp: blocks; gpt: transformer layer
 steps, global_batch, micro_batches, schedule, split, optimizer ("adam", "sgd": SGD with momentum),
 save_at (stop before that step and save a checkpoint to save_prefix.<rank>), resume_prefix
 (start from those checkpoints), gate_step / gate_file (before gate_step wait, outside steps,
-until gate_file exists and then until a plan is committed, up to 20 s), slow_stage / slow_factor /
+until gate_file exists and then until a plan is committed, up to 120 s), slow_stage / slow_factor /
 slow_from / slow_until (that stage's blocks sleep (factor - 1) x their forward time in each
 forward from step slow_from to slow_until), final_prefix, out.
 
@@ -118,7 +118,7 @@ def main():
         sys.exit(3)
 
 
-def wait_gate(session, path, timeout=20.0):
+def wait_gate(session, path, timeout=120.0):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
