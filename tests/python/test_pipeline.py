@@ -58,6 +58,51 @@ def assert_same(test, a, b, where=""):
         test.assertEqual(a, b, where)
 
 
+class SplitAndPlanTest(unittest.TestCase):
+    """The split arithmetic and the plan rule (no torch)."""
+
+    def test_splits_and_moves(self):
+        from parapilot import pipeline_split as ps
+        self.assertEqual(ps.even_split(10, 4), [3, 3, 2, 2])
+        self.assertEqual(list(ps.blocks_of([1, 3, 3, 1], 2)), [4, 5, 6])
+        self.assertEqual(ps.first_blocks([1, 3, 3, 1]), [0, 1, 4, 7])
+        self.assertEqual([(m.block, m.src, m.dst) for m in ps.moves(START, NEW)],
+                         [(1, 0, 1), (6, 3, 2)])
+        self.assertEqual(ps.pairs(ps.moves([3, 3, 2, 2], [2, 2, 3, 3])),
+                         {(0, 1): [2], (1, 2): [4, 5], (2, 3): [7]})
+        for bad in ([2, 2, 2], [0, 4, 2, 2], [2, 2, 2, 3]):
+            with self.assertRaises(ps.SplitError):
+                ps.check_split(bad, 8, 4)
+        with self.assertRaises(ps.SplitError):
+            ps.even_split(3, 4)
+
+    def test_plan_rule(self):
+        from parapilot import wire
+        from parapilot.pipeline_plan import PlanRefused, plan_split
+
+        def split_of(name, **layout):
+            lay = dict(dp=1, tp=1, pp=WORLD, micro_batches=4)
+            lay.update(layout)
+            return plan_split(wire.PlanPrepare(1, wire.Layout(**lay), name), n_blocks=8,
+                              n_stages=WORLD, micro_batches=4, global_batch=16,
+                              schedule="1f1b")
+        name = pipeline_plan.layout_name(NEW, 4, "1f1b")
+        self.assertEqual(name, "dp1-tp1-pp4-mb4-z0;sc=1f1b;st=1,3,3,1")
+        self.assertEqual(split_of(name), NEW)
+        self.assertEqual(split_of("dp1-tp1-pp4-mb4-z0;st=1,3,3,1"), NEW)  # no sc: the job's
+        for name, layout, reason in (
+                ("dp1-tp1-pp4-mb4-z0;sc=gpipe;st=1,3,3,1", {}, "does not switch schedules"),
+                ("dp1-tp1-pp4-mb4-z0;sc=1f1b", {}, "no stage_layers"),
+                ("dp1-tp1-pp4-mb2-z0;sc=1f1b;st=1,3,3,1", {}, "mb2, this job"),
+                ("dp1-tp1-pp4-mb4-z0;st=1,3,3,1", {"micro_batches": 8}, "micro_batches=8"),
+                ("dp1-tp1-pp4-mb4-z0;st=1,3,3,1", {"dp": 2}, "dp=2"),
+                ("s=1/2", {}, "a pipeline plan is a layout name"),
+                ("dp1-tp1-pp4-mb4-z0;st=1,3,3", {}, "has 3 stages")):
+            with self.assertRaises(PlanRefused) as e:
+                split_of(name, **layout)
+            self.assertIn(reason, str(e.exception), name)
+
+
 @unittest.skipUnless(HAVE_PIPELINING, SKIP)
 class SwitchTest(unittest.TestCase):
     def setUp(self):
