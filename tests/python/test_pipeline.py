@@ -238,6 +238,10 @@ class TelemetryTest(unittest.TestCase):
             blocks = sorted(int(k.rsplit("/", 1)[1]) for k in e["measures"]
                             if k.startswith(keys.BLOCK_MS_PREFIX))
             self.assertEqual(blocks, list(range(firsts[s], firsts[s] + [1, 2, 3, 2][s])))
+            # Compute and the waits in sends and receives are disjoint parts of the step.
+            cycle = (e["end_ns"] - e["start_ns"]) / 1e6
+            self.assertLessEqual(e["compute_ms"] + e["collectives"][keys.P2P_PP][0],
+                                 cycle + 1e-3, e)
             calls = e["collectives"][keys.P2P_PP][2]
             self.assertEqual(calls, (1 if s in (0, 3) else 2) * 2 * 4)
         med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
