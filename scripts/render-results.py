@@ -514,6 +514,21 @@ def pipeline_switch(d):
                f["stages"], f["width"], f["median_step_ms"], f["ratio"]) + source(r))
 
 
+def pipeline_slow(d):
+    r = d("pipeline-slow.json")
+    f = r["figures"]
+    rows = [[x["run"], "%.1f" % x["before"], "**%.1f**" % x["during"], "%.1f" % x["after"]]
+            for x in f["runs"]]
+    head = ["run", "before (samples/s)", "slowed (samples/s)", "after (samples/s)"]
+    splits = "; ".join("step %d: %s" % (c["step"], ",".join(map(str, c["split"])))
+                       for c in f["deploy_splits"]) or "none"
+    static = ("the split deploy ran at the end of the slowed phase" if f["static_from_deploy"]
+              else "one block off the slowed stage (deploy moved nothing while it was slow)")
+    return (table(head, rows) + "\n\nStage 2 three times slower from step %d to %d of %d; "
+            "the static run is %s. Deploy's splits: %s.\n\n"
+            % (f["slow_from"], f["slow_until"], f["steps"], static, splits) + source(r))
+
+
 def live_switch_slowed(d):
     r = d("live-switch-slowed.json")
     f = r["figures"]["slowed"]
@@ -663,6 +678,7 @@ RENDER = {
     "live-switch-slowed": live_switch_slowed,
     "live-switch-staging": live_switch_staging,
     "pipeline-switch": pipeline_switch,
+    "pipeline-slow": pipeline_slow,
     "planner-searches": planner_searches,
     "planner-mixed": planner_mixed,
     "env-speed": env_speed,

@@ -27,6 +27,8 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
   pipeline-switch  a parapilot.pipeline job's live block move against a restart, under torch 2.x
                   (benchmarks/live/pipeline_switch.py; about 2 minutes)
+  pipeline-slow   a pipeline job with a stage slowed part way: deploy, no agent, the best static
+                  split (benchmarks/live/pipeline_slow.py; about 5 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
@@ -69,7 +71,7 @@ DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rent
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
             "deploy-sim", "deploy-live", "pytorch", "pytorch-matrix", "pytorch-policies", "live",
-            "live-layouts", "live-switch", "pipeline-switch"]
+            "live-layouts", "live-switch", "pipeline-switch", "pipeline-slow"]
 
 
 def git(*args):
@@ -334,6 +336,11 @@ class Runner:
     def pipeline_switch(self):
         self.bench("pipeline-switch.json",
                    [TORCH2_PYTHON, os.path.join(ROOT, "benchmarks", "live", "pipeline_switch.py"),
+                    "--build", self.build])
+
+    def pipeline_slow(self):
+        self.bench("pipeline-slow.json",
+                   [TORCH2_PYTHON, os.path.join(ROOT, "benchmarks", "live", "pipeline_slow.py"),
                     "--build", self.build])
 
 

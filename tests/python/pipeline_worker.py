@@ -7,7 +7,8 @@ Config keys: model ("mlp" or "gpt"), blocks (mlp: blocks; gpt: transformer layer
 steps, global_batch, micro_batches, schedule, split, optimizer ("adam", "sgd": SGD with momentum),
 save_at (stop before that step and save a checkpoint to save_prefix.<rank>), resume_prefix
 (start from those checkpoints), gate_step / gate_file (before gate_step wait, outside steps,
-until gate_file exists and then until a plan is committed, up to 120 s), slow_stage / slow_factor /
+until gate_file exists and then until a plan is committed, up to 120 s), device_ms (every block's forward waits that long per
+micro-batch: device time), slow_stage / slow_factor /
 slow_from / slow_until (that stage's blocks sleep (factor - 1) x their forward time in each
 forward from step slow_from to slow_until), final_prefix, out.
 
@@ -45,6 +46,13 @@ class Slowdown:
             time.sleep((self.factor - 1) * (time.perf_counter() - m._pp_t0))
 
 
+def device_time(blocks, ms):
+    """Each block's forward also waits `ms` per micro-batch, as if it ran on a device: the step's
+    time is then set by the pipeline, not by how many cores the ranks share."""
+    for b in blocks:
+        b.register_forward_hook(lambda m, a, o: time.sleep(ms / 1e3))
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     torch.set_num_threads(1)
@@ -67,6 +75,8 @@ def main():
         micro_batches=cfg.get("micro_batches", 4), schedule=cfg.get("schedule", "gpipe"),
         split=cfg.get("split"),
         resume_from=[f"{resume}.{r}" for r in range(world)] if resume else None)
+    if cfg.get("device_ms"):
+        device_time(blocks, cfg["device_ms"])
     slow = None
     if cfg.get("slow_stage") is not None:
         slow = Slowdown(blocks, cfg.get("slow_factor", 3.0))
