@@ -25,12 +25,10 @@ scripts/run-results.py. Nothing here is asserted: speed depends on the machine.
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")

@@ -2,6 +2,7 @@
 
     from parapilot import wire, Client          # the protocol (standard library only)
     from parapilot.pytorch import Session       # DDP telemetry, comm hook, shares (needs torch)
+    from parapilot.pipeline import PipelineSession   # pipeline jobs whose stages move (torch >= 2.4)
 
 See docs/pytorch.md and docs/wire-format.md.
 """

@@ -36,7 +36,7 @@ import torch
 
 from . import pipeline_move, pipeline_split, pipeline_state
 
-__all__ = ["SCHEDULES", "PipelineError", "StepTiming", "StageRunner", "optim_slots"]
+__all__ = ["SCHEDULES", "PipelineError", "StepTiming", "StageRunner"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -63,17 +63,7 @@ class StepTiming:
         return self.forward_ms + self.backward_ms + self.optimizer_ms
 
 
-def optim_slots(optimizer: torch.optim.Optimizer) -> int:
-    """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
-    name = type(optimizer).__name__
-    if name in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax"):
-        return 2
-    if name == "SGD":
-        return 1 if optimizer.defaults.get("momentum", 0) else 0
-    return 1
-
-
-class _Clock:
+class _Stopwatch:
     """Accumulates ms per key between start(key) and stop(key) (nested keys allowed)."""
 
     def __init__(self):
@@ -123,7 +113,7 @@ class StageRunner:
         except pipeline_split.SplitError as e:
             raise PipelineError(str(e)) from None
         self.timing = StepTiming()
-        self._clock = _Clock()
+        self._clock = _Stopwatch()
         self._hooks: list = []
         for i in range(len(self.blocks)):
             if i not in self.held:

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence
 import torch
 
 __all__ = ["BlockStateError", "collect", "install", "attach_optim_state", "to_bytes",
-           "from_bytes", "save_blocks", "load_blocks", "free_block", "block_bytes"]
+           "from_bytes", "save_blocks", "load_blocks", "free_block"]
 
 
 class BlockStateError(ValueError):
@@ -87,12 +87,6 @@ def free_block(block: torch.nn.Module) -> None:
     for p in block.parameters():
         p.grad = None
     block.to("meta")
-
-
-def block_bytes(block: torch.nn.Module, optim_slots: int) -> int:
-    """Bytes a move of `block` streams: parameters x (1 + optimizer slots per parameter)."""
-    n = sum(p.numel() * p.element_size() for p in block.parameters())
-    return n * (1 + optim_slots)
 
 
 def to_bytes(states: Mapping[int, Mapping[str, list]]) -> torch.Tensor:
