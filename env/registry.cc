@@ -30,6 +30,7 @@ void register_builtin_envs() {
   register_env("trace", make_trace_env);
   register_env("bandit", make_bandit_env);
   register_env("dp", dp::make_dp_env);
+  register_env("pp", dp::make_pp_env);
 }
 
 void ensure_builtins() {

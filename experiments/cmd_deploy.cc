@@ -119,14 +119,19 @@ std::string text_line(const std::string& json) {
     return "deploy: listening on port " + std::to_string(j["port"].get<int>()) + "; policy " +
            str("policy") + "; job " + str("job");
   }
+  // A learned job's knob: a pipeline's blocks per stage, or batch shares.
+  const bool pipeline = j.contains("split");
+  const char* knob = pipeline ? "split" : "shares";
+  const std::string target = std::string("target_") + knob;
   if (event == "job_learned") {
     char text[320];
     std::snprintf(text, sizeof text,
                   "job: %.0f ranks, global batch %.0f, %s, %.0f layers, %.0f parameters; "
-                  "switchable: batch shares%s; shares %s",
+                  "switchable: %s%s; %s %s",
                   num("ranks"), num("global_batch"), str("framework").c_str(), num("layers"),
-                  num("params"), j["can_switch"].value("compression", false) ? ", compression" : "",
-                  str("shares").c_str());
+                  num("params"), pipeline ? "pipeline stages" : "batch shares",
+                  j["can_switch"].value("compression", false) ? ", compression" : "", knob,
+                  str(knob).c_str());
     return text;
   }
   if (event == "decision" && j.contains("reason")) {  // a learned job's decision
@@ -138,16 +143,16 @@ std::string text_line(const std::string& json) {
         std::snprintf(rate, sizeof rate, "%.1f ms/step  %.0f samples/s", num("step_ms"),
                       num("samples_per_s"));
       }
-      std::snprintf(text, sizeof text, "%skeep       shares %s  %s  (%s)", head,
-                    shares_or(j, "shares").c_str(), rate, str("reason").c_str());
+      std::snprintf(text, sizeof text, "%skeep       %s %s  %s  (%s)", head, knob,
+                    shares_or(j, knob).c_str(), rate, str("reason").c_str());
     } else {
       char gain[48] = "";
       if (j.contains("predicted_gain")) {
         std::snprintf(gain, sizeof gain, ", predicted gain %.2fx", num("predicted_gain"));
       }
-      std::snprintf(text, sizeof text, "%s%-10s shares %s -> %s  %.1f ms/step%s  (%s)", head,
-                    action.c_str(), shares_or(j, "shares").c_str(),
-                    shares_or(j, "target_shares").c_str(), num("step_ms"), gain,
+      std::snprintf(text, sizeof text, "%s%-10s %s %s -> %s  %.1f ms/step%s  (%s)", head,
+                    action.c_str(), knob, shares_or(j, knob).c_str(),
+                    shares_or(j, target.c_str()).c_str(), num("step_ms"), gain,
                     str("reason").c_str());
     }
     return text;
@@ -162,7 +167,9 @@ std::string text_line(const std::string& json) {
   if (event == "migration") {
     std::snprintf(head, sizeof head, "step %6.0f  ", num("switch_at_step"));
     const bool committed = str("outcome") == "committed";
-    std::string what = j.contains("shares") ? "shares " + str("shares") : str("layout");
+    std::string what = j.contains("shares") || pipeline
+                           ? std::string(knob) + " " + str(knob)
+                           : str("layout");
     if (j.value("revert", false)) what += " (revert)";
     return head + std::string(committed ? "committed  " : "ABORTED    ") + what +
            (str("reason").empty() ? "" : "  (" + str("reason") + ")");
@@ -183,7 +190,8 @@ std::string text_line(const std::string& json) {
       text += ", " + std::to_string(n.get<long>()) + " rejected (" + reason + ")";
     }
     if (j.contains("layout")) {
-      text += "; now " + str("layout") + (j.contains("shares") ? " shares " + str("shares") : "");
+      text += "; now " + str("layout") +
+              (j.contains("shares") || pipeline ? std::string(" ") + knob + " " + str(knob) : "");
     }
     char pace[160] = "";
     if (num("step_ms_before") > 0 && num("step_ms_after") > 0) {
@@ -335,6 +343,11 @@ void run_deploy(const DeployFlags& f) {
       std::string shares;
       for (int c : now.dp_shares) shares += (shares.empty() ? "" : ",") + std::to_string(c);
       j["shares"] = shares;
+    }
+    if (f.scenario.empty() && now.pp > 1) {  // a learned pipeline: its blocks per stage
+      std::string split;
+      for (int n : now.stage_layers) split += (split.empty() ? "" : ",") + std::to_string(n);
+      j["split"] = split;
     }
   }
   auto per_s = [&](double step_ms) {

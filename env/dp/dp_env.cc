@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "env/pp/pipeline_sim.h"
 
 namespace parapilot::env::dp {
 
@@ -28,29 +29,38 @@ DataParallelEnv::DataParallelEnv(DataParallelEnvOptions options, std::string id)
 
 DataParallelEnv::~DataParallelEnv() = default;
 
+std::unique_ptr<SplitJobSim> DataParallelEnv::make_sim() const {
+  if (!o_.pipeline) return std::make_unique<DataParallelJobSim>(episode_, splitmix64(seed_ + 2));
+  return std::make_unique<pp::PipelineJobSim>(
+      episode_, pp::draw_pipeline(stages_, splitmix64(seed_ + 3)), splitmix64(seed_ + 2));
+}
+
 StatusOr<Observation> DataParallelEnv::reset(uint64_t seed, const ResetOptions& /*options*/) {
   seed_ = seed;
   family_ = o_.family ? *o_.family : kFamilies[splitmix64(seed) % 4];
-  episode_ = draw_episode({family_, o_.ranks, o_.decision_steps, o_.horizon}, splitmix64(seed + 1));
-  sim_ = std::make_unique<DataParallelJobSim>(episode_, splitmix64(seed + 2));
-  const DataParallelJob& job = sim_->job();
+  int ranks = o_.ranks;
+  if (o_.pipeline && ranks == 0) ranks = 2 + static_cast<int>(splitmix64(seed + 4) % 15);
+  stages_ = ranks;
+  episode_ = draw_episode({family_, ranks, o_.decision_steps, o_.horizon}, splitmix64(seed + 1));
+  sim_ = make_sim();
+  const int n = sim_->ranks();
   interval_s_ = o_.decision_steps * sim_->nominal_step_ms() / 1e3;
   // As the deploy agent watches a learned job (agent/deploy/agent.cc): one peer group, one
   // "node", standard errors for the decider's noise band.
   monitor::MonitorOptions mo;
-  mo.ranks = job.ranks;
-  mo.gpus_per_node = job.ranks;
+  mo.ranks = n;
+  mo.gpus_per_node = n;
   mo.compute_standard_errors = true;
   monitor_ = std::make_unique<monitor::Monitor>(mo);
-  for (int r = 0; r < job.ranks; ++r) monitor_->rank_connected(r);
+  for (int r = 0; r < n; ++r) monitor_->rank_connected(r);
   DataParallelOptions dpo;
-  dpo.ranks = job.ranks;
-  dpo.global_batch = job.global_batch;
+  dpo.ranks = n;
+  dpo.global_batch = sim_->global_batch();
   dpo.decision_steps = o_.decision_steps;
   dpo.verify_steps = std::max(dpo.verify_steps, o_.decision_steps);
-  decider_ = std::make_unique<DataParallelDecider>(dpo);
+  decider_ = std::make_unique<DataParallelDecider>(dpo, sim_->decider_model(dpo));
   batch_.clear();
-  batch_.reserve(static_cast<size_t>(o_.decision_steps) * job.ranks);
+  batch_.reserve(static_cast<size_t>(o_.decision_steps) * n);
   t_ = 0;
   run_interval(nullptr);
   return decider_->observe(monitor_->beliefs(), /*staging=*/false);
@@ -67,7 +77,7 @@ std::pair<double, double> DataParallelEnv::run_interval(const DataParallelDecisi
       sim_->set_counts(commit->counts);
       monitor_->layout_changed();
     }
-    DataParallelJobSim::Step& s = sim_->step();
+    SplitJobSim::Step& s = sim_->step();
     wall_ms += s.wall_ms;
     best_ms += s.best_ms;
     decider_->observe_step(s.step, s.wall_ms);
@@ -80,7 +90,7 @@ std::pair<double, double> DataParallelEnv::run_interval(const DataParallelDecisi
 }
 
 double DataParallelEnv::tokens(double wall_ms) const {
-  const double samples = static_cast<double>(o_.decision_steps) * sim_->job().global_batch;
+  const double samples = static_cast<double>(o_.decision_steps) * sim_->global_batch();
   return wall_ms > 0 ? samples * interval_s_ * 1e3 / wall_ms : 0;
 }
 
@@ -105,13 +115,14 @@ StepResult DataParallelEnv::step(int action) {
 
 std::optional<OracleResult> DataParallelEnv::oracle() {
   if (!sim_) return std::nullopt;
-  DataParallelJobSim sim(episode_, splitmix64(seed_ + 2));
+  const std::unique_ptr<SplitJobSim> replay = make_sim();
+  SplitJobSim& sim = *replay;
   const uint64_t k = static_cast<uint64_t>(o_.decision_steps);
   for (uint64_t i = 0; i < k; ++i) sim.step();  // reset's interval, on even shares
   OracleResult out;
   std::vector<double> before, now;
   double comm_before = 1, comm_now = 1;
-  before = sim.job().base_slowdown;  // interval 0 is compared with the nominal job
+  before = episode_.job.base_slowdown;  // interval 0 is compared with the nominal job
   for (int t = 0; t < o_.horizon; ++t) {
     const uint64_t first = sim.next_step();
     // Candidates: the shares in force and the best shares of each of the interval's steps;
@@ -132,7 +143,7 @@ std::optional<OracleResult> DataParallelEnv::oracle() {
     double best_cost = 0;
     size_t pick = 0;
     for (size_t c = 0; c < candidates.size(); ++c) {
-      double cost = c == 0 ? 0 : sim.true_step_ms_at(first, sim.counts());  // the pause
+      double cost = c == 0 ? 0 : sim.switch_pause_ms_at(first, sim.counts(), candidates[c]);
       for (uint64_t s = first; s < first + k; ++s) cost += sim.true_step_ms_at(s, candidates[c]);
       if (c == 0 || cost < best_cost) {
         best_cost = cost;
@@ -168,9 +179,12 @@ std::vector<std::pair<int, std::string>> DataParallelEnv::events() const {
 
 namespace {
 
-std::unique_ptr<Env> make_dp_env_or_throw(const EnvId& id) {
-  reject_unknown(id, {"ranks", "horizon", "decision_steps"});
+std::unique_ptr<Env> make_split_env_or_throw(const EnvId& id, bool pipeline) {
+  const char* kind = pipeline ? "pp" : "dp";
+  const char* ranks = pipeline ? "stages" : "ranks";
+  reject_unknown(id, {ranks, "horizon", "decision_steps"});
   DataParallelEnvOptions o;
+  o.pipeline = pipeline;
   if (id.variant == "random") {
     o.family = std::nullopt;
   } else {
@@ -182,14 +196,14 @@ std::unique_ptr<Env> make_dp_env_or_throw(const EnvId& id) {
       }
     }
     if (!known) {
-      throw InputError("env dp: unknown family \"" + id.variant +
+      throw InputError(std::string("env ") + kind + ": unknown family \"" + id.variant +
                        "\" (straggler, comm, flap, mixed, random)");
     }
   }
-  o.ranks = int_param(id, "ranks", 0, 2, 4096);
+  o.ranks = int_param(id, ranks, 0, 2, pipeline ? 256 : 4096);
   o.horizon = int_param(id, "horizon", o.horizon, 1, 1 << 20);
   o.decision_steps = int_param(id, "decision_steps", o.decision_steps, 1, 1 << 16);
-  std::string canonical = "dp:" + id.variant;
+  std::string canonical = std::string(kind) + ":" + id.variant;
   if (!id.params.empty()) {
     canonical += "(";
     bool first = true;
@@ -205,7 +219,11 @@ std::unique_ptr<Env> make_dp_env_or_throw(const EnvId& id) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Env>> make_dp_env(const EnvId& id) {
-  return catch_input_error([&] { return make_dp_env_or_throw(id); });
+  return catch_input_error([&] { return make_split_env_or_throw(id, false); });
+}
+
+StatusOr<std::unique_ptr<Env>> make_pp_env(const EnvId& id) {
+  return catch_input_error([&] { return make_split_env_or_throw(id, true); });
 }
 
 }  // namespace parapilot::env::dp

@@ -5,26 +5,13 @@
 #include <cmath>
 #include <numeric>
 
+#include "env/dp/draws.h"
 #include "env/dp/shares.h"
+#include "env/dp/shares_model.h"
 
 namespace parapilot::env::dp {
 
 namespace {
-
-// Draws from the generator's raw output only (the standard distributions' algorithms differ
-// between standard libraries; these do not).
-double uniform(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-double uniform(std::mt19937_64& rng, double lo, double hi) { return lo + (hi - lo) * uniform(rng); }
-double log_uniform(std::mt19937_64& rng, double lo, double hi) {
-  return std::exp(uniform(rng, std::log(lo), std::log(hi)));
-}
-int uniform_int(std::mt19937_64& rng, int lo, int hi) {  // [lo, hi]
-  return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1));
-}
-double normal(std::mt19937_64& rng) {   // Box-Muller
-  const double u = 1.0 - uniform(rng);  // (0, 1]
-  return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * uniform(rng));
-}
 
 // Fail-slow durations in decision intervals (job_sim.h): the published log-normal shape, one
 // decision standing for one published minute.
@@ -204,11 +191,11 @@ DataParallelJobSim::DataParallelJobSim(Episode episode, uint64_t seed)
   out_.samples.reserve(j.ranks);
 }
 
-void DataParallelJobSim::truth_at(uint64_t s, std::vector<double>* rank_slowdown,
-                                  double* comm_slowdown) const {
-  *rank_slowdown = episode_.job.base_slowdown;
+void truth_at(const Episode& episode, uint64_t s, std::vector<double>* rank_slowdown,
+              double* comm_slowdown) {
+  *rank_slowdown = episode.job.base_slowdown;
   *comm_slowdown = 1;
-  for (const FailSlow& e : episode_.events) {
+  for (const FailSlow& e : episode.events) {
     if (s < e.start_step || s >= e.end_step) continue;
     switch (e.kind) {
       case FailSlow::Kind::comm:
@@ -225,6 +212,21 @@ void DataParallelJobSim::truth_at(uint64_t s, std::vector<double>* rank_slowdown
         break;  // not real: only the telemetry (step())
     }
   }
+}
+
+void DataParallelJobSim::truth_at(uint64_t s, std::vector<double>* rank_slowdown,
+                                  double* comm_slowdown) const {
+  dp::truth_at(episode_, s, rank_slowdown, comm_slowdown);
+}
+
+double DataParallelJobSim::switch_pause_ms_at(uint64_t s, const std::vector<int>& from,
+                                              const std::vector<int>&) const {
+  return true_step_ms_at(s, from);
+}
+
+std::unique_ptr<SplitModel> DataParallelJobSim::decider_model(const DataParallelOptions& o) const {
+  return std::make_unique<SharesModel>(
+      SharesModelOptions{o.ranks, o.global_batch, o.equal_band, o.noise_k, o.late_fraction});
 }
 
 void DataParallelJobSim::refresh_truth() {

@@ -60,6 +60,7 @@
 #include <utility>
 #include <vector>
 
+#include "env/dp/split_sim.h"
 #include "env/monitor/monitor.h"
 
 namespace parapilot::env::dp {
@@ -118,28 +119,26 @@ struct Episode {
 // Draws an episode. Precondition (asserted): ranks 0 or >= 1, decision_steps and horizon >= 1.
 Episode draw_episode(const DrawOptions& options, uint64_t seed);
 
-class DataParallelJobSim {
+/// The true per-rank slowdowns (base_slowdown included) and all-reduce slowdown of `episode`'s
+/// job at step `s`: its events in force then (misreports are not real: none).
+void truth_at(const Episode& episode, uint64_t s, std::vector<double>* rank_slowdown,
+              double* comm_slowdown);
+
+class DataParallelJobSim final : public SplitJobSim {
  public:
   /// Precondition (asserted): job.ranks >= 1, global_batch >= ranks, per_sample_ms > 0,
   /// base_slowdown one entry per rank, events name ranks of the job. `seed` drives the noise.
   /// Starts at step 0 on even shares.
   DataParallelJobSim(Episode episode, uint64_t seed);
 
-  struct Step {
-    uint64_t step = 0;
-    double wall_ms = 0;    ///< the step's wall time, pause included
-    double best_ms = 0;    ///< the same step (same noise) on best_counts(), no pause
-    double paused_ms = 0;  ///< the switch pause this step paid
-    std::vector<monitor::StepSample> samples;  ///< the samples sent (dropped ones left out)
-  };
-  /// Runs the next step. The returned step stays valid until the next call; the caller may
-  /// move its samples out (e.g. into Monitor::ingest).
-  Step& step();
+  int ranks() const override { return episode_.job.ranks; }
+  int global_batch() const override { return episode_.job.global_batch; }
+  /// Step::best_ms: the same step on best_counts().
+  Step& step() override;
 
-  /// New shares (one >= 1 entry per rank, summing to the global batch; asserted): in force
-  /// from the next step, which pays the switch pause. Equal to the shares in force: no-op.
-  void set_counts(const std::vector<int>& counts);
-  const std::vector<int>& counts() const { return counts_; }
+  /// New shares (one >= 1 entry per rank, summing to the global batch; asserted).
+  void set_counts(const std::vector<int>& counts) override;
+  const std::vector<int>& counts() const override { return counts_; }
 
   /// The best shares under the true speeds of the next step (balanced_counts on them).
   const std::vector<int>& best_counts();
@@ -148,19 +147,20 @@ class DataParallelJobSim {
   /// The noiseless step time of the next step on `counts`.
   double true_step_ms(const std::vector<int>& counts);
 
-  uint64_t next_step() const { return step_; }
+  uint64_t next_step() const override { return step_; }
   const DataParallelJob& job() const { return episode_.job; }
-  const std::vector<FailSlow>& events() const { return episode_.events; }
-  /// The true per-rank slowdowns and all-reduce slowdown at step `s` (1: nominal; the
-  /// permanent base_slowdown included).
-  void truth_at(uint64_t s, std::vector<double>* rank_slowdown, double* comm_slowdown) const;
-  /// Hindsight, for the oracle: the best shares under the truth of step `s`, and the noiseless
-  /// step time of `counts` at step `s`.
-  std::vector<int> best_counts_at(uint64_t s) const;
-  double true_step_ms_at(uint64_t s, const std::vector<int>& counts) const;
-  /// The noiseless step on even shares with no fail-slow (base_slowdown only): the job's
-  /// nominal step, which sets the env's interval length.
-  double nominal_step_ms() const;
+  const std::vector<FailSlow>& events() const override { return episode_.events; }
+  void truth_at(uint64_t s, std::vector<double>* rank_slowdown,
+                double* comm_slowdown) const override;
+  std::vector<int> best_counts_at(uint64_t s) const override;
+  double true_step_ms_at(uint64_t s, const std::vector<int>& counts) const override;
+  /// A share change pauses its step by about one step: the step of `from` at `s`.
+  double switch_pause_ms_at(uint64_t s, const std::vector<int>& from,
+                            const std::vector<int>& to) const override;
+  /// On even shares, base_slowdown only.
+  double nominal_step_ms() const override;
+  /// SharesModel, as deploy makes it for a data-parallel job.
+  std::unique_ptr<SplitModel> decider_model(const DataParallelOptions& o) const override;
 
  private:
   void refresh_truth();

@@ -411,7 +411,9 @@ TEST_CASE("deploy learns a pipeline from JobInfo and moves blocks off a slowed s
   for (uint32_t r = 0; r < kStages; ++r) {
     d.ranks[r]->client->send(pipeline_info(r, transport::kCapPipeline, kBlocks));
   }
-  REQUIRE(eventually([&] { return d.agent->monitor() != nullptr; }));
+  // The log line follows the monitor's start: wait for the line.
+  REQUIRE(eventually([&] { return !d.line_with("\"job_learned\"").empty(); }));
+  REQUIRE(d.agent->monitor() != nullptr);
   const std::string learned = d.line_with("\"job_learned\"");
   CHECK(learned.find("\"kind\":\"pipeline\"") != std::string::npos);
   CHECK(learned.find("\"split\":\"4,4,4,4\"") != std::string::npos);
@@ -439,6 +441,8 @@ TEST_CASE("deploy learns a pipeline from JobInfo and moves blocks off a slowed s
   CHECK(name.stage_layers == std::vector<int>{5, 5, 2, 4});
   CHECK(name.schedule == "1f1b");
   // The decision names the split it moves to.
+  // The plan leaves before the decision's log line: wait for the line.
+  REQUIRE(eventually([&] { return !d.line_with("\"action\":\"rebalance\"").empty(); }));
   const std::string decision = d.line_with("\"action\":\"rebalance\"");
   INFO(decision);
   CHECK(decision.find("\"target_split\":\"5,5,2,4\"") != std::string::npos);
@@ -459,7 +463,8 @@ TEST_CASE("deploy learns a pipeline from JobInfo and moves blocks off a slowed s
     d.ranks[r]->client->send(
         transport::Ack{transport::MessageType::plan_commit, plan->plan_id, r});
   }
-  REQUIRE(eventually([&] { return d.agent->stats().migrations_committed == 1; }));
+  REQUIRE(eventually([&] { return !d.line_with("\"migration\"").empty(); }));
+  CHECK(d.agent->stats().migrations_committed == 1);
   const std::string migration = d.line_with("\"migration\"");
   INFO(migration);
   CHECK(migration.find("\"split\":\"5,5,2,4\"") != std::string::npos);
@@ -474,7 +479,7 @@ TEST_CASE("a job that can switch batch shares stays data-parallel; a pipeline to
     Deploy d;
     d.ranks[0]->client->send(
         pipeline_info(0, transport::kCapPipeline | transport::kCapDpShares, kBlocks));
-    REQUIRE(eventually([&] { return d.agent->monitor() != nullptr; }));
+    REQUIRE(eventually([&] { return !d.line_with("\"job_learned\"").empty(); }));
     const std::string learned = d.line_with("\"job_learned\"");
     CHECK(learned.find("\"kind\":\"data-parallel\"") != std::string::npos);
     CHECK(learned.find("\"shares\":\"16,16,16,16\"") != std::string::npos);

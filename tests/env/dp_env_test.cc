@@ -112,7 +112,7 @@ TEST_CASE("dp env: ids name the family and the parameters; a bad one is an error
   CHECK(env->id() == "dp:comm(decision_steps=4,horizon=5,ranks=8)");
   CHECK(env->horizon() == 5);
   ok(env->reset(1));
-  CHECK(dynamic_cast<dp::DataParallelEnv&>(*env).job_sim().job().ranks == 8);
+  CHECK(dynamic_cast<dp::DataParallelEnv&>(*env).job_sim().ranks() == 8);
   const std::pair<const char*, const char*> bad[] = {
       {"dp:straggler(ranks=abc)", "ranks"},
       {"dp:straggler(ranks=1)", "ranks"},

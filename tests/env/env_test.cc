@@ -42,6 +42,7 @@ const std::string kConformanceIds[] = {
     "trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)",
     "bandit(horizon=12)",
     "dp:random(ranks=8,horizon=12)",
+    "pp:random(stages=6,horizon=12)",
     "sim:hetero(gpus=16,horizon=12)",
     "sim:straggler(gpus=16,horizon=12)",
     "sim:congestion(gpus=16,horizon=12)",

@@ -29,7 +29,11 @@ const std::map<std::string, std::vector<std::string>> kEnvs = {
     {"trace", {"trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)"}},
     {"dp", {"dp:straggler", "dp:comm", "dp:flap", "dp:mixed"}},
 };
-const char* kNotForPolicies[] = {"bandit"};
+// `pp`: the shipped policy has not trained on a pipeline's splits, and a block transfer's
+// switch cost lies past what it met: over three episodes of each pp: family, migration_time,
+// switch_cost and amortised_gain fall outside its training's range 58-142 times each. It is to
+// be listed above once a policy trains on it.
+const char* kNotForPolicies[] = {"bandit", "pp"};
 
 }  // namespace
 
