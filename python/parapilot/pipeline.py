@@ -13,7 +13,7 @@ train (torch.distributed.pipelining, torch >= 2.4; docs/pytorch.md, "Pipeline jo
     session.close()
 
 Contract:
-* One rank per stage: rank s of the default process group (or `process_group`) runs stage s and
+* One rank per stage: rank s of the default process group (the whole job) runs stage s and
   holds the contiguous blocks of the split (pipeline_split); the blocks it does not hold are
   freed to the meta device. The stage is torch's PipelineStage over those blocks in order, the
   schedule ScheduleGPipe ("gpipe") or Schedule1F1B ("1f1b") with `micro_batches` micro-batches of
@@ -96,7 +96,7 @@ class PipelineSession(StepSession):
                  optimizer_factory: Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer],
                  *, global_batch: int, micro_batches: int, schedule: str = "gpipe",
                  split: Optional[Sequence[int]] = None,
-                 resume_from: Optional[Sequence[str]] = None, process_group=None,
+                 resume_from: Optional[Sequence[str]] = None,
                  agent: Optional[str] = None, secret_file: Optional[str] = None,
                  secret_env: str = "PARAPILOT_SECRET", log=None,
                  client_options: Optional[dict] = None, control_timeout_s: float = 1800.0):
@@ -106,11 +106,10 @@ class PipelineSession(StepSession):
         if global_batch % micro_batches:
             raise PipelineError(f"global_batch {global_batch} does not divide into "
                                 f"{micro_batches} micro-batches")
-        rank = dist.get_rank(process_group)
-        world = dist.get_world_size(process_group)
+        rank, world = dist.get_rank(), dist.get_world_size()
         self.runner = StageRunner(blocks, loss_fn, optimizer_factory, rank=rank,
                                   n_stages=world, micro_batches=micro_batches,
-                                  schedule=schedule, split=split, group=process_group,
+                                  schedule=schedule, split=split, group=None,
                                   move_group=dist.new_group(backend="gloo"))
         start = 0
         if resume_from:
@@ -126,7 +125,7 @@ class PipelineSession(StepSession):
                          framework=f"pytorch-pipeline {torch.__version__}",
                          capabilities=wire.Capability.PIPELINE, agent=agent,
                          secret_file=secret_file, secret_env=secret_env,
-                         layers=self.runner.blocks, process_group=process_group,
+                         layers=self.runner.blocks,
                          grad_stats_every=0, start_step=start, log=log,
                          client_options=client_options, control_timeout_s=control_timeout_s)
 
