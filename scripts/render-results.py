@@ -581,6 +581,40 @@ def live_switch_pause(d):
     return table(head, rows) + "\n\n" + source(r)
 
 
+def pipeline_switch(d):
+    r = d("pipeline-switch.json")
+    f = r["figures"]
+    rows = [["live block move (%d switches)" % len(f["switch_pauses_ms"]),
+             "%.1f" % f["switch_pause_median_ms"],
+             ", ".join("%.1f" % x for x in f["switch_pauses_ms"]),
+             "%+.0f" % f["switch_step_excess_median_ms"],
+             n0(statistics.median(f["switch_bytes_moved"]))],
+            ["stop, save, relaunch, load (%d restarts)" % len(f["restart_pauses_ms"]),
+             n0(f["restart_pause_median_ms"]),
+             ", ".join(n0(x) for x in f["restart_pauses_ms"]), "–", "–"]]
+    head = ["way", "pause, median (ms)", "each (ms)", "switching step's excess, median (ms)",
+            "bytes moved"]
+    return (table(head, rows) + "\n\nSplit %s ↔ %s of %d blocks over %d stages (width %d); "
+            "median step %.0f ms. Restart ÷ live pause: **%.0f×**.\n\n"
+            % (",".join(map(str, f["split_a"])), ",".join(map(str, f["split_b"])), f["blocks"],
+               f["stages"], f["width"], f["median_step_ms"], f["ratio"]) + source(r))
+
+
+def pipeline_slow(d):
+    r = d("pipeline-slow.json")
+    f = r["figures"]
+    rows = [[x["run"], "%.1f" % x["before"], "**%.1f**" % x["during"], "%.1f" % x["after"]]
+            for x in f["runs"]]
+    head = ["run", "before (samples/s)", "slowed (samples/s)", "after (samples/s)"]
+    splits = "; ".join("step %d: %s" % (c["step"], ",".join(map(str, c["split"])))
+                       for c in f["deploy_splits"]) or "none"
+    static = ("the split deploy ran at the end of the slowed phase" if f["static_from_deploy"]
+              else "one block off the slowed stage (deploy moved nothing while it was slow)")
+    return (table(head, rows) + "\n\nStage 2 three times slower from step %d to %d of %d; "
+            "the static run is %s. Deploy's splits: %s.\n\n"
+            % (f["slow_from"], f["slow_until"], f["steps"], static, splits) + source(r))
+
+
 def live_switch_slowed(d):
     r = d("live-switch-slowed.json")
     f = r["figures"]["slowed"]
@@ -732,6 +766,8 @@ RENDER = {
     "live-switch-pause": live_switch_pause,
     "live-switch-slowed": live_switch_slowed,
     "live-switch-staging": live_switch_staging,
+    "pipeline-switch": pipeline_switch,
+    "pipeline-slow": pipeline_slow,
     "planner-searches": planner_searches,
     "planner-mixed": planner_mixed,
     "env-speed": env_speed,

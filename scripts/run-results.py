@@ -32,6 +32,10 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
   live            bench_live elastic and compression
   live-layouts    one training job under six layouts: final loss and parameters against dp=4
   live-switch     bench_switch pause, slowed and staging (about 6 minutes)
+  pipeline-switch  a parapilot.pipeline job's live block move against a restart, under torch 2.x
+                  (benchmarks/live/pipeline_switch.py; about 2 minutes)
+  pipeline-slow   a pipeline job with a stage slowed part way: deploy, no agent, the best static
+                  split (benchmarks/live/pipeline_slow.py; about 5 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
@@ -47,6 +51,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# torch 2.x (scripts/install-torch2.sh): parapilot.pipeline needs torch >= 2.4.
+TORCH2_PYTHON = os.environ.get("PARAPILOT_TORCH2_PYTHON", "/opt/parapilot/torch2/bin/python")
 FAMILIES = ["hetero", "straggler", "congestion", "failure", "phase", "mixed"]
 POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uniform-dp,oracle"
 # The shipped policy's training run (docs/policy.md, "The shipped policy").
@@ -72,7 +78,8 @@ DP_POLICIES = ("rl,measured-shares,%s,reactive,reactive-tuned,threshold,ski-rent
 RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,oracle"
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
             "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix",
-            "pytorch-policies", "fsdp", "live", "live-layouts", "live-switch"]
+            "pytorch-policies", "fsdp", "live", "live-layouts", "live-switch", "pipeline-switch",
+            "pipeline-slow"]
 
 
 def git(*args):
@@ -356,6 +363,16 @@ class Runner:
         b = self.bin("benchmarks", "live", "bench_switch")
         for mode in ("pause", "slowed", "staging"):
             self.bench("live-switch-%s.json" % mode, [b, mode])
+
+    def pipeline_switch(self):
+        self.bench("pipeline-switch.json",
+                   [TORCH2_PYTHON, os.path.join(ROOT, "benchmarks", "live", "pipeline_switch.py"),
+                    "--build", self.build])
+
+    def pipeline_slow(self):
+        self.bench("pipeline-slow.json",
+                   [TORCH2_PYTHON, os.path.join(ROOT, "benchmarks", "live", "pipeline_slow.py"),
+                    "--build", self.build])
 
 
 def main():

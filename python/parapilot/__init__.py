@@ -4,6 +4,7 @@ integrations.
     from parapilot import wire, Client          # the protocol (standard library only)
     from parapilot.pytorch import Session       # DDP telemetry, comm hook, shares (needs torch)
     from parapilot.tensorflow import Session    # MultiWorkerMirroredStrategy jobs (no torch)
+    from parapilot.pipeline import PipelineSession   # pipeline jobs whose stages move (torch >= 2.4)
 
 See docs/pytorch.md, docs/tensorflow.md and docs/wire-format.md.
 """

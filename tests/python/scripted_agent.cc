@@ -5,7 +5,7 @@
 //     stdout: {"event":"listening","port":P}, then one line per connect, telemetry, plan_ready,
 //             ack, shutdown and disconnect.
 //     stdin, one command per line:
-//       prepare ID DP SHARES COMPRESSION [DEADLINE_MS [NAME [TP PP]]]
+//       prepare ID DP SHARES COMPRESSION [DEADLINE_MS [NAME [TP PP [MICRO_BATCHES]]]]
 //           SHARES: "-" (uniform) or "3,1,2"; COMPRESSION: "-" or "FIRST-LAST:METHOD:PARAM;..."
 //           with METHOD a number (0 none, 1 fp16, 2 topk, 3 powersgd)
 //       commit ID STEP | abort ID REASON... | shutdown REASON... | stop
@@ -211,7 +211,11 @@ bool parse_prepare(std::istringstream& in, tp::PlanPrepare& p, std::string& why)
   p.layout_name = "scripted";
   if (!(in >> p.deadline_ms)) p.deadline_ms = 30000;
   if (!(in >> p.layout_name)) p.layout_name = "scripted";
-  if (!(in >> p.layout.tp >> p.layout.pp)) p.layout.tp = p.layout.pp = 1;
+  if (!(in >> p.layout.tp >> p.layout.pp)) {
+    p.layout.tp = p.layout.pp = 1;
+  } else if (!(in >> p.layout.micro_batches)) {
+    p.layout.micro_batches = 1;
+  }
   if (shares != "-") {
     std::istringstream s(shares);
     std::string item;
