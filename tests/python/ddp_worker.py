@@ -13,7 +13,7 @@ gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduc
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
 inside session.outside_steps() every N steps), gap_at / gap_ms (an unmarked sleep before step
-gap_at).
+gap_at); hidden (the model's width, default 64: a wider model sends more gradient bytes).
 
 A rank whose session raises PeerLost writes its result with "failed" (the message) and exits 3.
 """
@@ -31,11 +31,12 @@ import parapilot.pytorch as ppt
 from parapilot import peer_failure, telemetry_keys as keys, wire
 
 
-def make_model(buffers=False):
+def make_model(buffers=False, hidden=64):
     torch.manual_seed(1234)
-    norm = [torch.nn.BatchNorm1d(64)] if buffers else []
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), *norm, torch.nn.ReLU(),
-                               torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    norm = [torch.nn.BatchNorm1d(hidden)] if buffers else []
+    return torch.nn.Sequential(torch.nn.Linear(16, hidden), *norm, torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 4))
 
 
 def make_data(n=2048):
@@ -52,7 +53,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = make_model(cfg.get("buffers", False))
+    model = make_model(cfg.get("buffers", False), cfg.get("hidden", 64))
     ddp = DDP(model, bucket_cap_mb=cfg.get("bucket_cap_mb", 25))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     data = make_data()
@@ -67,7 +68,7 @@ def main():
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
     ref = ref_opt = None
     if cfg.get("reference") and rank == 0:
-        ref = make_model()
+        ref = make_model(hidden=cfg.get("hidden", 64))
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     slow_rank, slow_ms = cfg.get("slow_rank", -1), cfg.get("slow_ms", 0)
     if rank == slow_rank and slow_ms:

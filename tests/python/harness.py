@@ -137,11 +137,13 @@ class ScriptedAgent:
                 pass
 
 
-def launch(world, cfg, env_extra=None, timeout=60, worker="ddp_worker.py"):
+def launch(world, cfg, env_extra=None, timeout=60, worker="ddp_worker.py", wrap=None,
+           master_addr="127.0.0.1"):
     """Runs `worker` (a script beside this file: ddp_worker.py, fsdp_worker.py) on `world` local
     processes with torchrun's environment variables, its JSON config in argv[1]; returns a Job
     whose wait() gives the per-rank results (raises with the workers' stderr on failure or
-    timeout)."""
+    timeout). wrap(rank), when given, is an argv prefix for that rank's process (e.g.
+    netns_hosts.Hosts.exec_argv: each rank on its own host, rank 0's at master_addr)."""
     out_dir = tempfile.mkdtemp(prefix="parapilot-ddp-")
     cfg = dict(cfg, out=os.path.join(out_dir, "result"))
     port = free_port()
@@ -149,11 +151,12 @@ def launch(world, cfg, env_extra=None, timeout=60, worker="ddp_worker.py"):
     for rank in range(world):
         env = dict(os.environ)
         env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
                     "PYTHONPATH": os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", ""),
                     "OMP_NUM_THREADS": "1"})
         env.update(env_extra or {})
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, worker),
+        prefix = list(wrap(rank)) if wrap is not None else []
+        procs.append(subprocess.Popen(prefix + [sys.executable, os.path.join(HERE, worker),
                                        json.dumps(cfg)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return Job(procs, out_dir, world, timeout)
