@@ -57,10 +57,11 @@ class SecretFile:
 class ScriptedAgent:
     """Runs scripted_agent; events() yields its JSON lines, command() writes one stdin line."""
 
-    def __init__(self, secret_path, port=0, heartbeat_ms=200):
+    def __init__(self, secret_path, port=0, heartbeat_ms=200, wrap=()):
+        """wrap: an argv prefix (e.g. netns_hosts.Hosts.exec_argv(i): run it on a test host)."""
         exe = scripted_agent_path()
         self.proc = subprocess.Popen(
-            [exe, "--secret-file", secret_path, "--port", str(port), "--heartbeat-ms",
+            list(wrap) + [exe, "--secret-file", secret_path, "--port", str(port), "--heartbeat-ms",
              str(heartbeat_ms)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             bufsize=1)

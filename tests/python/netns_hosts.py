@@ -84,6 +84,40 @@ def _probe_netem(ns: str, dev: str) -> bool:
     return True
 
 
+# Hosts.relay's process: accept on argv[1]:argv[2], connect each to 127.0.0.1:argv[3], pump
+# both ways (no delay on small messages); a connection ends when either side closes.
+_RELAY = """
+import socket, sys, threading
+ls = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("up", flush=True)
+def pump(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+while True:
+    c, _ = ls.accept()
+    try:
+        u = socket.create_connection(("127.0.0.1", int(sys.argv[3])))
+    except OSError:
+        c.close()
+        continue
+    for s in (c, u):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for x, y in ((c, u), (u, c)):
+        threading.Thread(target=pump, args=(x, y), daemon=True).start()
+"""
+
+
 class Hosts:
     """N hosts on one switch (see the module docstring). Raises NetnsUnavailable when namespaces
     cannot be made, NetnsError when setting up fails (what was made is torn down first)."""
@@ -108,6 +142,7 @@ class Hosts:
         self.ifname = IFNAME
         self.rates: Dict[int, Optional[float]] = {i: None for i in range(n)}
         self._made: List[str] = []
+        self._relays: List[subprocess.Popen] = []
         atexit.register(self.close)
         try:
             self._build()
@@ -189,8 +224,29 @@ class Hosts:
     def all_bytes(self) -> List[Dict[str, int]]:
         return [self.bytes(i) for i in range(self.n)]
 
+    def relay(self, i: int, port: int, target_port: int) -> str:
+        """Makes a server that listens on host i's loopback only (127.0.0.1:target_port, e.g.
+        the scripted agent) reachable from the other hosts: a TCP relay on host i's address at
+        `port` (closed with the hosts). Returns "ADDRESS:PORT" to connect to."""
+        self._check(i)
+        proc = subprocess.Popen(self.exec_argv(i) + [sys.executable, "-c", _RELAY,
+                                                     self.addresses[i], str(port),
+                                                     str(target_port)],
+                                stdout=subprocess.PIPE, text=True)
+        self._relays.append(proc)
+        if proc.stdout.readline().strip() != "up":
+            raise NetnsError(f"hosts: the relay on host {i} port {port} did not start "
+                             f"(exit {proc.wait()})")
+        return f"{self.addresses[i]}:{port}"
+
     def close(self) -> None:
         """Deletes the namespaces this object made (their interfaces go with them). Idempotent."""
+        for proc in self._relays:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stdout.close()
+        self._relays = []
         made, self._made = self._made, []
         for ns in reversed(made):
             _run(["ip", "netns", "del", ns], check=False)
