@@ -24,7 +24,8 @@ Per run, measured over the steps after the plan's first 3 (PowerSGD's first two 
 median step (rank 0's cycle), the bytes each host's interface sent and received per step (the
 kernel's counters, read when the agent's telemetry reaches the window's first and last step:
 everything on the link, not a formula), the bytes the client says it sent (all-reduce +
-all-gather), and the final loss (rank 0's last step, the same data and steps for every method).
+all-gather), and the final loss (rank 0's mean over the last 10 steps; the same data and steps
+for every method).
 Prints a table; --json writes it in the envelope of the other benchmarks. Exit 1 when a run
 fails, 2 on bad flags, 77 when namespaces or the agent are missing.
 """
@@ -133,7 +134,7 @@ def run_method(a, hosts, secret, method, plan_id):
             "wire_tx_per_step": [w["tx"] for w in wire],
             "wire_rx_per_step": [w["rx"] for w in wire],
             "client_bytes_per_step": r0[-1]["all_reduce_bytes"] + r0[-1]["all_gather_bytes"],
-            "final_loss": res[0]["records"][-1]["loss"]}
+            "final_loss": statistics.mean(x["loss"] for x in res[0]["records"][-10:])}
 
 
 def summarize(runs):

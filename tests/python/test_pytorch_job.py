@@ -91,12 +91,13 @@ def modelled_step(counts, slow_where=None):
 
 
 class Deploy:
-    """`parapilot deploy --listen ADDR --secret-file F`, its JSON lines collected."""
+    """`parapilot deploy --listen ADDR --secret-file F`, its JSON lines collected. host: the
+    address it listens on; wrap: an argv prefix (netns_hosts.Hosts.exec_argv: on a test host)."""
 
-    def __init__(self, exe, port, secret_path, extra=()):
-        self.address = f"127.0.0.1:{port}"
+    def __init__(self, exe, port, secret_path, extra=(), host="127.0.0.1", wrap=()):
+        self.address = f"{host}:{port}"
         self.proc = subprocess.Popen(
-            [exe, "deploy", "--listen", f"127.0.0.1:{port}", "--secret-file", secret_path,
+            [*wrap, exe, "deploy", "--listen", self.address, "--secret-file", secret_path,
              *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines = []
