@@ -492,6 +492,29 @@ def fsdp(d):
     return out
 
 
+def netns_compression(d):
+    reports = [d("netns-compression-200.json"), d("netns-compression-0.json")]
+    rows = []
+    for r in reports:
+        f = r["figures"]
+        link = "%g Mbit/s" % f["rate_mbit"] if f["rate_mbit"] else "not limited"
+        order = ["none", "fp16", "topk", "powersgd"]
+        for m, x in sorted(f["summary"].items(),
+                           key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
+            rows.append([link, m, "%.1f (%.1f–%.1f)" % (x["median_step_ms"], x["min_ms"], x["max_ms"]),
+                         "%.2f×" % x["step_vs_none"], "%.1f" % (x["wire_tx_per_host_step"] / 1e3),
+                         "%.1f" % (x["client_bytes_per_step"] / 1e3),
+                         "%.3f" % statistics.median(x["final_loss"])])
+    head = ["links", "method", "median step ms (range over rounds)", "vs none",
+            "sent per host per step, wire KB", "client KB", "final loss"]
+    f = reports[0]["figures"]
+    out = ("4 ranks, one per host, model width %d, global batch %d, %d rounds of %d steps under "
+           "the plan (after its first 3). Wire bytes: the hosts' interface counters; client: the "
+           "bytes the client says it all-reduced and all-gathered.\n\n"
+           % (f["hidden"], f["global_batch"], f["rounds"], f["steps"])) + table(head, rows)
+    return out + "\n\n" + source(*reports)
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -762,6 +785,7 @@ RENDER = {
     "fsdp": fsdp,
     "live-elastic": live_elastic,
     "live-compression": live_compression,
+    "netns-compression": netns_compression,
     "live-layouts": live_layouts,
     "live-switch-pause": live_switch_pause,
     "live-switch-slowed": live_switch_slowed,

@@ -36,6 +36,8 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
                   (benchmarks/live/pipeline_switch.py; about 2 minutes)
   pipeline-slow   a pipeline job with a stage slowed part way: deploy, no agent, the best static
                   split (benchmarks/live/pipeline_slow.py; about 5 minutes)
+  netns           compression on 200 Mbit/s and unlimited links between network-namespace
+                  hosts, 3 rounds (benchmarks/live/netns_compression.py; root; about 3 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
@@ -79,7 +81,7 @@ RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
             "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix",
             "pytorch-policies", "fsdp", "live", "live-layouts", "live-switch", "pipeline-switch",
-            "pipeline-slow"]
+            "pipeline-slow", "netns"]
 
 
 def git(*args):
@@ -368,6 +370,13 @@ class Runner:
         self.bench("pipeline-switch.json",
                    [TORCH2_PYTHON, os.path.join(ROOT, "benchmarks", "live", "pipeline_switch.py"),
                     "--build", self.build])
+
+    def netns(self):
+        for rate in ("200", "0"):
+            self.bench("netns-compression-%s.json" % rate,
+                       [sys.executable,
+                        os.path.join(ROOT, "benchmarks", "live", "netns_compression.py"),
+                        "--steps", "30", "--rounds", "3", "--rate-mbit", rate])
 
     def pipeline_slow(self):
         self.bench("pipeline-slow.json",
