@@ -15,6 +15,8 @@ Contract:
   connection drops the plans the agent had not committed; PlanAbort and Shutdown are logged.
 * Everything the link says goes to say(level, text), the bus client's own lines at "debug"
   (errors stay errors).
+* announcement(...) builds the JobInfo a session announces (its layers truncated to one frame);
+  summary_line(...) is every session's one-line summary at close().
 Thread-safety: send() and the properties may be called from any thread; start() and close()
 from the owner's.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Sequence
 
 from . import wire
 from .auth import SecretError, load_secret
@@ -31,6 +33,31 @@ from .client import Client
 from .plans import PlanBook
 
 Say = Callable[[str, str], None]  # (level, text)
+
+
+def announcement(rank: int, world_size: int, global_batch: int, capabilities: int,
+                 framework: str, layers: Sequence[wire.LayerInfo],
+                 max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
+    """The JobInfo a rank announces: `framework` cut to the wire's name limit, and as many of
+    `layers` (at most wire.MAX_LAYERS) as fit in one frame of max_frame_bytes (the list is
+    informational: a truncated list is still valid)."""
+    m = wire.JobInfo(rank, world_size, global_batch, capabilities,
+                     framework.encode("utf-8")[:wire.MAX_NAME_BYTES].decode("utf-8", "ignore"),
+                     [])
+    room = (max_frame_bytes - wire.FRAME_HEADER_BYTES - len(wire.encode_payload(m))) // 16
+    m.layers = list(layers[:max(0, room)])
+    return m
+
+
+def summary_line(steps: int, median_ms: float, applied: List[int], refused: int, tail: str,
+                 agent: str) -> str:
+    """A session's summary at close(): steps, median step, plans applied (the first and last
+    three when more than 8), plans refused, what the kind of job adds (`tail`), the agent."""
+    plans = (f"{applied}" if len(applied) <= 8 else
+             f"[{', '.join(map(str, applied[:3]))}, ..., {', '.join(map(str, applied[-3:]))}] "
+             f"({len(applied)} plans)")
+    return (f"{steps} steps, median step {median_ms:.1f} ms, plans applied {plans}, refused "
+            f"{refused}{', ' + tail if tail else ''}, agent: {agent}")
 
 
 class AgentLink:

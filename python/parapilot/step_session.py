@@ -57,7 +57,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d  # unwrapped: never timed as script waits
 
 from . import collectives, wire
-from .agent_link import AgentLink
+from .agent_link import AgentLink, announcement, summary_line
 from .boundary import Boundary
 from .client import logging_logger
 from .hooks import _Clock, _StepRecord, layer_map
@@ -224,16 +224,11 @@ class StepSession:
             self.gaps_excluded += 1
 
     def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
-        """The JobInfo this rank announces on each connection: per-layer sizes of layers
-        0..n-1 (params: elements; grad_bytes: bytes of the gradients, parameters that require
-        them), at most wire.MAX_LAYERS of them and as many as fit in one frame of
-        max_frame_bytes (the list is informational: a truncated list is still valid)."""
-        m = wire.JobInfo(self.rank, self.world_size, self.global_batch, self.capabilities,
-                         self.framework.encode("utf-8")[:wire.MAX_NAME_BYTES].decode(
-                             "utf-8", "ignore"), [])
-        room = (max_frame_bytes - wire.FRAME_HEADER_BYTES - len(wire.encode_payload(m))) // 16
-        m.layers = list(self._layer_sizes[:max(0, room)])
-        return m
+        """The JobInfo this rank announces on each connection (agent_link.announcement):
+        per-layer sizes of layers 0..n-1 (params: elements; grad_bytes: bytes of the gradients,
+        parameters that require them), as many as fit in one frame of max_frame_bytes."""
+        return announcement(self.rank, self.world_size, self.global_batch, self.capabilities,
+                            self.framework, self._layer_sizes, max_frame_bytes)
 
     def close(self, flush_timeout: float = 2.0) -> None:
         """Sends pending telemetry (up to flush_timeout s), logs a one-line summary and
@@ -497,15 +492,9 @@ class StepSession:
 
     def _summary(self) -> str:
         cycles = list(self._cycles_ms)
-        median = statistics.median(cycles) if cycles else 0.0
-        ids = self.applied_plans
-        plans = (f"{ids}" if len(ids) <= 8 else
-                 f"[{', '.join(map(str, ids[:3]))}, ..., {', '.join(map(str, ids[-3:]))}] "
-                 f"({len(ids)} plans)")
-        tail = self._summary_tail()
-        return (f"{self._steps_run} steps, median step {median:.1f} ms, plans applied "
-                f"{plans}, refused {len(self._refused)}{', ' + tail if tail else ''}, agent: "
-                f"{self.link.describe()}")
+        return summary_line(self._steps_run, statistics.median(cycles) if cycles else 0.0,
+                            self.applied_plans, len(self._refused), self._summary_tail(),
+                            self.link.describe())
 
     def _layer_infos(self) -> List[wire.LayerInfo]:
         out = [wire.LayerInfo() for _ in range(min(self._n_layers, wire.MAX_LAYERS))]

@@ -77,7 +77,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from . import telemetry_keys as keys, wire
-from .agent_link import AgentLink
+from .agent_link import AgentLink, announcement, summary_line
 from .boundary import Boundary
 from .client import logging_logger
 from .shares import dp_layout_problem, plan_shares, split_batch
@@ -264,13 +264,9 @@ class Session:
 
     def job_info(self, max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> wire.JobInfo:
         """The JobInfo this worker announces on each connection (as many layers as fit)."""
-        m = wire.JobInfo(self.rank, self.world_size, self.global_batch,
-                         wire.Capability.DP_SHARES,
-                         self.framework.encode("utf-8")[:wire.MAX_NAME_BYTES].decode(
-                             "utf-8", "ignore"), [])
-        room = (max_frame_bytes - wire.FRAME_HEADER_BYTES - len(wire.encode_payload(m))) // 16
-        m.layers = list(self._layers[:max(0, room)])
-        return m
+        return announcement(self.rank, self.world_size, self.global_batch,
+                            wire.Capability.DP_SHARES, self.framework, self._layers,
+                            max_frame_bytes)
 
     def close(self, flush_timeout: float = 2.0) -> None:
         """Logs the summary, sends what is pending and disconnects; unwraps the optimizer.
@@ -397,13 +393,10 @@ class Session:
 
     def _summary(self) -> str:
         median = statistics.median(self._cycles_ms) if self._cycles_ms else 0.0
-        ids = self.applied_plans
-        plans = (f"{ids}" if len(ids) <= 8 else
-                 f"[{', '.join(map(str, ids[:3]))}, ..., {', '.join(map(str, ids[-3:]))}] "
-                 f"({len(ids)} plans)")
-        return (f"{len(self._cycles_ms)} steps, median step {median:.1f} ms, plans applied "
-                f"{plans}, refused {len(self._refused)}, final share "
-                f"{self.local_batch}/{self.global_batch}, agent: {self.link.describe()}")
+        return summary_line(len(self._cycles_ms), median, self.applied_plans,
+                            len(self._refused),
+                            f"final share {self.local_batch}/{self.global_batch}",
+                            self.link.describe())
 
     def _layer_infos(self) -> List[wire.LayerInfo]:
         """Per Keras layer with weights: its parameters and its trainable weights' bytes."""
