@@ -89,8 +89,9 @@ def live(a):
             job.kill()
         agent.stop()
         secret.close()
-    pauses = [max(r["pauses_ms"][i] for r in results) for i in range(a.switches)]
-    moved = [sum(r["bytes_sent"][i] for r in results) for i in range(a.switches)]
+    pauses = [max(r["switches"][i]["pause_ms"] for r in results) for i in range(a.switches)]
+    moved = [sum(r["switches"][i]["bytes_at_boundary"] + r["switches"][i]["bytes_streamed"]
+                 for r in results) for i in range(a.switches)]
     excess = []
     for i, plan in enumerate(range(100, 100 + a.switches)):
         worst = 0.0

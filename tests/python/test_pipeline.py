@@ -1,7 +1,8 @@
 """Pipeline-parallel jobs (parapilot.pipeline) on 4 Gloo ranks on the CPU, driven by the scripted
-agent: a plan that moves blocks between stages, committed for step k, ends bit-identical
-(torch.equal on every parameter, buffer and optimizer state) to running to step k, saving,
-relaunching on the new split, loading and running on, under both schedules; plans this job
+agent: a plan that moves blocks between stages, streamed ahead of its boundary and committed
+for step k, ends bit-identical (torch.equal on every parameter, buffer and optimizer state) to
+running to step k, saving, relaunching on the new split, loading and running on, under both
+schedules; so does a plan left to move at its boundary; plans this job
 cannot run are refused with their reason; the JobInfo and per-step telemetry say what the
 pipeline contract says.
 
@@ -10,6 +11,7 @@ torch.distributed.pipelining needs torch >= 2.4: under torch 1.13 every test is 
 import os
 import shutil
 import tempfile
+import time
 import unittest
 
 import harness
@@ -25,8 +27,9 @@ except ImportError:
 SKIP = "needs torch >= 2.4 (torch.distributed.pipelining)"
 WORLD = 4
 START, NEW = [2, 2, 2, 2], [1, 3, 3, 1]
-STEPS, GATE = 12, 4
+STEPS, HOLD, GATE = 14, 4, 8
 SWITCH_AT = GATE + 2  # committed for the step after the one the gate releases (boundary.py)
+STREAM_FROM = HOLD + 2  # staged before HOLD: reported at its end, agreed a boundary later
 
 
 def prepare_line(plan_id, split, schedule, size=4, pp=WORLD, micro_batches=4):
@@ -125,14 +128,18 @@ class SwitchTest(unittest.TestCase):
         return [self.agent.wait_for(lambda e: e["event"] == "plan_ready" and
                                     e["plan_id"] == plan_id, timeout=30) for _ in range(WORLD)]
 
-    def live(self, schedule, optimizer):
-        """The job switched by the agent at SWITCH_AT; first the plans it must refuse."""
-        gate = os.path.join(self.dir, "gate")
+    def live(self, schedule, optimizer, stream):
+        """The job switched by the agent at SWITCH_AT; first the plans it must refuse. The job
+        holds before step HOLD while the plans are sent; the plan to apply is streamed from
+        STREAM_FROM (stream true: ready once streamed) and committed while the job waits at its
+        gate before step GATE."""
+        hold, gate = os.path.join(self.dir, "hold"), os.path.join(self.dir, "gate")
         self.job = harness.launch(WORLD, {
             "steps": STEPS, "schedule": schedule, "optimizer": optimizer, "split": START,
-            "gate_step": GATE, "gate_file": gate, "final_prefix": os.path.join(self.dir, "live")},
+            "stream": stream, "hold_step": HOLD, "hold_file": hold, "gate_step": GATE,
+            "gate_file": gate, "final_prefix": os.path.join(self.dir, "live")},
             env_extra=self.env, timeout=150, worker="pipeline_worker.py")
-        self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == GATE - 1,
+        self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD - 1,
                             timeout=90)
         other = "gpipe" if schedule == "1f1b" else "1f1b"
         refusals = {
@@ -149,6 +156,12 @@ class SwitchTest(unittest.TestCase):
                 self.assertFalse(r["ok"], r)
                 self.assertIn(reason, r["detail"], r)
         self.agent.command(prepare_line(9, NEW, schedule))
+        if stream:
+            # Not ready while the job holds: the ranks agree to stream it at a boundary.
+            time.sleep(1.0)
+            self.assertEqual([e for e in self.agent.events_of("plan_ready")
+                              if e["plan_id"] == 9], [])
+        open(hold, "w").close()
         for r in self.ready(9):
             self.assertTrue(r["ok"], r)
         self.agent.command(f"commit 9 {SWITCH_AT}")
@@ -169,14 +182,27 @@ class SwitchTest(unittest.TestCase):
                                    final_prefix=os.path.join(self.dir, "restart")),
                        timeout=120, worker="pipeline_worker.py").wait()
 
-    def check_switch(self, schedule, optimizer):
-        live = self.live(schedule, optimizer)
+    def check_switch(self, schedule, optimizer, stream=True):
+        live = self.live(schedule, optimizer, stream)
         for r in live:
             self.assertEqual(r["applied_plans"], [9])
             self.assertEqual(r["split"], NEW)
             plans = {x["step"]: x["plan"] for x in r["records"]}
             self.assertEqual([s for s in range(STEPS) if plans[s] == 9],
                              list(range(SWITCH_AT, STEPS)), plans)
+            (w,) = r["switches"]
+            self.assertEqual((w["step"], w["plan_id"]), (SWITCH_AT, 9), w)
+            if stream:
+                # Everything was streamed ahead: nothing is sent at the boundary.
+                self.assertEqual(w["streamed_from"], STREAM_FROM, w)
+                self.assertEqual(w["bytes_at_boundary"], 0, w)
+            else:
+                self.assertIsNone(w["streamed_from"], w)
+                self.assertEqual(w["bytes_streamed"], 0, w)
+        # The ranks that give blocks away sent them (stages 0 and 3 give one each).
+        sent = [w["bytes_streamed"] + w["bytes_at_boundary"]
+                for r in sorted(live, key=lambda r: r["rank"]) for w in r["switches"]]
+        self.assertTrue(sent[0] > 0 and sent[3] > 0 and sent[1] == sent[2] == 0, sent)
         self.restart(schedule, optimizer)
         a, b = load_states(os.path.join(self.dir, "live")), \
             load_states(os.path.join(self.dir, "restart"))
@@ -192,6 +218,9 @@ class SwitchTest(unittest.TestCase):
 
     def test_1f1b_sgd_momentum_switch_is_exact(self):
         self.check_switch("1f1b", "sgd")
+
+    def test_switch_moved_at_the_boundary_is_exact(self):
+        self.check_switch("1f1b", "adam", stream=False)
 
 
 @unittest.skipUnless(HAVE_PIPELINING, SKIP)
