@@ -607,20 +607,24 @@ def live_switch_pause(d):
 def pipeline_switch(d):
     r = d("pipeline-switch.json")
     f = r["figures"]
-    rows = [["live block move (%d switches)" % len(f["switch_pauses_ms"]),
-             "%.1f" % f["switch_pause_median_ms"],
-             ", ".join("%.1f" % x for x in f["switch_pauses_ms"]),
-             "%+.0f" % f["switch_step_excess_median_ms"],
-             n0(statistics.median(f["switch_bytes_moved"]))],
-            ["stop, save, relaunch, load (%d restarts)" % len(f["restart_pauses_ms"]),
-             n0(f["restart_pause_median_ms"]),
-             ", ".join(n0(x) for x in f["restart_pauses_ms"]), "–", "–"]]
+    rows = []
+    for name, x in f["runs"].items():
+        rows.append(["live block move, %s (%d switches)" % (name, len(x["pauses"])),
+                     "%.1f" % x["pause_median_ms"], ", ".join("%.1f" % p for p in x["pauses"]),
+                     "%+.0f" % x["excess_median_ms"],
+                     "–" if x["streaming_excess"] is None else "%+.1f" % x["streaming_excess"],
+                     "%+.1f" % x["quiet_excess"],
+                     n0(statistics.median(x["moved"])), "%.0f" % x["step_ms"]])
+    rows.append(["stop, save, relaunch, load (%d restarts)" % len(f["restart_pauses_ms"]),
+                 n0(f["restart_pause_median_ms"]),
+                 ", ".join(n0(x) for x in f["restart_pauses_ms"]), "–", "–", "–", "–", "–"])
     head = ["way", "pause, median (ms)", "each (ms)", "switching step's excess, median (ms)",
-            "bytes moved"]
-    return (table(head, rows) + "\n\nSplit %s ↔ %s of %d blocks over %d stages (width %d); "
-            "median step %.0f ms. Restart ÷ live pause: **%.0f×**.\n\n"
+            "streaming steps' excess, median (ms)", "other steps' excess, median (ms)",
+            "bytes moved", "median step (ms)"]
+    return (table(head, rows) + "\n\nSplit %s ↔ %s of %d blocks over %d stages (width %d). "
+            "Restart ÷ streamed live pause: **%.0f×**.\n\n"
             % (",".join(map(str, f["split_a"])), ",".join(map(str, f["split_b"])), f["blocks"],
-               f["stages"], f["width"], f["median_step_ms"], f["ratio"]) + source(r))
+               f["stages"], f["width"], f["ratio"]) + source(r))
 
 
 def pipeline_slow(d):
