@@ -284,6 +284,9 @@ class PipelineSession(StepSession):
         if s is not None and s.plan_id in (dropped, out.missed):
             self._stream = None
             s.drop(self.step_index)
+            self._say("info", f"plan {s.plan_id}: stream ended at step {self.step_index} "
+                              f"({'missed' if s.plan_id == out.missed else 'dropped by the agent'}"
+                              "); its copies are freed")
         if want > self._settled and want > self.plan_id:
             with self._waiting_lock:
                 mine = want in self._waiting and self.book.get(want) is not None

@@ -6,15 +6,15 @@ torchrun's environment variables, a JSON config in argv[1]; writes a JSON result
 Config keys: model ("mlp" or "gpt"), blocks (mlp: blocks; gpt: transformer layers), width,
 steps, global_batch, micro_batches, schedule, split, optimizer ("adam", "sgd": SGD with momentum),
 stream (PipelineSession's; default true), save_at (stop before that step and save a checkpoint
-to save_prefix.<rank>), resume_prefix (start from those checkpoints), hold_step / hold_file
-(before hold_step wait, outside steps, until hold_file exists, up to 120 s), gate_step /
+to save_prefix.<rank>), resume_prefix (start from those checkpoints), holds ([[step, file],
+...]: before each step wait, outside steps, until its file exists, up to 120 s), gate_step /
 gate_file (before gate_step wait, outside steps, until gate_file exists and then until a plan is
 committed, up to 120 s), device_ms (every block's forward waits that long per micro-batch:
 device time), slow_stage / slow_factor / slow_from / slow_until (that stage's blocks sleep
 (factor - 1) x their forward time in each forward from step slow_from to slow_until),
 final_prefix, out.
 
-A rank whose session raises PeerLost writes its result with "failed" and exits 3.
+The result holds the session's log lines ("log"). A rank whose session raises PeerLost writes its result with "failed" and exits 3.
 """
 
 import dataclasses
@@ -73,11 +73,17 @@ def main():
         factory = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
     world = dist.get_world_size()
     resume = cfg.get("resume_prefix")
+    lines = []  # what the session said, for the result
+
+    def log(level, text):
+        lines.append(text)
+        if level != "debug":
+            print(f"parapilot {level.upper()} {text}", file=sys.stderr, flush=True)
     session = pp.PipelineSession(
         blocks, loss_fn, factory, global_batch=cfg.get("global_batch", 16),
         micro_batches=cfg.get("micro_batches", 4), schedule=cfg.get("schedule", "gpipe"),
         split=cfg.get("split"), stream=cfg.get("stream", True),
-        resume_from=[f"{resume}.{r}" for r in range(world)] if resume else None)
+        resume_from=[f"{resume}.{r}" for r in range(world)] if resume else None, log=log)
     if cfg.get("device_ms"):
         device_time(blocks, cfg["device_ms"])
     slow = None
@@ -93,9 +99,10 @@ def main():
                 result["t_save"] = time.time()
                 session.save(f"{cfg['save_prefix']}.{rank}")
                 break
-            if s == cfg.get("hold_step"):
-                with session.outside_steps():
-                    wait_file(cfg["hold_file"])
+            for step, path in cfg.get("holds", []):
+                if s == step:
+                    with session.outside_steps():
+                        wait_file(path)
             if s == cfg.get("gate_step"):
                 with session.outside_steps():
                     wait_gate(session, cfg["gate_file"])
@@ -127,6 +134,7 @@ def main():
         pipeline_state.save_blocks(f"{cfg['final_prefix']}.{rank}", session.block_states(),
                                    session.step_index)
     session.close()
+    result["log"] = lines
     with open(f"{cfg['out']}.{rank}.json", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

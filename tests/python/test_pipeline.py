@@ -30,6 +30,11 @@ START, NEW = [2, 2, 2, 2], [1, 3, 3, 1]
 STEPS, HOLD, GATE = 14, 4, 8
 SWITCH_AT = GATE + 2  # committed for the step after the one the gate releases (boundary.py)
 STREAM_FROM = HOLD + 2  # staged before HOLD: reported at its end, agreed a boundary later
+# abort_first: plan 8 streams from STREAM_FROM and is aborted while the job holds before HOLD2;
+# plan 9 is agreed at the boundaries after it, streams from HOLD2 + 2, and is committed for
+# SWITCH_AT2 while the job waits at its gate before GATE2.
+HOLD2, GATE2, ABORTED = 7, 10, [1, 3, 2, 2]
+SWITCH_AT2 = GATE2 + 2
 
 
 def prepare_line(plan_id, split, schedule, size=4, pp=WORLD, micro_batches=4):
@@ -128,16 +133,20 @@ class SwitchTest(unittest.TestCase):
         return [self.agent.wait_for(lambda e: e["event"] == "plan_ready" and
                                     e["plan_id"] == plan_id, timeout=30) for _ in range(WORLD)]
 
-    def live(self, schedule, optimizer, stream):
+    def live(self, schedule, optimizer, stream, abort_first=False):
         """The job switched by the agent at SWITCH_AT; first the plans it must refuse. The job
         holds before step HOLD while the plans are sent; the plan to apply is streamed from
         STREAM_FROM (stream true: ready once streamed) and committed while the job waits at its
-        gate before step GATE."""
+        gate before step GATE. abort_first: a plan to another split is streamed first and
+        aborted while the job holds before step HOLD2; then plan 9 is prepared and streams."""
         hold, gate = os.path.join(self.dir, "hold"), os.path.join(self.dir, "gate")
+        hold2 = os.path.join(self.dir, "hold2")
+        holds = [[HOLD, hold]] + ([[HOLD2, hold2]] if abort_first else [])
         self.job = harness.launch(WORLD, {
             "steps": STEPS, "schedule": schedule, "optimizer": optimizer, "split": START,
-            "stream": stream, "hold_step": HOLD, "hold_file": hold, "gate_step": GATE,
-            "gate_file": gate, "final_prefix": os.path.join(self.dir, "live")},
+            "stream": stream, "holds": holds, "gate_step": GATE2 if abort_first else GATE,
+            "gate_file": gate,
+            "final_prefix": os.path.join(self.dir, "live")},
             env_extra=self.env, timeout=150, worker="pipeline_worker.py")
         self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD - 1,
                             timeout=90)
@@ -155,6 +164,15 @@ class SwitchTest(unittest.TestCase):
             for r in self.ready(plan_id):
                 self.assertFalse(r["ok"], r)
                 self.assertIn(reason, r["detail"], r)
+        if abort_first:
+            self.agent.command(prepare_line(8, ABORTED, schedule))
+            open(hold, "w").close()
+            for r in self.ready(8):
+                self.assertTrue(r["ok"], r)
+            self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD2 - 1,
+                                timeout=60)
+            self.agent.command("abort 8 test")
+            hold = hold2
         self.agent.command(prepare_line(9, NEW, schedule))
         if stream:
             # Not ready while the job holds: the ranks agree to stream it at a boundary.
@@ -164,7 +182,7 @@ class SwitchTest(unittest.TestCase):
         open(hold, "w").close()
         for r in self.ready(9):
             self.assertTrue(r["ok"], r)
-        self.agent.command(f"commit 9 {SWITCH_AT}")
+        self.agent.command(f"commit 9 {SWITCH_AT2 if abort_first else SWITCH_AT}")
         open(gate, "w").close()
         for _ in range(WORLD):
             self.agent.wait_for(lambda e: e["event"] == "ack" and e["id"] == 9, timeout=60)
@@ -172,29 +190,34 @@ class SwitchTest(unittest.TestCase):
         self.job = None
         return results
 
-    def restart(self, schedule, optimizer):
-        """The same job stopped at SWITCH_AT, saved, relaunched on the new split, loaded."""
+    def restart(self, schedule, optimizer, switch_at):
+        """The same job stopped at switch_at, saved, relaunched on the new split, loaded."""
         ck = os.path.join(self.dir, "ck")
         base = {"steps": STEPS, "schedule": schedule, "optimizer": optimizer}
-        harness.launch(WORLD, dict(base, split=START, save_at=SWITCH_AT, save_prefix=ck),
+        harness.launch(WORLD, dict(base, split=START, save_at=switch_at, save_prefix=ck),
                        timeout=120, worker="pipeline_worker.py").wait()
         harness.launch(WORLD, dict(base, split=NEW, resume_prefix=ck,
                                    final_prefix=os.path.join(self.dir, "restart")),
                        timeout=120, worker="pipeline_worker.py").wait()
 
-    def check_switch(self, schedule, optimizer, stream=True):
-        live = self.live(schedule, optimizer, stream)
+    def check_switch(self, schedule, optimizer, stream=True, abort_first=False):
+        live = self.live(schedule, optimizer, stream, abort_first)
+        switch_at = SWITCH_AT2 if abort_first else SWITCH_AT
         for r in live:
             self.assertEqual(r["applied_plans"], [9])
             self.assertEqual(r["split"], NEW)
             plans = {x["step"]: x["plan"] for x in r["records"]}
             self.assertEqual([s for s in range(STEPS) if plans[s] == 9],
-                             list(range(SWITCH_AT, STEPS)), plans)
+                             list(range(switch_at, STEPS)), plans)
             (w,) = r["switches"]
-            self.assertEqual((w["step"], w["plan_id"]), (SWITCH_AT, 9), w)
+            self.assertEqual((w["step"], w["plan_id"]), (switch_at, 9), w)
+            if abort_first:
+                self.assertIn(f"rank {r['rank']}: plan 8: stream ended at step {HOLD2 + 2} "
+                              "(dropped by the agent); its copies are freed", r["log"])
             if stream:
                 # Everything was streamed ahead: nothing is sent at the boundary.
-                self.assertEqual(w["streamed_from"], STREAM_FROM, w)
+                self.assertEqual(w["streamed_from"], HOLD2 + 2 if abort_first else STREAM_FROM,
+                                 w)
                 self.assertEqual(w["bytes_at_boundary"], 0, w)
             else:
                 self.assertIsNone(w["streamed_from"], w)
@@ -203,7 +226,7 @@ class SwitchTest(unittest.TestCase):
         sent = [w["bytes_streamed"] + w["bytes_at_boundary"]
                 for r in sorted(live, key=lambda r: r["rank"]) for w in r["switches"]]
         self.assertTrue(sent[0] > 0 and sent[3] > 0 and sent[1] == sent[2] == 0, sent)
-        self.restart(schedule, optimizer)
+        self.restart(schedule, optimizer, switch_at)
         a, b = load_states(os.path.join(self.dir, "live")), \
             load_states(os.path.join(self.dir, "restart"))
         self.assertEqual(a["step"], STEPS)
@@ -221,6 +244,12 @@ class SwitchTest(unittest.TestCase):
 
     def test_switch_moved_at_the_boundary_is_exact(self):
         self.check_switch("1f1b", "adam", stream=False)
+
+    def test_aborted_stream_then_another_is_exact(self):
+        # Plan 8 streams block 1 to stage 1 and is aborted: the copy is dropped. Plan 9 moves
+        # block 1 there too (and block 6 to stage 2): its copy is made again from the holder's
+        # block as it is then, and the switch is still exact.
+        self.check_switch("gpipe", "adam", abort_first=True)
 
 
 @unittest.skipUnless(HAVE_PIPELINING, SKIP)
