@@ -13,7 +13,9 @@ gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduc
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
 inside session.outside_steps() every N steps), gap_at / gap_ms (an unmarked sleep before step
-gap_at); hidden (the model's width, default 64: a wider model sends more gradient bytes).
+gap_at), slow_after_ms (slow_rank also sleeps that long after its optimizer step, inside the
+step), funcol_all_reduce (inside each step, after that: a loss all-reduce through torch 2.x's
+functional collectives, its result read); hidden (the model's width, default 64: a wider model sends more gradient bytes).
 
 A rank whose session raises PeerLost writes its result with "failed" (the message) and exits 3.
 """
@@ -141,6 +143,11 @@ def train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt, re
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                if rank == cfg.get("slow_rank") and cfg.get("slow_after_ms"):
+                    time.sleep(cfg["slow_after_ms"] / 1000.0)
+                if cfg.get("funcol_all_reduce"):
+                    from torch.distributed import _functional_collectives as funcol
+                    float(funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD))
             if cfg.get("log_all_reduce"):
                 dist.all_reduce(loss.detach().clone())
             if cfg.get("async_all_reduce"):

@@ -13,6 +13,11 @@ try:
     HAVE_TORCH = True
 except ImportError:
     HAVE_TORCH = False
+try:
+    from torch.distributed import _functional_collectives  # noqa: F401  (torch 2.x)
+    HAVE_FUNCOL = True
+except ImportError:
+    HAVE_FUNCOL = False
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
@@ -86,6 +91,25 @@ class OfflineTest(unittest.TestCase):
                        for x in r["records"][4:]]) for r in res]
         for rank in range(3):
             self.assertGreater(waited[rank], 20, f"waits per rank {waited}")
+
+    @unittest.skipUnless(HAVE_FUNCOL, "needs torch 2.x (torch.distributed._functional_collectives)")
+    def test_waits_in_functional_collectives_are_not_compute(self):
+        # Rank 3 sleeps 40 ms after its optimizer step; then every rank all-reduces its loss
+        # through the functional collectives (as torchtitan logs its loss) and reads it: the
+        # healthy ranks block in the result's wait, which must not count as their compute.
+        res = harness.launch(4, {"steps": 16, "global_batch": 32, "slow_rank": 3,
+                                 "slow_after_ms": 40, "funcol_all_reduce": True},
+                             timeout=120).wait()
+        med = lambda v: sorted(v)[len(v) // 2]
+        compute = [med([x["compute_ms"] for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
+        key = keys.script_key("functional")
+        for r in res:
+            self.assertTrue(all(x["waits"][key][1] == 1 for x in r["records"][4:]), r["rank"])
+        waited = [med([x["waits"][key][0] for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertGreater(waited[rank], 20, f"functional waits per rank {waited}")
 
     def test_work_outside_steps_is_charged_to_no_step(self):
         # A marked 300 ms pause (with a barrier in it) every 4 steps, and an unmarked 400 ms gap
