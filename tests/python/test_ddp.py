@@ -93,7 +93,23 @@ class OfflineTest(unittest.TestCase):
         for rank in range(3):
             self.assertGreater(waited[rank], 20, f"waits per rank {waited}")
 
-    @unittest.skipUnless(HAVE_FUNCOL, "needs torch 2.x (torch.distributed._functional_collectives)")
+    def test_work_outside_steps_is_charged_to_no_step(self):
+        # A marked 300 ms pause (with a barrier in it) every 4 steps, and an unmarked 400 ms gap
+        # before step 13: neither lengthens a step's cycle.
+        res = harness.launch(2, {"steps": 20, "global_batch": 16, "outside_every": 4,
+                                 "outside_ms": 300, "gap_at": 13, "gap_ms": 400},
+                             timeout=120).wait()
+        for r in res:
+            cycles = [x["cycle_ms"] for x in r["records"][1:]]
+            self.assertLess(max(cycles), 150, cycles)
+            self.assertEqual(r["gaps_excluded"], 5 + 1)
+            self.assertTrue(all(keys.script_key("barrier") not in x["waits"] for x in r["records"]))
+
+
+@unittest.skipUnless(HAVE_FUNCOL, "needs torch 2.x (functional collectives, torch.compile)")
+class Torch2Test(unittest.TestCase):
+    """What scripts written for torch 2.x do, against the Session's attribution."""
+
     def test_waits_in_functional_collectives_are_not_compute(self):
         # Rank 3 sleeps 40 ms after its optimizer step; then every rank all-reduces its loss
         # through the functional collectives (as torchtitan logs its loss) and reads it: the
@@ -112,7 +128,6 @@ class OfflineTest(unittest.TestCase):
         for rank in range(3):
             self.assertGreater(waited[rank], 20, f"functional waits per rank {waited}")
 
-    @unittest.skipUnless(HAVE_FUNCOL, "needs torch 2.x (torch.compile)")
     def test_torch2_idioms_keep_attribution(self):
         # DDP with static_graph and gradient_as_bucket_view, run through torch.compile, its
         # forward under bf16 autocast; rank 3 is 40 ms late before each forward. The Session's
@@ -126,18 +141,6 @@ class OfflineTest(unittest.TestCase):
             self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
             self.assertGreater(waited[rank], 20, f"gradient waits per rank {waited}")
         self.assertTrue(all(math.isfinite(r["records"][-1]["loss"]) for r in res))
-
-    def test_work_outside_steps_is_charged_to_no_step(self):
-        # A marked 300 ms pause (with a barrier in it) every 4 steps, and an unmarked 400 ms gap
-        # before step 13: neither lengthens a step's cycle.
-        res = harness.launch(2, {"steps": 20, "global_batch": 16, "outside_every": 4,
-                                 "outside_ms": 300, "gap_at": 13, "gap_ms": 400},
-                             timeout=120).wait()
-        for r in res:
-            cycles = [x["cycle_ms"] for x in r["records"][1:]]
-            self.assertLess(max(cycles), 150, cycles)
-            self.assertEqual(r["gaps_excluded"], 5 + 1)
-            self.assertTrue(all(keys.script_key("barrier") not in x["waits"] for x in r["records"]))
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
