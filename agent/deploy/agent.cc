@@ -345,10 +345,14 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
     if (beliefs.last_step_ms > 0) push_bounded(step_ms, {step, beliefs.last_step_ms}, 200000);
     for (const monitor::MonitorEvent& e : events) {
       if (e.kind == monitor::MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
-      if (e.kind == monitor::MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;
+      if (e.kind == monitor::MonitorEvent::Kind::congested_link ||
+          e.kind == monitor::MonitorEvent::Kind::slow_link) {
+        ++stats.congested_links_detected;
+      }
       push_bounded(stats.events, e, 1000);
-      std::string who =
-          e.rank >= 0 ? "rank " + std::to_string(e.rank) : "node " + std::to_string(e.node);
+      std::string who = e.rank >= 0   ? "rank " + std::to_string(e.rank)
+                        : e.node >= 0 ? "node " + std::to_string(e.node)
+                                      : std::string("gradient all-reduce");
       recent_evidence.push_back(std::string(to_string(e.kind)) + " " + who + ": " + e.evidence);
       while (recent_evidence.size() > 8) recent_evidence.pop_front();
     }
