@@ -598,3 +598,92 @@ TEST_CASE("deploy learns a job from JobInfo, and tells a rank of another job why
   CHECK(learned);
   CHECK(mismatch);
 }
+
+namespace {
+
+// Balanced ranks computing `compute_ms` a step on 64 samples each, and the gradient
+// all-reduce's link as the monitor reads it: its exposed wait for `bytes` a step, slow or not.
+monitor::Beliefs with_link(double compute_ms, bool slow, double wait_ms, double bytes) {
+  monitor::Beliefs b = measured(std::vector<double>(4, compute_ms / 64), even_counts(4, 256));
+  b.slow_link = slow;
+  b.dp_link_ms = wait_ms;
+  b.dp_bytes = bytes;
+  return b;
+}
+
+DataParallelOptions compressing() {
+  DataParallelOptions o = options4();
+  o.compression = "fp16";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a slow link gets fp16 proposed, predicted from the measured wait and the bytes") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(7);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression.kind == Compression::Kind::kFP16);
+  CHECK(x.counts == even_counts(4, 256));  // the shares stay
+  CHECK(x.predicted_now_ms == doctest::Approx(72));
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 35));  // compute + half the wait, no cost yet
+  d.committed(x.counts, step + 1, false, x.compression);
+  CHECK(d.compression().kind == Compression::Kind::kFP16);
+  step = feed(d, step + 1, 12, 38, 0.02, rng);
+  // Held: fp16 stays while the link is slow ("no compression" predicts 2 + 70 > 3 + 35).
+  x = d.decide(with_link(3, true, 35, 0.55e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  for (int i = 0; i < 3; ++i) {
+    step = feed(d, step, 10, 38, 0.02, rng);
+    x = d.decide(with_link(3, true, 35, 0.55e6), false);
+    INFO(x.reason);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+  }
+  // The link recovered: the wait no longer pays for the method's measured cost (1 ms): without
+  // compression 2 + 2 x 0.5 = 3 ms against 3 + 0.5 now.
+  step = feed(d, step, 10, 3.5, 0.02, rng);
+  step = feed(d, step, 10, 3.5, 0.02, rng);
+  x = d.decide(with_link(3, false, 0.5, 0.55e6), false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression == Compression{});
+  CHECK(x.predicted_now_ms == doctest::Approx(3.5));
+  CHECK(x.predicted_new_ms == doctest::Approx(3.0));
+  d.committed(x.counts, step, false, x.compression);
+  CHECK(d.compression() == Compression{});
+}
+
+TEST_CASE("no compression is proposed without the option, or while the link is not slow") {
+  std::mt19937 rng(8);
+  RuleDecider plain(options4());
+  feed(plain, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = plain.decide(with_link(2, true, 70, 1.1e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("already balanced") != std::string::npos);
+  CHECK(x.predicted_now_ms == doctest::Approx(2));  // the split model's figure alone
+  RuleDecider fast(compressing());
+  feed(fast, 0, 10, 9, 0.02, rng);
+  x = fast.decide(with_link(2, false, 7, 1.1e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.predicted_now_ms == doctest::Approx(2));
+}
+
+TEST_CASE("fp16 measured slower than before is reverted to no compression") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(9);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  d.committed(x.counts, step, false, x.compression);
+  step = feed(d, step, 2, 500, 0, rng);
+  step = feed(d, step, 10, 90, 0.02, rng);  // the method cost more than the wait it saved
+  x = d.decide(with_link(20, true, 70, 0.55e6), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::revert);
+  CHECK(x.compression == Compression{});
+  d.committed(x.counts, step, true, x.compression);
+  CHECK(d.compression() == Compression{});
+}
