@@ -14,9 +14,10 @@ sent --at-step steps' worth of ring all-reduce bytes (the kernel's counter, the 
 runs, no agent needed to tell the step), --host's link is limited to --rate-mbit both ways (tbf)
 for the rest of the run.
 
-Per run: the median step (rank 0's cycle) before and after the limit, the final shares, and, for
-deploy, what it said: its slow-rank events and decisions (step, action, reason), its migrations
-and its summary (agent_stopped). Prints them; --json writes them in the envelope of the other
+Per run: the median step (rank 0's cycle) before and after the limit, the gradient bytes rank 0
+all-reduced a step (the client's count: halved under fp16), the final shares, and, for deploy,
+what it said: its slow-link and slow-rank events, its decisions (step, action, reason, target),
+its migrations and its summary (agent_stopped). Prints them; --json writes them in the envelope of the other
 benchmarks. Exit 1 when a run fails, 77 when namespaces or deploy are missing.
 """
 
@@ -94,13 +95,19 @@ def run_once(a, hosts, secret, exe, with_agent):
                x["cycle_ms"] for x in recs[-len(recs) // 4:]),
            "wait_ms_last_quarter": statistics.median(
                x["waits"].get("wait/dp", [0, 0])[0] for x in recs[-len(recs) // 4:]),
+           "grad_bytes_before": statistics.median(
+               x["all_reduce_bytes"] + x["all_gather_bytes"] for x in recs[5:a.at_step]),
+           "grad_bytes_last_quarter": statistics.median(
+               x["all_reduce_bytes"] + x["all_gather_bytes"] for x in recs[-len(recs) // 4:]),
            "compute_ms_last_quarter": [statistics.median(
                x["compute_ms"] for x in r["records"][-len(recs) // 4:]) for r in res]}
     if deploy is not None:
         lines = deploy.lines
         out["events"] = dict(collections.Counter(e.get("event") for e in lines))
-        out["decisions"] = [{k: e.get(k) for k in ("step", "action", "reason")}
+        out["decisions"] = [{k: e.get(k) for k in ("step", "action", "reason", "target_shares",
+                                                   "target_compression") if k in e}
                             for e in lines if e.get("event") == "decision"]
+        out["link"] = [e for e in lines if e.get("event") in ("slow_link", "link_restored")]
         out["slow_rank"] = [e for e in lines if e.get("event") in ("straggler", "slow_rank")]
         out["migrations"] = [e for e in lines if e.get("event") == "migration"]
         lost = [e for e in lines if e.get("event") == "rank_lost"]
@@ -117,11 +124,18 @@ def print_run(r, a):
           f"{r['median_step_ms_last_quarter']:.1f} ms in the last quarter (rank 0 wait "
           f"{r['wait_ms_last_quarter']:.1f} ms; compute per rank "
           + ", ".join(f"{c:.1f}" for c in r["compute_ms_last_quarter"])
-          + f" ms); final shares {r['shares']}; plans {r['plans_applied']}")
+          + f" ms); gradient bytes a step {r['grad_bytes_before']:.0f} before, "
+          f"{r['grad_bytes_last_quarter']:.0f} in the last quarter; final shares {r['shares']}; "
+          f"plans {r['plans_applied']}")
     if r["mode"] == "agent":
         print(f"  deploy's events: {r['events']}")
+        for e in r["link"]:
+            print(f"  {e.get('event')} at step {e.get('step')}: {e.get('evidence')}")
         for d in r["decisions"]:
-            print(f"  decision at step {d['step']}: {d['action']} ({d['reason']})")
+            target = ", ".join(f"{k} {d[k]}" for k in ("target_shares", "target_compression")
+                               if k in d)
+            print(f"  decision at step {d['step']}: {d['action']}"
+                  + (f" to {target}" if target else "") + f" ({d['reason']})")
         print(f"  bus connections lost, by rank: {r['rank_lost_by_rank']}; reasons: "
               f"{r['rank_lost_reasons']}")
         for e in r["slow_rank"]:

@@ -113,6 +113,18 @@ void DataParallelDecider::judge_last_switch(double now_ms, double now_se) {
     return;
   }
   verifying_ = false;
+  if (link_.slow != link_slow_at_switch_) {
+    // The gradient all-reduce's link changed while the switch was measured (the monitor's
+    // slow_link or link_restored): the steps before it say nothing of the job now.
+    cooldown_ = o_.cooldown_intervals;
+    judged_ms_ = now_ms;
+    judged_se_ = now_se;
+    remember_best(now_ms, now_se);
+    d.reason = fmt("the last switch is not judged: the gradient all-reduce's link %s while it "
+                   "was measured (%.1f ms per step after vs %.1f ms before)",
+                   link_.slow ? "slowed" : "recovered", now_ms, before_ms_);
+    return;
+  }
   const double bound = revert_bound(before_ms_, before_se_, now_se);
   const double best_bound = revert_bound(best_ms_, best_se_, now_se);
   // Judged against the split just left, and against the fastest split measured since the
@@ -413,6 +425,7 @@ void DataParallelDecider::committed(const std::vector<int>& counts, uint64_t swi
     previous_compression_ = compression_;
     verifying_ = true;
     verify_from_ = switch_at_step + static_cast<uint64_t>(o_.settle_steps);
+    link_slow_at_switch_ = link_.slow;
     before_ms_ = pending_before_ms_;
     before_se_ = pending_before_se_;
   } else {

@@ -28,6 +28,9 @@
 //   the job last changed: a switch measured slower than that beyond noise reverts to it, so
 //   switches that each stay within noise of the one before cannot add up to a slower job. The
 //   record is forgotten when the split in force gets slower beyond noise without a switch.
+//   A switch during whose measurement the monitor's belief in a slow gradient all-reduce link
+//   changed (Beliefs::slow_link) is not judged: the link, not the switch, changed the step; the
+//   record restarts from the step measured then.
 // * Compression (DataParallelOptions::compression; deploy sets it for a job that announces it
 //   can switch compression): while the monitor believes the gradient all-reduce's link slow
 //   (Beliefs::slow_link), the method is a candidate beside the splits. Every candidate's step is
@@ -168,6 +171,7 @@ class DataParallelDecider {
   Compression previous_compression_;               // before the last switch
   Compression method_;                             // the method to propose (none: never)
   LinkFacts link_;
+  bool link_slow_at_switch_ = false;  // link_.slow when the switch being verified committed
   double uncompressed_bytes_ = 0;    // dp bytes before compression was switched on
   double uncompressed_compute_ = 0;  // the model's compute then, ms
   double method_cost_ms_ = 0;        // measured compute the method adds (0: not measured)

@@ -687,3 +687,26 @@ TEST_CASE("fp16 measured slower than before is reverted to no compression") {
   d.committed(x.counts, step, true, x.compression);
   CHECK(d.compression() == Compression{});
 }
+
+TEST_CASE("a switch measured while the link slowed is not charged with the link's slowdown") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(10);
+  uint64_t step = feed(d, 0, 10, 10, 0.02, rng);
+  monitor::Beliefs b = with_link(2, false, 7, 1.1e6);
+  b.rank_compute_ms = {2.0 / 64, 4.0 / 64, 2.0 / 64, 2.0 / 64};  // rank 1 twice as slow
+  DataParallelDecision x = d.decide(b, false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false, x.compression);
+  // The link slows while the switch is measured: every step 7x longer.
+  step = feed(d, step, 12, 72, 0.02, rng);
+  x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("not judged") != std::string::npos);
+  CHECK(d.cooldown_intervals() == 1);  // no back-off either
+  // The next decision answers the link.
+  step = feed(d, step, 10, 72, 0.02, rng);
+  x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::compress);
+}
