@@ -556,6 +556,7 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
     j[pipeline ? "split" : "shares"] =
         counts_text(pipeline ? r.target.stage_layers : r.target.dp_shares);
     j["revert"] = revert;
+    if (!pipeline) j["compression"] = to_string(r.target.compression);
   }
   log(j.dump());
 }

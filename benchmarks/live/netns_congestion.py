@@ -63,10 +63,8 @@ def run_once(a, hosts, secret, exe, with_agent):
     try:
         start_tx = hosts.bytes(0)["tx"]
         t0 = time.monotonic()
-        # heartbeat_timeout_ms: the bus client's default (ddp_worker's own, 1000 ms, races
-        # deploy's heartbeat every 1000 ms of idleness: connections would drop and come back).
         job = harness.launch(RANKS, {"steps": a.steps, "global_batch": GLOBAL_BATCH,
-                                     "hidden": a.hidden, "heartbeat_timeout_ms": 5000},
+                                     "hidden": a.hidden},
                              env_extra=env, wrap=hosts.exec_argv,
                              master_addr=hosts.addresses[0], timeout=600)
         threshold = start_tx + a.at_step * ring_bytes_per_step(a.hidden)
