@@ -3,7 +3,7 @@
 see, and what does it do, against no agent?
 
     benchmarks/live/netns_congestion.py [--rate-mbit 50] [--host 2] [--hidden 256]
-        [--steps 200] [--at-step 60] [--json FILE]
+        [--steps 200] [--at-step 60] [--restore-after-s 0] [--json FILE]
 
 Needs root and network namespaces (tests/python/netns_hosts.py; exit 77 without them) and
 `parapilot deploy` (PARAPILOT_BINARY, or build/parapilot). Four hosts, one rank of
@@ -12,7 +12,7 @@ runs, each one launch: without an agent, and beside `parapilot deploy --listen H
 --secret-file F` on host 0 (nothing else: the shipped defaults). When host 0's interface has
 sent --at-step steps' worth of ring all-reduce bytes (the kernel's counter, the same for both
 runs, no agent needed to tell the step), --host's link is limited to --rate-mbit both ways (tbf)
-for the rest of the run.
+for the rest of the run, or, with --restore-after-s S, for S seconds (then unlimited again).
 
 Per run: the median step (rank 0's cycle) before and after the limit, the gradient bytes rank 0
 all-reduced a step (the client's count: halved under fp16), the final shares, and, for deploy,
@@ -59,7 +59,7 @@ def run_once(a, hosts, secret, exe, with_agent):
            "PARAPILOT_AGENT": deploy.address if deploy else "",
            "PARAPILOT_SECRET_FILE": secret.path}
     job = None
-    limited_at_s = None
+    limited_at_s = restored_at_s = None
     try:
         start_tx = hosts.bytes(0)["tx"]
         t0 = time.monotonic()
@@ -69,9 +69,15 @@ def run_once(a, hosts, secret, exe, with_agent):
                              master_addr=hosts.addresses[0], timeout=600)
         threshold = start_tx + a.at_step * ring_bytes_per_step(a.hidden)
         while job.running():
-            if hosts.bytes(0)["tx"] >= threshold:
+            now = time.monotonic() - t0
+            if limited_at_s is None and hosts.bytes(0)["tx"] >= threshold:
                 hosts.shape(a.host, rate_mbit=a.rate_mbit)
-                limited_at_s = time.monotonic() - t0
+                limited_at_s = now
+                if not a.restore_after_s:
+                    break
+            elif limited_at_s is not None and now - limited_at_s >= a.restore_after_s:
+                hosts.shape(a.host, None)
+                restored_at_s = now
                 break
             time.sleep(0.05)
         res = job.wait()
@@ -86,6 +92,7 @@ def run_once(a, hosts, secret, exe, with_agent):
         raise RuntimeError("the job ended before the link was limited (lower --at-step)")
     recs = res[0]["records"]
     out = {"mode": "agent" if with_agent else "none", "limited_at_s": limited_at_s,
+           "restored_at_s": restored_at_s,
            "steps": len(recs), "shares": res[0]["shares"],
            "plans_applied": res[0]["applied"],
            "median_step_ms_before": statistics.median(x["cycle_ms"] for x in recs[5:a.at_step]),
@@ -118,7 +125,9 @@ def run_once(a, hosts, secret, exe, with_agent):
 
 def print_run(r, a):
     print(f"{r['mode']}: host {a.host} limited to {a.rate_mbit:g} Mbit/s at "
-          f"{r['limited_at_s']:.1f} s; median step {r['median_step_ms_before']:.1f} ms before, "
+          f"{r['limited_at_s']:.1f} s"
+          + (f", unlimited again at {r['restored_at_s']:.1f} s" if r["restored_at_s"] else "")
+          + f"; median step {r['median_step_ms_before']:.1f} ms before, "
           f"{r['median_step_ms_last_quarter']:.1f} ms in the last quarter (rank 0 wait "
           f"{r['wait_ms_last_quarter']:.1f} ms; compute per rank "
           + ", ".join(f"{c:.1f}" for c in r["compute_ms_last_quarter"])
@@ -151,10 +160,13 @@ def parse_args(argv):
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--at-step", type=int, default=60)
+    ap.add_argument("--restore-after-s", type=float, default=0.0)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if not 0 <= a.host < RANKS or not a.rate_mbit > 0 or not 10 <= a.at_step < a.steps:
-        ap.error("--host in 0..3, --rate-mbit > 0, 10 <= --at-step < --steps")
+    if (not 0 <= a.host < RANKS or not a.rate_mbit > 0 or not 10 <= a.at_step < a.steps
+            or a.restore_after_s < 0):
+        ap.error("--host in 0..3, --rate-mbit > 0, 10 <= --at-step < --steps, "
+                 "--restore-after-s >= 0")
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         ap.error(f"--json: no folder {os.path.dirname(os.path.abspath(a.json))}")
     return a
@@ -194,6 +206,7 @@ def main(argv):
     if a.json:
         figures = {"ranks": RANKS, "global_batch": GLOBAL_BATCH, "hidden": a.hidden,
                    "rate_mbit": a.rate_mbit, "host": a.host, "steps": a.steps,
+                   "restore_after_s": a.restore_after_s,
                    "at_step": a.at_step, "wall_s": time.time() - start, "runs": runs}
         results.finish(report, figures, a.json)
     return 0
