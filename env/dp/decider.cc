@@ -113,7 +113,7 @@ void DataParallelDecider::judge_last_switch(double now_ms, double now_se) {
     return;
   }
   verifying_ = false;
-  if (link_.slow != link_slow_at_switch_) {
+  if (link_.slow != link_slow_at_switch_ && compression_ == previous_compression_) {
     // The gradient all-reduce's link changed while the switch was measured (the monitor's
     // slow_link or link_restored): the steps before it say nothing of the job now.
     cooldown_ = o_.cooldown_intervals;
@@ -153,6 +153,15 @@ void DataParallelDecider::judge_last_switch(double now_ms, double now_se) {
     cooldown_ = std::min(o_.max_backoff_intervals, std::max(1, cooldown_ * 2));
     since_switch_ = 0;
     return;
+  }
+  if (!(compression_ == previous_compression_)) {
+    if (compression_ == Compression{}) {
+      // The way back held: what the method's own work added to the wait.
+      method_wait_ms_ = std::max(
+          0.0, off_from_wait_ms_ - link_.wait_ms * byte_ratio(previous_compression_));
+    } else {
+      compressed_wait_ms_ = link_.wait_ms;
+    }
   }
   cooldown_ = o_.cooldown_intervals;
   judged_ms_ = now_ms;
@@ -215,9 +224,15 @@ void DataParallelDecider::make_offers() {
                      link_.wait_ms, link_.bytes / 1e3, link_.slow ? ", the link believed slow" : "",
                      compression_ == Compression{}
                          ? ""
-                         : fmt(", %s in force (method cost %.2f ms)",
-                               to_string(compression_).c_str(), method_cost_ms_)
+                         : fmt(", %s in force (its cost %.2f ms of compute; %.1f ms of "
+                               "wait when its switch held)",
+                               to_string(compression_).c_str(), method_cost_ms_,
+                               compressed_wait_ms_)
                                .c_str());
+    if (method_wait_ms_ > 0) {
+      evidence_ += fmt("; %s adds %.1f ms of wait itself (measured)", to_string(method_).c_str(),
+                       method_wait_ms_);
+    }
   }
   const char* unit = with_link ? "ms of compute and exposed wait" : "ms of compute";
   pending_.reason =
@@ -239,15 +254,23 @@ bool DataParallelDecider::offer_compression(double now_pred) {
                                                  byte_ratio(compression_);
   pending_.predicted_now_ms = now_pred + wait;
   if (!in_force) {
-    offers_.push_back({counts_, now_pred + method_cost_ms_ + wait * byte_ratio(method_),
-                       "compression", method_});
+    const double on_ms =
+        now_pred + method_cost_ms_ + std::max(wait * byte_ratio(method_), method_wait_ms_);
+    if (on_ms < pending_.predicted_now_ms) {
+      offers_.push_back({counts_, on_ms, "compression", method_});
+    }
     return true;
   }
   // What the job computed without the method, and the method's cost, as measured.
   method_cost_ms_ = std::max(0.0, now_pred - uncompressed_compute_);
   if (uncompressed_bytes_ > 0) {
-    const double off_ms = std::max(0.0, now_pred - method_cost_ms_) +
-                          wait * std::max(1.0, uncompressed_bytes_ / link_.bytes);
+    double back_wait = wait * std::max(1.0, uncompressed_bytes_ / link_.bytes);
+    if (compressed_wait_ms_ > 0 && compressed_wait_ms_ - wait > link_.noise_ms &&
+        reference_bw_ > 0) {
+      // The link got faster: the uncompressed bytes at its bandwidth while normal.
+      back_wait = std::min(back_wait, uncompressed_bytes_ / reference_bw_ / 1e3);
+    }
+    const double off_ms = std::max(0.0, now_pred - method_cost_ms_) + back_wait;
     if (off_ms < pending_.predicted_now_ms) {
       offers_.push_back({counts_, off_ms, "no compression", Compression{}});
     }
@@ -328,7 +351,7 @@ Observation DataParallelDecider::observe(const monitor::Beliefs& b, bool staging
   pending_.current_step_ms = now_ms_;
   pending_.counts = counts_;
   pending_.compression = compression_;
-  link_ = {b.slow_link, b.dp_link_ms, b.dp_bytes};
+  link_ = {b.slow_link, b.dp_link_ms, b.dp_bytes, b.dp_noise_ms, b.dp_reference};
   std::string why = guard(now_ms_, now_se_, staging);
   const std::string missing = model_->fit(b, counts_);
   if (why.empty()) {
@@ -375,6 +398,10 @@ DataParallelDecision DataParallelDecider::decide(int action) {
       // What the job computes and sends without the method, for the way back.
       uncompressed_compute_ = model_->predict_ms(counts_);
       uncompressed_bytes_ = link_.bytes;
+      reference_bw_ = link_.reference;
+      compressed_wait_ms_ = 0;  // measured when the switch holds
+    } else if (chosen.compression == Compression{}) {
+      off_from_wait_ms_ = link_.wait_ms;
     }
   } else {
     d.kind = DataParallelDecision::Kind::rebalance;

@@ -36,9 +36,16 @@
 //   (Beliefs::slow_link), the method is a candidate beside the splits. Every candidate's step is
 //   then the split's compute (the model's) plus the measured exposed all-reduce wait
 //   (Beliefs::dp_link_ms) times the bytes the candidate sends over the bytes sent now, plus the
-//   method's own cost (0 until measured: the compute its switch added). With compression in
-//   force, "no compression" is a candidate whenever it predicts a shorter step (the link
-//   recovered: the wait saved no longer pays for the method). A compression switch is verified
+//   method's own cost (0 until measured: the compute its switch added); a method's step waits
+//   at least the wait it was measured to add itself (its casts run inside the all-reduce's
+//   wait, overlapping the transfer: measured when a switch back held, as the compressed wait
+//   less the uncompressed wait's share of it). With compression in force, "no compression" is
+//   a candidate whenever it predicts a shorter step (the link recovered: the wait saved no
+//   longer pays for the method). A compressed wait that fell beyond the monitor's noise bound
+//   (Beliefs::dp_noise_ms) below the one measured when the method's switch held says the link
+//   got faster by an amount the method's own wait may hide: the uncompressed bytes are then
+//   predicted at the bandwidth the link had while normal (Beliefs::dp_reference), and the
+//   verification reverts the switch if that was wrong. A compression switch is verified
 //   and reverted like any other; where no compression candidate applies (no method, the link
 //   not slow and none in force) every figure is the split model's alone, as without it.
 //
@@ -148,6 +155,7 @@ class DataParallelDecider {
   struct LinkFacts {
     bool slow = false;
     double wait_ms = 0, bytes = 0;
+    double noise_ms = 0, reference = 0;  // Beliefs::dp_noise_ms, dp_reference (MB/s)
   };
   std::vector<double> steps_since(uint64_t first) const;
   // Why the policy gets no candidates this decision ("" when it does); may set forced_.
@@ -175,6 +183,10 @@ class DataParallelDecider {
   double uncompressed_bytes_ = 0;    // dp bytes before compression was switched on
   double uncompressed_compute_ = 0;  // the model's compute then, ms
   double method_cost_ms_ = 0;        // measured compute the method adds (0: not measured)
+  double reference_bw_ = 0;          // the link's bandwidth while normal, at the switch (MB/s)
+  double compressed_wait_ms_ = 0;    // the wait measured when the method's switch held
+  double off_from_wait_ms_ = 0;      // the compressed wait when the way back was decided
+  double method_wait_ms_ = 0;        // measured wait the method adds itself (0: not measured)
   std::vector<int> previous_counts_;               // before the last switch (revert target)
   std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
   int cooldown_;

@@ -710,3 +710,56 @@ TEST_CASE("a switch measured while the link slowed is not charged with the link'
   INFO(x.reason);
   CHECK(x.kind == DataParallelDecision::Kind::compress);
 }
+
+TEST_CASE("a method whose casts fill the wait: the way back is tried once the wait falls, and "
+          "the method is not proposed again while its own wait exceeds what it saves") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(12);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  monitor::Beliefs slow = with_link(2, true, 70, 1.1e6);
+  slow.dp_reference = 1.1e6 / 3 / 1e3;  // the normal link: 3 ms for the uncompressed bytes
+  slow.dp_noise_ms = 4;
+  DataParallelDecision x = d.decide(slow, false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  d.committed(x.counts, step, false, x.compression);
+  monitor::Beliefs fp16 = slow;
+  fp16.dp_link_ms = 35;
+  fp16.dp_bytes = 0.55e6;
+  step = feed(d, step, 12, 37, 0.02, rng);
+  REQUIRE(d.decide(fp16, false).kind == DataParallelDecision::Kind::keep);  // held at 35 ms
+  // The link recovers, but the method's casts keep the compressed wait at 12 ms: the bytes
+  // alone would predict 24 ms without it; the wait fell beyond noise, so the normal link's 3 ms
+  // is what the way back is predicted at.
+  fp16.dp_link_ms = 12;
+  for (int i = 0; i < 2; ++i) step = feed(d, step, 10, 14, 0.02, rng);
+  x = d.decide(fp16, false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression == Compression{});
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 3));
+  d.committed(x.counts, step, false, x.compression);
+  // It held: uncompressed, the wait is 3 ms; fp16 added 12 - 1.5 = 10.5 ms of wait itself.
+  monitor::Beliefs back = slow;
+  back.dp_link_ms = 3;
+  step = feed(d, step, 12, 5, 0.02, rng);
+  x = d.decide(back, false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  // The monitor still believes the link slow (its reference is stale): fp16 is not proposed,
+  // its own wait (10.5 ms) exceeding what it would save.
+  for (int i = 0; i < 4; ++i) {
+    step = feed(d, step, 10, 5, 0.02, rng);
+    x = d.decide(back, false);
+    INFO(x.reason);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+  }
+  // The link slows again: half of 70 ms beats the method's 10.5 ms.
+  step = feed(d, step, 10, 72, 0.02, rng);
+  step = feed(d, step, 10, 72, 0.02, rng);
+  x = d.decide(slow, false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression.kind == Compression::Kind::kFP16);
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 35));
+}
