@@ -3,7 +3,8 @@
 job has run about 30 steps (host 0's interface counter), host 2's link is limited to 50 Mbit/s
 both ways (tbf) for the rest of the run.
 
-  * The monitor names the link, not a rank: deploy logs a slow_link event after the limit.
+  * The monitor names the link, not a rank: deploy logs a slow_link event after the limit (and
+    none before it).
   * Deploy proposes fp16 compression (a decision "compress" with target_compression fp16) and
     the switch commits; the ranks then all-reduce half the gradient bytes a step (the client's
     own count: exact, not a timing).
@@ -93,7 +94,8 @@ class NetnsDeployTest(unittest.TestCase):
                          if e.get("event") not in ("decision", "slow_rank", "rank_recovered"))
 
         slow = deploy.events("slow_link")
-        self.assertEqual(len(slow), 1, said)
+        self.assertTrue(slow, said)
+        # None before the limit (the counter's step is approximate: 10 steps of slack).
         self.assertGreaterEqual(slow[0]["step"], LIMIT_AT_STEP - 10, said)
         compress = [d for d in deploy.events("decision") if d.get("action") == "compress"]
         self.assertTrue(compress, said)
