@@ -119,10 +119,11 @@ class ClientTest(unittest.TestCase):
         self.assertFalse(any(e["event"] == "disconnect" for e in self.agent.log))
 
     def test_a_timeout_no_longer_than_the_servers_heartbeat_interval_is_widened(self):
-        # The agent sends a heartbeat after 500 ms of idleness (its Welcome says so); a client
-        # asking for 400 ms of silence would drop a healthy connection every half second.
+        # The agent sends a heartbeat after 1000 ms of idleness (its Welcome says so); a client
+        # asking for 400 ms of silence would drop a healthy connection every 400 ms. Widened to
+        # 2000 ms, it keeps it through two of the agent's heartbeats.
         self.agent.stop()
-        self.agent = harness.ScriptedAgent(self.secret_file.path, heartbeat_ms=500)
+        self.agent = harness.ScriptedAgent(self.secret_file.path, heartbeat_ms=1000)
         c = self.client(heartbeat_timeout_ms=400)
         self.assertTrue(c.wait_connected(5))
         time.sleep(2.5)
