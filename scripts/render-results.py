@@ -515,6 +515,45 @@ def netns_compression(d):
     return out + "\n\n" + source(*reports)
 
 
+def netns_congestion(d):
+    reports = [d("netns-congestion-%d.json" % i) for i in (1, 2, 3)]
+    restore = d("netns-congestion-restore.json")
+    rows = []
+
+    def switches(agent):
+        out = []
+        for e in agent.get("link", []):
+            out.append("%s at %d" % (e["event"], e["step"]))
+        for m in agent.get("migrations", []):
+            if m.get("outcome") == "committed":
+                out.append("%s from %d%s" % (m.get("compression", "?"), m["switch_at_step"],
+                                            " (shares %s)" % m["shares"]
+                                            if m.get("shares") != "8,8,8,8" else ""))
+        return "; ".join(out) or "none"
+
+    for name, r in [("%d" % (i + 1), x) for i, x in enumerate(reports)] + [("recovers", restore)]:
+        none, agent = r["figures"]["runs"]
+        rows.append([name, "%.1f / %.1f" % (none["median_step_ms_before"],
+                                             none["median_step_ms_last_quarter"]),
+                     "%.1f / %.1f" % (agent["median_step_ms_before"],
+                                      agent["median_step_ms_last_quarter"]),
+                     "%.2f×" % (agent["median_step_ms_last_quarter"]
+                                / none["median_step_ms_last_quarter"]),
+                     "%.0f" % (agent["grad_bytes_last_quarter"] / 1e3), switches(agent)])
+    head = ["run", "no agent: step ms before / last quarter",
+            "deploy: step ms before / last quarter", "last quarter vs no agent",
+            "deploy: gradient KB a step, last quarter", "deploy's link events and switches (step)"]
+    f = reports[0]["figures"]
+    g = restore["figures"]
+    out = ("4 ranks, one per host, model width %d, global batch %d, %d steps; host %d's link "
+           "limited to %g Mbit/s once host 0 has sent about %d steps' traffic (for the rest of "
+           "the run; \"recovers\": %d steps, unlimited again %g s later). Step: rank 0's median "
+           "cycle; gradient KB: the client's count.\n\n"
+           % (f["hidden"], f["global_batch"], f["steps"], f["host"], f["rate_mbit"],
+              f["at_step"], g["steps"], g["restore_after_s"])) + table(head, rows)
+    return out + "\n\n" + source(*reports, restore)
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -790,6 +829,7 @@ RENDER = {
     "live-elastic": live_elastic,
     "live-compression": live_compression,
     "netns-compression": netns_compression,
+    "netns-congestion": netns_congestion,
     "live-layouts": live_layouts,
     "live-switch-pause": live_switch_pause,
     "live-switch-slowed": live_switch_slowed,

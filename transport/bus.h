@@ -141,7 +141,9 @@ struct ClientOptions {
   std::uint32_t reconnect_max_ms = 5000;         ///< ...up to this (with up to 50% jitter off).
   std::uint32_t connect_timeout_ms = 5000;       ///< TCP connect + handshake must finish within.
   std::uint32_t heartbeat_interval_ms = 1000;    ///< heartbeat sent when idle this long.
-  std::uint32_t heartbeat_timeout_ms = 5000;     ///< silence after which the server is dead.
+  /// Silence after which the server is dead; at least twice the heartbeat interval the
+  /// server announces in its Welcome (it is silent for up to one interval when healthy).
+  std::uint32_t heartbeat_timeout_ms = 5000;
   std::size_t telemetry_buffer_capacity = 8192;  ///< telemetry messages held while backed up.
   std::size_t max_batch_bytes = 256u << 10;      ///< frames coalesced into one socket write.
   Logger logger;                                 ///< empty: stderr_logger().

@@ -438,6 +438,9 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         state_ = State::ready;
         peer_id_ = w->peer_id;
         backoff_ms_ = std::max<std::uint32_t>(1, opt_.reconnect_initial_ms);
+        // A healthy server is silent for up to the interval it announces: twice that at least.
+        timeout_ms_ = std::max(opt_.heartbeat_timeout_ms,
+                               2 * std::min(w->heartbeat_interval_ms, UINT32_MAX / 2));
         connects_.fetch_add(1);
         {
           std::lock_guard lk(mu_);
@@ -536,8 +539,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         fail("connect/handshake timeout (" + std::to_string(opt_.connect_timeout_ms) + " ms)");
       }
     } else if (state_ == State::ready) {
-      if (now - last_rx_ > milliseconds(opt_.heartbeat_timeout_ms)) {
-        fail("heartbeat timeout (" + std::to_string(opt_.heartbeat_timeout_ms) + " ms)");
+      if (now - last_rx_ > milliseconds(timeout_ms_)) {
+        fail("heartbeat timeout (" + std::to_string(timeout_ms_) + " ms)");
         return;
       }
       const auto idle_ns = now_ns() - last_tx_ns_.load(std::memory_order_relaxed);
@@ -592,6 +595,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   bool got_challenge_ = false;
   PeerId peer_id_ = 0;
   std::uint32_t backoff_ms_;
+  // The silence after which the server is dead on this connection (ClientOptions).
+  std::uint32_t timeout_ms_ = 0;
   std::mt19937 rng_;
   Clock::time_point phase_start_{}, last_rx_{};
   std::atomic<std::int64_t> last_tx_ns_{0};  // steady clock; written by senders and the strand

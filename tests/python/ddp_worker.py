@@ -8,7 +8,8 @@ until_plans (keep going until this many plans were applied, up to steps), stop_f
 exists), cut_links_rank / cut_links_file (that rank cuts its connections to its peers, keeping the
 store and the agent, before the first step after the file exists; parapilot.peer_failure), out (result
 path prefix), heartbeat_timeout_ms (the bus client's: the agent declared dead after this much
-silence; default 1000 so that reconnect tests are quick), layers_compression_probe; for attribution: buffers (the model
+silence, and never less than twice the heartbeat interval the agent announces; default 1000 so
+that reconnect tests against the scripted agent's 200 ms heartbeat are quick), layers_compression_probe; for attribution: buffers (the model
 gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduce (a loss
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
