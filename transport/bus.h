@@ -16,14 +16,16 @@
 // never delivered.
 //
 // Batching: a TCP client writes sparse traffic at once from the sending thread (lowest latency);
-// when a write is already in progress, or the sending thread streams faster than ~150k msgs/s,
-// frames queue up and the I/O thread coalesces them into one socket write (up to
-// ClientOptions::max_batch_bytes). Receivers read up to 64 KiB per system call and decode every
-// frame in it. A TCP server decodes a sparse peer's reads on the I/O thread that read them (no
-// hand-off latency); a read of 16 KiB or more (a streaming peer) goes to the decode thread paired
-// with that I/O thread, which decodes it and runs the handlers while the I/O thread reads on. A
-// connection holds at most 256 KiB read but not yet decoded; at that limit it stops reading until
-// the decode thread catches up, so a slow handler backs up into the peer's socket.
+// when a write is already in progress, or the sending thread streams faster than ~150k msgs/s
+// (measured over its last 4096 sends), frames queue up and the I/O thread coalesces them into one
+// socket write (up to ClientOptions::max_batch_bytes); a streaming thread's frames wait up to
+// 200 µs for more before that write (one wake-up of the I/O thread per batch, not per frame).
+// Receivers read up to 64 KiB per system call and decode every frame in it. A TCP server
+// decodes a sparse peer's reads on the I/O thread that read them (no hand-off latency); a read of
+// 16 KiB or more (a streaming peer) goes to the decode thread paired with that I/O thread, which
+// decodes it and runs the handlers while the I/O thread reads on. A connection holds at most
+// 256 KiB read but not yet decoded; at that limit it stops reading until the decode thread
+// catches up, so a slow handler backs up into the peer's socket.
 //
 // Thread-safety: every member function of Server and Client may be called from any thread,
 // including from inside a handler (except stop(), which joins or waits for the transport's

@@ -128,7 +128,8 @@ bool in_order_from_zero(const std::vector<std::uint64_t>& steps) {
 
 }  // namespace
 
-TEST_CASE("tcp hand-off: a streaming client's telemetry is decoded on the decode thread, in order") {
+TEST_CASE("tcp hand-off: a streaming client's telemetry is flushed and decoded on the decode "
+          "thread, in order") {
   LogCapture log;
   GatedSink sink;
   sink.block_at = ~std::uint64_t{0};  // never blocks
@@ -140,6 +141,10 @@ TEST_CASE("tcp hand-off: a streaming client's telemetry is decoded on the decode
   co.secret = Secret(kTestSecret);
   co.max_frame_bytes = kTestMaxFrameBytes;
   co.telemetry_buffer_capacity = 1'000'000;  // nothing is evicted
+  // No heartbeat write while the test runs: the queue is written by the client's own (delayed,
+  // for a streaming caller) flushes only.
+  co.heartbeat_interval_ms = 60'000;
+  co.heartbeat_timeout_ms = 120'000;
   co.logger = log.logger();
   auto client_r = make_tcp_client(co, {});
   REQUIRE(client_r.ok());
