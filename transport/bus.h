@@ -23,7 +23,8 @@
 // Receivers read up to 64 KiB per system call and decode every frame in it. A TCP server
 // decodes a sparse peer's reads on the I/O thread that read them (no hand-off latency); a read of
 // 16 KiB or more (a streaming peer) goes to the decode thread paired with that I/O thread, which
-// decodes it and runs the handlers while the I/O thread reads on. A connection holds at most
+// decodes it and runs the handlers while the I/O thread reads on; so do the connection's next
+// reads, whatever their size, until that thread has caught up (order). A connection holds at most
 // 256 KiB read but not yet decoded; at that limit it stops reading until the decode thread
 // catches up, so a slow handler backs up into the peer's socket.
 //
