@@ -13,7 +13,7 @@ rank 2's forward (its compute and its device time) is 3 times slower, whichever 
 (pipeline_worker.py's slowdown).
 Three runs of the same steps:
 
-* deploy: `parapilot deploy` (its default policy; --pp-schedule 1f1b) beside the job;
+* deploy: `parapilot deploy` (its default policy) beside the job;
 * no agent: the even split throughout;
 * static: the split for the slowed phase, fixed from the start: the split deploy ran at the
   end of the slowed phase, or 3,3,1,3 (one block off the slowed stage) when deploy moved nothing.
@@ -75,7 +75,7 @@ def phases(a, records):
 
 def with_deploy(a):
     secret = harness.SecretFile()
-    deploy = Deploy(a.parapilot, harness.free_port(), secret.path, ["--pp-schedule", "1f1b"])
+    deploy = Deploy(a.parapilot, harness.free_port(), secret.path)
     try:
         records = run(a, EVEN, {"PARAPILOT_AGENT": deploy.address,
                                 "PARAPILOT_SECRET_FILE": secret.path})
