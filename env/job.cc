@@ -83,6 +83,36 @@ transport::Layout to_wire(const Strategy& s) {
   // Elastic shares travel in the structured field; the layout name repeats them (";sh=") for
   // peers that read only the name.
   l.dp_shares.assign(s.dp_shares.begin(), s.dp_shares.end());
+  // Compression: the default for every layer (the ranks clip the range to their layers), then
+  // the overrides, later entries overriding earlier ones as on the wire.
+  auto layer = [](int first, int last, const Compression& c) {
+    transport::LayerCompression w;
+    w.first_layer = static_cast<uint32_t>(std::max(0, first));
+    w.last_layer = static_cast<uint32_t>(std::clamp(last, first, int{transport::kMaxLayers} - 1));
+    switch (c.kind) {
+      case Compression::Kind::kNone:
+        w.method = transport::CompressionMethod::none;
+        break;
+      case Compression::Kind::kFP16:
+        w.method = transport::CompressionMethod::fp16;
+        break;
+      case Compression::Kind::kTopK:
+        w.method = transport::CompressionMethod::topk;
+        w.parameter = static_cast<float>(c.topk_ratio);
+        break;
+      case Compression::Kind::kPowerSGD:
+        w.method = transport::CompressionMethod::powersgd;
+        w.parameter = static_cast<float>(c.powersgd_rank);
+        break;
+    }
+    return w;
+  };
+  if (!(s.compression == Compression{})) {
+    l.compression.push_back(layer(0, int{transport::kMaxLayers} - 1, s.compression));
+  }
+  for (const CompressionOverride& o : s.compression_overrides) {
+    l.compression.push_back(layer(o.first_layer, o.last_layer, o.compression));
+  }
   return l;
 }
 

@@ -515,6 +515,45 @@ def netns_compression(d):
     return out + "\n\n" + source(*reports)
 
 
+def netns_congestion(d):
+    reports = [d("netns-congestion-%d.json" % i) for i in (1, 2, 3)]
+    restore = d("netns-congestion-restore.json")
+    rows = []
+
+    def switches(agent):
+        out = []
+        for e in agent.get("link", []):
+            out.append("%s at %d" % (e["event"], e["step"]))
+        for m in agent.get("migrations", []):
+            if m.get("outcome") == "committed":
+                out.append("%s from %d%s" % (m.get("compression", "?"), m["switch_at_step"],
+                                            " (shares %s)" % m["shares"]
+                                            if m.get("shares") != "8,8,8,8" else ""))
+        return "; ".join(out) or "none"
+
+    for name, r in [("%d" % (i + 1), x) for i, x in enumerate(reports)] + [("recovers", restore)]:
+        none, agent = r["figures"]["runs"]
+        rows.append([name, "%.1f / %.1f" % (none["median_step_ms_before"],
+                                             none["median_step_ms_last_quarter"]),
+                     "%.1f / %.1f" % (agent["median_step_ms_before"],
+                                      agent["median_step_ms_last_quarter"]),
+                     "%.2f×" % (agent["median_step_ms_last_quarter"]
+                                / none["median_step_ms_last_quarter"]),
+                     "%.0f" % (agent["grad_bytes_last_quarter"] / 1e3), switches(agent)])
+    head = ["run", "no agent: step ms before / last quarter",
+            "deploy: step ms before / last quarter", "last quarter vs no agent",
+            "deploy: gradient KB a step, last quarter", "deploy's link events and switches (step)"]
+    f = reports[0]["figures"]
+    g = restore["figures"]
+    out = ("4 ranks, one per host, model width %d, global batch %d, %d steps; host %d's link "
+           "limited to %g Mbit/s once host 0 has sent about %d steps' traffic (for the rest of "
+           "the run; \"recovers\": %d steps, unlimited again %g s later). Step: rank 0's median "
+           "cycle; gradient KB: the client's count.\n\n"
+           % (f["hidden"], f["global_batch"], f["steps"], f["host"], f["rate_mbit"],
+              f["at_step"], g["steps"], g["restore_after_s"])) + table(head, rows)
+    return out + "\n\n" + source(*reports, restore)
+
+
 def pytorch_overhead(d):
     r = d("pytorch-overhead.json")
     f = r["figures"]
@@ -607,20 +646,24 @@ def live_switch_pause(d):
 def pipeline_switch(d):
     r = d("pipeline-switch.json")
     f = r["figures"]
-    rows = [["live block move (%d switches)" % len(f["switch_pauses_ms"]),
-             "%.1f" % f["switch_pause_median_ms"],
-             ", ".join("%.1f" % x for x in f["switch_pauses_ms"]),
-             "%+.0f" % f["switch_step_excess_median_ms"],
-             n0(statistics.median(f["switch_bytes_moved"]))],
-            ["stop, save, relaunch, load (%d restarts)" % len(f["restart_pauses_ms"]),
-             n0(f["restart_pause_median_ms"]),
-             ", ".join(n0(x) for x in f["restart_pauses_ms"]), "–", "–"]]
+    rows = []
+    for name, x in f["runs"].items():
+        rows.append(["live block move, %s (%d switches)" % (name, len(x["pauses"])),
+                     "%.1f" % x["pause_median_ms"], ", ".join("%.1f" % p for p in x["pauses"]),
+                     "%+.0f" % x["excess_median_ms"],
+                     "–" if x["streaming_excess"] is None else "%+.1f" % x["streaming_excess"],
+                     "%+.1f" % x["quiet_excess"],
+                     n0(statistics.median(x["moved"])), "%.0f" % x["step_ms"]])
+    rows.append(["stop, save, relaunch, load (%d restarts)" % len(f["restart_pauses_ms"]),
+                 n0(f["restart_pause_median_ms"]),
+                 ", ".join(n0(x) for x in f["restart_pauses_ms"]), "–", "–", "–", "–", "–"])
     head = ["way", "pause, median (ms)", "each (ms)", "switching step's excess, median (ms)",
-            "bytes moved"]
-    return (table(head, rows) + "\n\nSplit %s ↔ %s of %d blocks over %d stages (width %d); "
-            "median step %.0f ms. Restart ÷ live pause: **%.0f×**.\n\n"
+            "streaming steps' excess, median (ms)", "other steps' excess, median (ms)",
+            "bytes moved", "median step (ms)"]
+    return (table(head, rows) + "\n\nSplit %s ↔ %s of %d blocks over %d stages (width %d). "
+            "Restart ÷ streamed live pause: **%.0f×**.\n\n"
             % (",".join(map(str, f["split_a"])), ",".join(map(str, f["split_b"])), f["blocks"],
-               f["stages"], f["width"], f["median_step_ms"], f["ratio"]) + source(r))
+               f["stages"], f["width"], f["ratio"]) + source(r))
 
 
 def pipeline_slow(d):
@@ -786,6 +829,7 @@ RENDER = {
     "live-elastic": live_elastic,
     "live-compression": live_compression,
     "netns-compression": netns_compression,
+    "netns-congestion": netns_congestion,
     "live-layouts": live_layouts,
     "live-switch-pause": live_switch_pause,
     "live-switch-slowed": live_switch_slowed,

@@ -38,6 +38,9 @@ Sections (default: all of them, in this order; about 30 minutes on a 2-core mach
                   split (benchmarks/live/pipeline_slow.py; about 5 minutes)
   netns           compression on 200 Mbit/s and unlimited links between network-namespace
                   hosts, 3 rounds (benchmarks/live/netns_compression.py; root; about 3 minutes)
+  netns-congestion  one host's link limited to 50 Mbit/s part way through a DDP job, with deploy
+                  (shipped defaults) and without, 3 repetitions, and one run whose link recovers
+                  (benchmarks/live/netns_congestion.py; root; about 3 minutes)
 
 Timed sections want a quiet machine: run nothing else meanwhile. The load average each
 measurement saw is in its file, and the rendered tables quote it.
@@ -84,7 +87,7 @@ RULES_READING_BELIEFS = "reactive,reactive-tuned,threshold,ski-rental,lookahead,
 SECTIONS = ["policy", "holdout", "dp", "information", "training", "policy-latency", "planner", "calibration",
             "deploy-sim", "deploy-scale", "transport", "deploy-live", "pytorch", "pytorch-matrix",
             "pytorch-policies", "fsdp", "live", "live-layouts", "live-switch", "pipeline-switch",
-            "pipeline-slow", "netns"]
+            "pipeline-slow", "netns", "netns-congestion"]
 
 
 def git(*args):
@@ -380,6 +383,17 @@ class Runner:
                        [sys.executable,
                         os.path.join(ROOT, "benchmarks", "live", "netns_compression.py"),
                         "--steps", "30", "--rounds", "3", "--rate-mbit", rate])
+
+    def netns_congestion(self):
+        script = os.path.join(ROOT, "benchmarks", "live", "netns_congestion.py")
+        env = dict(os.environ, PARAPILOT_BINARY=self.bin("parapilot"),
+                   PYTHONPATH=os.path.join(ROOT, "python"))
+        for i in (1, 2, 3):
+            run([sys.executable, script, "--json", self.path("netns-congestion-%d.json" % i)],
+                env=env)
+        # The link recovers after 6 s (about 160 steps at fp16's step): compression off again.
+        run([sys.executable, script, "--steps", "360", "--restore-after-s", "6", "--json",
+             self.path("netns-congestion-restore.json")], env=env)
 
     def pipeline_slow(self):
         self.bench("pipeline-slow.json",

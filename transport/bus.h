@@ -16,16 +16,25 @@
 // never delivered.
 //
 // Batching: a TCP client writes sparse traffic at once from the sending thread (lowest latency);
-// when a write is already in progress, or the sending thread streams faster than ~150k msgs/s,
-// frames queue up and the I/O thread coalesces them into one socket write (up to
-// ClientOptions::max_batch_bytes). Receivers read up to 64 KiB per system call and decode every
-// frame in it.
+// when a write is already in progress, or the sending thread streams faster than ~150k msgs/s
+// (measured over its last 4096 sends), frames queue up and the I/O thread coalesces them into one
+// socket write (up to ClientOptions::max_batch_bytes); a streaming thread's frames wait up to
+// 200 µs for more before that write (one wake-up of the I/O thread per batch, not per frame).
+// Receivers read up to 64 KiB per system call and decode every frame in it. A TCP server
+// decodes a sparse peer's reads on the I/O thread that read them (no hand-off latency); a read of
+// 16 KiB or more (a streaming peer) goes to the decode thread paired with that I/O thread, which
+// decodes it and runs the handlers while the I/O thread reads on; so do the connection's next
+// reads, whatever their size, until that thread has caught up (order). A connection holds at most
+// 256 KiB read but not yet decoded; at that limit it stops reading until the decode thread
+// catches up, so a slow handler backs up into the peer's socket.
 //
 // Thread-safety: every member function of Server and Client may be called from any thread,
-// including from inside a handler (except stop(), which joins or waits for the I/O threads).
-// Handlers run on the transport's I/O threads: those of one peer run one at a time, in order;
-// different peers may run concurrently. A slow handler slows its own connection (backpressure), not
-// the others on other threads.
+// including from inside a handler (except stop(), which joins or waits for the transport's
+// threads). Handlers run on the transport's threads (a TCP server's on_message and on_disconnect
+// on an I/O thread or its decode thread): those of one peer run one at a time, in order, and
+// on_disconnect comes after every message read before the close; different peers may run
+// concurrently. A slow handler slows its own connection (backpressure), not the others on other
+// threads. Server::stop() delivers what was read before it, then each peer's on_disconnect.
 #pragma once
 
 #include <chrono>
@@ -100,6 +109,7 @@ struct ServerStats {
   std::uint64_t messages_received = 0;  ///< delivered to on_message.
   std::uint64_t messages_sent = 0;
   std::uint64_t handshakes_queued = 0;  ///< connections that waited for a handshake slot.
+  std::uint64_t reads_handed_off = 0;   ///< socket reads decoded on a decode thread (TCP).
   std::size_t connections = 0;          ///< currently open (waiting ones included).
   std::size_t waiting = 0;              ///< waiting for a handshake slot now.
 };
@@ -141,7 +151,9 @@ struct ClientOptions {
   std::uint32_t reconnect_max_ms = 5000;         ///< ...up to this (with up to 50% jitter off).
   std::uint32_t connect_timeout_ms = 5000;       ///< TCP connect + handshake must finish within.
   std::uint32_t heartbeat_interval_ms = 1000;    ///< heartbeat sent when idle this long.
-  std::uint32_t heartbeat_timeout_ms = 5000;     ///< silence after which the server is dead.
+  /// Silence after which the server is dead; at least twice the heartbeat interval the
+  /// server announces in its Welcome (it is silent for up to one interval when healthy).
+  std::uint32_t heartbeat_timeout_ms = 5000;
   std::size_t telemetry_buffer_capacity = 8192;  ///< telemetry messages held while backed up.
   std::size_t max_batch_bytes = 256u << 10;      ///< frames coalesced into one socket write.
   Logger logger;                                 ///< empty: stderr_logger().

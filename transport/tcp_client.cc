@@ -36,11 +36,15 @@ constexpr std::int64_t kDirectWriteGapNs = 50'000;
 // blocks of kRateWindowSends calls) is streaming: its messages go through the queue, so that the
 // I/O thread batches them and the caller does not pay one system call per message.
 constexpr std::int64_t kStreamingMsgsPerSecond = 150'000;
-constexpr std::int64_t kRateWindowSends = 256;
+constexpr std::int64_t kRateWindowSends = 4096;  // ~10-40 ms: a burst after a stall is not a stream
 // ...except on a client it last sent to kFanOutGapNs or longer ago: a thread fanning out to
 // many clients (a simulated cluster's ranks, one frame each per step) has nothing for the I/O
 // thread to coalesce on each, so it writes directly rather than pay a wake-up per frame.
 constexpr std::int64_t kFanOutGapNs = 10'000'000;
+// A streaming caller's frames wait this long for more before the I/O thread writes them: the I/O
+// thread wakes once per batch instead of racing the caller for the queue a few frames at a time
+// (each wake-up and each contended lock is a system call on both threads).
+constexpr auto kStreamingFlushDelay = std::chrono::microseconds(200);
 
 bool caller_is_streaming(std::int64_t now_ns) {
   thread_local std::int64_t window_start_ns = 0;
@@ -177,6 +181,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         resolver_(strand_),
         tick_timer_(strand_),
         retry_timer_(strand_),
+        flush_timer_(strand_),
         backoff_ms_(std::max<std::uint32_t>(1, opt_.reconnect_initial_ms)),
         rng_(std::random_device{}()) {
     if (!opt_.logger) opt_.logger = stderr_logger();
@@ -201,14 +206,15 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     }
     const bool telemetry = std::holds_alternative<Telemetry>(m);
     bool post = false;
+    bool streaming = false;
     {
       std::lock_guard lk(mu_);
       const std::int64_t now = now_ns();
       const std::int64_t since_send = now - last_send_ns_;
       last_send_ns_ = now;
+      streaming = since_send < kFanOutGapNs && caller_is_streaming(now);
       if (fd_ >= 0 && !write_in_flight_ && queue_.empty() &&
-          now - last_direct_ns_ >= kDirectWriteGapNs &&
-          (since_send >= kFanOutGapNs || !caller_is_streaming(now))) {
+          now - last_direct_ns_ >= kDirectWriteGapNs && !streaming) {
         // Fast path for sparse traffic: nothing is pending, so write from the caller's thread
         // without waking the I/O thread. Dense traffic takes the queue, where the I/O thread
         // coalesces frames into large writes. fd_ is only closed under mu_, so it is valid here.
@@ -224,7 +230,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
           // evicted.
           queue_.push(std::string_view(frame).substr(static_cast<std::size_t>(n)), false);
           schedule_flush_locked(post);
-          if (post) post_flush();
+          if (post) post_flush(false);
           return true;
         }
         // EAGAIN (socket buffer full) or an error the I/O thread will see: queue it.
@@ -239,7 +245,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
       queue_.push(frame, telemetry);
       schedule_flush_locked(post);
     }
-    if (post) post_flush();
+    if (post) post_flush(streaming);
     return true;
   }
 
@@ -302,13 +308,24 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
     }
   }
 
-  void post_flush() {
-    asio::post(strand_, [self = shared_from_this()] {
-      {
-        std::lock_guard lk(self->mu_);
-        self->flush_posted_ = false;
+  // `delay`: the caller streams; its next frames join this batch (kStreamingFlushDelay).
+  // flush_posted_ stays set until the flush runs, so no further wake-up is posted meanwhile;
+  // flush_timer_ is never cancelled, so the flush always runs.
+  void post_flush(bool delay) {
+    asio::post(strand_, [self = shared_from_this(), delay] {
+      auto flush = [self] {
+        {
+          std::lock_guard lk(self->mu_);
+          self->flush_posted_ = false;
+        }
+        self->start_write();
+      };
+      if (!delay) {
+        flush();
+        return;
       }
-      self->start_write();
+      self->flush_timer_.expires_after(kStreamingFlushDelay);
+      self->flush_timer_.async_wait([flush](const error_code&) { flush(); });
     });
   }
 
@@ -438,6 +455,9 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         state_ = State::ready;
         peer_id_ = w->peer_id;
         backoff_ms_ = std::max<std::uint32_t>(1, opt_.reconnect_initial_ms);
+        // A healthy server is silent for up to the interval it announces: twice that at least.
+        timeout_ms_ = std::max(opt_.heartbeat_timeout_ms,
+                               2 * std::min(w->heartbeat_interval_ms, UINT32_MAX / 2));
         connects_.fetch_add(1);
         {
           std::lock_guard lk(mu_);
@@ -536,8 +556,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
         fail("connect/handshake timeout (" + std::to_string(opt_.connect_timeout_ms) + " ms)");
       }
     } else if (state_ == State::ready) {
-      if (now - last_rx_ > milliseconds(opt_.heartbeat_timeout_ms)) {
-        fail("heartbeat timeout (" + std::to_string(opt_.heartbeat_timeout_ms) + " ms)");
+      if (now - last_rx_ > milliseconds(timeout_ms_)) {
+        fail("heartbeat timeout (" + std::to_string(timeout_ms_) + " ms)");
         return;
       }
       const auto idle_ns = now_ns() - last_tx_ns_.load(std::memory_order_relaxed);
@@ -584,6 +604,7 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   tcp::resolver resolver_;
   asio::steady_timer tick_timer_;
   asio::steady_timer retry_timer_;
+  asio::steady_timer flush_timer_;  // a streaming caller's delayed flush (post_flush)
 
   // Strand only.
   State state_ = State::idle;
@@ -592,6 +613,8 @@ class TcpClientImpl : public std::enable_shared_from_this<TcpClientImpl> {
   bool got_challenge_ = false;
   PeerId peer_id_ = 0;
   std::uint32_t backoff_ms_;
+  // The silence after which the server is dead on this connection (ClientOptions).
+  std::uint32_t timeout_ms_ = 0;
   std::mt19937 rng_;
   Clock::time_point phase_start_{}, last_rx_{};
   std::atomic<std::int64_t> last_tx_ns_{0};  // steady clock; written by senders and the strand

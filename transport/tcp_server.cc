@@ -1,4 +1,7 @@
 // TCP server: one acceptor, N io_contexts (one thread each), connections spread round-robin.
+// Each io_context has a decode thread beside it: a connection whose reads come in large (a
+// streaming peer) hands the bytes it read to that thread, which decodes them and runs the
+// handlers while the I/O thread reads on; sparse reads are decoded on the I/O thread.
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -11,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -28,12 +32,68 @@ using Clock = std::chrono::steady_clock;
 using boost::system::error_code;
 
 class TcpServer;
+class ServerConn;
+
+// A read of at least this many bytes on an authenticated connection is decoded on the decode
+// thread (the peer streams); smaller reads are decoded at once on the I/O thread (no hand-off
+// latency for sparse traffic).
+constexpr std::size_t kHandOffReadBytes = 16u << 10;
+// Bytes a connection may have read but not yet decoded. At the limit it stops reading until the
+// decode thread catches up, so a slow handler backs up into the peer's socket (backpressure) and
+// the server's memory per connection stays bounded.
+constexpr std::size_t kMaxHandOffBytes = 256u << 10;
+// Read buffers a connection keeps for reuse.
+constexpr std::size_t kSpareReadBuffers = 4;
+
+// The decode thread beside one I/O thread: runs connections' handed-off work, each connection's
+// in order, connections round-robin (one batch of a connection at a time).
+class DecodeThread {
+ public:
+  void start() {
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "pp-server-dec");
+      run();
+    });
+  }
+  /// Any thread: `c` has work (it is scheduled at most once at a time; see ServerConn::hand_off).
+  void schedule(std::shared_ptr<ServerConn> c) {
+    bool wake = false;
+    {
+      std::lock_guard lk(mu_);
+      ready_.push_back(std::move(c));
+      wake = idle_;
+    }
+    if (wake) cv_.notify_one();
+  }
+  /// Runs what is scheduled (and what that schedules), then joins. Call after the I/O threads
+  /// stopped.
+  void finish() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ServerConn>> ready_;  // guarded by mu_
+  bool idle_ = false;                              // guarded by mu_: waiting on cv_
+  bool stopping_ = false;                          // guarded by mu_
+  std::thread thread_;
+};
 
 class ServerConn : public std::enable_shared_from_this<ServerConn> {
  public:
-  ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket sock, PeerId id,
-             std::string remote);
+  ServerConn(TcpServer& server, asio::io_context& ctx, DecodeThread& decode, tcp::socket sock,
+             PeerId id, std::string remote);
   void start();
+  /// Decode thread: runs the work handed off so far; true if more arrived meanwhile.
+  bool drain();
   /// Any thread: start() on the connection's I/O thread.
   void start_async() {
     asio::post(ctx_, [self = shared_from_this()] { self->start(); });
@@ -52,9 +112,25 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
 
  private:
   enum class State { hello, auth, ready, closed };
+  // What the I/O thread hands to the decode thread, in order.
+  struct HandOff {
+    enum class Kind { bytes, decode_buffered, end, closed } kind;
+    std::vector<std::uint8_t> data;  // bytes: the read buffer
+    std::size_t used = 0;            // bytes read (bytes, decode_buffered)
+    std::string reason;              // end: why reading stopped; closed: why it closed
+    bool protocol_error = false;     // closed
+  };
   void read();
   void on_read(const error_code& ec, std::size_t n);
+  void on_read_handed_off(const error_code& ec, std::size_t n);
+  // I/O thread: queues `h` for the decode thread; true when reading must pause (backpressure).
+  bool hand_off(HandOff h);
+  // Decode thread: decodes what the decoder holds and delivers it.
+  void decode_buffered();
+  std::string read_end_reason(const error_code& ec) const;
   void handle(Message&& m);
+  // An authenticated peer's message: delivered, or the reason to close the connection.
+  std::string deliver(Message&& m);
   void send_internal(const Message& m);
   void start_write();
   void arm_timer();
@@ -63,6 +139,7 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
 
   TcpServer& server_;
   asio::io_context& ctx_;
+  DecodeThread& decode_;
   tcp::socket sock_;
   asio::steady_timer timer_;
   FrameDecoder decoder_;
@@ -80,6 +157,19 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   bool write_scheduled_ = false;  // guarded by out_mu_: a write is posted or in flight
   std::string out_pending_;       // guarded by out_mu_
   std::string out_writing_;       // I/O thread only
+
+  // The hand-off to the decode thread. While in_busy_, the decode thread owns decoder_ and
+  // the I/O thread reads into separate buffers that it queues in in_; only the I/O thread sets
+  // in_busy_, only the decode thread clears it (when in_ is empty).
+  std::mutex in_mu_;
+  std::deque<HandOff> in_;                         // guarded by in_mu_
+  std::vector<std::vector<std::uint8_t>> spare_;   // guarded by in_mu_: read buffers to reuse
+  std::size_t in_bytes_ = 0;                       // guarded by in_mu_: read, not yet decoded
+  bool in_busy_ = false;                           // guarded by in_mu_
+  bool read_paused_ = false;  // guarded by in_mu_: no read pending until the decode thread resumes it
+  std::vector<std::uint8_t> reading_;  // I/O thread: the buffer of a handed-off read in flight
+  bool reading_handed_off_ = false;    // I/O thread: the read in flight goes to reading_
+  bool decode_failed_ = false;         // decode thread: a bad frame or the end was seen
 };
 
 class TcpServer final : public Server {
@@ -110,6 +200,7 @@ class TcpServer final : public Server {
     }
     port_ = acceptor_->local_endpoint().port();
     for (auto& w : workers_) {
+      w->decode.start();
       w->guard.emplace(w->ctx.get_executor());
       w->thread = std::thread([ctx = &w->ctx] {
         pthread_setname_np(pthread_self(), "pp-server-io");
@@ -192,6 +283,7 @@ class TcpServer final : public Server {
     s.messages_received = messages_received_.load();
     s.messages_sent = messages_sent_.load();
     s.handshakes_queued = handshakes_queued_.load();
+    s.reads_handed_off = reads_handed_off_.load();
     std::lock_guard lk(mu_);
     s.connections = conns_.size();
     s.waiting = handshake_queue_.size() - handshake_queue_closed_;
@@ -217,6 +309,9 @@ class TcpServer final : public Server {
     for (auto& w : workers_) {
       if (w->thread.joinable()) w->thread.join();
     }
+    // The I/O threads are gone, so nothing more is handed off: the decode threads deliver what
+    // was read before the connections closed, then each connection's disconnect.
+    for (auto& w : workers_) w->decode.finish();
     std::lock_guard lk(mu_);
     conns_.clear();
     handshake_queue_.clear();
@@ -229,6 +324,7 @@ class TcpServer final : public Server {
   const ServerHandlers& handlers() const { return handlers_; }
   void log(LogLevel level, const std::string& line) const { opt_.logger(level, line); }
   void count_message() { messages_received_.fetch_add(1, std::memory_order_relaxed); }
+  void count_hand_off() { reads_handed_off_.fetch_add(1, std::memory_order_relaxed); }
 
   void on_authenticated(const std::shared_ptr<ServerConn>& c) {
     {
@@ -272,6 +368,7 @@ class TcpServer final : public Server {
     asio::io_context ctx{1};
     std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
     std::thread thread;
+    DecodeThread decode;
   };
 
   // Under mu_: a handshake slot frees; the longest-waiting connection (if any) takes it.
@@ -304,8 +401,8 @@ class TcpServer final : public Server {
         return;
       }
     }
-    auto& target = workers_[next_worker_++ % workers_.size()]->ctx;
-    acceptor_->async_accept(target, [this, &target](const error_code& ec, tcp::socket sock) {
+    Worker& target = *workers_[next_worker_++ % workers_.size()];
+    acceptor_->async_accept(target.ctx, [this, &target](const error_code& ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted) return;
       if (ec) {
         // e.g. out of file descriptors: back off briefly instead of spinning.
@@ -324,7 +421,7 @@ class TcpServer final : public Server {
   // Admits every connection while the server runs: it starts its handshake at once while fewer
   // than max_unauthenticated are in one, else it waits (unread, its handshake timeout not yet
   // running) in a FIFO for a slot.
-  void on_accept(asio::io_context& ctx, tcp::socket sock) {
+  void on_accept(Worker& worker, tcp::socket sock) {
     accepted_.fetch_add(1);
     error_code ec;
     const auto remote_ep = sock.remote_endpoint(ec);
@@ -337,7 +434,8 @@ class TcpServer final : public Server {
       std::lock_guard lk(mu_);
       if (!stopped_) {
         const PeerId id = next_id_++;
-        c = std::make_shared<ServerConn>(*this, ctx, std::move(sock), id, remote);
+        c = std::make_shared<ServerConn>(*this, worker.ctx, worker.decode, std::move(sock), id,
+                                         remote);
         conns_.emplace(id, c);
         if (unauthenticated_ < opt_.max_unauthenticated) {
           ++unauthenticated_;
@@ -380,14 +478,16 @@ class TcpServer final : public Server {
   std::atomic<std::uint64_t> accepted_{0}, authenticated_{0}, rejected_{0};
   std::atomic<std::uint64_t> messages_received_{0}, messages_sent_{0};
   std::atomic<std::uint64_t> handshakes_queued_{0};
+  std::atomic<std::uint64_t> reads_handed_off_{0};
 };
 
 // ---- ServerConn ----
 
-ServerConn::ServerConn(TcpServer& server, asio::io_context& ctx, tcp::socket sock, PeerId id,
-                       std::string remote)
+ServerConn::ServerConn(TcpServer& server, asio::io_context& ctx, DecodeThread& decode,
+                       tcp::socket sock, PeerId id, std::string remote)
     : server_(server),
       ctx_(ctx),
+      decode_(decode),
       sock_(std::move(sock)),
       timer_(ctx),
       decoder_(server.options().max_frame_bytes),
@@ -406,27 +506,53 @@ void ServerConn::start() {
 }
 
 void ServerConn::read() {
-  auto space = decoder_.prepare_read();
+  {
+    std::lock_guard lk(in_mu_);
+    reading_handed_off_ = in_busy_;
+    if (reading_handed_off_ && reading_.empty() && !spare_.empty()) {
+      reading_ = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  std::span<std::uint8_t> space;
+  if (reading_handed_off_) {
+    if (reading_.size() < FrameDecoder::kMaxReadBytes) reading_.resize(FrameDecoder::kMaxReadBytes);
+    space = reading_;
+  } else {
+    space = decoder_.prepare_read();
+  }
   sock_.async_read_some(
       asio::buffer(space.data(), space.size()),
       [self = shared_from_this()](const error_code& ec, std::size_t n) { self->on_read(ec, n); });
 }
 
+std::string ServerConn::read_end_reason(const error_code& ec) const {
+  return ec == asio::error::eof ? "peer closed the connection" : "read error: " + ec.message();
+}
+
 void ServerConn::on_read(const error_code& ec, std::size_t n) {
   if (state_ == State::closed) return;
+  if (reading_handed_off_) {
+    on_read_handed_off(ec, n);
+    return;
+  }
   if (ec) {
     if (decoder_.buffered_bytes() > 0) {
       close("truncated frame (connection ended inside a frame, " +
                 std::to_string(decoder_.buffered_bytes()) + " bytes pending)",
             true);
     } else {
-      close(ec == asio::error::eof ? "peer closed the connection" : "read error: " + ec.message(),
-            false);
+      close(read_end_reason(ec), false);
     }
     return;
   }
   decoder_.commit(n);
   last_rx_ = Clock::now();
+  if (state_ == State::ready && n >= kHandOffReadBytes) {
+    // A streaming peer: the decode thread decodes this read while the I/O thread reads on.
+    if (!hand_off(HandOff{HandOff::Kind::decode_buffered, {}, n, {}, false})) read();
+    return;
+  }
   Message m;
   for (;;) {
     const auto st = decoder_.next(m);
@@ -439,6 +565,132 @@ void ServerConn::on_read(const error_code& ec, std::size_t n) {
     if (state_ == State::closed) return;
   }
   read();
+}
+
+void ServerConn::on_read_handed_off(const error_code& ec, std::size_t n) {
+  if (ec) {
+    // The decode thread decides whether the stream ended inside a frame.
+    hand_off(HandOff{HandOff::Kind::end, {}, 0, read_end_reason(ec), false});
+    return;
+  }
+  last_rx_ = Clock::now();
+  if (!hand_off(HandOff{HandOff::Kind::bytes, std::move(reading_), n, {}, false})) read();
+}
+
+bool ServerConn::hand_off(HandOff h) {
+  if (h.kind == HandOff::Kind::bytes || h.kind == HandOff::Kind::decode_buffered) {
+    server_.count_hand_off();
+  }
+  bool schedule = false, pause = false;
+  const std::size_t h_used = h.used;
+  {
+    std::lock_guard lk(in_mu_);
+    in_bytes_ += h_used;
+    in_.push_back(std::move(h));
+    schedule = !in_busy_;
+    in_busy_ = true;
+    pause = h_used > 0 && in_bytes_ >= kMaxHandOffBytes;
+    read_paused_ = read_paused_ || pause;
+  }
+  if (schedule) decode_.schedule(shared_from_this());
+  return pause;
+}
+
+bool ServerConn::drain() {
+  std::deque<HandOff> items;
+  {
+    std::lock_guard lk(in_mu_);
+    items.swap(in_);
+  }
+  std::size_t consumed = 0;
+  for (HandOff& h : items) {
+    consumed += h.used;
+    switch (h.kind) {
+      case HandOff::Kind::bytes:
+        if (!decode_failed_) {
+          decoder_.feed(std::span<const std::uint8_t>(h.data.data(), h.used));
+          decode_buffered();
+        }
+        break;
+      case HandOff::Kind::decode_buffered:
+        if (!decode_failed_) decode_buffered();
+        break;
+      case HandOff::Kind::end:
+        if (!decode_failed_) {
+          decode_failed_ = true;
+          if (decoder_.buffered_bytes() > 0) {
+            close_async("truncated frame (connection ended inside a frame, " +
+                            std::to_string(decoder_.buffered_bytes()) + " bytes pending)",
+                        true);
+          } else {
+            close_async(std::move(h.reason), false);
+          }
+        }
+        break;
+      case HandOff::Kind::closed:
+        // Last: everything read before the close was delivered.
+        server_.on_closed(shared_from_this(), true, h.reason, h.protocol_error);
+        break;
+    }
+  }
+  bool resume = false, more = false;
+  {
+    std::lock_guard lk(in_mu_);
+    in_bytes_ -= consumed;
+    for (HandOff& h : items) {
+      if (h.kind == HandOff::Kind::bytes && spare_.size() < kSpareReadBuffers) {
+        spare_.push_back(std::move(h.data));
+      }
+    }
+    if (read_paused_ && in_bytes_ < kMaxHandOffBytes) {
+      read_paused_ = false;
+      resume = true;
+    }
+    more = !in_.empty();
+    if (!more) in_busy_ = false;  // from here on the I/O thread owns decoder_ again
+  }
+  if (resume) {
+    asio::post(ctx_, [self = shared_from_this()] {
+      if (self->state_ == State::closed) return;
+      self->last_rx_ = Clock::now();  // the peer was not silent: the server was not reading
+      self->read();
+    });
+  }
+  return more;
+}
+
+void ServerConn::decode_buffered() {
+  Message m;
+  for (;;) {
+    const auto st = decoder_.next(m);
+    if (st == FrameDecoder::Status::need_more) return;
+    std::string why = st == FrameDecoder::Status::error ? "bad frame: " + decoder_.error()
+                                                        : deliver(std::move(m));
+    if (!why.empty()) {
+      decode_failed_ = true;
+      close_async(std::move(why), true);
+      return;
+    }
+  }
+}
+
+void DecodeThread::run() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    if (ready_.empty()) {
+      if (stopping_) return;
+      idle_ = true;
+      cv_.wait(lk, [&] { return stopping_ || !ready_.empty(); });
+      idle_ = false;
+      continue;
+    }
+    std::shared_ptr<ServerConn> c = std::move(ready_.front());
+    ready_.pop_front();
+    lk.unlock();
+    const bool more = c->drain();
+    lk.lock();
+    if (more) ready_.push_back(std::move(c));  // behind the others: one batch at a time
+  }
 }
 
 void ServerConn::handle(Message&& m) {
@@ -480,22 +732,26 @@ void ServerConn::handle(Message&& m) {
       return;
     }
     case State::ready:
-      switch (type_of(m)) {
-        case MessageType::heartbeat:
-          return;  // liveness only; last_rx_ is already updated
-        case MessageType::hello:
-        case MessageType::challenge:
-        case MessageType::auth:
-        case MessageType::welcome:
-          close("unexpected " + std::string(type_name(type_of(m))) + " after authentication", true);
-          return;
-        default:
-          server_.count_message();
-          if (server_.handlers().on_message) server_.handlers().on_message(id_, std::move(m));
-          return;
-      }
+      if (std::string why = deliver(std::move(m)); !why.empty()) close(std::move(why), true);
+      return;
     case State::closed:
       return;
+  }
+}
+
+std::string ServerConn::deliver(Message&& m) {
+  switch (type_of(m)) {
+    case MessageType::heartbeat:
+      return {};  // liveness only; last_rx_ is already updated
+    case MessageType::hello:
+    case MessageType::challenge:
+    case MessageType::auth:
+    case MessageType::welcome:
+      return "unexpected " + std::string(type_name(type_of(m))) + " after authentication";
+    default:
+      server_.count_message();
+      if (server_.handlers().on_message) server_.handlers().on_message(id_, std::move(m));
+      return {};
   }
 }
 
@@ -578,6 +834,10 @@ void ServerConn::on_tick() {
       return;
     }
   } else {
+    {
+      std::lock_guard lk(in_mu_);
+      if (read_paused_) last_rx_ = now;  // backpressure: the server is not reading, not the peer
+    }
     if (now - last_rx_ > milliseconds(o.heartbeat_timeout_ms)) {
       close("heartbeat timeout (" + std::to_string(o.heartbeat_timeout_ms) + " ms)", false);
       return;
@@ -610,6 +870,15 @@ void ServerConn::close(std::string reason, bool protocol_error) {
   sock_.shutdown(tcp::socket::shutdown_both, ec);
   sock_.close(ec);
   timer_.cancel();
+  {
+    // While the decode thread holds bytes of this peer, it delivers them first, then reports
+    // the close (handlers of one peer run in order).
+    std::lock_guard lk(in_mu_);
+    if (in_busy_) {
+      in_.push_back(HandOff{HandOff::Kind::closed, {}, 0, std::move(reason), protocol_error});
+      return;
+    }
+  }
   server_.on_closed(shared_from_this(), was_ready, reason, protocol_error);
 }
 

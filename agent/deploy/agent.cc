@@ -318,7 +318,11 @@ std::unique_ptr<env::dp::DataParallelDecider> DeployAgent::Impl::learned_decider
   dpo.global_batch = static_cast<int>(info.global_batch);
   dpo.decision_steps = o.interval_steps;
   dpo.verify_steps = std::max(dpo.verify_steps, o.interval_steps);
-  if (!is_pipeline_job(info)) return std::make_unique<env::dp::DataParallelDecider>(dpo);
+  if (!is_pipeline_job(info)) {
+    // A job that can switch compression gets fp16 proposed on a slow link (env/dp/decider.h).
+    dpo.compression = (info.capabilities & transport::kCapCompression) ? "fp16" : "";
+    return std::make_unique<env::dp::DataParallelDecider>(dpo);
+  }
   env::pp::PipelineModelOptions ppo;
   ppo.stages = dpo.ranks;
   ppo.global_batch = dpo.global_batch;
@@ -350,10 +354,14 @@ void DeployAgent::Impl::on_step(uint64_t step, monitor::Clock::time_point last_a
     if (beliefs.last_step_ms > 0) push_bounded(step_ms, {step, beliefs.last_step_ms}, 200000);
     for (const monitor::MonitorEvent& e : events) {
       if (e.kind == monitor::MonitorEvent::Kind::slow_rank) ++stats.stragglers_detected;
-      if (e.kind == monitor::MonitorEvent::Kind::congested_link) ++stats.congested_links_detected;
+      if (e.kind == monitor::MonitorEvent::Kind::congested_link ||
+          e.kind == monitor::MonitorEvent::Kind::slow_link) {
+        ++stats.congested_links_detected;
+      }
       push_bounded(stats.events, e, 1000);
-      std::string who =
-          e.rank >= 0 ? "rank " + std::to_string(e.rank) : "node " + std::to_string(e.node);
+      std::string who = e.rank >= 0   ? "rank " + std::to_string(e.rank)
+                        : e.node >= 0 ? "node " + std::to_string(e.node)
+                                      : std::string("gradient all-reduce");
       recent_evidence.push_back(std::string(to_string(e.kind)) + " " + who + ": " + e.evidence);
       while (recent_evidence.size() > 8) recent_evidence.pop_front();
     }
@@ -452,9 +460,9 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
           if (r < d.counts.size()) members.insert(r);
         }
       }
-      prepared = prepare_switch(
-          pipeline ? dp->layout_of(d.counts) : shares_layout(d.counts, global_batch), members,
-          decided);
+      Strategy target = pipeline ? dp->layout_of(d.counts) : shares_layout(d.counts, global_batch);
+      if (!pipeline) target.compression = d.compression;
+      prepared = prepare_switch(target, members, decided);
     }
   }
   record_decision(last_arrival, start, start, decided, monitor::Clock::now(), prepared);
@@ -470,6 +478,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       {"policy_action", d.action},
       {"reason", d.reason},
       {pipeline ? "split" : "shares", counts_text(dp->counts())},
+      {"compression", to_string(dp->compression())},
       {"step_ms", d.current_step_ms},
       {"samples_per_s", sps},
       {"slow_ranks", beliefs.slow_ranks},
@@ -479,7 +488,9 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
   if (d.kind != env::dp::DataParallelDecision::Kind::keep) {
     j[pipeline ? "target_split" : "target_shares"] = counts_text(d.counts);
     if (pipeline) j["target_layout"] = plan_for(dp->layout_of(d.counts)).layout_name;
-    if (d.kind == env::dp::DataParallelDecision::Kind::rebalance) {
+    if (!pipeline) j["target_compression"] = to_string(d.compression);
+    if (d.kind == env::dp::DataParallelDecision::Kind::rebalance ||
+        d.kind == env::dp::DataParallelDecision::Kind::compress) {
       j["predicted_gain"] = d.predicted_new_ms > 0 ? d.predicted_now_ms / d.predicted_new_ms : 1.0;
       j["predicted_compute_ms"] = {d.predicted_now_ms, d.predicted_new_ms};
     }
@@ -520,7 +531,7 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
     if (decider) decider->committed(r.target);
     if (dp) {
       dp->committed(pipeline ? r.target.stage_layers : r.target.dp_shares, r.switch_at_step,
-                    revert);
+                    revert, r.target.compression);
     }
     if (decider) {
       // Peers are ranks at the same pipeline stage on the same GPU type, as in the simulator.
@@ -550,6 +561,7 @@ void DeployAgent::Impl::on_outcome(const transport::PlanOutcome& outcome) {
     j[pipeline ? "split" : "shares"] =
         counts_text(pipeline ? r.target.stage_layers : r.target.dp_shares);
     j["revert"] = revert;
+    if (!pipeline) j["compression"] = to_string(r.target.compression);
   }
   log(j.dump());
 }
@@ -719,7 +731,9 @@ Strategy DeployAgent::current_layout() const {
   std::lock_guard state_lock(impl_->mutex);
   if (!impl_->dp || !impl_->job_info) return Strategy{};
   if (impl_->pipeline) return impl_->dp->layout_of(impl_->dp->counts());
-  return shares_layout(impl_->dp->counts(), static_cast<int>(impl_->job_info->global_batch));
+  Strategy s = shares_layout(impl_->dp->counts(), static_cast<int>(impl_->job_info->global_batch));
+  s.compression = impl_->dp->compression();
+  return s;
 }
 
 JobPace DeployAgent::pace() const {

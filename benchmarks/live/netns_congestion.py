@@ -3,7 +3,7 @@
 see, and what does it do, against no agent?
 
     benchmarks/live/netns_congestion.py [--rate-mbit 50] [--host 2] [--hidden 256]
-        [--steps 200] [--at-step 60] [--json FILE]
+        [--steps 200] [--at-step 60] [--restore-after-s 0] [--json FILE]
 
 Needs root and network namespaces (tests/python/netns_hosts.py; exit 77 without them) and
 `parapilot deploy` (PARAPILOT_BINARY, or build/parapilot). Four hosts, one rank of
@@ -12,11 +12,12 @@ runs, each one launch: without an agent, and beside `parapilot deploy --listen H
 --secret-file F` on host 0 (nothing else: the shipped defaults). When host 0's interface has
 sent --at-step steps' worth of ring all-reduce bytes (the kernel's counter, the same for both
 runs, no agent needed to tell the step), --host's link is limited to --rate-mbit both ways (tbf)
-for the rest of the run.
+for the rest of the run, or, with --restore-after-s S, for S seconds (then unlimited again).
 
-Per run: the median step (rank 0's cycle) before and after the limit, the final shares, and, for
-deploy, what it said: its slow-rank events and decisions (step, action, reason), its migrations
-and its summary (agent_stopped). Prints them; --json writes them in the envelope of the other
+Per run: the median step (rank 0's cycle) before and after the limit, the gradient bytes rank 0
+all-reduced a step (the client's count: halved under fp16), the final shares, and, for deploy,
+what it said: its slow-link and slow-rank events, its decisions (step, action, reason, target),
+its migrations and its summary (agent_stopped). Prints them; --json writes them in the envelope of the other
 benchmarks. Exit 1 when a run fails, 77 when namespaces or deploy are missing.
 """
 
@@ -58,21 +59,25 @@ def run_once(a, hosts, secret, exe, with_agent):
            "PARAPILOT_AGENT": deploy.address if deploy else "",
            "PARAPILOT_SECRET_FILE": secret.path}
     job = None
-    limited_at_s = None
+    limited_at_s = restored_at_s = None
     try:
         start_tx = hosts.bytes(0)["tx"]
         t0 = time.monotonic()
-        # heartbeat_timeout_ms: the bus client's default (ddp_worker's own, 1000 ms, races
-        # deploy's heartbeat every 1000 ms of idleness: connections would drop and come back).
         job = harness.launch(RANKS, {"steps": a.steps, "global_batch": GLOBAL_BATCH,
-                                     "hidden": a.hidden, "heartbeat_timeout_ms": 5000},
+                                     "hidden": a.hidden},
                              env_extra=env, wrap=hosts.exec_argv,
                              master_addr=hosts.addresses[0], timeout=600)
         threshold = start_tx + a.at_step * ring_bytes_per_step(a.hidden)
         while job.running():
-            if hosts.bytes(0)["tx"] >= threshold:
+            now = time.monotonic() - t0
+            if limited_at_s is None and hosts.bytes(0)["tx"] >= threshold:
                 hosts.shape(a.host, rate_mbit=a.rate_mbit)
-                limited_at_s = time.monotonic() - t0
+                limited_at_s = now
+                if not a.restore_after_s:
+                    break
+            elif limited_at_s is not None and now - limited_at_s >= a.restore_after_s:
+                hosts.shape(a.host, None)
+                restored_at_s = now
                 break
             time.sleep(0.05)
         res = job.wait()
@@ -87,6 +92,7 @@ def run_once(a, hosts, secret, exe, with_agent):
         raise RuntimeError("the job ended before the link was limited (lower --at-step)")
     recs = res[0]["records"]
     out = {"mode": "agent" if with_agent else "none", "limited_at_s": limited_at_s,
+           "restored_at_s": restored_at_s,
            "steps": len(recs), "shares": res[0]["shares"],
            "plans_applied": res[0]["applied"],
            "median_step_ms_before": statistics.median(x["cycle_ms"] for x in recs[5:a.at_step]),
@@ -94,13 +100,19 @@ def run_once(a, hosts, secret, exe, with_agent):
                x["cycle_ms"] for x in recs[-len(recs) // 4:]),
            "wait_ms_last_quarter": statistics.median(
                x["waits"].get("wait/dp", [0, 0])[0] for x in recs[-len(recs) // 4:]),
+           "grad_bytes_before": statistics.median(
+               x["all_reduce_bytes"] + x["all_gather_bytes"] for x in recs[5:a.at_step]),
+           "grad_bytes_last_quarter": statistics.median(
+               x["all_reduce_bytes"] + x["all_gather_bytes"] for x in recs[-len(recs) // 4:]),
            "compute_ms_last_quarter": [statistics.median(
                x["compute_ms"] for x in r["records"][-len(recs) // 4:]) for r in res]}
     if deploy is not None:
         lines = deploy.lines
         out["events"] = dict(collections.Counter(e.get("event") for e in lines))
-        out["decisions"] = [{k: e.get(k) for k in ("step", "action", "reason")}
+        out["decisions"] = [{k: e.get(k) for k in ("step", "action", "reason", "target_shares",
+                                                   "target_compression") if k in e}
                             for e in lines if e.get("event") == "decision"]
+        out["link"] = [e for e in lines if e.get("event") in ("slow_link", "link_restored")]
         out["slow_rank"] = [e for e in lines if e.get("event") in ("straggler", "slow_rank")]
         out["migrations"] = [e for e in lines if e.get("event") == "migration"]
         lost = [e for e in lines if e.get("event") == "rank_lost"]
@@ -113,15 +125,24 @@ def run_once(a, hosts, secret, exe, with_agent):
 
 def print_run(r, a):
     print(f"{r['mode']}: host {a.host} limited to {a.rate_mbit:g} Mbit/s at "
-          f"{r['limited_at_s']:.1f} s; median step {r['median_step_ms_before']:.1f} ms before, "
+          f"{r['limited_at_s']:.1f} s"
+          + (f", unlimited again at {r['restored_at_s']:.1f} s" if r["restored_at_s"] else "")
+          + f"; median step {r['median_step_ms_before']:.1f} ms before, "
           f"{r['median_step_ms_last_quarter']:.1f} ms in the last quarter (rank 0 wait "
           f"{r['wait_ms_last_quarter']:.1f} ms; compute per rank "
           + ", ".join(f"{c:.1f}" for c in r["compute_ms_last_quarter"])
-          + f" ms); final shares {r['shares']}; plans {r['plans_applied']}")
+          + f" ms); gradient bytes a step {r['grad_bytes_before']:.0f} before, "
+          f"{r['grad_bytes_last_quarter']:.0f} in the last quarter; final shares {r['shares']}; "
+          f"plans {r['plans_applied']}")
     if r["mode"] == "agent":
         print(f"  deploy's events: {r['events']}")
+        for e in r["link"]:
+            print(f"  {e.get('event')} at step {e.get('step')}: {e.get('evidence')}")
         for d in r["decisions"]:
-            print(f"  decision at step {d['step']}: {d['action']} ({d['reason']})")
+            target = ", ".join(f"{k} {d[k]}" for k in ("target_shares", "target_compression")
+                               if k in d)
+            print(f"  decision at step {d['step']}: {d['action']}"
+                  + (f" to {target}" if target else "") + f" ({d['reason']})")
         print(f"  bus connections lost, by rank: {r['rank_lost_by_rank']}; reasons: "
               f"{r['rank_lost_reasons']}")
         for e in r["slow_rank"]:
@@ -139,10 +160,13 @@ def parse_args(argv):
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--at-step", type=int, default=60)
+    ap.add_argument("--restore-after-s", type=float, default=0.0)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if not 0 <= a.host < RANKS or not a.rate_mbit > 0 or not 10 <= a.at_step < a.steps:
-        ap.error("--host in 0..3, --rate-mbit > 0, 10 <= --at-step < --steps")
+    if (not 0 <= a.host < RANKS or not a.rate_mbit > 0 or not 10 <= a.at_step < a.steps
+            or a.restore_after_s < 0):
+        ap.error("--host in 0..3, --rate-mbit > 0, 10 <= --at-step < --steps, "
+                 "--restore-after-s >= 0")
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         ap.error(f"--json: no folder {os.path.dirname(os.path.abspath(a.json))}")
     return a
@@ -182,6 +206,7 @@ def main(argv):
     if a.json:
         figures = {"ranks": RANKS, "global_batch": GLOBAL_BATCH, "hidden": a.hidden,
                    "rate_mbit": a.rate_mbit, "host": a.host, "steps": a.steps,
+                   "restore_after_s": a.restore_after_s,
                    "at_step": a.at_step, "wall_s": time.time() - start, "runs": runs}
         results.finish(report, figures, a.json)
     return 0

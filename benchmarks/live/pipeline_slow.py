@@ -62,7 +62,7 @@ def run(a, split, env=None):
            "steps": a.steps, "slow_stage": 2, "slow_factor": 3.0, "slow_from": a.slow_from,
            "slow_until": a.slow_until, "device_ms": a.device_ms}
     res = harness.launch(WORLD, cfg, env_extra=env, timeout=1800,
-                         script="pipeline_worker.py").wait()
+                         worker="pipeline_worker.py").wait()
     return res[0]["records"]
 
 

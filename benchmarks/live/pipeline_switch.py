@@ -8,12 +8,19 @@ A 4-stage GPT-like job (tests/python/pipeline_models.py: an embedding block, --l
 blocks of --width, a head block; Adam; gpipe, 8 micro-batches of 2 sequences of 32 tokens) on 4
 Gloo ranks on the CPU, split A = 3,3,2,2 blocks.
 
-* Live: the scripted agent (build/tests/python/scripted_agent) moves the job between A and
-  B = 2,2,3,3 --switches times (PlanPrepare, every PlanReady, PlanCommit a few steps ahead, every
-  Ack). Each switch moves 4 blocks (their parameters and Adam state). A switch's pause is the longest time a rank spent switching at the boundary (streaming
-  the moved blocks' parameters and Adam state, rebuilding its stage, schedule and optimizer:
-  PipelineSession.switch_pauses_ms); the step excess is the switching step's wall time minus the
-  median step, on the slowest rank.
+* Live, twice: the scripted agent (build/tests/python/scripted_agent) moves the job between A
+  and B = 2,2,3,3 --switches times (PlanPrepare, every PlanReady, PlanCommit a few steps ahead,
+  every Ack). Each switch moves 4 blocks (their parameters and Adam state).
+  - streamed (the default): the blocks are streamed ahead of the boundary (pipeline_stream.py);
+    at the boundary a rank waits for the last step's gradients to be applied to its copies,
+    installs them and rebuilds its stage, schedule and optimizer;
+  - at the boundary (PipelineSession(stream=False)): the blocks are sent at the boundary.
+  A switch's pause is the longest time a rank spent switching at the boundary
+  (PipelineSession.switches); the step excess is the switching step's wall time minus the
+  median step, on the slowest rank; the streaming steps' excess is the median wall time of the
+  steps that streamed, minus the median step, on the slowest rank; the quiet steps' excess is
+  the median over the other steps of the slowest rank's wall time minus its median step (the
+  noise the other two are read against).
 * Restart, --restarts times: the job on A stops after 5 steps and saves its blocks (parameters and
   Adam state, every rank); a new job on B is launched, loads them and runs. The pause runs from
   the first rank starting its save to the last rank starting its first step on B (process exit,
@@ -57,13 +64,15 @@ def job_config(a, **extra):
                  "micro_batches": 8, "schedule": "gpipe", "optimizer": "adam"}, **extra)
 
 
-def live(a):
-    """Pauses (ms) of a.switches switches between A and B, and the switching steps' excess."""
+def live(a, stream):
+    """A.switches switches between A and B: their pauses, the switching steps' excess, the bytes
+    moved, the median step and the streaming steps' excess (ms; None when not streamed)."""
     secret = harness.SecretFile()
     agent = harness.ScriptedAgent(secret.path)
     env = {"PARAPILOT_AGENT": agent.address, "PARAPILOT_SECRET_FILE": secret.path}
-    job = harness.launch(WORLD, job_config(a, steps=100000, split=SPLIT_A), env_extra=env,
-                         timeout=600, script="pipeline_worker.py")
+    job = harness.launch(WORLD, job_config(a, steps=100000, split=SPLIT_A, stream=stream),
+                         env_extra=env,
+                         timeout=600, worker="pipeline_worker.py")
     try:
         splits = [SPLIT_B, SPLIT_A]
         for i in range(a.switches):
@@ -89,8 +98,9 @@ def live(a):
             job.kill()
         agent.stop()
         secret.close()
-    pauses = [max(r["pauses_ms"][i] for r in results) for i in range(a.switches)]
-    moved = [sum(r["bytes_sent"][i] for r in results) for i in range(a.switches)]
+    pauses = [max(r["switches"][i]["pause_ms"] for r in results) for i in range(a.switches)]
+    moved = [sum(r["switches"][i]["bytes_at_boundary"] + r["switches"][i]["bytes_streamed"]
+                 for r in results) for i in range(a.switches)]
     excess = []
     for i, plan in enumerate(range(100, 100 + a.switches)):
         worst = 0.0
@@ -103,7 +113,30 @@ def live(a):
         excess.append(worst)
     steps = [statistics.median(x["wall_ms"] for x in r["records"] if x["step"] >= 5)
              for r in results]
-    return pauses, excess, moved, max(steps)
+    # The same statistic for the steps that neither switched nor streamed: the noise it is read
+    # against.
+    special = set()
+    for r in results:
+        for w in r["switches"]:
+            special.add(w["step"] - 1)
+            if w["streamed_from"] is not None:
+                special.update(range(w["streamed_from"], w["step"]))
+    medians = {r["rank"]: m for r, m in zip(results, steps)}
+    by_step = {}
+    for r in results:
+        for x in r["records"]:
+            if x["step"] >= 5 and x["step"] not in special:
+                by_step.setdefault(x["step"], []).append(x["wall_ms"] - medians[r["rank"]])
+    quiet = statistics.median(max(v) for v in by_step.values())
+    streaming = None
+    if stream:
+        streaming = 0.0
+        for r, median in zip(results, steps):
+            during = {s for w in r["switches"] for s in range(w["streamed_from"], w["step"])}
+            walls = [x["wall_ms"] for x in r["records"] if x["step"] in during]
+            streaming = max(streaming, statistics.median(walls) - median)
+    return {"pauses": pauses, "excess": excess, "moved": moved, "step_ms": max(steps),
+            "streaming_excess": streaming, "quiet_excess": quiet}
 
 
 def restart(a, tmp):
@@ -111,9 +144,9 @@ def restart(a, tmp):
     ck = os.path.join(tmp, "ck")
     first = harness.launch(WORLD, job_config(a, steps=100, split=SPLIT_A, save_at=5,
                                              save_prefix=ck),
-                           timeout=300, script="pipeline_worker.py").wait()
+                           timeout=300, worker="pipeline_worker.py").wait()
     second = harness.launch(WORLD, job_config(a, steps=8, split=SPLIT_B, resume_prefix=ck),
-                            timeout=300, script="pipeline_worker.py").wait()
+                            timeout=300, worker="pipeline_worker.py").wait()
     return (max(r["t_first_step"] for r in second) - min(r["t_save"] for r in first)) * 1e3
 
 
@@ -132,23 +165,29 @@ def main(argv):
     os.environ["PARAPILOT_SCRIPTED_AGENT"] = agent
     results = _load_run_results()
     report = results.envelope("benchmarks/live/pipeline_switch.py", argv)
-    pauses, excess, moved, step_ms = live(a)
+    runs = {}
+    for name, stream in (("streamed", True), ("at the boundary", False)):
+        x = live(a, stream)
+        x["pause_median_ms"] = statistics.median(x["pauses"])
+        x["excess_median_ms"] = statistics.median(x["excess"])
+        runs[name] = x
+        print(f"live switch, {name}: pause {x['pause_median_ms']:.1f} ms median over "
+              f"{len(x['pauses'])} switches ({', '.join(f'{p:.1f}' for p in x['pauses'])}); "
+              f"switching step {x['excess_median_ms']:+.1f} ms over the median step of "
+              f"{x['step_ms']:.1f} ms" + ("" if x["streaming_excess"] is None else
+                                         f"; streaming steps {x['streaming_excess']:+.1f} ms") +
+              f"; other steps {x['quiet_excess']:+.1f} ms")
     with tempfile.TemporaryDirectory() as tmp:
         restarts = [restart(a, tmp) for _ in range(a.restarts)]
-    live_med, restart_med = statistics.median(pauses), statistics.median(restarts)
+    restart_med = statistics.median(restarts)
+    live_med = runs["streamed"]["pause_median_ms"]
     figures = {"stages": WORLD, "blocks": a.layers + 2, "width": a.width,
-               "split_a": SPLIT_A, "split_b": SPLIT_B, "median_step_ms": step_ms,
-               "switch_pauses_ms": pauses, "switch_step_excess_ms": excess,
-               "switch_bytes_moved": moved,
-               "restart_pauses_ms": restarts, "switch_pause_median_ms": live_med,
-               "switch_step_excess_median_ms": statistics.median(excess),
-               "restart_pause_median_ms": restart_med, "ratio": restart_med / live_med}
-    print(f"live switch: pause at the boundary {live_med:.1f} ms median over {len(pauses)} "
-          f"switches ({', '.join(f'{p:.1f}' for p in pauses)}); switching step "
-          f"{statistics.median(excess):+.1f} ms over the median step of {step_ms:.1f} ms")
+               "split_a": SPLIT_A, "split_b": SPLIT_B, "runs": runs,
+               "restart_pauses_ms": restarts, "restart_pause_median_ms": restart_med,
+               "ratio": restart_med / live_med}
     print(f"restart (stop, save, relaunch, load): {restart_med:.0f} ms median over "
           f"{len(restarts)} ({', '.join(f'{p:.0f}' for p in restarts)})")
-    print(f"ratio restart / live: {restart_med / live_med:.0f}x")
+    print(f"ratio restart / streamed live switch: {restart_med / live_med:.0f}x")
     if a.json:
         results.finish(report, figures, a.json)
 

@@ -28,6 +28,26 @@
 //   the job last changed: a switch measured slower than that beyond noise reverts to it, so
 //   switches that each stay within noise of the one before cannot add up to a slower job. The
 //   record is forgotten when the split in force gets slower beyond noise without a switch.
+//   A switch during whose measurement the monitor's belief in a slow gradient all-reduce link
+//   changed (Beliefs::slow_link) is not judged: the link, not the switch, changed the step; the
+//   record restarts from the step measured then.
+// * Compression (DataParallelOptions::compression; deploy sets it for a job that announces it
+//   can switch compression): while the monitor believes the gradient all-reduce's link slow
+//   (Beliefs::slow_link), the method is a candidate beside the splits. Every candidate's step is
+//   then the split's compute (the model's) plus the measured exposed all-reduce wait
+//   (Beliefs::dp_link_ms) times the bytes the candidate sends over the bytes sent now, plus the
+//   method's own cost (0 until measured: the compute its switch added); a method's step waits
+//   at least the wait it was measured to add itself (its casts run inside the all-reduce's
+//   wait, overlapping the transfer: measured when a switch back held, as the compressed wait
+//   less the uncompressed wait's share of it). With compression in force, "no compression" is
+//   a candidate whenever it predicts a shorter step (the link recovered: the wait saved no
+//   longer pays for the method). A compressed wait that fell beyond the monitor's noise bound
+//   (Beliefs::dp_noise_ms) below the one measured when the method's switch held says the link
+//   got faster by an amount the method's own wait may hide: the uncompressed bytes are then
+//   predicted at the bandwidth the link had while normal (Beliefs::dp_reference), and the
+//   verification reverts the switch if that was wrong. A compression switch is verified
+//   and reverted like any other; where no compression candidate applies (no method, the link
+//   not slow and none in force) every figure is the split model's alone, as without it.
 //
 // Thread-safety: not thread-safe; one decider per job, called from one thread at a time.
 #pragma once
@@ -72,12 +92,17 @@ struct DataParallelOptions {
   /// Where ranks measure their waits in collectives, a rank arrives last when its wait is within
   /// this fraction of the way from the least wait to the median.
   double late_fraction = 0.25;
+  /// The gradient compression the decider may propose (header comment): "" none, or "fp16"
+  /// (the one method whose bytes are known up front, half, and that only rounds: top-k and
+  /// PowerSGD change what the optimizer sees and are never proposed automatically).
+  std::string compression;
 };
 
 struct DataParallelDecision {
-  enum class Kind { keep, rebalance, revert };
+  enum class Kind { keep, rebalance, revert, compress };
   Kind kind = Kind::keep;
-  std::vector<int> counts;      ///< target split: units per rank (rebalance, revert).
+  std::vector<int> counts;      ///< target split: units per rank (rebalance, revert, compress).
+  Compression compression;      ///< target compression (the one in force unless compress/revert).
   std::string reason;           ///< why: the evidence, or why nothing is done.
   int action = 0;               ///< the policy's action this decision answers.
   double current_step_ms = 0;   ///< measured (median of the recent interval); 0: unknown.
@@ -106,13 +131,15 @@ class DataParallelDecider {
   /// masked action keeps). A verdict of the guardrail (a revert) stands whatever the action.
   /// Precondition: observe() was called since the last decide().
   DataParallelDecision decide(int action);
-  /// A switch to the split `counts` took effect at `switch_at_step`; `revert` when it undid the
-  /// last one.
-  void committed(const std::vector<int>& counts, uint64_t switch_at_step, bool revert);
+  /// A switch to the split `counts` with `compression` took effect at `switch_at_step`;
+  /// `revert` when it undid the last one.
+  void committed(const std::vector<int>& counts, uint64_t switch_at_step, bool revert,
+                 const Compression& compression = {});
   /// A switch was aborted (the cool-down still applies, so aborts cannot repeat every interval).
   void aborted();
 
   const std::vector<int>& counts() const { return counts_; }
+  const Compression& compression() const { return compression_; }
   /// The layout the split `counts` is, as the model describes it (SplitModel::layout).
   Strategy layout_of(const std::vector<int>& counts) const { return model_->layout(counts); }
   int cooldown_intervals() const { return cooldown_; }
@@ -122,6 +149,13 @@ class DataParallelDecider {
     std::vector<int> counts;
     double predicted_ms = 0;
     const char* what = "";
+    Compression compression;
+  };
+  // The link's figures the last observe() read (Beliefs::slow_link, dp_link_ms, dp_bytes).
+  struct LinkFacts {
+    bool slow = false;
+    double wait_ms = 0, bytes = 0;
+    double noise_ms = 0, reference = 0;  // Beliefs::dp_noise_ms, dp_reference (MB/s)
   };
   std::vector<double> steps_since(uint64_t first) const;
   // Why the policy gets no candidates this decision ("" when it does); may set forced_.
@@ -129,6 +163,9 @@ class DataParallelDecider {
   void judge_last_switch(double now_ms, double now_se);
   // The offers of the fitted model and the evidence (every rank measured).
   void make_offers();
+  // The compression candidates (header comment), their predictions and the other offers' in
+  // one unit (compute plus exposed wait); false (nothing changed) when none applies.
+  bool offer_compression(double now_pred);
   // The observation: speeds from the model; candidates when `offers`.
   Observation build(const monitor::Beliefs& b, bool offers);
   double revert_bound(double reference_ms, double reference_se, double now_se) const;
@@ -138,6 +175,18 @@ class DataParallelDecider {
   DataParallelOptions o_;
   std::unique_ptr<SplitModel> model_;
   std::vector<int> counts_;                        // the split in force
+  Compression compression_;                        // ... and the compression in force
+  Compression previous_compression_;               // before the last switch
+  Compression method_;                             // the method to propose (none: never)
+  LinkFacts link_;
+  bool link_slow_at_switch_ = false;  // link_.slow when the switch being verified committed
+  double uncompressed_bytes_ = 0;    // dp bytes before compression was switched on
+  double uncompressed_compute_ = 0;  // the model's compute then, ms
+  double method_cost_ms_ = 0;        // measured compute the method adds (0: not measured)
+  double reference_bw_ = 0;          // the link's bandwidth while normal, at the switch (MB/s)
+  double compressed_wait_ms_ = 0;    // the wait measured when the method's switch held
+  double off_from_wait_ms_ = 0;      // the compressed wait when the way back was decided
+  double method_wait_ms_ = 0;        // measured wait the method adds itself (0: not measured)
   std::vector<int> previous_counts_;               // before the last switch (revert target)
   std::deque<std::pair<uint64_t, double>> steps_;  // recent (step, wall ms)
   int cooldown_;
@@ -150,6 +199,7 @@ class DataParallelDecider {
   double pending_before_ms_ = 0, pending_before_se_ = 0;
   double now_ms_ = 0, now_se_ = 0;        // the recent interval, as the decision measured it
   std::vector<int> best_counts_;          // the fastest split measured since the job changed
+  Compression best_compression_;
   double best_ms_ = 0, best_se_ = 0;
   double judged_ms_ = 0, judged_se_ = 0;  // the split in force, when last measured
   double previous_min_speed_ = 1;

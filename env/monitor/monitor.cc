@@ -26,6 +26,10 @@ const char* to_string(MonitorEvent::Kind kind) {
       return "link_recovered";
     case MonitorEvent::Kind::rank_lost:
       return "rank_lost";
+    case MonitorEvent::Kind::slow_link:
+      return "slow_link";
+    case MonitorEvent::Kind::link_restored:
+      return "link_restored";
   }
   return "?";
 }
@@ -89,6 +93,10 @@ const char* sample_problem(const StepSample& x, const MonitorOptions& o) {
     if (v == -1) continue;
     if (const char* r = bad_number(v, o)) return r;
   }
+  // A byte count has no time bound.
+  if (std::isnan(x.dp_bytes)) return "nan";
+  if (std::isinf(x.dp_bytes)) return "infinite";
+  if (x.dp_bytes < 0 && x.dp_bytes != -1) return "negative";
   if (x.compute_ms > wall_ms + 1.0 || x.longest_collective_ms > wall_ms + 1.0) return "absurd";
   for (double v : x.stage.block_ms) {
     if (const char* r = bad_number(v, o)) return r;
@@ -197,6 +205,19 @@ struct Monitor::State {
   std::optional<double> median_wait;  // of `waits`; empty until asked for
   bool per_sample = false;  // compute levels are per sample (ranks report info/samples)
 
+  // The gradient all-reduce's link (monitor.h, "Slow link").
+  struct Link {
+    RobustEwma wait, bytes, compute;  // least wait/dp, median bytes, median compute, per step
+    double reference = 0;             // MB/s while normal; 0: none yet
+    double reference_spread = 0;      // the least wait's spread while normal, ms
+    double reference_compute = 0;     // the median compute while normal, ms
+    bool slow = false;
+  } link;
+  // The last closed step's link figures (close() to refresh_beliefs()); valid: every rank
+  // reported wait/dp and its gradient bytes.
+  bool step_link_valid = false;
+  double step_link_wait = 0, step_link_bytes = 0, step_link_compute = 0;
+
   int live_count = 0;  // ranks whose liveness is live
 
   // o.peer_group as dense indices [0, group_count) (one group when it is empty).
@@ -256,6 +277,7 @@ struct Monitor::State {
   void measure_speeds();
   int update_rank_beliefs(uint64_t step, Clock::time_point now);
   void update_node_beliefs(uint64_t step, Clock::time_point now);
+  void update_link_beliefs(uint64_t step, Clock::time_point now);
 };
 
 Monitor::Monitor(MonitorOptions options) : s_(std::make_unique<State>()) {
@@ -357,6 +379,11 @@ StepSample to_sample(const transport::Telemetry& t) {
   }
   if (auto samples = keys::info(t, keys::kSamples)) x.samples = static_cast<double>(*samples);
   if (const auto* wait = keys::timing(t, keys::kWaitDp)) x.wait_ms = wait->ms;
+  for (const char* key : {keys::kAllReduceDp, keys::kAllGatherDp}) {
+    if (const auto* c = keys::timing(t, key)) {
+      x.dp_bytes = std::max(0.0, x.dp_bytes) + static_cast<double>(c->bytes);
+    }
+  }
   if (const auto* other = keys::timing(t, keys::kWaitOther)) {
     x.other_wait_ms = other->ms;
     x.other_calls = static_cast<int>(std::min<uint32_t>(other->calls, INT32_MAX));
@@ -382,6 +409,9 @@ transport::Telemetry to_telemetry(const StepSample& x) {
                                        static_cast<uint32_t>(std::max(0, x.other_calls))};
   }
   if (x.fixed_ms >= 0) t.collectives[keys::kPhaseOptimizer] = {x.fixed_ms, 0, 1};
+  if (x.dp_bytes >= 0) {
+    t.collectives[keys::kAllReduceDp] = {0, static_cast<uint64_t>(x.dp_bytes), 1};
+  }
   if (x.inter_bytes > 0 || x.inter_ms > 0) {
     t.collectives[keys::kAllReduceDpInter] = {x.inter_ms, static_cast<uint64_t>(x.inter_bytes),
                                               1};
@@ -576,6 +606,21 @@ void Monitor::State::close(uint64_t step, StepAgg& agg, Clock::time_point trigge
   const double first_wall =
       count > 0 ? static_cast<double>(agg.samples[0].end_ns - agg.samples[0].start_ns) / 1e6 : 0;
   std::map<uint32_t, std::vector<double>> layer_norms;
+  // The link's figures of the step: every rank's wait/dp and gradient bytes, or none.
+  step_link_valid = missing == 0 && count > 0;
+  step_link_wait = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < count && step_link_valid; ++i) {
+    const StepSample& x = agg.samples[i];
+    step_link_valid = x.wait_ms >= 0 && x.dp_bytes > 0;
+    step_link_wait = std::min(step_link_wait, x.wait_ms);
+  }
+  if (step_link_valid) {
+    values.resize(count);
+    for (size_t i = 0; i < count; ++i) values[i] = agg.samples[i].dp_bytes;
+    step_link_bytes = median_in_place(values.data(), values.data() + count);
+    for (size_t i = 0; i < count; ++i) values[i] = agg.samples[i].compute_ms;
+    step_link_compute = median_in_place(values.data(), values.data() + count);
+  }
   for (size_t i = 0; i < count; ++i) {
     const StepSample& x = agg.samples[i];
     RankStats& r = ranks[x.rank];
@@ -812,12 +857,62 @@ void Monitor::State::update_node_beliefs(uint64_t step, Clock::time_point now) {
   }
 }
 
+// The gradient all-reduce's link from the last closed step's figures: its levels, its
+// reference while normal, and the slow-link and restored events (monitor.h, "Slow link").
+void Monitor::State::update_link_beliefs(uint64_t step, Clock::time_point now) {
+  Link& l = link;
+  if (!l.wait.add(step_link_wait)) ++counters.outliers;
+  if (!l.bytes.add(step_link_bytes)) ++counters.outliers;
+  l.compute.add(step_link_compute);
+  if (l.wait.count() < o.min_samples || l.bytes.count() < o.min_samples) return;
+  const double wait_ms = std::max(l.wait.value(), 1e-3);
+  const double bytes = l.bytes.value();
+  const double bw = bytes / wait_ms / 1e3;  // bytes per ms -> MB/s
+  Beliefs& b = beliefs;
+  b.dp_bytes = bytes;
+  b.dp_link_ms = l.wait.value();
+  b.dp_bandwidth = bw;
+  const bool below = l.reference > 0 && bw < o.congested_bw * l.reference;
+  if (!l.slow && !below) {
+    // Normal: the reference follows the measured bandwidth, and the noise it was measured with.
+    l.reference = l.reference > 0 ? 0.9 * l.reference + 0.1 * bw : bw;
+    l.reference_spread = l.wait.spread();
+    l.reference_compute = l.compute.value();
+  }
+  b.dp_reference = l.reference;
+  b.dp_explained_ms = l.reference > 0 ? bytes / l.reference / 1e3 : 0.0;
+  b.dp_noise_ms = std::max(o.dead_band_deviations * l.reference_spread, o.dead_band * wait_ms);
+  const double excess_ms = l.wait.value() - b.dp_explained_ms;
+  char text[320];
+  if (!l.slow && below && excess_ms > b.dp_noise_ms) {
+    l.slow = true;
+    ++counters.congestion_events;
+    std::snprintf(text, sizeof text,
+                  "gradient all-reduce: the last rank to arrive waits %.1f ms a step for %.0f KB "
+                  "(%.1f MB/s) vs %.1f MB/s before: the bytes explain %.1f ms, %.1f ms more is "
+                  "beyond the noise bound of %.1f ms; median compute %.2f ms vs %.2f ms before",
+                  l.wait.value(), bytes / 1e3, bw, l.reference, b.dp_explained_ms, excess_ms,
+                  b.dp_noise_ms, l.compute.value(), l.reference_compute);
+    events.push_back({MonitorEvent::Kind::slow_link, -1, -1, bw / l.reference, step, now, text});
+  } else if (l.slow && bw > o.recovered_bw * l.reference) {
+    l.slow = false;
+    std::snprintf(text, sizeof text,
+                  "gradient all-reduce: %.1f MB/s (%.0f KB in %.1f ms) vs %.1f MB/s before the "
+                  "slowdown",
+                  bw, bytes / 1e3, l.wait.value(), l.reference);
+    events.push_back(
+        {MonitorEvent::Kind::link_restored, -1, -1, bw / l.reference, step, now, text});
+  }
+  b.slow_link = l.slow;
+}
+
 void Monitor::State::refresh_beliefs(uint64_t step, int missing, int expected_count) {
   const int n = o.ranks;
   const Clock::time_point now = Clock::now();
   measure_speeds();
   const int live = update_rank_beliefs(step, now);
   update_node_beliefs(step, now);
+  if (step_link_valid) update_link_beliefs(step, now);
   Beliefs& b = beliefs;
   b.live_ranks = any_connected ? live : n;
   b.missing_fraction = expected_count > 0 ? static_cast<double>(missing) / expected_count : 0.0;

@@ -12,6 +12,20 @@
 // straggler, wherever in its step the slowdown sits. All per-rank series go through RobustEwma
 // (median/MAD outlier rejection; a level shift needs several samples in a row).
 //
+// Slow link (the gradient all-reduce's own network, not a GPU): per closed step, L = the least
+// wait/dp over the ranks (the last rank to arrive waits for nobody: its wait is the transfer
+// the ranks' compute does not explain) and B = the median over ranks of the bytes the gradient
+// collectives reduced (all_reduce/dp + all_gather/dp, the client's count). Both go through
+// RobustEwma; the effective all-reduce bandwidth is B / L of their levels. The reference is that
+// bandwidth while the link is believed normal (frozen while it is slow). The link is slow when
+// (a) the bandwidth is below congested_bw x the reference and (b) the wait exceeds what the
+// bytes at the reference bandwidth explain, B / reference, by more than reject-level noise:
+// dead_band_deviations robust deviations of L as measured while normal (at least dead_band x
+// L). A slow rank raises the other ranks' waits, never its own, so L (and a slow_link) stays
+// unaffected by it; compute is judged separately (slow_rank). Restored when the bandwidth is
+// back above recovered_bw x the reference. Steps where a rank does not report wait/dp or its
+// gradient bytes are not used.
+//
 // Rank r is assumed to run on GPU r of the job's ClusterSpec (node r / gpus_per_node); speed is
 // relative to the median of the rank's peer group (by default all ranks of its GPU type), so a
 // belief of 1 means "as fast as its peers".
@@ -70,11 +84,19 @@ struct MonitorOptions {
 
 /// Something the monitor noticed, with the numbers that made it say so.
 struct MonitorEvent {
-  enum class Kind { slow_rank, rank_recovered, congested_link, link_recovered, rank_lost };
+  enum class Kind {
+    slow_rank,
+    rank_recovered,
+    congested_link,
+    link_recovered,
+    rank_lost,
+    slow_link,     ///< the gradient all-reduce's link (every rank's), see the header comment
+    link_restored  ///< ...back to its reference bandwidth
+  };
   Kind kind = Kind::slow_rank;
   int rank = -1;     ///< slow_rank, rank_recovered, rank_lost
   int node = -1;     ///< congested_link, link_recovered
-  double value = 0;  ///< believed speed or bandwidth factor
+  double value = 0;  ///< believed speed or bandwidth factor (slow_link: of the reference)
   uint64_t step = 0;
   Clock::time_point time;
   std::string evidence;
@@ -140,6 +162,15 @@ struct Beliefs {
   int live_ranks = 0;
   std::vector<int> slow_ranks;
   std::vector<int> congested_nodes;
+  /// The gradient all-reduce's link (header comment, "Slow link"); every figure 0 until
+  /// min_samples steps reported wait/dp and gradient bytes on every rank.
+  double dp_bytes = 0;         ///< level of the bytes a rank's gradient collectives reduce a step
+  double dp_link_ms = 0;       ///< level of the least wait/dp of a step (the last arrival's)
+  double dp_bandwidth = 0;     ///< dp_bytes / dp_link_ms, MB/s: the effective bandwidth
+  double dp_reference = 0;     ///< the bandwidth while the link was believed normal, MB/s
+  double dp_explained_ms = 0;  ///< dp_bytes / dp_reference: the wait the bytes explain
+  double dp_noise_ms = 0;      ///< the noise bound on dp_link_ms (rule (b))
+  bool slow_link = false;      ///< rules (a) and (b) held (a slow_link event said so)
 };
 
 /// One rank's training step as the monitor reads it: the fields of a bus Telemetry message it
@@ -159,6 +190,8 @@ struct StepSample {
   int other_calls = -1;  ///< ...and the number of those collectives ("wait/other" calls).
   double inter_bytes = 0;  ///< bytes sent in collectives crossing nodes (keys containing "inter").
   double inter_ms = 0;     ///< ...and the time spent in them, waiting included.
+  /// bytes the gradient collectives reduced (all_reduce/dp + all_gather/dp); -1: not reported.
+  double dp_bytes = -1;
   double longest_collective_ms = 0;  ///< the longest single collective (validation).
   double queue_depth = 0;
   std::vector<transport::LayerGradStat> layers;  ///< per-layer gradient statistics.

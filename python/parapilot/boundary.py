@@ -13,19 +13,21 @@ Contract:
   non-negative ints over every rank and returns a callable that waits for and returns the reduced
   list; reduce_min(value) reduces one int with MIN and returns it. Both raise what the framework
   raises when a peer fails (the session turns that into PeerLost).
-* at(next_step, running_plan) collects the pending agreement (if any), decides, and starts the
-  next one; every rank calls it at every boundary, in the same order. It returns an Outcome:
-  `apply` (the StagedPlan every rank switches to now; the book has acknowledged it), `missed`
-  (a plan id every rank dropped because some rank did not hold it), `stop` (some rank was asked
-  to stop).
+* at(next_step, running_plan, extra=...) collects the pending agreement (if any), decides, and
+  starts the next one; every rank calls it at every boundary, in the same order. It returns an
+  Outcome: `apply` (the StagedPlan every rank switches to now; the book has acknowledged it),
+  `missed` (a plan id every rank dropped because some rank did not hold it), `stop` (some rank
+  was asked to stop), `extra` (the MAX over the ranks of the `extra` values each passed at the
+  previous boundary, [] at the first: a job's own agreements ride on the same reduction; every
+  rank passes as many at every boundary).
 * finish() waits for a pending agreement (every rank started it) so that the job can leave.
 Thread-safety: the training thread's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
 
 from .plans import PlanBook, StagedPlan
 
@@ -38,6 +40,7 @@ class Outcome:
     apply_id: int = 0
     missed: int = 0
     stop: bool = False
+    extra: List[int] = field(default_factory=list)
 
 
 class Boundary:
@@ -50,12 +53,14 @@ class Boundary:
         self._reduce_min = reduce_min
         self._pending: Optional[Callable[[], List[int]]] = None
 
-    def at(self, next_step: int, running_plan: int, detail: str = "") -> Outcome:
+    def at(self, next_step: int, running_plan: int, detail: str = "",
+           extra: Sequence[int] = ()) -> Outcome:
         """The boundary before next_step while running_plan runs. `detail` names this rank and
-        what it runs, for the agent's log of a missed plan."""
+        what it runs, for the agent's log of a missed plan; `extra`: non-negative ints agreed
+        with MAX at the next boundary (Outcome.extra)."""
         out = Outcome()
         if self._pending is not None:
-            agreed, stop = self._pending()
+            agreed, stop, *out.extra = self._pending()
             self._pending = None
             out.stop = bool(stop)
             if agreed > running_plan:
@@ -70,7 +75,7 @@ class Boundary:
                     running_plan = agreed
         candidate = self._book.committed_at(next_step + 1, running_plan)
         stop = 1 if self._book.stop_reason is not None else 0
-        self._pending = self._start_max([min(candidate, MAX_PLAN_ID), stop])
+        self._pending = self._start_max([min(candidate, MAX_PLAN_ID), stop, *extra])
         return out
 
     def abandon(self) -> None:

@@ -3,7 +3,9 @@
 Purpose: the Python twin of transport::Client (transport/bus.h). One background thread owns the
 socket: it connects, runs the HMAC challenge-response handshake (checking the server's proof
 first), writes queued frames (coalesced into one write), sends heartbeats when idle, declares the
-server dead after heartbeat_timeout_ms of silence, and reconnects with exponential backoff and
+server dead after heartbeat_timeout_ms of silence (at least twice the heartbeat interval the
+server announces in its Welcome: a healthy server is silent for up to one interval, so a
+timeout no longer than that would drop live connections), and reconnects with exponential backoff and
 jitter until stopped. Telemetry is best effort: it waits in a bounded buffer that drops the
 oldest telemetry when full; control messages are never dropped. Messages keep their send order,
 except that messages sent from inside on_connect are written first on that connection (before
@@ -134,7 +136,8 @@ class Client:
         self._reconnect_max = reconnect_max_ms / 1000
         self._connect_timeout = connect_timeout_ms / 1000
         self._hb_interval = heartbeat_interval_ms / 1000
-        self._hb_timeout = heartbeat_timeout_ms / 1000
+        self._hb_timeout_asked = heartbeat_timeout_ms / 1000
+        self._hb_timeout = self._hb_timeout_asked  # per connection: see _connect
         self._log = logger or stderr_logger()
 
         self._lock = threading.Condition()
@@ -380,6 +383,10 @@ class Client:
             sock.close()
             raise
         sock.setblocking(False)
+        # The server sends a heartbeat after one announced interval of idleness: silence that
+        # long is normal, so the timeout must leave it room (twice: one interval of its own
+        # scheduling and the network's delay on top).
+        self._hb_timeout = max(self._hb_timeout_asked, 2 * welcome.heartbeat_interval_ms / 1000)
         self._decoder = decoder  # may already hold frames that followed the Welcome
         with self._lock:
             self._connected = True

@@ -7,18 +7,23 @@ buffers down a tree at every forward: the ranks that relay to a late rank wait i
 forward). So every collective's blocked time is measured and taken out of the rank's compute.
 
 Contract:
-* install(session) wraps torch.distributed's public collectives (the names in _OPS) and
-  torch.distributed._broadcast_coalesced (DDP's buffer and state broadcast), once per process;
-  uninstall(session) restores them when the last session is gone. Scripts that call
+* install(session) wraps torch.distributed's public collectives (the names in _OPS),
+  torch.distributed._broadcast_coalesced (DDP's buffer and state broadcast) and, where torch has
+  them (2.x), the waits of the functional collectives (torch.distributed._functional_collectives'
+  wait_tensor and wait_tensors: what a funcol.all_reduce's result, DTensor's redistributions and
+  scripts that log through funcol block in), once per process; uninstall(session) restores them
+  when the last session is gone. Scripts that call
   `dist.all_reduce(...)` (the module attribute) are seen; a function imported by name before the
   Session existed (`from torch.distributed import all_reduce`) is not.
 * A wrapped call records (key, bytes, t0, t1) with session._note_collective only when it runs on
   the session's training thread, outside the session's own gradient hook, while the session is
   open. t0..t1 is the time the thread was blocked: the call itself for a synchronous call; for
   async_op=True, the returned work's wait() (the returned object forwards everything else to
-  torch's work). Keys: "broadcast/buffers" for DDP's broadcast, "<op>/script" for the rest
-  (op: all_reduce, broadcast, barrier, all_gather, reduce_scatter, reduce, gather, scatter,
-  all_to_all).
+  torch's work); for a functional collective, its wait (the collective runs from its call to
+  then, the rank blocked only in the wait). Keys: "broadcast/buffers" for DDP's broadcast,
+  "<op>/script" for the rest (op: all_reduce, broadcast, barrier, all_gather, reduce_scatter,
+  reduce, gather, scatter, all_to_all, functional). Nothing is recorded while torch.compile
+  traces.
 * Calls from other threads (Gloo's callbacks, PowerSGD's future chains) and the session's own
   collectives (it calls torch.distributed.distributed_c10d directly) are never recorded.
 """
@@ -26,7 +31,7 @@ Contract:
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,9 +54,12 @@ _OPS: Dict[str, str] = {
     "all_to_all": "all_to_all", "all_to_all_single": "all_to_all",
 }
 
+# torch.distributed._functional_collectives attribute -> the op it is reported as (torch 2.x).
+_FUNCTIONAL_WAITS: Dict[str, str] = {"wait_tensor": "functional", "wait_tensors": "functional"}
+
 _lock = threading.Lock()
 _sessions: List[Any] = []  # open sessions, newest last; the newest records
-_originals: Dict[str, Callable] = {}
+_originals: Dict[Tuple[Any, str], Callable] = {}  # (module, attribute) -> torch's own
 
 
 def _nbytes(args: tuple, kwargs: dict) -> int:
@@ -67,9 +75,24 @@ def _nbytes(args: tuple, kwargs: dict) -> int:
 
 def _recorder() -> Optional[Any]:
     s = _sessions[-1] if _sessions else None
-    if s is None or s._in_hook or threading.get_ident() != s._thread:
+    if s is None or s._in_hook or threading.get_ident() != s._thread or _compiling():
         return None
     return s
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    is_compiling = getattr(compiler, "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
+def _functional_module() -> Optional[Any]:
+    """torch.distributed._functional_collectives, where torch has it."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except ImportError:
+        return None
+    return funcol
 
 
 class _TimedWork:
@@ -113,14 +136,17 @@ def install(session: Any) -> None:
     """Starts recording `session`'s collectives (wraps torch.distributed on first use)."""
     with _lock:
         if not _originals:
-            names = {n: script_key(op) for n, op in _OPS.items()}
-            names["_broadcast_coalesced"] = BROADCAST_BUFFERS
-            for name, key in names.items():
-                original = getattr(dist, name, None)
+            names = {(dist, n): script_key(op) for n, op in _OPS.items()}
+            names[(dist, "_broadcast_coalesced")] = BROADCAST_BUFFERS
+            funcol = _functional_module()
+            if funcol is not None:
+                names.update({(funcol, n): script_key(op) for n, op in _FUNCTIONAL_WAITS.items()})
+            for (module, name), key in names.items():
+                original = getattr(module, name, None)
                 if original is None:
                     continue
-                _originals[name] = original
-                setattr(dist, name, _wrap(name, key, original))
+                _originals[(module, name)] = original
+                setattr(module, name, _wrap(name, key, original))
         _sessions.append(session)
 
 
@@ -130,6 +156,6 @@ def uninstall(session: Any) -> None:
         if session in _sessions:
             _sessions.remove(session)
         if not _sessions:
-            for name, original in _originals.items():
-                setattr(dist, name, original)
+            for (module, name), original in _originals.items():
+                setattr(module, name, original)
             _originals.clear()

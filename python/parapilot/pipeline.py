@@ -34,12 +34,18 @@ Contract:
   receives as p2p/pp, the stage's blocks and each block's compute.
 * Plans: a PlanPrepare is accepted when it moves blocks between this job's stages
   (pipeline_plan.py: Layout dp=1 tp=1 pp=S micro_batches=M, named dp1-tp1-ppS-mb<samples per
-  micro-batch> with ;st=<split> and this job's schedule) and refused with the reason otherwise. Accepted, it is staged at once (nothing is copied ahead) and answered
-  PlanReady{ok}; at the boundary every rank agrees on (step_session.py, boundary.py), the blocks
-  whose stage changes are streamed, with their optimizer state, from their old rank to their new
-  one (pipeline_move.py), the stages, schedule and optimizers are rebuilt there, and the next
-  step runs on the new split. The result is bit-identical to stopping, saving the parameters and
-  optimizer state, relaunching on the new split and loading them (tests/python/test_pipeline.py).
+  micro-batch> with ;st=<split> and this job's schedule) and refused with the reason otherwise.
+  An accepted plan is streamed ahead of its boundary (pipeline_stream.py): the ranks agree at a
+  step boundary to stream it (the newest plan every rank staged; boundary.py's extra values),
+  the blocks it moves go, with their optimizer state, from their holders to their new ranks,
+  which keep their copies in step with the holders' updates from the gradients streamed after
+  every step; each rank answers PlanReady{ok} once its copies are in place. At the boundary the
+  plan is committed for (step_session.py, boundary.py) the copies are installed, the stages,
+  schedule and optimizers rebuilt, and the next step runs on the new split. A plan that could
+  not be streamed (not staged on every rank when the others agreed, or another plan applied
+  first) moves its blocks at its boundary instead (pipeline_move.py). Either way the result is
+  bit-identical to stopping, saving the parameters and optimizer state, relaunching on the new
+  split and loading them (tests/python/test_pipeline.py).
 * save(path) / PipelineSession(..., resume_from=[paths]) are that checkpoint: each rank writes
   its blocks (pipeline_state.save_blocks); a job started on any split loads the blocks it holds.
 * Errors: PipelineError (a ValueError) for a job that cannot be built as asked; PeerLost from
@@ -50,6 +56,7 @@ a small config there.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -58,14 +65,30 @@ import torch
 import torch.distributed as dist
 
 from . import pipeline_split, pipeline_state, wire
+from .boundary import Outcome
 from .hooks import _StepRecord
+from .pipeline_stream import BlockStream
+from .plans import Deferred
 from .pipeline_plan import PlanRefused, layout_name, plan_split
 from .pipeline_stage import SCHEDULES, PipelineError, StageRunner, StepTiming
 from .pipeline_telemetry import stage_telemetry
 from .step_session import StepSession
 
-__all__ = ["PipelineSession", "PipelineConfig", "PipelineError", "PlanRefused", "SCHEDULES",
+__all__ = ["PipelineSession", "PipelineConfig", "Switch", "PipelineError", "PlanRefused", "SCHEDULES",
            "layout_name"]
+
+
+@dataclass
+class Switch:
+    """One switch on this rank: at the boundary before `step`, to plan_id; the pause (ms from the
+    agreement to the new stages being built), the bytes this rank sent at the boundary and the
+    bytes it streamed ahead of it (from step `streamed_from`; None: not streamed)."""
+    step: int
+    plan_id: int
+    pause_ms: float
+    bytes_at_boundary: int
+    bytes_streamed: int = 0
+    streamed_from: Optional[int] = None
 
 
 @dataclass
@@ -89,6 +112,8 @@ class PipelineSession(StepSession):
     split: blocks per stage at the start (default: even).
     resume_from: checkpoint files of every rank (save()) to start from; the step continues
         from theirs.
+    stream: stream a plan's moved blocks ahead of its boundary (default); False: move them at
+        the boundary (the pause then grows with the bytes moved).
     agent, secret_file, secret_env, client_options, log, control_timeout_s: StepSession's.
     """
 
@@ -96,7 +121,7 @@ class PipelineSession(StepSession):
                  optimizer_factory: Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer],
                  *, global_batch: int, micro_batches: int, schedule: str = "gpipe",
                  split: Optional[Sequence[int]] = None,
-                 resume_from: Optional[Sequence[str]] = None,
+                 resume_from: Optional[Sequence[str]] = None, stream: bool = True,
                  agent: Optional[str] = None, secret_file: Optional[str] = None,
                  secret_env: str = "PARAPILOT_SECRET", log=None,
                  client_options: Optional[dict] = None, control_timeout_s: float = 1800.0):
@@ -116,10 +141,16 @@ class PipelineSession(StepSession):
             saved = pipeline_state.load_blocks(resume_from)
             self.runner.load(saved["blocks"])
             start = saved["step"]
+        self.runner.after_backward = self._after_backward
+        self._stream_plans = bool(stream)
+        self._stream_group = dist.new_group(backend="gloo")
+        self._stream: Optional[BlockStream] = None
+        self._waiting: Dict[int, PipelineConfig] = {}  # staged, not streamed yet (I/O thread)
+        self._waiting_lock = threading.Lock()
+        self._settled = 0  # plans up to this id were streamed or left to move at the boundary
         self._timings: Dict[int, StepTiming] = {}
         self._switches: Dict[int, Tuple[float, int]] = {}  # step -> (pause ms, bytes sent)
-        self.switch_pauses_ms: List[float] = []  # every switch's pause on this rank
-        self.switch_bytes_sent: List[int] = []  # ... and the bytes it sent
+        self.switches: List[Switch] = []  # every switch on this rank
         super().__init__(torch.nn.ModuleList(self.runner.blocks), None,
                          global_batch=global_batch,
                          framework=f"pytorch-pipeline {torch.__version__}",
@@ -166,6 +197,9 @@ class PipelineSession(StepSession):
         pipeline_state.save_blocks(path, self.runner.block_states(), self.step_index)
 
     def close(self, flush_timeout: float = 2.0) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None and self.failure is None:
+            stream.drop(self.step_index)  # every rank ends it after the same steps
         super().close(flush_timeout)
         self.runner.close()
 
@@ -196,22 +230,89 @@ class PipelineSession(StepSession):
                           micro_batches=r.micro_batches, global_batch=self.global_batch,
                           schedule=r.schedule_name)
 
-    def _stage_plan(self, p: wire.PlanPrepare) -> PipelineConfig:
-        return PipelineConfig(p.plan_id, self._plan_split(p), p.layout_name)
+    def _stage_plan(self, p: wire.PlanPrepare) -> Deferred:
+        cfg = PipelineConfig(p.plan_id, self._plan_split(p), p.layout_name)
+        if not self._stream_plans:
+            return cfg
+        with self._waiting_lock:
+            self._waiting[p.plan_id] = cfg
+        return Deferred(cfg)  # ready once streamed (_after_boundary)
 
     def _apply(self, cfg: PipelineConfig) -> None:
         old = self.runner.split
         t0 = time.perf_counter_ns()
-        sent = self.runner.switch(cfg.split)
+        stream, self._stream = self._stream, None
+        staged, streamed = None, 0
+        if stream is not None:
+            if stream.plan_id == cfg.plan_id:
+                staged = stream.finish(self.step_index)
+                streamed = stream.bytes_sent
+            else:
+                stream.drop(self.step_index)
+        sent = self.runner.switch(cfg.split, staged)
         pause = (time.perf_counter_ns() - t0) / 1e6
         self._switches[self.step_index] = (pause, sent)
-        self.switch_pauses_ms.append(pause)
-        self.switch_bytes_sent.append(sent)
+        self.switches.append(Switch(self.step_index, cfg.plan_id, pause, sent, streamed,
+                                    stream.start_step if staged is not None else None))
         moved = pipeline_split.moves(old, cfg.split)
+        how = (f"streamed ahead from step {stream.start_step}, {streamed:,} bytes sent from here"
+               if staged is not None else f"moved at the boundary, {sent:,} bytes sent from here")
         self._say("info", f"plan {cfg.plan_id} applied at step {self.step_index}: split "
                           f"{_text(old)} -> {_text(cfg.split)}, this rank holds blocks "
-                          f"{_blocks(self.runner.held)}; {len(moved)} blocks moved, "
-                          f"{sent:,} bytes sent from here, pause {pause:.1f} ms")
+                          f"{_blocks(self.runner.held)}; {len(moved)} blocks {how}, pause "
+                          f"{pause:.1f} ms")
+
+    # ---- streaming plans ahead of their boundary (pipeline_stream.py) ----
+
+    def _after_backward(self) -> None:
+        if self._stream is not None:
+            self._stream.after_backward(self.step_index)
+
+    def _boundary_extra(self) -> List[int]:
+        """[the newest plan staged here and not streamed yet, the streamed plan when this rank's
+        book dropped it (aborted, the agent lost)], agreed with MAX at the next boundary."""
+        with self._waiting_lock:
+            want = max((i for i in self._waiting if self.book.get(i) is not None), default=0)
+        s = self._stream
+        return [want, s.plan_id if s is not None and self.book.get(s.plan_id) is None else 0]
+
+    def _after_boundary(self, out: Outcome) -> None:
+        if not out.extra:
+            return
+        want, dropped = out.extra
+        s = self._stream
+        if s is not None and s.plan_id in (dropped, out.missed):
+            self._stream = None
+            s.drop(self.step_index)
+            self._say("info", f"plan {s.plan_id}: stream ended at step {self.step_index} "
+                              f"({'missed' if s.plan_id == out.missed else 'dropped by the agent'}"
+                              "); its copies are freed")
+        if want > self._settled and want > self.plan_id:
+            with self._waiting_lock:
+                mine = want in self._waiting and self.book.get(want) is not None
+            # Every rank streams it, or none does (then it moves at its boundary).
+            if self._reduce_min(1 if mine else 0):
+                self._start_stream(want)
+            self._settled = want
+        with self._waiting_lock:
+            late = [i for i in self._waiting if i <= self._settled]
+            for i in late:
+                del self._waiting[i]
+        for i in late:
+            self.book.ready(i)  # not streamed: moved at its boundary if committed
+
+    def _start_stream(self, plan_id: int) -> None:
+        with self._waiting_lock:
+            cfg = self._waiting.pop(plan_id)
+        if self._stream is not None:
+            old, self._stream = self._stream, None
+            old.drop(self.step_index)
+        book = self.book
+        self._stream = BlockStream(self.runner, plan_id, cfg.split, self.step_index,
+                                   self._stream_group, ready=lambda: book.ready(plan_id),
+                                   refuse=lambda why: book.refuse(plan_id, why))
+        self._say("info", f"plan {plan_id}: streaming its blocks from step {self.step_index} "
+                          f"(split {_text(self.runner.split)} -> {_text(cfg.split)})")
 
     def _telemetry(self, rec: _StepRecord) -> wire.Telemetry:
         # The blocks the step ran (a switch at its boundary changed runner.held since).
@@ -225,7 +326,7 @@ class PipelineSession(StepSession):
                                switch=self._switches.pop(rec.step, None))
 
     def _summary_tail(self) -> str:
-        pauses = self.switch_pauses_ms
+        pauses = [w.pause_ms for w in self.switches]
         tail = f"split {_text(self.runner.split)}"
         if pauses:
             tail += f", switch pauses {', '.join(f'{p:.1f}' for p in pauses)} ms"

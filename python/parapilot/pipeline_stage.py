@@ -17,7 +17,10 @@ last stage, None elsewhere. `timing` then holds the step's StepTiming.
 
 switch(new_split) moves the blocks whose stage changes (parameters, buffers and optimizer state,
 pipeline_move.exchange) and rebuilds the stage, the schedule and the optimizer; every rank calls
-it at the same step boundary. block_states() / load(states) read and write the held blocks' state
+it at the same step boundary. switch(new_split, staged=...) takes the blocks this rank gains as
+already installed ahead of the boundary (pipeline_stream.py) and moves nothing.
+`after_backward()`, when set, is called in every step once the schedule finished (the
+gradients are complete) and before the optimizer steps. block_states() / load(states) read and write the held blocks' state
 (pipeline_state), for checkpoints.
 
 Errors: ValueError subclasses naming the bad argument (a split, a schedule, a batch that does not
@@ -113,6 +116,7 @@ class StageRunner:
         except pipeline_split.SplitError as e:
             raise PipelineError(str(e)) from None
         self.timing = StepTiming()
+        self.after_backward: Optional[Callable[[], None]] = None
         self._clock = _Stopwatch()
         self._hooks: list = []
         for i in range(len(self.blocks)):
@@ -247,6 +251,8 @@ class StageRunner:
             kwargs = {"target": targets.to(self.device), "losses": losses}
         t0 = time.perf_counter_ns()
         self.schedule.step(*args, **kwargs)
+        if self.after_backward is not None:
+            self.after_backward()
         t1 = time.perf_counter_ns()
         self.optimizer.step()
         t2 = time.perf_counter_ns()
@@ -282,17 +288,23 @@ class StageRunner:
 
     # ---- switching ----
 
-    def switch(self, new_split: Sequence[int]) -> int:
-        """Moves to `new_split` (every rank at the same boundary); returns the bytes sent."""
+    def switch(self, new_split: Sequence[int],
+               staged: Optional[Dict[int, List[dict]]] = None) -> int:
+        """Moves to `new_split` (every rank at the same boundary); returns the bytes sent.
+        `staged`: the blocks this rank gains, installed already, with their parameters'
+        optimizer state (pipeline_stream.BlockStream.finish); nothing is sent then."""
         new = pipeline_split.check_split(new_split, len(self.blocks), self.n_stages)
         moves = pipeline_split.moves(self.split, new)
-        outgoing: Dict[int, Dict[int, dict]] = {}
-        incoming = sorted({m.src for m in moves if m.dst == self.rank})
-        for m in moves:
-            if m.src == self.rank:
-                outgoing.setdefault(m.dst, {})[m.block] = pipeline_state.collect(
-                    self.blocks[m.block], self.optimizer)
-        received, sent = pipeline_move.exchange(outgoing, incoming, self.move_group)
+        received: Dict[int, dict] = {}
+        sent = 0
+        if staged is None:
+            outgoing: Dict[int, Dict[int, dict]] = {}
+            incoming = sorted({m.src for m in moves if m.dst == self.rank})
+            for m in moves:
+                if m.src == self.rank:
+                    outgoing.setdefault(m.dst, {})[m.block] = pipeline_state.collect(
+                        self.blocks[m.block], self.optimizer)
+            received, sent = pipeline_move.exchange(outgoing, incoming, self.move_group)
         # Blocks that stay keep their tensors and their optimizer state objects as they are.
         keep = [i for i in self.held if i in pipeline_split.blocks_of(new, self.rank)]
         kept_optim = {i: [self.optimizer.state.get(p, {}) for p in self.blocks[i].parameters()]
@@ -301,14 +313,16 @@ class StageRunner:
             if m.src == self.rank:
                 pipeline_state.free_block(self.blocks[m.block])
         self.split = new
+        if staged is not None:
+            kept_optim.update(staged)
         self._install(received, kept_optim)
         return sent
 
     def _install(self, states: Dict[int, dict],
                  kept_optim: Optional[Dict[int, List[dict]]] = None) -> None:
-        """Writes `states` into the held blocks that are not kept (`kept_optim`: the blocks that
-        stay, with their parameters' optimizer state) and rebuilds the optimizer, the stage and
-        the schedule."""
+        """Writes `states` into the held blocks that are not kept (`kept_optim`: the blocks whose
+        tensors are in place already, with their parameters' optimizer state) and rebuilds the
+        optimizer, the stage and the schedule."""
         kept_optim = kept_optim or {}
         missing = [i for i in self.held if i not in states and i not in kept_optim]
         if missing:

@@ -32,6 +32,13 @@ from . import wire
 
 
 @dataclass
+class Deferred:
+    """What a stage callback returns for a plan whose staging goes on after it returns (see
+    PlanBook): `staged` is the job's state for the plan."""
+    staged: Any
+
+
+@dataclass
 class StagedPlan:
     prepare: Optional[wire.PlanPrepare]
     staged: Any = None  # what the job staged
@@ -46,6 +53,9 @@ class PlanBook:
     send(msg) queues a message to the agent. With `check` and `stage` given, on_message handles
     a PlanPrepare itself: check(prepare) returns "" when this job can run the layout, else the
     reason (refuse); stage(prepare) returns the staged state (or raises: refuse), then ready.
+    A stage callback that returns Deferred(staged) stages the plan without PlanReady: the job
+    calls ready(plan_id) or refuse(plan_id, why) once its staging finishes (a pipeline job
+    streams the state a plan moves first, pipeline_stream.py).
     Without them the caller stages: on_message returns the PlanPrepare and the caller calls
     stage(), ready() or refuse().
     """
@@ -103,6 +113,9 @@ class PlanBook:
             staged = self._stage(m) if self._stage else None
         except Exception as e:  # noqa: BLE001 - any staging failure is a refusal
             self.refuse(m.plan_id, f"{type(e).__name__}: {e}")
+            return
+        if isinstance(staged, Deferred):
+            self.stage(m.plan_id, staged.staged, m)
             return
         self.stage(m.plan_id, staged, m)
         self.ready(m.plan_id)

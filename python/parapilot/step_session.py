@@ -32,6 +32,9 @@ JobInfo capabilities, and overrides:
   _layout_problem(prepare) -> str      "" when this job can run the plan, else why not;
   _stage_plan(prepare) -> config       builds a plan's config (I/O thread; raise to refuse);
   _apply(config)                       switches to it at a boundary (training thread) and logs;
+  _boundary_extra() -> [int]           its own values for the boundary's MAX (default none);
+  _after_boundary(outcome)             what it does with the agreed outcome (boundary.Outcome),
+                                       after any _apply (default nothing);
   _telemetry(record) -> wire.Telemetry the step's telemetry;
   _samples() -> int                    samples this rank processes in the coming step;
   _summary_tail() -> str               what the summary line adds for this kind of job.
@@ -174,6 +177,12 @@ class StepSession:
 
     def _telemetry(self, rec: _StepRecord) -> wire.Telemetry:
         raise NotImplementedError
+
+    def _boundary_extra(self) -> List[int]:
+        return []
+
+    def _after_boundary(self, out) -> None:
+        pass
 
     def _samples(self) -> int:
         return 0
@@ -387,7 +396,8 @@ class StepSession:
         if self._control_group is None:
             return
         current = self.plan_id
-        out = self._boundary_agreement.at(next_step, current, f"rank {self.rank}: ")
+        out = self._boundary_agreement.at(next_step, current, f"rank {self.rank}: ",
+                                          self._boundary_extra())
         if out.stop and not self.should_stop:
             self.should_stop = True
             self.stop_reason = self.book.stop_reason or "another rank was asked to stop"
@@ -399,6 +409,7 @@ class StepSession:
             self.config = out.apply.staged
             self.applied_plans.append(out.apply_id)
             self._apply(self.config)
+        self._after_boundary(out)
 
     # ---- plans (the bus client's I/O thread) ----
 

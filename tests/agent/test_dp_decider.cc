@@ -598,3 +598,168 @@ TEST_CASE("deploy learns a job from JobInfo, and tells a rank of another job why
   CHECK(learned);
   CHECK(mismatch);
 }
+
+namespace {
+
+// Balanced ranks computing `compute_ms` a step on 64 samples each, and the gradient
+// all-reduce's link as the monitor reads it: its exposed wait for `bytes` a step, slow or not.
+monitor::Beliefs with_link(double compute_ms, bool slow, double wait_ms, double bytes) {
+  monitor::Beliefs b = measured(std::vector<double>(4, compute_ms / 64), even_counts(4, 256));
+  b.slow_link = slow;
+  b.dp_link_ms = wait_ms;
+  b.dp_bytes = bytes;
+  return b;
+}
+
+DataParallelOptions compressing() {
+  DataParallelOptions o = options4();
+  o.compression = "fp16";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a slow link gets fp16 proposed, predicted from the measured wait and the bytes") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(7);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression.kind == Compression::Kind::kFP16);
+  CHECK(x.counts == even_counts(4, 256));  // the shares stay
+  CHECK(x.predicted_now_ms == doctest::Approx(72));
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 35));  // compute + half the wait, no cost yet
+  d.committed(x.counts, step + 1, false, x.compression);
+  CHECK(d.compression().kind == Compression::Kind::kFP16);
+  step = feed(d, step + 1, 12, 38, 0.02, rng);
+  // Held: fp16 stays while the link is slow ("no compression" predicts 2 + 70 > 3 + 35).
+  x = d.decide(with_link(3, true, 35, 0.55e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  for (int i = 0; i < 3; ++i) {
+    step = feed(d, step, 10, 38, 0.02, rng);
+    x = d.decide(with_link(3, true, 35, 0.55e6), false);
+    INFO(x.reason);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+  }
+  // The link recovered: the wait no longer pays for the method's measured cost (1 ms): without
+  // compression 2 + 2 x 0.5 = 3 ms against 3 + 0.5 now.
+  step = feed(d, step, 10, 3.5, 0.02, rng);
+  step = feed(d, step, 10, 3.5, 0.02, rng);
+  x = d.decide(with_link(3, false, 0.5, 0.55e6), false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression == Compression{});
+  CHECK(x.predicted_now_ms == doctest::Approx(3.5));
+  CHECK(x.predicted_new_ms == doctest::Approx(3.0));
+  d.committed(x.counts, step, false, x.compression);
+  CHECK(d.compression() == Compression{});
+}
+
+TEST_CASE("no compression is proposed without the option, or while the link is not slow") {
+  std::mt19937 rng(8);
+  RuleDecider plain(options4());
+  feed(plain, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = plain.decide(with_link(2, true, 70, 1.1e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("already balanced") != std::string::npos);
+  CHECK(x.predicted_now_ms == doctest::Approx(2));  // the split model's figure alone
+  RuleDecider fast(compressing());
+  feed(fast, 0, 10, 9, 0.02, rng);
+  x = fast.decide(with_link(2, false, 7, 1.1e6), false);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.predicted_now_ms == doctest::Approx(2));
+}
+
+TEST_CASE("fp16 measured slower than before is reverted to no compression") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(9);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  DataParallelDecision x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  d.committed(x.counts, step, false, x.compression);
+  step = feed(d, step, 2, 500, 0, rng);
+  step = feed(d, step, 10, 90, 0.02, rng);  // the method cost more than the wait it saved
+  x = d.decide(with_link(20, true, 70, 0.55e6), false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::revert);
+  CHECK(x.compression == Compression{});
+  d.committed(x.counts, step, true, x.compression);
+  CHECK(d.compression() == Compression{});
+}
+
+TEST_CASE("a switch measured while the link slowed is not charged with the link's slowdown") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(10);
+  uint64_t step = feed(d, 0, 10, 10, 0.02, rng);
+  monitor::Beliefs b = with_link(2, false, 7, 1.1e6);
+  b.rank_compute_ms = {2.0 / 64, 4.0 / 64, 2.0 / 64, 2.0 / 64};  // rank 1 twice as slow
+  DataParallelDecision x = d.decide(b, false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::rebalance);
+  d.committed(x.counts, step, false, x.compression);
+  // The link slows while the switch is measured: every step 7x longer.
+  step = feed(d, step, 12, 72, 0.02, rng);
+  x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("not judged") != std::string::npos);
+  CHECK(d.cooldown_intervals() == 1);  // no back-off either
+  // The next decision answers the link.
+  step = feed(d, step, 10, 72, 0.02, rng);
+  x = d.decide(with_link(2, true, 70, 1.1e6), false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::compress);
+}
+
+TEST_CASE("a method whose casts fill the wait: the way back is tried once the wait falls, and "
+          "the method is not proposed again while its own wait exceeds what it saves") {
+  RuleDecider d(compressing());
+  std::mt19937 rng(12);
+  uint64_t step = feed(d, 0, 10, 72, 0.02, rng);
+  monitor::Beliefs slow = with_link(2, true, 70, 1.1e6);
+  slow.dp_reference = 1.1e6 / 3 / 1e3;  // the normal link: 3 ms for the uncompressed bytes
+  slow.dp_noise_ms = 4;
+  DataParallelDecision x = d.decide(slow, false);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  d.committed(x.counts, step, false, x.compression);
+  monitor::Beliefs fp16 = slow;
+  fp16.dp_link_ms = 35;
+  fp16.dp_bytes = 0.55e6;
+  step = feed(d, step, 12, 37, 0.02, rng);
+  REQUIRE(d.decide(fp16, false).kind == DataParallelDecision::Kind::keep);  // held at 35 ms
+  // The link recovers, but the method's casts keep the compressed wait at 12 ms: the bytes
+  // alone would predict 24 ms without it; the wait fell beyond noise, so the normal link's 3 ms
+  // is what the way back is predicted at.
+  fp16.dp_link_ms = 12;
+  for (int i = 0; i < 2; ++i) step = feed(d, step, 10, 14, 0.02, rng);
+  x = d.decide(fp16, false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression == Compression{});
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 3));
+  d.committed(x.counts, step, false, x.compression);
+  // It held: uncompressed, the wait is 3 ms; fp16 added 12 - 1.5 = 10.5 ms of wait itself.
+  monitor::Beliefs back = slow;
+  back.dp_link_ms = 3;
+  step = feed(d, step, 12, 5, 0.02, rng);
+  x = d.decide(back, false);
+  INFO(x.reason);
+  REQUIRE(x.kind == DataParallelDecision::Kind::keep);
+  CHECK(x.reason.find("held") != std::string::npos);
+  // The monitor still believes the link slow (its reference is stale): fp16 is not proposed,
+  // its own wait (10.5 ms) exceeding what it would save.
+  for (int i = 0; i < 4; ++i) {
+    step = feed(d, step, 10, 5, 0.02, rng);
+    x = d.decide(back, false);
+    INFO(x.reason);
+    CHECK(x.kind == DataParallelDecision::Kind::keep);
+  }
+  // The link slows again: half of 70 ms beats the method's 10.5 ms.
+  step = feed(d, step, 10, 72, 0.02, rng);
+  step = feed(d, step, 10, 72, 0.02, rng);
+  x = d.decide(slow, false);
+  INFO(x.reason);
+  CHECK(x.kind == DataParallelDecision::Kind::compress);
+  CHECK(x.compression.kind == Compression::Kind::kFP16);
+  CHECK(x.predicted_new_ms == doctest::Approx(2 + 35));
+}

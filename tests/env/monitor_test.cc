@@ -561,8 +561,10 @@ TEST_CASE("a sample handed in directly and its bus message are read alike") {
   x.inter_bytes = 5e8;
   x.inter_ms = 60;
   x.queue_depth = 2;
+  x.dp_bytes = 4e6;
   x.layers = {{0, 1.5f, 0.25f, 0}, {1, 0.5f, 0.125f, 3}};
   const StepSample back = to_sample(to_telemetry(x));
+  CHECK(back.dp_bytes == x.dp_bytes);
   CHECK(back.rank == x.rank);
   CHECK(back.step == x.step);
   CHECK(back.start_ns == x.start_ns);
@@ -594,6 +596,136 @@ TEST_CASE("a sample handed in directly and its bus message are read alike") {
   CHECK(m.ingest(bad).message() == "negative");
   CHECK(m.ingest(x).ok());
   CHECK(m.counters().rejected == 4);
+}
+
+namespace {
+
+// One synchronous DDP step as the Python client reports it: every rank starts together,
+// computes compute_ms[r], reaches the gradient all-reduce and waits there for the last arrival
+// and then for the transfer (link_ms after the last arrival); wait/dp and the bytes its
+// collectives reduced are reported.
+std::vector<StepSample> ddp_step(uint64_t step, const std::vector<double>& compute_ms,
+                                 double link_ms, double bytes) {
+  const double last = *std::max_element(compute_ms.begin(), compute_ms.end());
+  const uint64_t start = 1'000'000'000ull * (step + 1);
+  std::vector<StepSample> out;
+  for (size_t r = 0; r < compute_ms.size(); ++r) {
+    StepSample x;
+    x.rank = static_cast<int>(r);
+    x.step = step;
+    x.start_ns = start;
+    x.end_ns = start + static_cast<uint64_t>((last + link_ms) * 1e6);
+    x.compute_ms = compute_ms[r];
+    x.wait_ms = last - compute_ms[r] + link_ms;
+    x.dp_bytes = bytes;
+    out.push_back(x);
+  }
+  return out;
+}
+
+struct LinkRun {
+  std::vector<MonitorEvent> events;
+  Beliefs beliefs;
+};
+
+// `steps` steps of 4 ranks with seeded noise (+-5% compute, +-10% link): compute 2 ms per rank
+// times slow(step, rank), the link `link(step)` ms for `bytes(step)` bytes.
+template <class Slow, class Link, class Bytes>
+LinkRun run_link(int steps, Slow slow, Link link, Bytes bytes) {
+  Monitor m(options(4));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(-1, 1);
+  LinkRun out;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<double> compute(4);
+    for (int r = 0; r < 4; ++r) compute[r] = 2.0 * (1 + 0.05 * u(rng)) * slow(s, r);
+    const double l = link(s) * (1 + 0.1 * u(rng));
+    for (const StepSample& x : ddp_step(static_cast<uint64_t>(s), compute, l, bytes(s))) {
+      REQUIRE(m.ingest(x).ok());
+    }
+    for (MonitorEvent& e : m.take_events()) out.events.push_back(std::move(e));
+  }
+  out.beliefs = m.beliefs();
+  return out;
+}
+
+std::vector<MonitorEvent> of_kind(const std::vector<MonitorEvent>& events,
+                                  MonitorEvent::Kind kind) {
+  std::vector<MonitorEvent> out;
+  for (const MonitorEvent& e : events) {
+    if (e.kind == kind) out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a slow link: every rank's wait rises, compute does not: slow_link, then restored") {
+  const LinkRun run = run_link(
+      90, [](int, int) { return 1.0; },
+      [](int s) { return s >= 30 && s < 60 ? 70.0 : 7.0; }, [](int) { return 1.1e6; });
+  const auto slow = of_kind(run.events, MonitorEvent::Kind::slow_link);
+  REQUIRE(slow.size() == 1);
+  CHECK(slow[0].step >= 30);
+  CHECK(slow[0].step <= 34);
+  CHECK(slow[0].value < 0.2);  // 7 of 70 ms: a tenth of the reference bandwidth
+  CHECK(slow[0].evidence.find("beyond the noise bound") != std::string::npos);
+  const auto restored = of_kind(run.events, MonitorEvent::Kind::link_restored);
+  REQUIRE(restored.size() == 1);
+  CHECK(restored[0].step >= 60);
+  CHECK(restored[0].step <= 64);
+  CHECK(of_kind(run.events, MonitorEvent::Kind::slow_rank).empty());
+  CHECK_FALSE(run.beliefs.slow_link);
+  CHECK(run.beliefs.dp_bytes == doctest::Approx(1.1e6));
+  CHECK(run.beliefs.dp_link_ms == doctest::Approx(7).epsilon(0.15));
+  CHECK(run.beliefs.dp_bandwidth == doctest::Approx(1.1e6 / 7 / 1e3).epsilon(0.15));
+
+  // While the link is slow the beliefs say so, with the figures.
+  const LinkRun during = run_link(
+      45, [](int, int) { return 1.0; }, [](int s) { return s >= 30 ? 70.0 : 7.0; },
+      [](int) { return 1.1e6; });
+  CHECK(during.beliefs.slow_link);
+  CHECK(during.beliefs.dp_link_ms == doctest::Approx(70).epsilon(0.15));
+  CHECK(during.beliefs.dp_explained_ms == doctest::Approx(7).epsilon(0.15));
+  CHECK(during.beliefs.dp_reference == doctest::Approx(1.1e6 / 7 / 1e3).epsilon(0.15));
+}
+
+TEST_CASE("one slow rank raises the others' waits, not its own: slow_rank, not a slow link") {
+  const LinkRun run = run_link(
+      60, [](int s, int r) { return s >= 30 && r == 1 ? 3.0 : 1.0; }, [](int) { return 7.0; },
+      [](int) { return 1.1e6; });
+  const auto slow = of_kind(run.events, MonitorEvent::Kind::slow_rank);
+  REQUIRE(slow.size() == 1);
+  CHECK(slow[0].rank == 1);
+  CHECK(of_kind(run.events, MonitorEvent::Kind::slow_link).empty());
+  CHECK_FALSE(run.beliefs.slow_link);
+  CHECK(run.beliefs.dp_link_ms == doctest::Approx(7).epsilon(0.15));
+}
+
+TEST_CASE("a slow rank and a slow link at once: both are named") {
+  const LinkRun run = run_link(
+      60, [](int s, int r) { return s >= 30 && r == 2 ? 3.0 : 1.0; },
+      [](int s) { return s >= 30 ? 70.0 : 7.0; }, [](int) { return 1.1e6; });
+  const auto slow = of_kind(run.events, MonitorEvent::Kind::slow_rank);
+  REQUIRE(slow.size() == 1);
+  CHECK(slow[0].rank == 2);
+  CHECK(of_kind(run.events, MonitorEvent::Kind::slow_link).size() == 1);
+  CHECK(run.beliefs.slow_link);
+}
+
+TEST_CASE("a wait that the bytes explain is no slow link: twice the bytes in twice the time") {
+  const LinkRun run = run_link(
+      60, [](int, int) { return 1.0; }, [](int s) { return s >= 30 ? 14.0 : 7.0; },
+      [](int s) { return s >= 30 ? 2.2e6 : 1.1e6; });
+  CHECK(run.events.empty());
+  CHECK_FALSE(run.beliefs.slow_link);
+  CHECK(run.beliefs.dp_bandwidth == doctest::Approx(1.1e6 / 7 / 1e3).epsilon(0.15));
+  // Steps where the ranks do not report their gradient bytes say nothing of the link.
+  const LinkRun silent = run_link(
+      60, [](int, int) { return 1.0; }, [](int s) { return s >= 30 ? 70.0 : 7.0; },
+      [](int) { return 0.0; });
+  CHECK(silent.events.empty());
+  CHECK(silent.beliefs.dp_bandwidth == 0);
 }
 
 namespace {

@@ -8,12 +8,17 @@ until_plans (keep going until this many plans were applied, up to steps), stop_f
 exists), cut_links_rank / cut_links_file (that rank cuts its connections to its peers, keeping the
 store and the agent, before the first step after the file exists; parapilot.peer_failure), out (result
 path prefix), heartbeat_timeout_ms (the bus client's: the agent declared dead after this much
-silence; default 1000 so that reconnect tests are quick), layers_compression_probe; for attribution: buffers (the model
+silence, and never less than twice the heartbeat interval the agent announces; default 1000 so
+that reconnect tests against the scripted agent's 200 ms heartbeat are quick), layers_compression_probe; for attribution: buffers (the model
 gets a batch norm, whose buffers DDP broadcasts at every forward), log_all_reduce (a loss
 all-reduce after every step), async_all_reduce (the same with async_op=True and wait()),
 barrier_every (a barrier between steps every N), outside_every / outside_ms (sleep that long
 inside session.outside_steps() every N steps), gap_at / gap_ms (an unmarked sleep before step
-gap_at); hidden (the model's width, default 64: a wider model sends more gradient bytes).
+gap_at), slow_after_ms (slow_rank also sleeps that long after its optimizer step, inside the
+step), funcol_all_reduce (inside each step, after that: a loss all-reduce through torch 2.x's
+functional collectives, its result read); torch2_idioms (torch 2.x: DDP with static_graph and
+gradient_as_bucket_view, run through torch.compile, the forward under bf16 autocast; slow_ms is
+then slept in the step before the forward instead of in a forward hook); hidden (the model's width, default 64: a wider model sends more gradient bytes).
 
 A rank whose session raises PeerLost writes its result with "failed" (the message) and exits 3.
 """
@@ -54,7 +59,9 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(cfg.get("buffers", False), cfg.get("hidden", 64))
-    ddp = DDP(model, bucket_cap_mb=cfg.get("bucket_cap_mb", 25))
+    idioms = cfg.get("torch2_idioms", False)
+    ddp = DDP(model, bucket_cap_mb=cfg.get("bucket_cap_mb", 25),
+              **({"static_graph": True, "gradient_as_bucket_view": True} if idioms else {}))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     data = make_data()
     B = cfg.get("global_batch", 16)
@@ -71,13 +78,22 @@ def main():
         ref = make_model(hidden=cfg.get("hidden", 64))
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     slow_rank, slow_ms = cfg.get("slow_rank", -1), cfg.get("slow_ms", 0)
-    if rank == slow_rank and slow_ms:
+    if rank == slow_rank and slow_ms and not idioms:
         even = B / world  # slower in proportion to the samples it gets, like a slow device
         ddp.register_forward_pre_hook(lambda m, i: time.sleep(slow_ms / 1000.0 * i[0].shape[0] / even))
+    forward = ddp
+    if idioms:
+        compiled = torch.compile(ddp)
+        late = slow_ms / 1000.0 if rank == slow_rank else 0.0
+
+        def forward(x):
+            time.sleep(late)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return compiled(x).float()
     records = []
     failed = None
     try:
-        max_diff = train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt,
+        max_diff = train(cfg, session, forward, model, opt, data, loader, sampler, ref, ref_opt,
                          records)
     except ppt.PeerLost as e:
         failed, max_diff = str(e), 0.0
@@ -100,7 +116,8 @@ def main():
 
 
 def train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt, records):
-    """The training loop; returns the largest difference from the reference."""
+    """The training loop (ddp: the job's forward); returns the largest difference from the
+    reference."""
     rank = dist.get_rank()
     B = cfg.get("global_batch", 16)
     g = torch.Generator() if ref is not None else None
@@ -141,6 +158,11 @@ def train(cfg, session, ddp, model, opt, data, loader, sampler, ref, ref_opt, re
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                if rank == cfg.get("slow_rank") and cfg.get("slow_after_ms"):
+                    time.sleep(cfg["slow_after_ms"] / 1000.0)
+                if cfg.get("funcol_all_reduce"):
+                    from torch.distributed import _functional_collectives as funcol
+                    float(funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD))
             if cfg.get("log_all_reduce"):
                 dist.all_reduce(loss.detach().clone())
             if cfg.get("async_all_reduce"):

@@ -5,16 +5,19 @@ torchrun's environment variables, a JSON config in argv[1]; writes a JSON result
 
 Config keys: model ("mlp" or "gpt"), blocks (mlp: blocks; gpt: transformer layers), width,
 steps, global_batch, micro_batches, schedule, split, optimizer ("adam", "sgd": SGD with momentum),
-save_at (stop before that step and save a checkpoint to save_prefix.<rank>), resume_prefix
-(start from those checkpoints), gate_step / gate_file (before gate_step wait, outside steps,
-until gate_file exists and then until a plan is committed, up to 120 s), device_ms (every block's forward waits that long per
-micro-batch: device time), slow_stage / slow_factor /
-slow_from / slow_until (that stage's blocks sleep (factor - 1) x their forward time in each
-forward from step slow_from to slow_until), final_prefix, out.
+stream (PipelineSession's; default true), save_at (stop before that step and save a checkpoint
+to save_prefix.<rank>), resume_prefix (start from those checkpoints), holds ([[step, file],
+...]: before each step wait, outside steps, until its file exists, up to 120 s), gate_step /
+gate_file (before gate_step wait, outside steps, until gate_file exists and then until a plan is
+committed, up to 120 s), device_ms (every block's forward waits that long per micro-batch:
+device time), slow_stage / slow_factor / slow_from / slow_until (that stage's blocks sleep
+(factor - 1) x their forward time in each forward from step slow_from to slow_until),
+final_prefix, out.
 
-A rank whose session raises PeerLost writes its result with "failed" and exits 3.
+The result holds the session's log lines ("log"). A rank whose session raises PeerLost writes its result with "failed" and exits 3.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -70,11 +73,17 @@ def main():
         factory = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
     world = dist.get_world_size()
     resume = cfg.get("resume_prefix")
+    lines = []  # what the session said, for the result
+
+    def log(level, text):
+        lines.append(text)
+        if level != "debug":
+            print(f"parapilot {level.upper()} {text}", file=sys.stderr, flush=True)
     session = pp.PipelineSession(
         blocks, loss_fn, factory, global_batch=cfg.get("global_batch", 16),
         micro_batches=cfg.get("micro_batches", 4), schedule=cfg.get("schedule", "gpipe"),
-        split=cfg.get("split"),
-        resume_from=[f"{resume}.{r}" for r in range(world)] if resume else None)
+        split=cfg.get("split"), stream=cfg.get("stream", True),
+        resume_from=[f"{resume}.{r}" for r in range(world)] if resume else None, log=log)
     if cfg.get("device_ms"):
         device_time(blocks, cfg["device_ms"])
     slow = None
@@ -90,6 +99,10 @@ def main():
                 result["t_save"] = time.time()
                 session.save(f"{cfg['save_prefix']}.{rank}")
                 break
+            for step, path in cfg.get("holds", []):
+                if s == step:
+                    with session.outside_steps():
+                        wait_file(path)
             if s == cfg.get("gate_step"):
                 with session.outside_steps():
                     wait_gate(session, cfg["gate_file"])
@@ -114,13 +127,14 @@ def main():
                           "capabilities": info.capabilities, "framework": info.framework,
                           "layers": [[l.params, l.grad_bytes] for l in info.layers]}
     result.update(records=records, applied_plans=session.applied_plans,
-                  pauses_ms=session.switch_pauses_ms,
-                  bytes_sent=session.switch_bytes_sent, split=session.split,
+                  switches=[dataclasses.asdict(w) for w in session.switches],
+                  split=session.split,
                   held=list(session.held))
     if cfg.get("final_prefix") and "failed" not in result:
         pipeline_state.save_blocks(f"{cfg['final_prefix']}.{rank}", session.block_states(),
                                    session.step_index)
     session.close()
+    result["log"] = lines
     with open(f"{cfg['out']}.{rank}.json", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -128,10 +142,15 @@ def main():
         sys.exit(3)
 
 
-def wait_gate(session, path, timeout=120.0):
+def wait_file(path, timeout=120.0):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def wait_gate(session, path, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    wait_file(path, timeout)
     while session.book.committed_at(1 << 62, session.plan_id) == 0 and \
             time.monotonic() < deadline:
         time.sleep(0.02)

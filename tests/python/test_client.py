@@ -118,6 +118,19 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(c.stats().connects, 1)
         self.assertFalse(any(e["event"] == "disconnect" for e in self.agent.log))
 
+    def test_a_timeout_no_longer_than_the_servers_heartbeat_interval_is_widened(self):
+        # The agent sends a heartbeat after 1000 ms of idleness (its Welcome says so); a client
+        # asking for 400 ms of silence would drop a healthy connection every 400 ms. Widened to
+        # 2000 ms, it keeps it through two of the agent's heartbeats.
+        self.agent.stop()
+        self.agent = harness.ScriptedAgent(self.secret_file.path, heartbeat_ms=1000)
+        c = self.client(heartbeat_timeout_ms=400)
+        self.assertTrue(c.wait_connected(5))
+        time.sleep(2.5)
+        self.assertTrue(c.connected)
+        self.assertEqual(c.stats().connects, 1)
+        self.assertFalse(any(e["event"] == "disconnect" for e in self.agent.log))
+
     def test_wrong_secret_is_refused(self):
         reasons = []
         c = Client(self.agent.address, Secret(b"a-different-secret-of-32-bytes!!"), name="intruder",

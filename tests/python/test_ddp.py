@@ -2,6 +2,7 @@
 plans from the (scripted) agent are staged, committed and applied at the same step on every
 rank, compression cuts bytes as decided, and the agent going away leaves the job training."""
 
+import math
 import os
 import unittest
 
@@ -13,6 +14,11 @@ try:
     HAVE_TORCH = True
 except ImportError:
     HAVE_TORCH = False
+try:
+    from torch.distributed import _functional_collectives  # noqa: F401  (torch 2.x)
+    HAVE_FUNCOL = True
+except ImportError:
+    HAVE_FUNCOL = False
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")
@@ -98,6 +104,43 @@ class OfflineTest(unittest.TestCase):
             self.assertLess(max(cycles), 150, cycles)
             self.assertEqual(r["gaps_excluded"], 5 + 1)
             self.assertTrue(all(keys.script_key("barrier") not in x["waits"] for x in r["records"]))
+
+
+@unittest.skipUnless(HAVE_FUNCOL, "needs torch 2.x (functional collectives, torch.compile)")
+class Torch2Test(unittest.TestCase):
+    """What scripts written for torch 2.x do, against the Session's attribution."""
+
+    def test_waits_in_functional_collectives_are_not_compute(self):
+        # Rank 3 sleeps 40 ms after its optimizer step; then every rank all-reduces its loss
+        # through the functional collectives (as torchtitan logs its loss) and reads it: the
+        # healthy ranks block in the result's wait, which must not count as their compute.
+        res = harness.launch(4, {"steps": 16, "global_batch": 32, "slow_rank": 3,
+                                 "slow_after_ms": 40, "funcol_all_reduce": True},
+                             timeout=120).wait()
+        med = lambda v: sorted(v)[len(v) // 2]
+        compute = [med([x["compute_ms"] for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
+        key = keys.script_key("functional")
+        for r in res:
+            self.assertTrue(all(x["waits"][key][1] == 1 for x in r["records"][4:]), r["rank"])
+        waited = [med([x["waits"][key][0] for x in r["records"][4:]]) for r in res]
+        for rank in range(3):
+            self.assertGreater(waited[rank], 20, f"functional waits per rank {waited}")
+
+    def test_torch2_idioms_keep_attribution(self):
+        # DDP with static_graph and gradient_as_bucket_view, run through torch.compile, its
+        # forward under bf16 autocast; rank 3 is 40 ms late before each forward. The Session's
+        # timing holds: the healthy ranks wait for it in the gradient reduction, not in compute.
+        res = harness.launch(4, {"steps": 24, "global_batch": 32, "slow_rank": 3,
+                                 "slow_ms": 40, "torch2_idioms": True}, timeout=240).wait()
+        med = lambda v: sorted(v)[len(v) // 2]
+        compute = [med([x["compute_ms"] for x in r["records"][8:]]) for r in res]
+        waited = [med([x["waits"][keys.WAIT_DP][0] for x in r["records"][8:]]) for r in res]
+        for rank in range(3):
+            self.assertLess(compute[rank], 0.5 * compute[3], f"compute per rank {compute}")
+            self.assertGreater(waited[rank], 20, f"gradient waits per rank {waited}")
+        self.assertTrue(all(math.isfinite(r["records"][-1]["loss"]) for r in res))
 
 
 @unittest.skipUnless(HAVE_TORCH, "needs torch (Debian python3-torch for /usr/bin/python3)")

@@ -1,7 +1,8 @@
 """Pipeline-parallel jobs (parapilot.pipeline) on 4 Gloo ranks on the CPU, driven by the scripted
-agent: a plan that moves blocks between stages, committed for step k, ends bit-identical
-(torch.equal on every parameter, buffer and optimizer state) to running to step k, saving,
-relaunching on the new split, loading and running on, under both schedules; plans this job
+agent: a plan that moves blocks between stages, streamed ahead of its boundary and committed
+for step k, ends bit-identical (torch.equal on every parameter, buffer and optimizer state) to
+running to step k, saving, relaunching on the new split, loading and running on, under both
+schedules; so does a plan left to move at its boundary; plans this job
 cannot run are refused with their reason; the JobInfo and per-step telemetry say what the
 pipeline contract says; a gpipe job beside `parapilot deploy` (whose plans name no schedule)
 applies the plan that moves blocks off its slowed stage.
@@ -11,6 +12,7 @@ torch.distributed.pipelining needs torch >= 2.4: under torch 1.13 every test is 
 import os
 import shutil
 import tempfile
+import time
 import unittest
 
 import harness
@@ -26,8 +28,14 @@ except ImportError:
 SKIP = "needs torch >= 2.4 (torch.distributed.pipelining)"
 WORLD = 4
 START, NEW = [2, 2, 2, 2], [1, 3, 3, 1]
-STEPS, GATE = 12, 4
+STEPS, HOLD, GATE = 14, 4, 8
 SWITCH_AT = GATE + 2  # committed for the step after the one the gate releases (boundary.py)
+STREAM_FROM = HOLD + 2  # staged before HOLD: reported at its end, agreed a boundary later
+# abort_first: plan 8 streams from STREAM_FROM and is aborted while the job holds before HOLD2;
+# plan 9 is agreed at the boundaries after it, streams from HOLD2 + 2, and is committed for
+# SWITCH_AT2 while the job waits at its gate before GATE2.
+HOLD2, GATE2, ABORTED = 7, 10, [1, 3, 2, 2]
+SWITCH_AT2 = GATE2 + 2
 
 
 def prepare_line(plan_id, split, schedule=None, size=4, pp=WORLD, micro_batches=4):
@@ -129,14 +137,22 @@ class SwitchTest(unittest.TestCase):
         return [self.agent.wait_for(lambda e: e["event"] == "plan_ready" and
                                     e["plan_id"] == plan_id, timeout=30) for _ in range(WORLD)]
 
-    def live(self, schedule, optimizer):
-        """The job switched by the agent at SWITCH_AT; first the plans it must refuse."""
-        gate = os.path.join(self.dir, "gate")
+    def live(self, schedule, optimizer, stream, abort_first=False):
+        """The job switched by the agent at SWITCH_AT; first the plans it must refuse. The job
+        holds before step HOLD while the plans are sent; the plan to apply is streamed from
+        STREAM_FROM (stream true: ready once streamed) and committed while the job waits at its
+        gate before step GATE. abort_first: a plan to another split is streamed first and
+        aborted while the job holds before step HOLD2; then plan 9 is prepared and streams."""
+        hold, gate = os.path.join(self.dir, "hold"), os.path.join(self.dir, "gate")
+        hold2 = os.path.join(self.dir, "hold2")
+        holds = [[HOLD, hold]] + ([[HOLD2, hold2]] if abort_first else [])
         self.job = harness.launch(WORLD, {
             "steps": STEPS, "schedule": schedule, "optimizer": optimizer, "split": START,
-            "gate_step": GATE, "gate_file": gate, "final_prefix": os.path.join(self.dir, "live")},
+            "stream": stream, "holds": holds, "gate_step": GATE2 if abort_first else GATE,
+            "gate_file": gate,
+            "final_prefix": os.path.join(self.dir, "live")},
             env_extra=self.env, timeout=150, worker="pipeline_worker.py")
-        self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == GATE - 1,
+        self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD - 1,
                             timeout=90)
         other = "gpipe" if schedule == "1f1b" else "1f1b"
         refusals = {
@@ -152,10 +168,25 @@ class SwitchTest(unittest.TestCase):
             for r in self.ready(plan_id):
                 self.assertFalse(r["ok"], r)
                 self.assertIn(reason, r["detail"], r)
+        if abort_first:
+            self.agent.command(prepare_line(8, ABORTED, schedule))
+            open(hold, "w").close()
+            for r in self.ready(8):
+                self.assertTrue(r["ok"], r)
+            self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD2 - 1,
+                                timeout=60)
+            self.agent.command("abort 8 test")
+            hold = hold2
         self.agent.command(prepare_line(9, NEW))  # deploy's form: the job keeps its schedule
+        if stream:
+            # Not ready while the job holds: the ranks agree to stream it at a boundary.
+            time.sleep(1.0)
+            self.assertEqual([e for e in self.agent.events_of("plan_ready")
+                              if e["plan_id"] == 9], [])
+        open(hold, "w").close()
         for r in self.ready(9):
             self.assertTrue(r["ok"], r)
-        self.agent.command(f"commit 9 {SWITCH_AT}")
+        self.agent.command(f"commit 9 {SWITCH_AT2 if abort_first else SWITCH_AT}")
         open(gate, "w").close()
         for _ in range(WORLD):
             self.agent.wait_for(lambda e: e["event"] == "ack" and e["id"] == 9, timeout=60)
@@ -163,25 +194,43 @@ class SwitchTest(unittest.TestCase):
         self.job = None
         return results
 
-    def restart(self, schedule, optimizer):
-        """The same job stopped at SWITCH_AT, saved, relaunched on the new split, loaded."""
+    def restart(self, schedule, optimizer, switch_at):
+        """The same job stopped at switch_at, saved, relaunched on the new split, loaded."""
         ck = os.path.join(self.dir, "ck")
         base = {"steps": STEPS, "schedule": schedule, "optimizer": optimizer}
-        harness.launch(WORLD, dict(base, split=START, save_at=SWITCH_AT, save_prefix=ck),
+        harness.launch(WORLD, dict(base, split=START, save_at=switch_at, save_prefix=ck),
                        timeout=120, worker="pipeline_worker.py").wait()
         harness.launch(WORLD, dict(base, split=NEW, resume_prefix=ck,
                                    final_prefix=os.path.join(self.dir, "restart")),
                        timeout=120, worker="pipeline_worker.py").wait()
 
-    def check_switch(self, schedule, optimizer):
-        live = self.live(schedule, optimizer)
+    def check_switch(self, schedule, optimizer, stream=True, abort_first=False):
+        live = self.live(schedule, optimizer, stream, abort_first)
+        switch_at = SWITCH_AT2 if abort_first else SWITCH_AT
         for r in live:
             self.assertEqual(r["applied_plans"], [9])
             self.assertEqual(r["split"], NEW)
             plans = {x["step"]: x["plan"] for x in r["records"]}
             self.assertEqual([s for s in range(STEPS) if plans[s] == 9],
-                             list(range(SWITCH_AT, STEPS)), plans)
-        self.restart(schedule, optimizer)
+                             list(range(switch_at, STEPS)), plans)
+            (w,) = r["switches"]
+            self.assertEqual((w["step"], w["plan_id"]), (switch_at, 9), w)
+            if abort_first:
+                self.assertIn(f"rank {r['rank']}: plan 8: stream ended at step {HOLD2 + 2} "
+                              "(dropped by the agent); its copies are freed", r["log"])
+            if stream:
+                # Everything was streamed ahead: nothing is sent at the boundary.
+                self.assertEqual(w["streamed_from"], HOLD2 + 2 if abort_first else STREAM_FROM,
+                                 w)
+                self.assertEqual(w["bytes_at_boundary"], 0, w)
+            else:
+                self.assertIsNone(w["streamed_from"], w)
+                self.assertEqual(w["bytes_streamed"], 0, w)
+        # The ranks that give blocks away sent them (stages 0 and 3 give one each).
+        sent = [w["bytes_streamed"] + w["bytes_at_boundary"]
+                for r in sorted(live, key=lambda r: r["rank"]) for w in r["switches"]]
+        self.assertTrue(sent[0] > 0 and sent[3] > 0 and sent[1] == sent[2] == 0, sent)
+        self.restart(schedule, optimizer, switch_at)
         a, b = load_states(os.path.join(self.dir, "live")), \
             load_states(os.path.join(self.dir, "restart"))
         self.assertEqual(a["step"], STEPS)
@@ -196,6 +245,15 @@ class SwitchTest(unittest.TestCase):
 
     def test_1f1b_sgd_momentum_switch_is_exact(self):
         self.check_switch("1f1b", "sgd")
+
+    def test_switch_moved_at_the_boundary_is_exact(self):
+        self.check_switch("1f1b", "adam", stream=False)
+
+    def test_aborted_stream_then_another_is_exact(self):
+        # Plan 8 streams block 1 to stage 1 and is aborted: the copy is dropped. Plan 9 moves
+        # block 1 there too (and block 6 to stage 2): its copy is made again from the holder's
+        # block as it is then, and the switch is still exact.
+        self.check_switch("gpipe", "adam", abort_first=True)
 
 
 @unittest.skipUnless(HAVE_PIPELINING, SKIP)

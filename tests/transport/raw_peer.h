@@ -148,6 +148,7 @@ class RawPeer {
   }
 
   boost::asio::io_context& io() { return io_; }
+  tcp::socket& socket() { return sock_; }
 
  private:
   boost::asio::io_context io_;

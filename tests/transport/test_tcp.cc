@@ -604,6 +604,27 @@ TEST_CASE("tcp: heartbeats keep idle peers alive and detect dead ones") {
   }
 }
 
+TEST_CASE("tcp: a client timeout shorter than the server's heartbeat interval is widened") {
+  // The server is silent for up to 1000 ms when idle (its Welcome says so); a client asking to
+  // declare it dead after 300 ms of silence keeps the connection anyway (2000 ms).
+  LogCapture log;
+  ServerLog sl;
+  auto so = server_options(log);
+  so.heartbeat_interval_ms = 1000;
+  so.heartbeat_timeout_ms = 5000;
+  auto server = start_server(so, sl);
+  ClientLog cl;
+  auto co = client_options(server->port(), log);
+  co.heartbeat_interval_ms = 20;
+  co.heartbeat_timeout_ms = 300;
+  auto client = start_client(co, cl);
+  REQUIRE(wait_until([&] { return client->connected(); }));
+  std::this_thread::sleep_for(2500ms);  // two of the server's heartbeats
+  CHECK(client->connected());
+  CHECK(client->stats().connects == 1);
+  CHECK(sl.connect_count() == 1);
+}
+
 TEST_CASE("tcp: backpressure from a slow consumer bounds the client's memory") {
   LogCapture log;
   std::mutex gate_mu;
