@@ -178,14 +178,19 @@ std::string layout_name(const Strategy& s) {
   return std::move(text).value();
 }
 
-std::optional<std::string> wire_name(const Strategy& s) {
+namespace {
+
+// wire_name(), the schedule and recompute left out unless `with_schedule`.
+std::optional<std::string> wire_name(const Strategy& s, bool with_schedule) {
   if (s.placement != PlacementOrder::kTpPpDp || !(s.compression == Compression{}) ||
       !s.compression_overrides.empty()) {
     return std::nullopt;  // not carried by wire v1
   }
   transport::LayoutPlanName n = head_of(s);
-  n.schedule = to_string(s.schedule);
-  n.recompute = to_string(s.recompute);
+  if (with_schedule) {
+    n.schedule = to_string(s.schedule);
+    n.recompute = to_string(s.recompute);
+  }
   n.stage_layers = s.stage_layers;
   n.dp_shares = s.dp_shares;
   bool identity = true;
@@ -196,6 +201,10 @@ std::optional<std::string> wire_name(const Strategy& s) {
   if (!text.ok()) return std::nullopt;  // longer than the wire's kMaxNameBytes
   return std::move(text).value();
 }
+
+}  // namespace
+
+std::optional<std::string> wire_name(const Strategy& s) { return wire_name(s, true); }
 
 StatusOr<Strategy> from_wire(const transport::Layout& l, const Job& job, const std::string& name) {
   const SearchSpace& space = job.scenario.space;
@@ -252,6 +261,13 @@ transport::PlanPrepare plan_prepare_for(const Strategy& s) {
   transport::PlanPrepare p;
   p.layout = to_wire(s);
   p.layout_name = wire_name(s).value_or(layout_name(s));
+  return p;
+}
+
+transport::PlanPrepare plan_prepare_keeping_schedule(const Strategy& s) {
+  transport::PlanPrepare p;
+  p.layout = to_wire(s);
+  p.layout_name = wire_name(s, false).value_or(layout_name(s));
   return p;
 }
 

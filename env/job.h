@@ -56,6 +56,11 @@ std::optional<std::string> wire_name(const Strategy& s);
 /// wire_name (or, when that does not fit, its short name). plan_id and deadline_ms are the
 /// executor's to set (transport/plan_executor.h).
 transport::PlanPrepare plan_prepare_for(const Strategy& s);
+/// plan_prepare_for(s) for a job that keeps its own schedule and recompute: the name leaves
+/// them out (no ";sc=", no ";rc="). A learned pipeline job's plans (agent/deploy/agent.h): its
+/// JobInfo does not say its schedule, no plan changes it, and the job refuses a plan that names
+/// another (docs/pytorch.md, "Pipeline jobs").
+transport::PlanPrepare plan_prepare_keeping_schedule(const Strategy& s);
 /// Why a job that announced `capabilities` (transport::Capability bits) cannot make the switch
 /// from `from` to `to`: a degree or knob it cannot switch (a tensor- or pipeline-parallel degree
 /// changed in either direction, stage boundaries moved), or a switch that changes only

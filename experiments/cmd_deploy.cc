@@ -90,7 +90,6 @@ struct DeployFlags {
   std::string log_format = "json";
   int interval_steps = 10;
   int cooldown = 2;
-  std::string pp_schedule = "1f1b";
   uint32_t prepare_deadline_ms = 30000;
   uint32_t commit_margin_steps = 3;
   uint32_t commit_lead_ms = 500;
@@ -238,13 +237,6 @@ void run_deploy(const DeployFlags& f) {
     o.monitor.confirm_steps = 5;
   }
   o.data_parallel.cooldown_intervals = f.cooldown;
-  if (f.pp_schedule == "gpipe") {
-    o.pipeline_schedule = Schedule::kGPipe;
-  } else if (f.pp_schedule == "1f1b") {
-    o.pipeline_schedule = Schedule::k1F1B;
-  } else {
-    throw InputError("--pp-schedule \"" + f.pp_schedule + "\": expected gpipe or 1f1b");
-  }
   // No --policy: the shipped default policy, rl. A value is checked here (a bad id is exit
   // code 2); the agent then makes it, falling back to reactive when a checkpoint cannot be read.
   const policy::PolicyArgs chosen =
@@ -477,10 +469,6 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--interval-steps", d->interval_steps, "training steps per decision")
       ->capture_default_str();
   cmd->add_option("--cooldown", d->cooldown, "decisions to wait after a switch")
-      ->capture_default_str();
-  cmd->add_option("--pp-schedule", d->pp_schedule,
-                  "a learned pipeline job's schedule, gpipe or 1f1b (its plans repeat it; the "
-                  "ranks do not announce it)")
       ->capture_default_str();
   cmd->add_option("--prepare-deadline-ms", d->prepare_deadline_ms,
                   "time allowed for every PlanReady")

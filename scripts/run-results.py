@@ -63,17 +63,20 @@ POLICIES = "rl,static,reactive,reactive-tuned,threshold,ski-rental,lookahead,uni
 # The shipped policy's training run (docs/policy.md, "The shipped policy").
 TRAINING_ARGS = ["--scenario",
                  "experiments/scenarios/train,random*4,dp:random(horizon=96)*8,"
-                 "sim:failslow(horizon=96)*2",
-                 "--envs", "27", "--steps", "2000000", "--seed", "1", "--validation-episodes", "6",
+                 "sim:failslow(horizon=96)*2,pp:random(horizon=96)*2",
+                 "--envs", "29", "--steps", "2150000", "--seed", "1", "--validation-episodes", "6",
                  "--validate-every", "20", "--switch-penalty", "0.003"]
 # The step-granular families: the data-parallel job simulator's, and its held-out draws (the
 # training distribution on eval's seeds, and jobs outside its ranges: 128 ranks; 5 steps per
-# decision); the hybrid simulator's fail-slow family and its 70B file.
+# decision); the hybrid simulator's fail-slow family and its 70B file; the pipeline job
+# simulator's families (blocks per stage, the same decision core).
 DP_ENVS = {"straggler": "dp:straggler", "comm": "dp:comm", "flap": "dp:flap", "mixed": "dp:mixed",
            "random": "dp:random", "random, 128 ranks": "dp:random(ranks=128)",
            "random, 5 steps per decision": "dp:random(decision_steps=5)",
            "failslow": "sim:failslow",
-           "failslow-70b": "experiments/scenarios/failslow-70b.toml"}
+           "failslow-70b": "experiments/scenarios/failslow-70b.toml",
+           "pp straggler": "pp:straggler", "pp comm": "pp:comm", "pp flap": "pp:flap",
+           "pp mixed": "pp:mixed", "pp random": "pp:random"}
 # measured-shares as deploy runs it, and tuned on the dp: training seeds
 # (build/benchmarks/policy/tune_rules measured-shares --episodes 40).
 DP_TUNED = "measured-shares(min_gain=1.15,confirm=1)"

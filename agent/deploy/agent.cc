@@ -79,7 +79,9 @@ struct DeployAgent::Impl {
   std::atomic<monitor::Monitor*> monitor{nullptr};  // set once (at start, or at a learned job's JobInfo)
   std::unique_ptr<Decider> decider;
   std::unique_ptr<env::dp::DataParallelDecider> dp;  // a learned job, once known
-  bool pipeline = false;  // the learned job is a pipeline (dp's split: blocks per stage)
+  // The learned job is a pipeline (dp's split: blocks per stage); read by prepare_switch on
+  // any thread.
+  std::atomic<bool> pipeline{false};
   std::unique_ptr<policy::Policy> dp_policy;  // decides for a learned job (under decide_mutex)
   std::unique_ptr<transport::PlanExecutor> executor;
   // The layout of each plan in flight, by plan id (prepare_switch, on_outcome).
@@ -120,8 +122,12 @@ struct DeployAgent::Impl {
   void on_message(transport::PeerId id, transport::Message&& m);
   void on_step(uint64_t step, monitor::Clock::time_point last_arrival);
   // Starts the switch of `ranks` to `target` (PlanExecutor::prepare), remembering its layout.
+  // A learned pipeline's plan leaves the schedule to the job (plan_for).
   bool prepare_switch(const Strategy& target, const std::set<uint32_t>& ranks,
                       transport::PlanExecutor::Clock::time_point now);
+  transport::PlanPrepare plan_for(const Strategy& target) const {
+    return pipeline ? plan_prepare_keeping_schedule(target) : plan_prepare_for(target);
+  }
   void on_outcome(const transport::PlanOutcome& outcome);
   void on_job_info(transport::PeerId id, const transport::JobInfo& info);
   // Makes the learned job's decider: batch shares, or the blocks of a pipeline.
@@ -324,7 +330,6 @@ std::unique_ptr<env::dp::DataParallelDecider> DeployAgent::Impl::learned_decider
     ppo.block_params.push_back(l.params);
     ppo.block_bytes.push_back(l.grad_bytes);
   }
-  ppo.schedule = o.pipeline_schedule;
   ppo.equal_band = dpo.equal_band;
   ppo.noise_k = dpo.noise_k;
   return std::make_unique<env::dp::DataParallelDecider>(
@@ -482,7 +487,7 @@ void DeployAgent::Impl::decide_learned(uint64_t step, monitor::Clock::time_point
       {"evidence", evidence}};
   if (d.kind != env::dp::DataParallelDecision::Kind::keep) {
     j[pipeline ? "target_split" : "target_shares"] = counts_text(d.counts);
-    if (pipeline) j["target_layout"] = plan_prepare_for(dp->layout_of(d.counts)).layout_name;
+    if (pipeline) j["target_layout"] = plan_for(dp->layout_of(d.counts)).layout_name;
     if (!pipeline) j["target_compression"] = to_string(d.compression);
     if (d.kind == env::dp::DataParallelDecision::Kind::rebalance ||
         d.kind == env::dp::DataParallelDecision::Kind::compress) {
@@ -498,7 +503,7 @@ bool DeployAgent::Impl::prepare_switch(const Strategy& target, const std::set<ui
                                        transport::PlanExecutor::Clock::time_point now) {
   // Held across the prepare so that an outcome arriving at once finds the layout recorded.
   std::lock_guard lock(targets_mutex);
-  const auto plan_id = executor->prepare(plan_prepare_for(target), ranks, now);
+  const auto plan_id = executor->prepare(plan_for(target), ranks, now);
   if (!plan_id.ok()) return false;
   targets[*plan_id] = target;
   return true;

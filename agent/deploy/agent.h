@@ -16,7 +16,8 @@
 //   (env/pp/pipeline_model.h) —, the policy chooses among them, and the decider's guardrail
 //   refuses switches the measurements contradict and reverts a switch that made steps slower,
 //   whatever the policy. A pipeline plan is dp1-ppS with the new stage boundaries (";st=") and
-//   the job's schedule (AgentOptions::pipeline_schedule: JobInfo does not carry it).
+//   no schedule (plan_prepare_keeping_schedule): the job keeps the one it runs, gpipe or 1f1b,
+//   which JobInfo does not carry and no plan changes.
 // Ranks whose JobInfo disagrees with the job (another world size, another global batch) are
 // warned in the log and told why by PlanAbort{plan_id = 0, reason}; no plan is sent to a job in
 // disagreement. Serves Prometheus metrics
@@ -49,8 +50,6 @@ struct AgentOptions {
   std::shared_ptr<const Job> job;     ///< empty: learn the job from the ranks' JobInfo.
   /// A learned job: cool-down, verification, noise bands (ranks and batch come from JobInfo).
   env::dp::DataParallelOptions data_parallel;
-  /// A learned pipeline job's schedule (kGPipe or k1F1B), which its plans must repeat.
-  Schedule pipeline_schedule = Schedule::k1F1B;
   std::string policy_path;            ///< empty: the reactive baseline. Decides for both kinds.
   PolicyLoader loader;                ///< how to load policy_path (the CLI passes the RL loader).
   /// Bus: the in-process hub when given, else TCP on listen_address:port with `secret`.

@@ -13,15 +13,19 @@ rank 2's forward (its compute and its device time) is 3 times slower, whichever 
 (pipeline_worker.py's slowdown).
 Three runs of the same steps:
 
-* deploy: `parapilot deploy` (its default policy; --pp-schedule 1f1b) beside the job;
+* deploy: `parapilot deploy` (its default policy) beside the job;
 * no agent: the even split throughout;
 * static: the split for the slowed phase, fixed from the start: the split deploy ran at the
   end of the slowed phase, or 3,3,1,3 (one block off the slowed stage) when deploy moved nothing.
 
 Throughput (samples/s) per phase = global batch / median step wall time (rank 0's steps; the
 first 10 steps of each phase left out: start-up and the switch to the phase), before, during and
-after the slowdown, and the splits deploy committed (step, split). Nothing is asserted: speed
-depends on the machine. --json writes the figures in the envelope of scripts/run-results.py.
+after the slowdown, and the splits deploy committed (step, split). A phase deploy switched in is
+also given per split (each split's steps in it: their count and throughput), and deploy's
+decisions that were not `keep` (step, action, policy, predicted gain, target split, reason), so
+that a phase's figure can be told apart into the machine's drift and deploy's moves. Nothing is
+asserted: speed depends on the machine. --json writes the figures in the envelope of
+scripts/run-results.py.
 """
 
 import argparse
@@ -62,20 +66,39 @@ def run(a, split, env=None):
     return res[0]["records"]
 
 
+def bounds(a):
+    """The phases' steps, [lo, hi): before, during and after the slowdown."""
+    return {"before": (10, a.slow_from), "during": (a.slow_from + 10, a.slow_until),
+            "after": (a.slow_until + 10, a.steps)}
+
+
 def phases(a, records):
     """Samples/s per phase: before, during and after the slowdown."""
-    bounds = {"before": (10, a.slow_from), "during": (a.slow_from + 10, a.slow_until),
-              "after": (a.slow_until + 10, a.steps)}
     out = {}
-    for name, (lo, hi) in bounds.items():
+    for name, (lo, hi) in bounds(a).items():
         walls = [r["wall_ms"] for r in records if lo <= r["step"] < hi]
         out[name] = GLOBAL_BATCH / (statistics.median(walls) / 1e3) if walls else None
     return out
 
 
+def phases_by_split(a, records):
+    """Per phase that ran more than one split: each split's steps and samples/s in it."""
+    out = {}
+    for name, (lo, hi) in bounds(a).items():
+        walls = {}
+        for r in records:
+            if lo <= r["step"] < hi:
+                walls.setdefault(",".join(map(str, r["split"])), []).append(r["wall_ms"])
+        if len(walls) > 1:
+            out[name] = [{"split": k, "steps": len(v),
+                          "samples_per_s": GLOBAL_BATCH / (statistics.median(v) / 1e3)}
+                         for k, v in walls.items()]
+    return out
+
+
 def with_deploy(a):
     secret = harness.SecretFile()
-    deploy = Deploy(a.parapilot, harness.free_port(), secret.path, ["--pp-schedule", "1f1b"])
+    deploy = Deploy(a.parapilot, harness.free_port(), secret.path)
     try:
         records = run(a, EVEN, {"PARAPILOT_AGENT": deploy.address,
                                 "PARAPILOT_SECRET_FILE": secret.path})
@@ -87,7 +110,10 @@ def with_deploy(a):
         if r["split"] != last:
             changes.append({"step": r["step"], "split": r["split"]})
             last = r["split"]
-    return records, changes, len(deploy.events("decision"))
+    moves = [{k: e.get(k) for k in ("step", "action", "policy", "predicted_gain", "target_split",
+                                    "split", "reason")}
+             for e in deploy.events("decision") if e.get("action") != "keep"]
+    return records, changes, len(deploy.events("decision")), moves
 
 
 def main(argv):
@@ -105,7 +131,7 @@ def main(argv):
         ap.error(f"no {a.parapilot} (cmake --build {a.build} --target parapilot)")
     results = _load_run_results()
     report = results.envelope("benchmarks/live/pipeline_slow.py", argv)
-    deploy_records, changes, decisions = with_deploy(a)
+    deploy_records, changes, decisions, moves = with_deploy(a)
     during = [c for c in changes if c["step"] < a.slow_until]
     static = during[-1]["split"] if during else [3, 3, 1, 3]
     runs = {"deploy": phases(a, deploy_records),
@@ -118,7 +144,8 @@ def main(argv):
     figures = {"steps": a.steps, "device_ms": a.device_ms, "slow_from": a.slow_from, "slow_until": a.slow_until,
                "slow_factor": 3.0, "slow_stage": 2, "start_split": EVEN, "static_split": static,
                "static_from_deploy": bool(during), "deploy_splits": changes,
-               "deploy_decisions": decisions,
+               "deploy_decisions": decisions, "deploy_moves": moves,
+               "deploy_by_split": phases_by_split(a, deploy_records),
                "runs": [{"run": k, **v} for k, v in runs.items()]}
     if a.json:
         results.finish(report, figures, a.json)

@@ -118,14 +118,12 @@ std::vector<int> balanced_split(const std::vector<double>& block_cost,
   return split;
 }
 
-Strategy pipeline_layout(const std::vector<int>& split, int global_batch, int microbatches,
-                         Schedule schedule) {
+Strategy pipeline_layout(const std::vector<int>& split, int global_batch, int microbatches) {
   Strategy s;
   s.dp = 1;
   s.pp = static_cast<int>(split.size());
   s.global_batch = global_batch;
   s.microbatch_size = std::max(1, global_batch / std::max(1, microbatches));
-  s.schedule = schedule;
   s.stage_layers = split;
   return s;
 }
@@ -324,7 +322,7 @@ std::string PipelineModel::evidence(const std::vector<int>& current,
 }
 
 Strategy PipelineModel::layout(const std::vector<int>& split) const {
-  return pipeline_layout(split, o_.global_batch, microbatches_, o_.schedule);
+  return pipeline_layout(split, o_.global_batch, microbatches_);
 }
 
 }  // namespace parapilot::env::pp

@@ -48,17 +48,18 @@ double pipeline_step_ms(const std::vector<double>& block_cost,
 std::vector<int> balanced_split(const std::vector<double>& block_cost,
                                 const std::vector<double>& stage_speed);
 
-/// The layout a pipeline job runs: dp 1, pp = split.size(), the split's stage boundaries, the
-/// job's schedule, and global_batch / microbatches sequences per micro-batch.
-Strategy pipeline_layout(const std::vector<int>& split, int global_batch, int microbatches,
-                         Schedule schedule);
+/// The layout a pipeline job runs: dp 1, pp = split.size(), the split's stage boundaries, and
+/// global_batch / microbatches sequences per micro-batch. Its schedule is the job's, which deploy
+/// does not know (JobInfo does not carry it) and the model does not need (a split's step is the
+/// same expression under GPipe and 1F1B): its plans leave it out (plan_prepare_keeping_schedule,
+/// env/job.h), and the Strategy's schedule field is not the job's.
+Strategy pipeline_layout(const std::vector<int>& split, int global_batch, int microbatches);
 
 struct PipelineModelOptions {
   int stages = 0;                     ///< S >= 1.
   int global_batch = 0;               ///< samples per step, >= 1.
   std::vector<uint64_t> block_params;  ///< per block (JobInfo layers), B >= S entries.
   std::vector<uint64_t> block_bytes;   ///< per block: its gradients' bytes (as many entries).
-  Schedule schedule = Schedule::k1F1B;  ///< the job's (GPipe or 1F1B).
   int microbatches = 1;  ///< until the stages report theirs ("info/microbatches").
   double optimizer_states = 2;  ///< optimizer state per parameter, in parameters (Adam: 2).
   /// Bytes per ms a switch streams at until the pipeline's sends are measured (1 GB/s).

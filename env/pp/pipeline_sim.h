@@ -75,7 +75,7 @@ class PipelineJobSim final : public dp::SplitJobSim {
   double switch_pause_ms_at(uint64_t s, const std::vector<int>& from,
                             const std::vector<int>& to) const override;
   double nominal_step_ms() const override;
-  /// PipelineModel, as deploy makes it from the job's JobInfo (schedule 1F1B).
+  /// PipelineModel, as deploy makes it from the job's JobInfo.
   std::unique_ptr<dp::SplitModel> decider_model(const dp::DataParallelOptions& o) const override;
 
   const PipelineShape& shape() const { return shape_; }

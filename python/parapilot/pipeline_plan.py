@@ -6,7 +6,8 @@ samples each and schedule `sc` is a PlanPrepare whose Layout is {dp=1, tp=1, pp=
 micro_batches=M} and whose layout_name is a layout plan name (plan_name.LayoutPlanName)
 "dp1-tp1-ppS-mbm" (the name's mb is the plan-name codec's: samples per micro-batch) with
 stage_layers (";st=") a split of the B blocks (pipeline_split.check_split) and, when it names
-one, the job's schedule (";sc=").
+one, the job's schedule (";sc="). Deploy names none: the job keeps the schedule it runs (JobInfo
+does not carry it, and no plan changes it), so a gpipe job and a 1f1b job take the same plan.
 
 plan_split(prepare, ...) returns the plan's split, or raises PlanRefused (a ValueError) whose
 message is the reason the rank sends back in PlanReady{ok=false}.
@@ -14,7 +15,7 @@ message is the reason the rank sends back in PlanReady{ok=false}.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from . import pipeline_split, plan_name, wire
 
@@ -60,9 +61,11 @@ def plan_split(p: wire.PlanPrepare, *, n_blocks: int, n_stages: int, micro_batch
         raise PlanRefused(str(e)) from None
 
 
-def layout_name(split: List[int], micro_batch_size: int, schedule: str) -> str:
+def layout_name(split: List[int], micro_batch_size: int,
+                schedule: Optional[str] = None) -> str:
     """The layout name of a pipeline plan with `split` and micro-batches of micro_batch_size
-    samples (what deploy sends; for tests and tools)."""
+    samples, naming `schedule` when given (without one: what deploy sends; for tests and
+    tools)."""
     return plan_name.encode(plan_name.LayoutPlanName(
         dp=1, tp=1, pp=len(split), microbatch=micro_batch_size, schedule=schedule,
         stage_layers=list(split)))

@@ -232,8 +232,9 @@ TEST_CASE("telemetry of a slowed stage yields a balanced split that moves blocks
   CHECK(x.counts == std::vector<int>{5, 5, 2, 4});
   CHECK(x.reason.find("stage 2 (blocks 8-11) runs at speed 0.50") != std::string::npos);
   CHECK(x.reason.find("balanced split") != std::string::npos);
-  // The plan deploy sends: dp1-pp4 with the split as stage boundaries and the job's schedule.
-  const transport::PlanPrepare plan = plan_prepare_for(d.layout_of(x.counts));
+  // The plan deploy sends: dp1-pp4 with the split as stage boundaries and no schedule or
+  // recompute: the job keeps its own.
+  const transport::PlanPrepare plan = plan_prepare_keeping_schedule(d.layout_of(x.counts));
   CHECK(plan.layout.dp == 1);
   CHECK(plan.layout.pp == 4);
   CHECK(plan.layout.micro_batches == kMicrobatches);
@@ -242,7 +243,9 @@ TEST_CASE("telemetry of a slowed stage yields a balanced split that moves blocks
   CHECK(name.pp == 4);
   CHECK(name.dp == 1);
   CHECK(name.stage_layers == x.counts);
-  CHECK(name.schedule == "1f1b");
+  CHECK(plan.layout_name == "dp1-tp1-pp4-mb8-z0;st=5,5,2,4");
+  CHECK_FALSE(name.schedule.has_value());
+  CHECK_FALSE(name.recompute.has_value());
   // Once committed the split in force is the new one, and the job is measured afresh.
   d.committed(x.counts, step, false);
   step = feed(d, step, 14, step_ms(speed, x.counts), 0.02, rng);
@@ -439,7 +442,9 @@ TEST_CASE("deploy learns a pipeline from JobInfo and moves blocks off a slowed s
   const auto name =
       std::get<transport::LayoutPlanName>(ok(transport::decode_plan_name(plan->layout_name)));
   CHECK(name.stage_layers == std::vector<int>{5, 5, 2, 4});
-  CHECK(name.schedule == "1f1b");
+  // No schedule: a gpipe job and a 1f1b job beside the same deploy each keep their own.
+  CHECK(plan->layout_name == "dp1-tp1-pp4-mb8-z0;st=5,5,2,4");
+  CHECK_FALSE(name.schedule.has_value());
   // The decision names the split it moves to.
   // The plan leaves before the decision's log line: wait for the line.
   REQUIRE(eventually([&] { return !d.line_with("\"action\":\"rebalance\"").empty(); }));

@@ -21,19 +21,17 @@ const std::string kTraceDir = std::string(PARAPILOT_TEST_DATA_DIR) + "/traces/by
 
 // Registered envs and the ids they run under here. `bandit` is the trainer's own test env: its
 // observations are synthetic, and no deployed policy meets them. `dp` offers batch-share
-// candidates to the data-parallel decider's policy, which is trained on it; the shipped layout
-// policy never meets them.
+// candidates to the data-parallel decider's policy, and `pp` a pipeline's splits (blocks per
+// stage, with a block transfer's switch cost) to the same decider's; the shipped policy trains on
+// both (dp:random, pp:random).
 const std::map<std::string, std::vector<std::string>> kEnvs = {
     {"sim",
      {"sim:straggler", "sim:congestion", "sim:hetero", "sim:failure", "sim:phase", "sim:mixed"}},
     {"trace", {"trace:" + kTraceDir + "trace-ST.csv(meta=" + kTraceDir + "meta-ST.yaml)"}},
     {"dp", {"dp:straggler", "dp:comm", "dp:flap", "dp:mixed"}},
+    {"pp", {"pp:straggler", "pp:comm", "pp:flap", "pp:mixed"}},
 };
-// `pp`: the shipped policy has not trained on a pipeline's splits, and a block transfer's
-// switch cost lies past what it met: over three episodes of each pp: family, migration_time,
-// switch_cost and amortised_gain fall outside its training's range 58-142 times each. It is to
-// be listed above once a policy trains on it.
-const char* kNotForPolicies[] = {"bandit", "pp"};
+const char* kNotForPolicies[] = {"bandit"};
 
 }  // namespace
 

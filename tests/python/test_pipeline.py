@@ -4,7 +4,8 @@ for step k, ends bit-identical (torch.equal on every parameter, buffer and optim
 running to step k, saving, relaunching on the new split, loading and running on, under both
 schedules; so does a plan left to move at its boundary; plans this job
 cannot run are refused with their reason; the JobInfo and per-step telemetry say what the
-pipeline contract says.
+pipeline contract says; a gpipe job beside `parapilot deploy` (whose plans name no schedule)
+applies the plan that moves blocks off its slowed stage.
 
 torch.distributed.pipelining needs torch >= 2.4: under torch 1.13 every test is skipped (77)."""
 
@@ -37,9 +38,9 @@ HOLD2, GATE2, ABORTED = 7, 10, [1, 3, 2, 2]
 SWITCH_AT2 = GATE2 + 2
 
 
-def prepare_line(plan_id, split, schedule, size=4, pp=WORLD, micro_batches=4):
-    """A plan as deploy sends it: the Layout's micro-batches (the job runs 4 of 4 samples) and
-    the name's samples per micro-batch."""
+def prepare_line(plan_id, split, schedule=None, size=4, pp=WORLD, micro_batches=4):
+    """A plan as deploy sends it (no schedule, unless one is given): the Layout's micro-batches
+    (the job runs 4 of 4 samples) and the name's samples per micro-batch."""
     name = pipeline_plan.layout_name(split, size, schedule)
     return f"prepare {plan_id} 1 - - 30000 {name} 1 {pp} {micro_batches}"
 
@@ -97,7 +98,10 @@ class SplitAndPlanTest(unittest.TestCase):
         name = pipeline_plan.layout_name(NEW, 4, "1f1b")
         self.assertEqual(name, "dp1-tp1-pp4-mb4-z0;sc=1f1b;st=1,3,3,1")
         self.assertEqual(split_of(name), NEW)
-        self.assertEqual(split_of("dp1-tp1-pp4-mb4-z0;st=1,3,3,1"), NEW)  # no sc: the job's
+        # Deploy's form (agent/deploy: plan_prepare_keeping_schedule) names no schedule: the
+        # job's.
+        self.assertEqual(pipeline_plan.layout_name(NEW, 4), "dp1-tp1-pp4-mb4-z0;st=1,3,3,1")
+        self.assertEqual(split_of("dp1-tp1-pp4-mb4-z0;st=1,3,3,1"), NEW)
         for name, layout, reason in (
                 ("dp1-tp1-pp4-mb4-z0;sc=gpipe;st=1,3,3,1", {}, "does not switch schedules"),
                 ("dp1-tp1-pp4-mb4-z0;sc=1f1b", {}, "no stage_layers"),
@@ -173,7 +177,7 @@ class SwitchTest(unittest.TestCase):
                                 timeout=60)
             self.agent.command("abort 8 test")
             hold = hold2
-        self.agent.command(prepare_line(9, NEW, schedule))
+        self.agent.command(prepare_line(9, NEW))  # deploy's form: the job keeps its schedule
         if stream:
             # Not ready while the job holds: the ranks agree to stream it at a boundary.
             time.sleep(1.0)
@@ -310,6 +314,45 @@ class TelemetryTest(unittest.TestCase):
         for s in (0, 1, 3):
             self.assertLess(compute[s], compute[2], f"compute per stage {compute}")
             self.assertGreater(p2p[s], p2p[2], f"p2p waits per stage {p2p}")
+
+
+@unittest.skipUnless(HAVE_PIPELINING, SKIP)
+class DeployTest(unittest.TestCase):
+    """`parapilot deploy` with no schedule said (its plans name none) beside a gpipe job, the
+    schedule other than the 1f1b of the job deploy's docs show: the job accepts the plan that
+    moves blocks off its slowed stage and applies it on every rank."""
+
+    def setUp(self):
+        from test_deploy import parapilot_binary
+        self.exe = parapilot_binary()
+        if self.exe is None:
+            self.skipTest("parapilot (with the deploy command) is not built")
+        self.secret = harness.SecretFile()
+        self.addCleanup(self.secret.close)
+
+    def test_gpipe_job_beside_default_deploy_applies_a_plan(self):
+        from test_pytorch_job import Deploy
+        deploy = Deploy(self.exe, harness.free_port(), self.secret.path)
+        try:
+            # Stage 2 four times slower in its forward; each block's forward also waits 2 ms per
+            # micro-batch (device time), so that the pipeline, not the shared cores, sets the step.
+            res = harness.launch(WORLD, {"steps": 80, "schedule": "gpipe", "split": START,
+                                         "slow_stage": 2, "slow_factor": 4.0, "device_ms": 2.0},
+                                 env_extra={"PARAPILOT_AGENT": deploy.address,
+                                            "PARAPILOT_SECRET_FILE": self.secret.path},
+                                 timeout=240, worker="pipeline_worker.py").wait()
+        finally:
+            deploy.stop()
+        migrations = deploy.events("migration")
+        self.assertTrue(migrations, "deploy started no switch: " + str(deploy.events("decision")))
+        aborted = [m for m in migrations if m["outcome"] != "committed"]
+        self.assertEqual(aborted, [], "a plan the gpipe job refused or that did not commit")
+        first = res[0]["applied_plans"]
+        self.assertTrue(first, res[0])
+        for r in res:
+            self.assertEqual(r["applied_plans"], first, r)
+            self.assertEqual(r["split"], res[0]["split"], r)
+        self.assertLess(res[0]["split"][2], START[2], res[0]["split"])
 
 
 if __name__ == "__main__":
