@@ -34,7 +34,8 @@ Contract:
   receives as p2p/pp, the stage's blocks and each block's compute.
 * Plans: a PlanPrepare is accepted when it moves blocks between this job's stages
   (pipeline_plan.py: Layout dp=1 tp=1 pp=S micro_batches=M, named dp1-tp1-ppS-mb<samples per
-  micro-batch> with ;st=<split> and this job's schedule) and refused with the reason otherwise.
+  micro-batch> with ;st=<split>, and ;sc=<this job's schedule> when it names one) and refused
+  with the reason otherwise.
   An accepted plan is streamed ahead of its boundary (pipeline_stream.py): the ranks agree at a
   step boundary to stream it (the newest plan every rank staged; boundary.py's extra values),
   the blocks it moves go, with their optimizer state, from their holders to their new ranks,
