@@ -260,8 +260,8 @@ class PipelineSession(StepSession):
                if staged is not None else f"moved at the boundary, {sent:,} bytes sent from here")
         self._say("info", f"plan {cfg.plan_id} applied at step {self.step_index}: split "
                           f"{_text(old)} -> {_text(cfg.split)}, this rank holds blocks "
-                          f"{_blocks(self.runner.held)}; {len(moved)} blocks {how}, pause "
-                          f"{pause:.1f} ms")
+                          f"{_blocks(self.runner.held)}; {_count(len(moved), 'block')} {how}, "
+                          f"pause {pause:.1f} ms")
 
     # ---- streaming plans ahead of their boundary (pipeline_stream.py) ----
 
@@ -332,6 +332,10 @@ class PipelineSession(StepSession):
         if pauses:
             tail += f", switch pauses {', '.join(f'{p:.1f}' for p in pauses)} ms"
         return tail
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _text(split: Sequence[int]) -> str:
