@@ -133,6 +133,13 @@ class SwitchTest(unittest.TestCase):
         self.secret_file.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def ran(self, step, timeout):
+        """Every rank sent step's telemetry (a rank sends it after the step's boundary, so a plan
+        staged from now on is first reported at the next one)."""
+        for _ in range(WORLD):
+            self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == step,
+                                timeout=timeout)
+
     def ready(self, plan_id):
         return [self.agent.wait_for(lambda e: e["event"] == "plan_ready" and
                                     e["plan_id"] == plan_id, timeout=30) for _ in range(WORLD)]
@@ -152,8 +159,7 @@ class SwitchTest(unittest.TestCase):
             "gate_file": gate,
             "final_prefix": os.path.join(self.dir, "live")},
             env_extra=self.env, timeout=150, worker="pipeline_worker.py")
-        self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD - 1,
-                            timeout=90)
+        self.ran(HOLD - 1, timeout=90)
         other = "gpipe" if schedule == "1f1b" else "1f1b"
         refusals = {
             1: (prepare_line(1, [0, 4, 2, 2], schedule), "leaves a stage without blocks"),
@@ -173,8 +179,7 @@ class SwitchTest(unittest.TestCase):
             open(hold, "w").close()
             for r in self.ready(8):
                 self.assertTrue(r["ok"], r)
-            self.agent.wait_for(lambda e: e["event"] == "telemetry" and e["step"] == HOLD2 - 1,
-                                timeout=60)
+            self.ran(HOLD2 - 1, timeout=60)
             self.agent.command("abort 8 test")
             hold = hold2
         self.agent.command(prepare_line(9, NEW))  # deploy's form: the job keeps its schedule
