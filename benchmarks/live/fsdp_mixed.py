@@ -27,7 +27,6 @@ Exit code 2 on bad flags, 1 when a run fails.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: secrets and free ports)
 from job_shapes import DEVICE_MS  # noqa: E402  (the emulated device's time per sample)
@@ -49,15 +49,6 @@ RANKS = 4
 GLOBAL_BATCH = 128
 FACTORS = [1.0, 1.0, 2.0, 3.0]
 RUNS = ["healthy", "none", "agent"]
-
-
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_job(a, kind, secret, tmp):
@@ -189,7 +180,7 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/fsdp_mixed.py", argv)
     secret = harness.SecretFile()
     records = []

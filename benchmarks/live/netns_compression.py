@@ -31,7 +31,6 @@ fails, 2 on bad flags, 77 when namespaces or the agent are missing.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: the scripted agent, secrets, launches)
 import netns_hosts  # noqa: E402  (tests/python: hosts in network namespaces)
@@ -50,15 +50,6 @@ SWITCH_AFTER = 2  # the plan is prepared once the agent has seen this step
 SETTLE = 3  # steps of the new plan left out of the window (PowerSGD's plain first two)
 METHODS = {"none": "-", "fp16": "0-2:1:0", "topk": "0-1:2:0.01", "powersgd": "0-1:3:4"}
 SKIPPED = 77
-
-
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def switch(agent, plan_id, compression):
@@ -197,7 +188,7 @@ def main(argv):
     if why is not None:
         print(f"netns_compression: skipped: {why}", file=sys.stderr)
         return SKIPPED
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/netns_compression.py", argv)
     secret = harness.SecretFile()
     runs = []

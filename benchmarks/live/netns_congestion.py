@@ -23,7 +23,6 @@ benchmarks. Exit 1 when a run fails, 77 when namespaces or deploy are missing.
 
 import argparse
 import collections
-import importlib.util
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: secrets, free ports, launches)
 import netns_hosts  # noqa: E402  (tests/python: hosts in network namespaces)
@@ -172,15 +172,6 @@ def parse_args(argv):
     return a
 
 
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv):
     a = parse_args(argv)
     exe = parapilot_binary()
@@ -188,7 +179,7 @@ def main(argv):
     if why is not None:
         print(f"netns_congestion: skipped: {why}", file=sys.stderr)
         return SKIPPED
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/netns_congestion.py", argv)
     secret = harness.SecretFile()
     runs = []

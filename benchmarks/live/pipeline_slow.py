@@ -29,7 +29,6 @@ scripts/run-results.py.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: launches, secrets, free ports)
 from test_pytorch_job import Deploy  # noqa: E402  (deploy beside a job, its JSON lines)
@@ -44,15 +44,6 @@ from test_pytorch_job import Deploy  # noqa: E402  (deploy beside a job, its JSO
 WORLD = 4
 EVEN = [3, 3, 2, 2]
 GLOBAL_BATCH = 16
-
-
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(a, split, env=None):
@@ -129,7 +120,7 @@ def main(argv):
     a.parapilot = os.path.join(os.path.abspath(a.build), "parapilot")
     if not os.path.exists(a.parapilot):
         ap.error(f"no {a.parapilot} (cmake --build {a.build} --target parapilot)")
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/pipeline_slow.py", argv)
     deploy_records, changes, decisions, moves = with_deploy(a)
     during = [c for c in changes if c["step"] < a.slow_until]

@@ -31,7 +31,6 @@ scripts/run-results.py. Nothing here is asserted: speed depends on the machine.
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: the scripted agent, launches, secrets)
 
@@ -48,15 +48,6 @@ from parapilot import pipeline_plan  # noqa: E402
 
 WORLD = 4
 SPLIT_A, SPLIT_B = [3, 3, 2, 2], [2, 2, 3, 3]
-
-
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def job_config(a, **extra):
@@ -163,7 +154,7 @@ def main(argv):
     if not os.path.exists(agent):
         ap.error(f"no {agent} (cmake --build {a.build} --target scripted_agent)")
     os.environ["PARAPILOT_SCRIPTED_AGENT"] = agent
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/pipeline_switch.py", argv)
     runs = {}
     for name, stream in (("streamed", True), ("at the boundary", False)):

@@ -30,7 +30,6 @@ the other benchmarks (benchmarks/report.h). Exit code 2 on bad flags, 1 when a r
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -43,18 +42,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests", "python")
 sys.dont_write_bytecode = True  # the modules below are the source tree's: leave no caches in it
+from bench_report import run_results  # noqa: E402  (the report envelope)
 sys.path.insert(0, TESTS)
 import harness  # noqa: E402  (tests/python: secrets and free ports)
 from test_pytorch_job import Deploy  # noqa: E402  (deploy beside a job, its JSON lines)
-
-
-def _load_run_results():
-    """scripts/run-results.py, for the report envelope every measurement file shares."""
-    spec = importlib.util.spec_from_file_location(
-        "run_results", os.path.join(ROOT, "scripts", "run-results.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 SCRIPT = os.path.join(TESTS, "job_shapes.py")
@@ -265,7 +256,7 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
-    results = _load_run_results()
+    results = run_results()
     report = results.envelope("benchmarks/live/pytorch_policies.py", argv)
     secret = harness.SecretFile()
     records = []
