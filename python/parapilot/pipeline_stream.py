@@ -126,10 +126,6 @@ class BlockStream:
         else:
             ready()
 
-    @property
-    def moves_blocks(self) -> bool:
-        return bool(self._in or self._out)
-
     # ---- the training thread ----
 
     def after_backward(self, step: int) -> None:
